@@ -1,0 +1,36 @@
+# converger: thin wrapper over CMake.
+#   make                build
+#   make run            build and start a node on 127.0.0.1:8080 (SQLite in data/)
+#   make test           build and run every test through CTest
+#   make test SANITIZE=1  the same under ASan + UBSan
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+BUILD_DIR ?= build-sanitize
+CMAKE_FLAGS += -DCONVERGER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+else
+BUILD_DIR ?= build
+CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=RelWithDebInfo
+endif
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: all build setup run test clean
+
+all: build
+
+setup:
+	@scripts/setup
+
+$(BUILD_DIR)/CMakeCache.txt:
+	@cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS) >/dev/null
+
+build: setup $(BUILD_DIR)/CMakeCache.txt
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	$(BUILD_DIR)/converger serve $(ARGS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+clean:
+	rm -rf build build-sanitize

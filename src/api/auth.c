@@ -1,0 +1,234 @@
+#include "api/auth.h"
+
+#include <jwt.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "core/util.h"
+
+typedef struct rev_s {
+  struct rev_s *next;
+  char jti[];
+} rev_t;
+
+#define REV_BUCKETS 1024
+
+struct auth_s {
+  char *api_key;
+  unsigned char *secret;
+  size_t secret_len;
+  rev_t *revoked[REV_BUCKETS];
+};
+
+auth_t *auth_new(const char *api_key, const char *secret) {
+  auth_t *a = calloc(1, sizeof *a);
+  if (!a) return NULL;
+  a->api_key = strdup(api_key);
+  a->secret = (unsigned char *)strdup(secret);
+  a->secret_len = strlen(secret);
+  return a;
+}
+
+static void clear_revoked(auth_t *a) {
+  for (size_t i = 0; i < REV_BUCKETS; i++) {
+    rev_t *r = a->revoked[i];
+    while (r) {
+      rev_t *n = r->next;
+      free(r);
+      r = n;
+    }
+    a->revoked[i] = NULL;
+  }
+}
+
+void auth_free(auth_t *a) {
+  if (!a) return;
+  clear_revoked(a);
+  free(a->api_key);
+  free(a->secret);
+  free(a);
+}
+
+int auth_check_api_key(const auth_t *a, const char *authorization) {
+  if (!authorization || strncmp(authorization, "Bearer ", 7) != 0) return -CV_EUNAUTHORIZED;
+  const char *k = authorization + 7;
+  size_t n = strlen(k), m = strlen(a->api_key);
+  if (n != m || CRYPTO_memcmp(k, a->api_key, n) != 0) return -CV_EUNAUTHORIZED;
+  return 0;
+}
+
+int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, int64_t ttl_s,
+              char **token, char jti[37], int64_t *exp_s) {
+  jwt_t *jwt = NULL;
+  int r = -CV_EINVAL;
+  char *convs_json = json_dumps(convs, JSON_COMPACT);
+  util_uuid(jti);
+  *exp_s = now_s + ttl_s;
+  if (!convs_json || jwt_new(&jwt) != 0) goto out;
+  char grants[64 + 4096];
+  if (jwt_add_grant(jwt, "sub", sub) || jwt_add_grant(jwt, "jti", jti) ||
+      jwt_add_grant_int(jwt, "iat", (long)now_s) || jwt_add_grant_int(jwt, "exp", (long)*exp_s))
+    goto out;
+  /* convs is an array: add it through the JSON form of the grants. */
+  if (strlen(convs_json) > 4000) goto out;
+  snprintf(grants, sizeof grants, "{\"convs\":%s}", convs_json);
+  if (jwt_add_grants_json(jwt, grants) != 0) goto out;
+  if (jwt_set_alg(jwt, JWT_ALG_HS256, a->secret, (int)a->secret_len) != 0) goto out;
+  *token = jwt_encode_str(jwt);
+  r = *token ? 0 : -CV_ENOMEM;
+out:
+  free(convs_json);
+  jwt_free(jwt);
+  return r;
+}
+
+/* Decode the base64url header segment and check that alg is exactly HS256. */
+static int header_alg_ok(const char *token) {
+  const char *dot = strchr(token, '.');
+  if (!dot || dot == token || dot - token > 1024) return 0;
+  size_t n = (size_t)(dot - token);
+  char b64[1032];
+  memcpy(b64, token, n);
+  for (size_t i = 0; i < n; i++) {
+    if (b64[i] == '-') b64[i] = '+';
+    else if (b64[i] == '_') b64[i] = '/';
+  }
+  while (n % 4) b64[n++] = '=';
+  unsigned char raw[800];
+  int len = EVP_DecodeBlock(raw, (unsigned char *)b64, (int)n);
+  if (len <= 0) return 0;
+  while (len > 0 && raw[len - 1] == '\0') len--; /* padding bytes */
+  json_t *h = json_loadb((const char *)raw, (size_t)len, 0, NULL);
+  const char *alg = json_string_value(json_object_get(h, "alg"));
+  int ok = alg && strcmp(alg, "HS256") == 0;
+  json_decref(h);
+  return ok;
+}
+
+int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
+                const char **why) {
+  jwt_t *jwt = NULL;
+  memset(out, 0, sizeof *out);
+  if (strlen(token) > 8192) {
+    *why = "token too long";
+    return -CV_EUNAUTHORIZED;
+  }
+  if (!header_alg_ok(token)) {
+    *why = "token alg must be HS256";
+    return -CV_EUNAUTHORIZED;
+  }
+  if (jwt_decode(&jwt, token, a->secret, (int)a->secret_len) != 0 || !jwt ||
+      jwt_get_alg(jwt) != JWT_ALG_HS256) {
+    *why = "bad token signature";
+    jwt_free(jwt);
+    return -CV_EUNAUTHORIZED;
+  }
+  char *grants = jwt_get_grants_json(jwt, NULL);
+  jwt_free(jwt);
+  json_t *claims = grants ? json_loads(grants, 0, NULL) : NULL;
+  free(grants);
+  int r = -CV_EUNAUTHORIZED;
+  json_t *exp = json_object_get(claims, "exp");
+  const char *sub = json_string_value(json_object_get(claims, "sub"));
+  const char *jti = json_string_value(json_object_get(claims, "jti"));
+  json_t *convs = json_object_get(claims, "convs");
+  json_t *scope = json_object_get(claims, "scope");
+  if (!json_is_integer(exp)) {
+    *why = "token has no exp";
+    goto out;
+  }
+  if (json_integer_value(exp) <= now_s) {
+    *why = "token expired";
+    goto out;
+  }
+  if (!util_id_valid(sub)) {
+    *why = "token sub must be an id";
+    goto out;
+  }
+  if (jti && strlen(jti) > STORE_ID_MAX) {
+    *why = "token jti too long";
+    goto out;
+  }
+  if (!json_is_array(convs)) {
+    *why = "token has no convs";
+    goto out;
+  }
+  size_t i;
+  json_t *v;
+  json_array_foreach(convs, i, v) {
+    const char *c = json_string_value(v);
+    if (!c) {
+      *why = "token convs must be strings";
+      goto out;
+    }
+    if (strcmp(c, "*") == 0) out->all_convs = 1;
+  }
+  out->can_read = out->can_write = 1;
+  if (scope) {
+    if (!json_is_array(scope)) {
+      *why = "token scope must be an array";
+      goto out;
+    }
+    out->can_read = out->can_write = 0;
+    json_array_foreach(scope, i, v) {
+      const char *s = json_string_value(v);
+      if (s && strcmp(s, "read") == 0) out->can_read = 1;
+      if (s && strcmp(s, "write") == 0) out->can_write = 1;
+    }
+  }
+  strcpy(out->sub, sub);
+  if (jti) strcpy(out->jti, jti);
+  out->exp_s = json_integer_value(exp);
+  out->convs = json_incref(convs);
+  r = 0;
+out:
+  json_decref(claims);
+  return r;
+}
+
+void auth_token_clear(auth_token_t *t) {
+  json_decref(t->convs);
+  t->convs = NULL;
+}
+
+int auth_token_allows(const auth_token_t *t, const char *conv) {
+  if (t->all_convs) return 1;
+  size_t i;
+  json_t *v;
+  json_array_foreach(t->convs, i, v) {
+    if (strcmp(json_string_value(v), conv) == 0) return 1;
+  }
+  return 0;
+}
+
+static size_t bucket(const char *s) {
+  size_t h = 5381;
+  while (*s) h = h * 33 + (unsigned char)*s++;
+  return h % REV_BUCKETS;
+}
+
+int auth_is_revoked(const auth_t *a, const char *jti) {
+  if (!jti || !*jti) return 0;
+  for (rev_t *r = a->revoked[bucket(jti)]; r; r = r->next)
+    if (strcmp(r->jti, jti) == 0) return 1;
+  return 0;
+}
+
+void auth_add_revoked(auth_t *a, const char *jti) {
+  if (auth_is_revoked(a, jti)) return;
+  size_t n = strlen(jti);
+  rev_t *r = malloc(sizeof *r + n + 1);
+  if (!r) return;
+  memcpy(r->jti, jti, n + 1);
+  size_t b = bucket(jti);
+  r->next = a->revoked[b];
+  a->revoked[b] = r;
+}
+
+void auth_set_revoked(auth_t *a, char **jtis, size_t n) {
+  clear_revoked(a);
+  for (size_t i = 0; i < n; i++) auth_add_revoked(a, jtis[i]);
+}

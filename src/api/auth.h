@@ -1,0 +1,62 @@
+/*
+ * auth: the API key for REST/admin, client tokens (JWT, HS256 only, libjwt)
+ * and the node's revocation cache.
+ *
+ * Token verification happens in memory: the `alg` of the header is pinned
+ * to HS256 before libjwt checks the signature (so "none" and every other
+ * algorithm are refused), `exp` is required, and the jti must not be in the
+ * revocation cache. Loop thread, except auth_sign and auth_verify, which are
+ * pure and may run anywhere.
+ */
+#ifndef CONVERGER_API_AUTH_H
+#define CONVERGER_API_AUTH_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+typedef struct auth_s auth_t;
+
+typedef struct {
+  char sub[STORE_ID_MAX + 1];
+  char jti[STORE_ID_MAX + 1];
+  int64_t exp_s;   /* Unix seconds */
+  int all_convs;   /* convs was ["*"] */
+  json_t *convs;   /* owned array of strings; auth_token_clear releases it */
+  int can_read;
+  int can_write;
+} auth_token_t;
+
+/* New auth state with copies of `api_key` and `secret`. NULL on OOM. */
+auth_t *auth_new(const char *api_key, const char *secret);
+void auth_free(auth_t *a);
+
+/* 0 when `authorization` is "Bearer <api key>" (constant-time compare),
+ * else -CV_EUNAUTHORIZED. NULL means the header was missing. */
+int auth_check_api_key(const auth_t *a, const char *authorization);
+
+/* Sign a token for `sub` with `convs` (borrowed array of ids or ["*"]),
+ * expiring ttl_s seconds after now_s. On success *token is a heap string
+ * (caller frees), `jti` gets a new random id. */
+int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, int64_t ttl_s,
+              char **token, char jti[37], int64_t *exp_s);
+
+/* Verify `token` at now_s. Returns 0 and fills `out` (clear with
+ * auth_token_clear), or -CV_EUNAUTHORIZED with *why set to a static
+ * message. Does not look at the revocation cache. */
+int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
+                const char **why);
+void auth_token_clear(auth_token_t *t);
+
+/* 1 when the token covers conversation `conv`. */
+int auth_token_allows(const auth_token_t *t, const char *conv);
+
+/* Revocation cache (loop thread). */
+int auth_is_revoked(const auth_t *a, const char *jti);
+void auth_add_revoked(auth_t *a, const char *jti);
+/* Replace the cache with `jtis` (borrowed). */
+void auth_set_revoked(auth_t *a, char **jtis, size_t n);
+
+#endif

@@ -1,0 +1,692 @@
+/*
+ * rest.c: routing and the REST handlers.
+ *
+ * Each store-backed route is a rest_job_t: the loop validates the request
+ * and copies what the job needs, the worker runs the store calls and builds
+ * the JSON answer, the loop writes it. A job holds a reference on the
+ * connection; when the connection has gone meanwhile the answer is dropped
+ * (the store work is done either way: an acknowledged write is committed).
+ */
+#include "api/rest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <llhttp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/auth.h"
+#include "api/metrics.h"
+#include "bus/bus.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "net/ws.h"
+#include "proto/frames.h"
+#include "proto/session.h"
+
+/* ---- jobs -------------------------------------------------------------------- */
+
+typedef enum {
+  J_CHANNEL_CREATE,
+  J_CHANNEL_PATCH,
+  J_CHANNEL_GET,
+  J_CONV_CREATE,
+  J_CONV_GET,
+  J_MSG_APPEND,
+  J_MSG_LIST,
+  J_REVOKE,
+} job_kind_t;
+
+typedef struct {
+  pool_job_t job;
+  conn_t *conn;
+  node_t *node;
+  job_kind_t kind;
+  char id[STORE_ID_MAX + 1];
+  char other[STORE_ID_MAX + 1]; /* channel of a new conversation; sender */
+  char key[STORE_ID_MAX + 1];   /* idempotency key */
+  char *name;                   /* channel name; message body JSON */
+  int flag;                     /* presence / active */
+  int64_t after, limit, exp_s;
+  /* results */
+  int status;        /* HTTP status */
+  json_t *answer;    /* body on success */
+  const char *code;  /* error code */
+  const char *message;
+} rest_job_t;
+
+static json_t *channel_json(const store_channel_t *ch) {
+  return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence",
+                   ch->presence, "active", ch->active);
+}
+
+static json_t *conv_json(const store_conv_t *cv) {
+  return json_pack("{s:s, s:s, s:I}", "id", cv->id, "channel", cv->channel, "head",
+                   (json_int_t)cv->head);
+}
+
+static json_t *msg_json(const char *conv, const store_msg_t *m) {
+  char ts[25];
+  util_format_ts(m->ts_ms, ts);
+  json_t *body = json_loads(m->body, JSON_DECODE_ANY, NULL);
+  return json_pack("{s:s, s:I, s:s, s:s, s:s, s:o}", "conv", conv, "seq", (json_int_t)m->seq,
+                   "id", m->id, "sender", m->sender, "ts", ts, "body",
+                   body ? body : json_null());
+}
+
+static void set_error(rest_job_t *j, int r) {
+  switch (r) {
+  case -CV_ENOTFOUND:
+    j->status = 404;
+    j->code = "not_found";
+    j->message = j->kind == J_CONV_CREATE ? "no such channel" : "not found";
+    break;
+  case -CV_EEXISTS:
+    j->status = 409;
+    j->code = "conflict";
+    j->message = "id already exists";
+    break;
+  case -CV_EINACTIVE:
+    j->status = 409;
+    j->code = "channel_inactive";
+    j->message = "the conversation's channel is inactive";
+    break;
+  default:
+    j->status = 503;
+    j->code = "unavailable";
+    j->message = "store unavailable";
+    break;
+  }
+}
+
+static void job_work(pool_job_t *job, store_t *db) {
+  rest_job_t *j = container_of(job, rest_job_t, job);
+  int r = 0;
+  switch (j->kind) {
+  case J_CHANNEL_CREATE: {
+    store_channel_t ch;
+    if ((r = store_channel_create(db, j->id, j->name, j->flag, &ch)) == 0) {
+      j->status = 201;
+      j->answer = channel_json(&ch);
+    }
+    break;
+  }
+  case J_CHANNEL_PATCH:
+  case J_CHANNEL_GET: {
+    store_channel_t ch;
+    r = j->kind == J_CHANNEL_PATCH ? store_channel_set_active(db, j->id, j->flag, &ch)
+                                   : store_channel_get(db, j->id, &ch);
+    if (r == 0) {
+      j->status = 200;
+      j->answer = channel_json(&ch);
+    }
+    break;
+  }
+  case J_CONV_CREATE:
+  case J_CONV_GET: {
+    store_conv_t cv;
+    r = j->kind == J_CONV_CREATE ? store_conv_create(db, j->id, j->other, &cv)
+                                 : store_conv_get(db, j->id, &cv);
+    if (r == 0) {
+      j->status = j->kind == J_CONV_CREATE ? 201 : 200;
+      j->answer = conv_json(&cv);
+    }
+    break;
+  }
+  case J_MSG_APPEND: {
+    store_msg_t m = {0};
+    int created = 0;
+    r = bus_append(j->node->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m,
+                   &created);
+    if (r == 0) {
+      j->status = created ? 201 : 200;
+      j->answer = json_pack("{s:I, s:s}", "seq", (json_int_t)m.seq, "id", m.id);
+      store_msg_clear(&m);
+    }
+    break;
+  }
+  case J_MSG_LIST: {
+    store_conv_t cv;
+    store_msg_t *msgs = NULL;
+    size_t n = 0;
+    if ((r = store_conv_get(db, j->id, &cv)) != 0) break;
+    if ((r = store_replay(db, j->id, j->after, -1, (int)j->limit, &msgs, &n)) != 0) break;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, msg_json(j->id, &msgs[i]));
+    store_msgs_free(msgs, n);
+    j->status = 200;
+    j->answer = json_pack("{s:o, s:I}", "messages", arr, "head", (json_int_t)cv.head);
+    break;
+  }
+  case J_REVOKE:
+    if ((r = store_revoke(db, j->id, j->exp_s)) == 0) j->status = 204;
+    break;
+  }
+  if (r != 0) set_error(j, r);
+}
+
+static void job_done(pool_job_t *job) {
+  rest_job_t *j = container_of(job, rest_job_t, job);
+  node_t *node = j->node;
+  /* Effects on live sockets happen whether or not the caller is still here. */
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !j->flag)
+    session_channel_inactive(node, j->id);
+  if (j->kind == J_REVOKE && j->status == 204) {
+    auth_add_revoked(node->auth, j->id);
+    session_revoke_jti(node, j->id);
+  }
+  if (conn_unref(j->conn)) {
+    if (j->answer) {
+      http_respond_json(j->conn, j->status, j->answer, NULL);
+      j->answer = NULL;
+    } else if (j->status == 204) {
+      http_respond(j->conn, 204, "application/json", "", 0, NULL);
+    } else {
+      http_respond_error(j->conn, j->status, j->code, j->message,
+                         j->status == 503 ? (long)jitter_retry_hint(&node->rng,
+                                                                    node->cfg->retry_after_min_ms,
+                                                                    node->cfg->retry_after_max_ms)
+                                          : 0);
+    }
+  }
+  json_decref(j->answer);
+  free(j->name);
+  free(j);
+}
+
+static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
+  rest_job_t *j = calloc(1, sizeof *j);
+  if (!j) {
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+    return NULL;
+  }
+  j->conn = c;
+  j->node = c->node;
+  j->kind = kind;
+  return j;
+}
+
+static void job_submit(rest_job_t *j) {
+  conn_ref(j->conn);
+  pool_submit(j->node->pool, &j->job, job_work, job_done);
+}
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+static void bad_request(conn_t *c, const char *message) {
+  http_respond_error(c, 400, "bad_request", message, 0);
+}
+
+/* Parse the body as a JSON object; answers 400 and returns NULL otherwise. */
+static json_t *body_object(conn_t *c, http_request_t *req) {
+  json_error_t err;
+  json_t *v = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &err);
+  if (!json_is_object(v)) {
+    char msg[256];
+    if (v)
+      snprintf(msg, sizeof msg, "the body must be a JSON object");
+    else
+      snprintf(msg, sizeof msg, "malformed JSON body: %s", err.text);
+    json_decref(v);
+    bad_request(c, msg);
+    return NULL;
+  }
+  return v;
+}
+
+static int require_key(conn_t *c, http_request_t *req) {
+  if (auth_check_api_key(c->node->auth, req->authorization) == 0) return 0;
+  http_respond_error(c, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)", 0);
+  return -1;
+}
+
+/* Query parameter `name` as a non-negative integer; def when absent.
+ * Returns -1 after answering 400 when present but invalid. */
+static int query_int(conn_t *c, const char *query, const char *name, int64_t def, int64_t *out) {
+  *out = def;
+  size_t nl = strlen(name);
+  for (const char *p = query; p && *p;) {
+    const char *amp = strchr(p, '&');
+    size_t len = amp ? (size_t)(amp - p) : strlen(p);
+    if (len > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+      char buf[32];
+      size_t vl = len - nl - 1;
+      char *end;
+      if (vl == 0 || vl >= sizeof buf) goto bad;
+      memcpy(buf, p + nl + 1, vl);
+      buf[vl] = '\0';
+      errno = 0;
+      long long v = strtoll(buf, &end, 10);
+      if (errno || *end || v < 0) goto bad;
+      *out = v;
+    }
+    p = amp ? amp + 1 : NULL;
+  }
+  return 0;
+bad: {
+  char msg[96];
+  snprintf(msg, sizeof msg, "query parameter %s must be an integer >= 0", name);
+  bad_request(c, msg);
+  return -1;
+}
+}
+
+/* Split "/v1/conversations/ID/messages" style paths into segments. */
+static int split_path(const char *path, char seg[5][STORE_ID_MAX + 2]) {
+  int n = 0;
+  const char *p = path;
+  while (*p == '/') p++;
+  while (*p && n < 5) {
+    const char *e = strchr(p, '/');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len > STORE_ID_MAX) len = STORE_ID_MAX + 1; /* marks an over-long segment */
+    memcpy(seg[n], p, len > STORE_ID_MAX ? STORE_ID_MAX + 1 : len);
+    seg[n][len > STORE_ID_MAX ? STORE_ID_MAX + 1 : len] = '\0';
+    n++;
+    if (!e) break;
+    p = e + 1;
+  }
+  if (*p && n == 5) return 6;
+  return n;
+}
+
+/* ---- handlers ---------------------------------------------------------------- */
+
+static void serve_file(conn_t *c, const char *name, const char *type) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", c->node->cfg->web_dir, name);
+  int fd = open(path, O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || st.st_size > 4 * 1024 * 1024) {
+    if (fd >= 0) close(fd);
+    http_respond_error(c, 404, "not_found", "demo page not found (CONVERGER_WEB_DIR)", 0);
+    return;
+  }
+  char *buf = malloc((size_t)st.st_size + 1);
+  ssize_t n = buf ? read(fd, buf, (size_t)st.st_size) : -1;
+  close(fd);
+  if (n < 0) {
+    free(buf);
+    http_respond_error(c, 503, "unavailable", "cannot read the demo page", 1000);
+    return;
+  }
+  http_respond(c, 200, type, buf, (size_t)n, NULL);
+  free(buf);
+}
+
+static void handle_status(conn_t *c) {
+  node_t *node = c->node;
+  json_t *v = json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i}", "node", node->cfg->node_id,
+                        "version", CONVERGER_VERSION, "state",
+                        node->stopping ? "stopping" : node->ready ? "ready" : "starting",
+                        "connections", node->nws, "httpConnections", node->nconns - node->nws,
+                        "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight",
+                        pool_in_flight(node->pool), "poolSize", node->cfg->pool_size);
+  http_respond_json(c, 200, v, NULL);
+}
+
+static void handle_channel_create(conn_t *c, http_request_t *req) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *id = json_string_value(json_object_get(b, "id"));
+  const char *name = json_string_value(json_object_get(b, "name"));
+  json_t *presence = json_object_get(b, "presence");
+  char gen[37];
+  if (json_object_get(b, "id") && !util_id_valid(id)) {
+    bad_request(c, "id must match [A-Za-z0-9._:-]{1,128}");
+  } else if (!name || strlen(name) == 0 || strlen(name) > STORE_NAME_MAX) {
+    bad_request(c, "name must be a string of 1 to 256 bytes");
+  } else if (presence && !json_is_boolean(presence)) {
+    bad_request(c, "presence must be a boolean");
+  } else {
+    rest_job_t *j = job_new(c, J_CHANNEL_CREATE);
+    if (j) {
+      if (!id) {
+        util_uuid(gen);
+        id = gen;
+      }
+      strcpy(j->id, id);
+      j->name = strdup(name);
+      j->flag = json_is_true(presence);
+      job_submit(j);
+    }
+  }
+  json_decref(b);
+}
+
+static void handle_channel_patch(conn_t *c, http_request_t *req, const char *id) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  json_t *active = json_object_get(b, "active");
+  if (!json_is_boolean(active)) {
+    bad_request(c, "body must be {\"active\": true|false}");
+  } else {
+    rest_job_t *j = job_new(c, J_CHANNEL_PATCH);
+    if (j) {
+      strcpy(j->id, id);
+      j->flag = json_is_true(active);
+      job_submit(j);
+    }
+  }
+  json_decref(b);
+}
+
+static void handle_conv_create(conn_t *c, http_request_t *req) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *id = json_string_value(json_object_get(b, "id"));
+  const char *channel = json_string_value(json_object_get(b, "channel"));
+  char gen[37];
+  if (json_object_get(b, "id") && !util_id_valid(id)) {
+    bad_request(c, "id must match [A-Za-z0-9._:-]{1,128}");
+  } else if (!util_id_valid(channel)) {
+    bad_request(c, "channel must be an id matching [A-Za-z0-9._:-]{1,128}");
+  } else {
+    rest_job_t *j = job_new(c, J_CONV_CREATE);
+    if (j) {
+      if (!id) {
+        util_uuid(gen);
+        id = gen;
+      }
+      strcpy(j->id, id);
+      strcpy(j->other, channel);
+      job_submit(j);
+    }
+  }
+  json_decref(b);
+}
+
+static void handle_msg_append(conn_t *c, http_request_t *req, const char *conv) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *sender = json_string_value(json_object_get(b, "sender"));
+  json_t *body = json_object_get(b, "body");
+  const char *key = req->idempotency_key;
+  char *text = NULL;
+  if (!util_id_valid(sender)) {
+    bad_request(c, "sender must be an id matching [A-Za-z0-9._:-]{1,128}");
+  } else if (!body) {
+    bad_request(c, "body is required (any JSON value)");
+  } else if (key && !util_id_valid(key)) {
+    bad_request(c, "Idempotency-Key must match [A-Za-z0-9._:-]{1,128}");
+  } else if (!(text = frame_dump(body))) {
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+  } else if (strlen(text) > (size_t)c->node->cfg->max_message_bytes) {
+    http_respond_error(c, 413, "too_large",
+                       "message body is larger than CONVERGER_MAX_MESSAGE_BYTES", 0);
+  } else {
+    rest_job_t *j = job_new(c, J_MSG_APPEND);
+    if (j) {
+      strcpy(j->id, conv);
+      strcpy(j->other, sender);
+      if (key)
+        strcpy(j->key, key);
+      else
+        util_uuid(j->key);
+      j->name = text;
+      text = NULL;
+      job_submit(j);
+    }
+  }
+  free(text);
+  json_decref(b);
+}
+
+static void handle_msg_list(conn_t *c, http_request_t *req, const char *conv) {
+  int64_t after, limit;
+  if (query_int(c, req->query, "after", 0, &after) != 0) return;
+  if (query_int(c, req->query, "limit", 100, &limit) != 0) return;
+  if (limit < 1 || limit > STORE_REPLAY_PAGE_MAX) {
+    bad_request(c, "limit must be between 1 and 1000");
+    return;
+  }
+  rest_job_t *j = job_new(c, J_MSG_LIST);
+  if (!j) return;
+  strcpy(j->id, conv);
+  j->after = after;
+  j->limit = limit;
+  job_submit(j);
+}
+
+static void handle_token(conn_t *c, http_request_t *req) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *sub = json_string_value(json_object_get(b, "sub"));
+  json_t *convs = json_object_get(b, "convs");
+  json_t *ttl = json_object_get(b, "ttlSeconds");
+  int ok = util_id_valid(sub) && json_is_array(convs) && json_array_size(convs) > 0 &&
+           json_array_size(convs) <= 1000;
+  size_t i;
+  json_t *v;
+  if (ok) json_array_foreach(convs, i, v) {
+      const char *s = json_string_value(v);
+      if (!s || (strcmp(s, "*") != 0 && !util_id_valid(s))) ok = 0;
+    }
+  if (!ok) {
+    bad_request(c, "body must be {\"sub\": id, \"convs\": [ids or \"*\"], \"ttlSeconds\"?: n}");
+  } else if (ttl && (!json_is_integer(ttl) || json_integer_value(ttl) < 1 ||
+                     json_integer_value(ttl) > 366 * 86400)) {
+    bad_request(c, "ttlSeconds must be an integer between 1 and 31622400");
+  } else {
+    int64_t now = util_now_ms() / 1000, exp;
+    char *token = NULL, jti[37], at[25];
+    if (auth_sign(c->node->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token,
+                  jti, &exp) != 0) {
+      http_respond_error(c, 503, "unavailable", "cannot sign the token", 1000);
+    } else {
+      util_format_ts(exp * 1000, at);
+      http_respond_json(c, 201, json_pack("{s:s, s:s, s:s}", "token", token, "jti", jti,
+                                          "expiresAt", at), NULL);
+    }
+    free(token);
+  }
+  json_decref(b);
+}
+
+static void handle_revoke(conn_t *c, http_request_t *req) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *jti = json_string_value(json_object_get(b, "jti"));
+  if (!jti || !*jti || strlen(jti) > STORE_ID_MAX) {
+    bad_request(c, "body must be {\"jti\": string}");
+  } else {
+    rest_job_t *j = job_new(c, J_REVOKE);
+    if (j) {
+      strcpy(j->id, jti);
+      /* Keep the row for the longest token lifetime we issue. */
+      j->exp_s = util_now_ms() / 1000 + 366 * 86400;
+      job_submit(j);
+    }
+  }
+  json_decref(b);
+}
+
+/* ---- router ------------------------------------------------------------------ */
+
+static void method_not_allowed(conn_t *c, const char *allow) {
+  char extra[64];
+  snprintf(extra, sizeof extra, "Allow: %s\r\n", allow);
+  json_t *err = json_pack("{s:{s:s, s:s}}", "error", "code", "method_not_allowed", "message",
+                          "method not allowed on this path");
+  http_respond_json(c, 405, err, extra);
+}
+
+static void not_found(conn_t *c) {
+  http_respond_error(c, 404, "not_found", "no such route", 0);
+}
+
+#define IS(m) (req->method == HTTP_##m)
+
+void rest_handle(conn_t *c, http_request_t *req) {
+  node_t *node = c->node;
+  const char *path = req->path;
+  char seg[5][STORE_ID_MAX + 2];
+  if (strcmp(path, "/v1/ws") == 0) {
+    req->route = "/v1/ws";
+    const char *why;
+    int status = ws_check_upgrade(req, &why);
+    if (status == 405) {
+      method_not_allowed(c, "GET");
+    } else if (status) {
+      req->keep_alive = 0;
+      http_respond_json(c, status,
+                        json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
+                        "Sec-WebSocket-Version: 13\r\n");
+    } else if (node->stopping) {
+      http_respond_error(c, 503, "unavailable", "node is shutting down",
+                         (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
+                                                 node->cfg->retry_after_max_ms));
+    } else {
+      ws_upgrade(c, req);
+    }
+    return;
+  }
+  if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0 ||
+      strcmp(path, "/app.js") == 0 || strcmp(path, "/style.css") == 0) {
+    req->route = "/";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    if (strcmp(path, "/app.js") == 0) return serve_file(c, "app.js", "text/javascript; charset=utf-8");
+    if (strcmp(path, "/style.css") == 0) return serve_file(c, "style.css", "text/css; charset=utf-8");
+    return serve_file(c, "index.html", "text/html; charset=utf-8");
+  }
+  if (strcmp(path, "/livez") == 0) {
+    req->route = "/livez";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    return http_respond_json(c, 200, json_pack("{s:s}", "status", "ok"), NULL);
+  }
+  if (strcmp(path, "/readyz") == 0) {
+    req->route = "/readyz";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    const char *state = node->stopping ? "stopping" : node->ready ? "ready" : "starting";
+    return http_respond_json(c, node->ready && !node->stopping ? 200 : 503,
+                             json_pack("{s:s}", "status", state), NULL);
+  }
+  if (strcmp(path, "/metrics") == 0) {
+    req->route = "/metrics";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    size_t len;
+    char *text = metrics_render(&len);
+    if (!text) return http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+    http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
+    free(text);
+    return;
+  }
+  if (strcmp(path, "/admin/status") == 0) {
+    req->route = "/admin/status";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    if (require_key(c, req) != 0) return;
+    return handle_status(c);
+  }
+
+  int n = split_path(path, seg);
+  if (n < 2 || strcmp(seg[0], "v1") != 0) return not_found(c);
+  for (int i = 2; i < n; i++)
+    if (strlen(seg[i]) > STORE_ID_MAX) seg[i][0] = '\0'; /* over-long id: invalid */
+
+  if (strcmp(seg[1], "channels") == 0) {
+    if (n == 2) {
+      req->route = "/v1/channels";
+      if (!IS(POST)) return method_not_allowed(c, "POST");
+      if (require_key(c, req) != 0) return;
+      return handle_channel_create(c, req);
+    }
+    if (n == 3) {
+      req->route = "/v1/channels/{id}";
+      if (!IS(PATCH) && !IS(GET)) return method_not_allowed(c, "GET, PATCH");
+      if (require_key(c, req) != 0) return;
+      if (!util_id_valid(seg[2])) return bad_request(c, "channel id must match [A-Za-z0-9._:-]{1,128}");
+      if (IS(PATCH)) return handle_channel_patch(c, req, seg[2]);
+      rest_job_t *j = job_new(c, J_CHANNEL_GET);
+      if (j) {
+        strcpy(j->id, seg[2]);
+        job_submit(j);
+      }
+      return;
+    }
+    return not_found(c);
+  }
+  if (strcmp(seg[1], "conversations") == 0) {
+    if (n == 2) {
+      req->route = "/v1/conversations";
+      if (!IS(POST)) return method_not_allowed(c, "POST");
+      if (require_key(c, req) != 0) return;
+      return handle_conv_create(c, req);
+    }
+    if (n == 3 || (n == 4 && strcmp(seg[3], "messages") == 0)) {
+      req->route = n == 3 ? "/v1/conversations/{id}" : "/v1/conversations/{id}/messages";
+      if (n == 3 && !IS(GET)) return method_not_allowed(c, "GET");
+      if (n == 4 && !IS(GET) && !IS(POST)) return method_not_allowed(c, "GET, POST");
+      if (require_key(c, req) != 0) return;
+      if (!util_id_valid(seg[2]))
+        return bad_request(c, "conversation id must match [A-Za-z0-9._:-]{1,128}");
+      if (n == 4) return IS(POST) ? handle_msg_append(c, req, seg[2]) : handle_msg_list(c, req, seg[2]);
+      rest_job_t *j = job_new(c, J_CONV_GET);
+      if (j) {
+        strcpy(j->id, seg[2]);
+        job_submit(j);
+      }
+      return;
+    }
+    return not_found(c);
+  }
+  if (strcmp(seg[1], "tokens") == 0 && (n == 2 || (n == 3 && strcmp(seg[2], "revoke") == 0))) {
+    req->route = n == 2 ? "/v1/tokens" : "/v1/tokens/revoke";
+    if (!IS(POST)) return method_not_allowed(c, "POST");
+    if (require_key(c, req) != 0) return;
+    return n == 2 ? handle_token(c, req) : handle_revoke(c, req);
+  }
+  not_found(c);
+}
+
+/* ---- revocation refresh -------------------------------------------------- */
+
+typedef struct {
+  pool_job_t job;
+  node_t *node;
+  char **jtis;
+  size_t n;
+  int status;
+} refresh_job_t;
+
+static uv_timer_t refresh_timer;
+static int refresh_running;
+
+static void refresh_work(pool_job_t *job, store_t *db) {
+  refresh_job_t *r = container_of(job, refresh_job_t, job);
+  r->status = store_revocations(db, util_now_ms() / 1000, &r->jtis, &r->n);
+}
+
+static void refresh_done(pool_job_t *job) {
+  refresh_job_t *r = container_of(job, refresh_job_t, job);
+  if (r->status == 0) {
+    auth_set_revoked(r->node->auth, r->jtis, r->n);
+    for (size_t i = 0; i < r->n; i++) session_revoke_jti(r->node, r->jtis[i]);
+  }
+  store_strings_free(r->jtis, r->n);
+  free(r);
+  refresh_running = 0;
+}
+
+static void refresh_cb(uv_timer_t *t) {
+  node_t *node = t->data;
+  if (node->stopping) {
+    uv_close((uv_handle_t *)t, NULL);
+    return;
+  }
+  if (refresh_running) return;
+  refresh_job_t *r = calloc(1, sizeof *r);
+  if (!r) return;
+  r->node = node;
+  refresh_running = 1;
+  pool_submit(node->pool, &r->job, refresh_work, refresh_done);
+}
+
+void rest_start_revocation_refresh(node_t *node) {
+  uv_timer_init(node->loop, &refresh_timer);
+  refresh_timer.data = node;
+  uv_timer_start(&refresh_timer, refresh_cb, 0, (uint64_t)node->cfg->revocation_refresh_ms);
+}

@@ -1,0 +1,71 @@
+/*
+ * bus: in-process fan-out of committed messages and the subscription index.
+ *
+ * A pool worker appends through bus_append: under one mutex it commits the
+ * message and queues it, so messages reach the loop in commit order. On the
+ * loop each message is encoded into its WebSocket frame once and handed to
+ * every local subscriber of its conversation (bus_sub_t.deliver), whatever
+ * their number. The index and the delivery run on the loop thread only.
+ */
+#ifndef CONVERGER_BUS_BUS_H
+#define CONVERGER_BUS_BUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "store/store.h"
+
+typedef struct bus_s bus_t;
+
+/* One committed message, shared by every subscriber that holds it
+ * (reference counted, loop thread). */
+typedef struct bus_msg_s {
+  struct bus_msg_s *next; /* worker -> loop queue */
+  int refs;
+  int64_t seq;
+  char conv[STORE_ID_MAX + 1];
+  char *json;   /* msg frame JSON (built on the worker) */
+  char *frame;  /* encoded WebSocket frame, built once on the loop */
+  size_t frame_len;
+} bus_msg_t;
+
+typedef struct bus_sub_s bus_sub_t;
+/* Called on the loop for each message of the subscribed conversation. The
+ * callee takes a reference (bus_msg_ref) if it keeps `msg`. */
+typedef void (*bus_deliver_cb)(bus_sub_t *sub, bus_msg_t *msg);
+
+/* Embedded in a subscriber; `conv` must stay valid while subscribed. */
+struct bus_sub_s {
+  bus_sub_t *next, *prev;
+  const char *conv;
+  bus_deliver_cb deliver;
+  int linked;
+};
+
+/* Create the bus on `loop`. NULL on failure. Loop thread. */
+bus_t *bus_new(uv_loop_t *loop);
+/* Close the async handle; the bus is freed in its close callback.
+ * Subscribers must be gone. */
+void bus_close(bus_t *bus);
+
+/* Index (loop thread). Subscribing twice or unsubscribing an unlinked sub
+ * is a no-op. */
+void bus_subscribe(bus_t *bus, bus_sub_t *sub);
+void bus_unsubscribe(bus_t *bus, bus_sub_t *sub);
+
+/* Call `fn` for each local subscriber of `conv` (loop thread; `fn` may
+ * unsubscribe the sub it is given). */
+void bus_foreach(bus_t *bus, const char *conv, void (*fn)(bus_sub_t *, void *), void *arg);
+size_t bus_count(const bus_t *bus);
+
+/* Worker thread: store_append, and when a new message was created queue it
+ * for fan-out, both under the bus's append mutex (commit order = delivery
+ * order). Same arguments and results as store_append. */
+int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
+               const char *body, int64_t ts_ms, store_msg_t *out, int *created);
+
+void bus_msg_ref(bus_msg_t *m);
+void bus_msg_unref(bus_msg_t *m);
+
+#endif

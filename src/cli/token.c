@@ -1,0 +1,102 @@
+#include "cli/token.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/auth.h"
+#include "core/config.h"
+#include "core/util.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: converger token --sub USER --convs C1,C2|'*' [--ttl SECONDS] [serve settings]\n\n"
+          "Prints a client token (JWT, HS256) signed with CONVERGER_TOKEN_SECRET, or with the\n"
+          "secret stored in the data directory of CONVERGER_DATABASE_URL. Default ttl 3600.\n");
+}
+
+int token_main(int argc, char **argv) {
+  const char *sub = NULL, *convs = NULL;
+  long ttl = 3600;
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char **slot = NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      free(rest);
+      return 0;
+    }
+    if (strcmp(a, "--sub") == 0) slot = &sub;
+    else if (strcmp(a, "--convs") == 0) slot = &convs;
+    if (slot || strcmp(a, "--ttl") == 0) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "converger token: %s needs a value\n", a);
+        free(rest);
+        return 2;
+      }
+      if (slot) {
+        *slot = argv[++i];
+      } else {
+        char *end;
+        errno = 0;
+        ttl = strtol(argv[++i], &end, 10);
+        if (errno || *end || ttl < 1 || ttl > 366L * 86400) {
+          fprintf(stderr, "converger token: invalid --ttl \"%s\": want seconds in [1, 31622400]\n",
+                  argv[i]);
+          free(rest);
+          return 2;
+        }
+      }
+      continue;
+    }
+    rest[nrest++] = argv[i];
+  }
+  if (!util_id_valid(sub) || !convs || !*convs) {
+    usage(stderr);
+    free(rest);
+    return 2;
+  }
+  config_t cfg;
+  int r = config_parse(&cfg, nrest, rest);
+  free(rest);
+  if (r != 0) {
+    config_free(&cfg);
+    return r == 1 ? 0 : 2;
+  }
+  int from_file;
+  if (config_load_secrets(&cfg, &from_file) != 0) {
+    config_free(&cfg);
+    return 1;
+  }
+  json_t *arr = json_array();
+  char *list = strdup(convs);
+  int status = 0;
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (strcmp(tok, "*") != 0 && !util_id_valid(tok)) {
+      fprintf(stderr, "converger token: invalid conversation id \"%s\"\n", tok);
+      status = 2;
+    }
+    json_array_append_new(arr, json_string(tok));
+  }
+  if (status == 0) {
+    auth_t *a = auth_new(cfg.api_key, cfg.token_secret);
+    char *token = NULL, jti[37];
+    int64_t exp;
+    if (!a || auth_sign(a, sub, arr, util_now_ms() / 1000, ttl, &token, jti, &exp) != 0) {
+      fprintf(stderr, "converger token: cannot sign\n");
+      status = 1;
+    } else {
+      printf("%s\n", token);
+    }
+    free(token);
+    auth_free(a);
+  }
+  free(list);
+  json_decref(arr);
+  config_free(&cfg);
+  return status;
+}

@@ -1,0 +1,315 @@
+/*
+ * config.c: settings table, parsing and secret files.
+ *
+ * Each row names the field, its environment variable, its flag, its default
+ * and its kind. Validation is by kind (positive integer within bounds, one
+ * of a set of words, host:port). A bad value prints exactly one line naming
+ * the setting.
+ */
+#include "core/config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+
+typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL } kind_t;
+
+typedef struct {
+  const char *env;
+  const char *flag;
+  kind_t kind;
+  size_t offset;
+  const char *def; /* NULL: unset */
+  long min, max;   /* K_INT bounds */
+  const char *words; /* K_ENUM: "a|b|c" */
+  const char *help;
+} setting_t;
+
+#define S(env, flag, kind, field, def, min, max, words, help) \
+  {env, flag, kind, offsetof(config_t, field), def, min, max, words, help}
+
+static const setting_t settings[] = {
+    S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
+      "address and port for HTTP, WebSocket, health and metrics"),
+    S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url,
+      "sqlite:data/converger.db", 0, 0, NULL, "store: sqlite:PATH"),
+    S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
+      "REST/admin bearer key (unset: generated, stored in the data directory)"),
+    S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, 0, 0, NULL,
+      "HS256 secret for client tokens (unset: generated, stored in the data directory)"),
+    S("CONVERGER_NODE_ID", "node-id", K_STR, node_id, NULL, 0, 0, NULL,
+      "this node's name in welcome frames and metrics (default hostname:port)"),
+    S("CONVERGER_POOL_SIZE", "pool-size", K_INT, pool_size, "20", 1, 512, NULL,
+      "store worker threads, one database connection each"),
+    S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes,
+      "65536", 256, 16777216, NULL, "largest WebSocket message accepted (bytes); larger: close 1009"),
+    S("CONVERGER_HEARTBEAT_MS", "heartbeat-ms", K_INT, heartbeat_ms, "25000", 50,
+      3600000, NULL, "ping interval (ms); silent for two intervals: closed"),
+    S("CONVERGER_HELLO_TIMEOUT_MS", "hello-timeout-ms", K_INT, hello_timeout_ms,
+      "10000", 50, 600000, NULL, "time for the first frame, hello (ms); else close 1008"),
+    S("CONVERGER_SQLITE_SYNC", "sqlite-sync", K_ENUM, sqlite_sync, "full", 0, 0,
+      "off|normal|full", "SQLite PRAGMA synchronous"),
+    S("CONVERGER_HTTP_HEADER_TIMEOUT_MS", "http-header-timeout-ms", K_INT,
+      header_timeout_ms, "10000", 50, 600000, NULL,
+      "time for a complete HTTP header block (ms); else the connection is closed"),
+    S("CONVERGER_MAX_SUBS", "max-subs", K_INT, max_subs, "100", 1, 10000, NULL,
+      "subscriptions allowed in one hello"),
+    S("CONVERGER_REVOCATION_REFRESH_MS", "revocation-refresh-ms", K_INT,
+      revocation_refresh_ms, "1000", 50, 3600000, NULL,
+      "how often the revocation cache is re-read from the store (ms)"),
+    S("CONVERGER_RETRY_AFTER_MIN_MS", "retry-after-min-ms", K_INT, retry_after_min_ms,
+      "1000", 0, 3600000, NULL, "smallest retryAfterMs hint (ms)"),
+    S("CONVERGER_RETRY_AFTER_MAX_MS", "retry-after-max-ms", K_INT, retry_after_max_ms,
+      "6000", 1, 3600000, NULL, "largest retryAfterMs hint (ms)"),
+    S("CONVERGER_WEB_DIR", "web-dir", K_STR, web_dir, CONVERGER_WEB_DIR_DEFAULT, 0, 0,
+      NULL, "directory of the demo page served at /"),
+    S("CONVERGER_LOG_LEVEL", "log-level", K_ENUM, log_level, "info", 0, 0,
+      "debug|info|warn|error", "lowest log level printed"),
+};
+
+void config_usage(FILE *out) {
+  fprintf(out,
+          "usage: converger serve [--flag=value ...]\n\n"
+          "Runs one gateway node. Every setting is a flag and an environment\n"
+          "variable; a flag wins. Defaults in brackets.\n\n");
+  for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++) {
+    const setting_t *s = &settings[i];
+    fprintf(out, "  --%-24s %-32s [%s]\n      %s\n", s->flag, s->env,
+            s->def ? s->def : "unset", s->help);
+  }
+}
+
+static int words_has(const char *words, const char *v) {
+  size_t n = strlen(v);
+  const char *p = words;
+  while (*p) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncmp(p, v, n) == 0) return 1;
+    if (!bar) break;
+    p = bar + 1;
+  }
+  return 0;
+}
+
+static int parse_listen(config_t *cfg, const char *v) {
+  const char *colon = strrchr(v, ':');
+  if (!colon || colon == v) return -1;
+  char *end;
+  errno = 0;
+  long port = strtol(colon + 1, &end, 10);
+  if (errno || *end || end == colon + 1 || port < 0 || port > 65535) return -1;
+  free(cfg->listen_host);
+  const char *h = v;
+  size_t hl = (size_t)(colon - v);
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+  cfg->listen_host = strndup(h, hl);
+  cfg->listen_port = (int)port;
+  return 0;
+}
+
+static int apply(config_t *cfg, const setting_t *s, const char *v, const char *src) {
+  char **strp = (char **)((char *)cfg + s->offset);
+  switch (s->kind) {
+  case K_INT: {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *v == '\0' || *end || n < s->min || n > s->max) {
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want an integer in [%ld, %ld]\n",
+              s->env, src, v, s->min, s->max);
+      return -CV_EINVAL;
+    }
+    *(int *)((char *)cfg + s->offset) = (int)n;
+    return 0;
+  }
+  case K_ENUM:
+    if (!words_has(s->words, v)) {
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want one of %s\n", s->env,
+              src, v, s->words);
+      return -CV_EINVAL;
+    }
+    break;
+  case K_LISTEN:
+    if (parse_listen(cfg, v) != 0) {
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want host:port\n", s->env,
+              src, v);
+      return -CV_EINVAL;
+    }
+    break;
+  case K_DBURL:
+    if (strncmp(v, "sqlite:", 7) != 0 || v[7] == '\0') {
+      fprintf(stderr,
+              "converger: invalid %s (%s) \"%s\": want sqlite:PATH "
+              "(PostgreSQL is not supported yet)\n",
+              s->env, src, v);
+      return -CV_EINVAL;
+    }
+    break;
+  case K_STR:
+    if (*v == '\0') {
+      fprintf(stderr, "converger: invalid %s (%s): empty\n", s->env, src);
+      return -CV_EINVAL;
+    }
+    break;
+  }
+  free(*strp);
+  *strp = strdup(v);
+  return 0;
+}
+
+static const setting_t *find_flag(const char *name, size_t len) {
+  for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++)
+    if (strlen(settings[i].flag) == len && strncmp(settings[i].flag, name, len) == 0)
+      return &settings[i];
+  return NULL;
+}
+
+int config_parse(config_t *cfg, int argc, char **argv) {
+  memset(cfg, 0, sizeof *cfg);
+  for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++)
+    if (settings[i].def && apply(cfg, &settings[i], settings[i].def, "default") != 0)
+      return -CV_EINVAL;
+  for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++) {
+    const char *v = getenv(settings[i].env);
+    if (v && apply(cfg, &settings[i], v, "environment") != 0) return -CV_EINVAL;
+  }
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      config_usage(stdout);
+      return 1;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "converger: unexpected argument \"%s\" (see --help)\n", a);
+      return -CV_EINVAL;
+    }
+    const char *name = a + 2;
+    const char *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    const setting_t *s = find_flag(name, len);
+    if (!s) {
+      fprintf(stderr, "converger: unknown flag \"--%.*s\" (see --help)\n", (int)len, name);
+      return -CV_EINVAL;
+    }
+    const char *v = eq ? eq + 1 : NULL;
+    if (!v) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "converger: flag --%s needs a value (%s)\n", s->flag, s->env);
+        return -CV_EINVAL;
+      }
+      v = argv[++i];
+    }
+    if (apply(cfg, s, v, "flag") != 0) return -CV_EINVAL;
+  }
+  if (cfg->retry_after_min_ms > cfg->retry_after_max_ms) {
+    fprintf(stderr,
+            "converger: invalid CONVERGER_RETRY_AFTER_MIN_MS %d: above "
+            "CONVERGER_RETRY_AFTER_MAX_MS %d\n",
+            cfg->retry_after_min_ms, cfg->retry_after_max_ms);
+    return -CV_EINVAL;
+  }
+  const char *path = cfg->database_url + 7;
+  const char *slash = strrchr(path, '/');
+  cfg->data_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+  if (cfg->data_dir[0] == '\0') {
+    free(cfg->data_dir);
+    cfg->data_dir = strdup("/");
+  }
+  if (!cfg->node_id) {
+    char host[256];
+    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
+    host[sizeof host - 1] = '\0';
+    char buf[300];
+    snprintf(buf, sizeof buf, "%s:%d", host, cfg->listen_port);
+    cfg->node_id = strdup(buf);
+  }
+  return 0;
+}
+
+static int mkdir_p(const char *dir) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s", dir);
+  for (char *p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -errno;
+    *p = '/';
+  }
+  if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+/* Read the secret in dir/name, or create it with 32 random bytes as hex. */
+static int secret_file(const char *dir, const char *name, char **out) {
+  char path[4096], buf[256];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, O_RDONLY);
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) goto bad;
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    if (buf[0] == '\0') goto bad;
+    *out = strdup(buf);
+    return 0;
+  }
+  if (errno != ENOENT) return -errno;
+  if (util_random_hex(buf, 32) != 0) return -EIO;
+  fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return -errno;
+  size_t len = strlen(buf);
+  buf[len] = '\n';
+  ssize_t w = write(fd, buf, len + 1);
+  close(fd);
+  if (w != (ssize_t)len + 1) return -EIO;
+  buf[len] = '\0';
+  *out = strdup(buf);
+  return 0;
+bad:
+  log_error("secret file %s is empty or unreadable; remove it to generate a new one", path);
+  return -EINVAL;
+}
+
+int config_load_secrets(config_t *cfg, int *key_from_file) {
+  int r;
+  *key_from_file = 0;
+  if ((r = mkdir_p(cfg->data_dir)) != 0) {
+    log_error("cannot create data directory %s: %s", cfg->data_dir, strerror(-r));
+    return r;
+  }
+  if (!cfg->api_key) {
+    if ((r = secret_file(cfg->data_dir, "api-key", &cfg->api_key)) != 0) {
+      log_error("cannot read or create %s/api-key: %s", cfg->data_dir, strerror(-r));
+      return r;
+    }
+    *key_from_file = 1;
+  }
+  if (!cfg->token_secret &&
+      (r = secret_file(cfg->data_dir, "token-secret", &cfg->token_secret)) != 0) {
+    log_error("cannot read or create %s/token-secret: %s", cfg->data_dir, strerror(-r));
+    return r;
+  }
+  return 0;
+}
+
+void config_free(config_t *cfg) {
+  for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++) {
+    if (settings[i].kind == K_INT) continue;
+    char **p = (char **)((char *)cfg + settings[i].offset);
+    free(*p);
+    *p = NULL;
+  }
+  free(cfg->listen_host);
+  free(cfg->data_dir);
+  cfg->listen_host = cfg->data_dir = NULL;
+}

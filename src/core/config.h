@@ -1,0 +1,56 @@
+/*
+ * config: every setting of `converger serve`, read from the environment and
+ * from flags (a flag wins over the environment), with defaults. One table
+ * drives parsing, validation and `--help`, so the three never disagree.
+ * Loop thread only (called once at start-up).
+ */
+#ifndef CONVERGER_CORE_CONFIG_H
+#define CONVERGER_CORE_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+  char *listen;            /* "host:port" */
+  char *listen_host;       /* derived from listen */
+  int listen_port;         /* derived from listen */
+  char *database_url;      /* "sqlite:PATH" */
+  char *data_dir;          /* directory of the SQLite file */
+  char *api_key;           /* NULL: generated/stored by config_load_secrets */
+  char *token_secret;      /* NULL: generated/stored by config_load_secrets */
+  char *node_id;           /* default hostname:port */
+  char *web_dir;           /* demo page directory */
+  char *sqlite_sync;       /* off | normal | full */
+  char *log_level;         /* debug | info | warn | error */
+  int pool_size;           /* worker threads = database connections */
+  int max_message_bytes;   /* largest WebSocket message accepted, bytes */
+  int heartbeat_ms;        /* ping interval, ms */
+  int hello_timeout_ms;    /* time allowed for the first frame, ms */
+  int header_timeout_ms;   /* time allowed for an HTTP header block, ms */
+  int max_subs;            /* subscriptions per hello */
+  int revocation_refresh_ms; /* revocation cache refresh period, ms */
+  int retry_after_min_ms;  /* retry hint range, ms */
+  int retry_after_max_ms;
+} config_t;
+
+/* Print the settings table (flag, environment variable, default, meaning)
+ * to `out`. */
+void config_usage(FILE *out);
+
+/* Fill `cfg` from defaults, then the environment, then argv (flags of the
+ * form --name=value or --name value). Returns 0, 1 when --help was given
+ * (usage already printed), or -CV_EINVAL after printing one line to stderr
+ * naming the bad setting: callers exit with status 2. The strings in cfg
+ * are heap copies freed by config_free. */
+int config_parse(config_t *cfg, int argc, char **argv);
+
+/* When api_key or token_secret is unset, read it from DATA_DIR/api-key or
+ * DATA_DIR/token-secret, or generate a random one and store it there
+ * (mode 0600). Creates the data directory when missing. Sets *generated_key
+ * to 1 when the API key was generated or read from the file (so the caller
+ * can print it). Returns 0 or a negative errno after logging why. */
+int config_load_secrets(config_t *cfg, int *key_from_file);
+
+void config_free(config_t *cfg);
+
+#endif

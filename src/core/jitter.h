@@ -1,0 +1,46 @@
+/*
+ * jitter: a seedable random source and the backoff/jitter formulas used by
+ * the node (retry hints) and, later, the SDK and the simulator.
+ *
+ * Formulas follow "Exponential Backoff And Jitter" (AWS Architecture Blog,
+ * 2015) and the action items of the reconnect-storm post-mortem:
+ *   full:         random in [0, min(cap, base * 2^n))
+ *   equal:        half of min(cap, base * 2^n) plus a random half
+ *   decorrelated: min(cap, random in [base, 3 * previous]))
+ * All durations in ms. A jitter_rng_t belongs to one thread.
+ */
+#ifndef CONVERGER_CORE_JITTER_H
+#define CONVERGER_CORE_JITTER_H
+
+#include <stdint.h>
+
+typedef struct {
+  uint64_t s[4]; /* xoshiro256** state */
+} jitter_rng_t;
+
+/* Seed deterministically (same seed, same sequence). */
+void jitter_seed(jitter_rng_t *rng, uint64_t seed);
+
+/* Seed from OpenSSL's CSPRNG (a different sequence every process). */
+void jitter_seed_random(jitter_rng_t *rng);
+
+uint64_t jitter_next(jitter_rng_t *rng);
+
+/* Uniform integer in [lo, hi] (inclusive). hi < lo returns lo. */
+int64_t jitter_range(jitter_rng_t *rng, int64_t lo, int64_t hi);
+
+/* min(cap, base * 2^attempt) without overflow (attempt >= 0). */
+int64_t jitter_exp_ceiling(int64_t base_ms, int64_t cap_ms, int attempt);
+
+int64_t jitter_full(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int attempt);
+int64_t jitter_equal(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int attempt);
+/* `prev_ms` is the previous delay (use base_ms for the first attempt). */
+int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms,
+                            int64_t prev_ms);
+
+/* A server retry hint: uniform in [min_ms, max_ms] so that a burst of
+ * refusals does not come back at one instant (the admission-queue decision
+ * record; the reconnect-storm post-mortem's "server-driven backoff hint"). */
+int64_t jitter_retry_hint(jitter_rng_t *rng, int64_t min_ms, int64_t max_ms);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * util: small helpers shared by every module: container_of, wall and
+ * monotonic clocks, id validation, random ids. Any thread may call.
+ */
+#ifndef CONVERGER_CORE_UTIL_H
+#define CONVERGER_CORE_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define container_of(ptr, type, member) \
+  ((type *)((char *)(ptr) - offsetof(type, member)))
+
+#define CV_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Wall-clock time, ms since the Unix epoch (UTC). */
+int64_t util_now_ms(void);
+
+/* Monotonic time in ms (CLOCK_MONOTONIC), for durations. */
+uint64_t util_mono_ms(void);
+
+/* 1 when `s` matches [A-Za-z0-9._:-]{1,128} (PROTOCOL.md ids), else 0. */
+int util_id_valid(const char *s);
+
+/* Format ts_ms as RFC 3339 UTC with milliseconds, "2026-11-29T21:40:00.123Z",
+ * into out (at least 25 bytes). */
+void util_format_ts(int64_t ts_ms, char out[25]);
+
+/* Fill `out` (37 bytes) with a random version-4 UUID from OpenSSL's CSPRNG. */
+void util_uuid(char out[37]);
+
+/* Fill `out` with 2*n+1 bytes: n random bytes (OpenSSL CSPRNG) as lowercase
+ * hex. Returns 0, or -EIO when the RNG fails. */
+int util_random_hex(char *out, size_t n);
+
+#endif

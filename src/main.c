@@ -1,0 +1,40 @@
+/*
+ * converger: subcommand dispatch only.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/token.h"
+#include "serve.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "converger %s: realtime messaging gateway\n\n"
+          "usage: converger <command> [options]\n\n"
+          "commands:\n"
+          "  serve    run a gateway node (see converger serve --help)\n"
+          "  token    print a client token signed with the node's secret\n"
+          "  version  print the version\n",
+          CONVERGER_VERSION);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "serve") == 0) return serve_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "token") == 0) return token_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+    printf("converger %s\n", CONVERGER_VERSION);
+    return 0;
+  }
+  if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  fprintf(stderr, "converger: unknown command \"%s\"\n\n", cmd);
+  usage(stderr);
+  return 2;
+}

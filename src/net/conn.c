@@ -1,0 +1,294 @@
+/*
+ * conn.c: accept, read, buffered write, shutdown and deferred free.
+ */
+#include "net/conn.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/metrics.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "net/http.h"
+#include "net/ws.h"
+#include "proto/session.h"
+
+#define SHUTDOWN_LINGER_MS 2000
+
+static void free_conn(conn_t *c) {
+  node_t *node = c->node;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    node->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  node->nconns--;
+  if (c->mode == CONN_WS) {
+    node->nws--;
+    metrics_set("converger_connections", NULL, node->nws);
+  }
+  /* Remove from the dirty list if present. */
+  if (c->dirty)
+    for (conn_t **p = &node->dirty; *p; p = &(*p)->dirty_next)
+      if (*p == c) {
+        *p = c->dirty_next;
+        break;
+      }
+  session_free(c->session);
+  ws_free(c->ws);
+  http_free(c->http);
+  free(c->out);
+  free(c->wdata);
+  free(c);
+}
+
+static void close_cb(uv_handle_t *h) {
+  conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
+  c->handle_closed = 1;
+  if (c->refs == 0 && !c->writing) free_conn(c);
+}
+
+void conn_close(conn_t *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  /* The session leaves the bus now so no more frames are queued for it. */
+  uv_close((uv_handle_t *)&c->tcp, close_cb);
+}
+
+void conn_ref(conn_t *c) { c->refs++; }
+
+int conn_unref(conn_t *c) {
+  c->refs--;
+  if (c->closing) {
+    if (c->refs == 0 && c->handle_closed && !c->writing) free_conn(c);
+    return 0;
+  }
+  return 1;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
+  buf->base = c->node->read_buf;
+  buf->len = sizeof c->node->read_buf;
+}
+
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
+  if (nread == 0) return;
+  if (nread < 0) {
+    conn_close(c);
+    return;
+  }
+  c->last_rx_ms = util_mono_ms();
+  if (c->shut) return; /* lingering after our close: discard */
+  if (c->mode == CONN_HTTP)
+    http_feed(c, buf->base, (size_t)nread);
+  else
+    ws_feed(c, buf->base, (size_t)nread);
+}
+
+void conn_pause_reading(conn_t *c) {
+  if (c->reading && !c->closing) uv_read_stop((uv_stream_t *)&c->tcp);
+  c->reading = 0;
+}
+
+void conn_resume_reading(conn_t *c) {
+  if (c->reading || c->closing) return;
+  if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0) c->reading = 1;
+}
+
+static void connection_cb(uv_stream_t *server, int status) {
+  node_t *node = container_of((uv_tcp_t *)server, node_t, listener);
+  if (status < 0) {
+    log_warn("accept: %s", uv_strerror(status));
+    return;
+  }
+  conn_t *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->node = node;
+  uv_tcp_init(node->loop, &c->tcp);
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+    c->closing = 1;
+    c->next = node->conns; /* so free_conn can unlink it */
+    if (node->conns) node->conns->prev = c;
+    node->conns = c;
+    node->nconns++;
+    uv_close((uv_handle_t *)&c->tcp, close_cb);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  c->next = node->conns;
+  if (node->conns) node->conns->prev = c;
+  node->conns = c;
+  node->nconns++;
+  c->http = http_new(c);
+  c->last_rx_ms = util_mono_ms();
+  c->deadline_ms = c->last_rx_ms + (uint64_t)node->cfg->header_timeout_ms;
+  if (!c->http) {
+    conn_close(c);
+    return;
+  }
+  conn_resume_reading(c);
+}
+
+int conn_listen(node_t *node) {
+  config_t *cfg = node->cfg;
+  struct sockaddr_storage addr;
+  int r = uv_ip4_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in *)&addr);
+  if (r != 0) r = uv_ip6_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in6 *)&addr);
+  if (r != 0) {
+    log_error("listen: %s is not an IP address", cfg->listen_host);
+    return r;
+  }
+  uv_tcp_init(node->loop, &node->listener);
+  if ((r = uv_tcp_bind(&node->listener, (struct sockaddr *)&addr, 0)) != 0 ||
+      (r = uv_listen((uv_stream_t *)&node->listener, 4096, connection_cb)) != 0) {
+    log_error("listen on %s: %s", cfg->listen, uv_strerror(r));
+    return r;
+  }
+  return 0;
+}
+
+void conn_stop_listening(node_t *node) {
+  if (!uv_is_closing((uv_handle_t *)&node->listener))
+    uv_close((uv_handle_t *)&node->listener, NULL);
+}
+
+int conn_write(conn_t *c, const void *data, size_t len) {
+  if (c->closing) return -EPIPE;
+  if (c->out_len + len > CONN_MAX_QUEUED) {
+    log_warn("closing a slow consumer: %zu bytes queued", c->out_len);
+    conn_close(c);
+    return -ENOBUFS;
+  }
+  if (c->out_len + len > c->out_cap) {
+    size_t cap = c->out_cap ? c->out_cap : 512;
+    while (cap < c->out_len + len) cap *= 2;
+    char *p = realloc(c->out, cap);
+    if (!p) {
+      conn_close(c);
+      return -ENOMEM;
+    }
+    c->out = p;
+    c->out_cap = cap;
+  }
+  memcpy(c->out + c->out_len, data, len);
+  c->out_len += len;
+  if (!c->dirty) {
+    c->dirty = 1;
+    c->dirty_next = c->node->dirty;
+    c->node->dirty = c;
+  }
+  return 0;
+}
+
+static void flush(conn_t *c);
+
+static void shutdown_cb(uv_shutdown_t *req, int status) {
+  conn_t *c = container_of(req, conn_t, sreq);
+  c->writing = 0;
+  if (status != 0) conn_close(c);
+  if (c->closing && c->handle_closed && c->refs == 0) free_conn(c);
+}
+
+static void maybe_shutdown(conn_t *c) {
+  if (!c->shutdown_after_write || c->shut || c->closing || c->out_len || c->writing) return;
+  c->shut = 1;
+  c->deadline_ms = util_mono_ms() + SHUTDOWN_LINGER_MS;
+  conn_resume_reading(c); /* read (and discard) until the peer closes */
+  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, shutdown_cb) == 0)
+    c->writing = 1;
+  else
+    conn_close(c);
+}
+
+static void write_cb(uv_write_t *req, int status) {
+  conn_t *c = container_of(req, conn_t, wreq);
+  c->writing = 0;
+  free(c->wdata);
+  c->wdata = NULL;
+  if (c->closing) {
+    if (c->handle_closed && c->refs == 0) free_conn(c);
+    return;
+  }
+  if (status != 0) {
+    conn_close(c);
+    return;
+  }
+  if (c->out_len)
+    flush(c);
+  else
+    maybe_shutdown(c);
+}
+
+static void flush(conn_t *c) {
+  if (c->closing || c->writing || c->out_len == 0) return;
+  uv_buf_t buf = uv_buf_init(c->out, (unsigned)c->out_len);
+  int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+  if (n == (int)c->out_len) {
+    c->out_len = 0;
+    if (c->out_cap > 16384) { /* idle connections keep no big buffer */
+      free(c->out);
+      c->out = NULL;
+      c->out_cap = 0;
+    }
+    maybe_shutdown(c);
+    return;
+  }
+  if (n < 0 && n != UV_EAGAIN) {
+    conn_close(c);
+    return;
+  }
+  size_t done = n > 0 ? (size_t)n : 0;
+  /* Hand the rest to uv_write; new output collects in a fresh buffer. */
+  c->wdata = c->out;
+  memmove(c->wdata, c->wdata + done, c->out_len - done);
+  buf = uv_buf_init(c->wdata, (unsigned)(c->out_len - done));
+  c->out = NULL;
+  c->out_len = c->out_cap = 0;
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, write_cb) != 0) {
+    free(c->wdata);
+    c->wdata = NULL;
+    conn_close(c);
+    return;
+  }
+  c->writing = 1;
+}
+
+void conn_flush_all(node_t *node) {
+  conn_t *c = node->dirty;
+  node->dirty = NULL;
+  while (c) {
+    conn_t *next = c->dirty_next;
+    c->dirty = 0;
+    c->dirty_next = NULL;
+    flush(c);
+    c = next;
+  }
+}
+
+void conn_shutdown(conn_t *c) {
+  if (c->closing) return;
+  c->shutdown_after_write = 1;
+  if (!c->dirty && !c->writing) maybe_shutdown(c);
+}
+
+void conn_tick(node_t *node, uint64_t now) {
+  conn_t *c = node->conns;
+  while (c) {
+    conn_t *next = c->next;
+    if (c->closing) {
+      c = next;
+      continue;
+    }
+    if (c->shut) {
+      if (now >= c->deadline_ms) conn_close(c);
+    } else if (c->mode == CONN_HTTP) {
+      http_check_deadline(c, now);
+    } else {
+      session_tick(c, now);
+    }
+    c = next;
+  }
+}

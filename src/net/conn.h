@@ -1,0 +1,95 @@
+/*
+ * conn: one accepted TCP connection, first HTTP/1.1 (http.c), possibly
+ * upgraded to WebSocket (ws.c) with a protocol session (proto/session.c).
+ *
+ * Loop thread only. Output is appended to a per-connection buffer and
+ * written once per loop turn (uv_check), so a fan-out to thousands of
+ * sockets costs one write per socket per turn. Bytes queued are bounded:
+ * a slow consumer past CONN_MAX_QUEUED is dropped.
+ *
+ * Lifetime: conn_close() marks the connection closing and calls uv_close;
+ * memory is freed in the close callback once no pool job holds a reference
+ * (conn_ref/conn_unref), never under a caller that still uses it.
+ */
+#ifndef CONVERGER_NET_CONN_H
+#define CONVERGER_NET_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "node.h"
+
+#define CONN_MAX_QUEUED (8u << 20) /* bytes of unsent output before dropping */
+
+typedef struct http_s http_t;
+typedef struct ws_s ws_t;
+typedef struct session_s session_t;
+
+typedef enum { CONN_HTTP = 0, CONN_WS = 1 } conn_mode_t;
+
+struct conn_s {
+  uv_tcp_t tcp;
+  node_t *node;
+  conn_t *prev, *next;  /* node->conns */
+  conn_t *dirty_next;   /* node->dirty */
+  conn_mode_t mode;
+  unsigned closing : 1;      /* uv_close called or pending */
+  unsigned handle_closed : 1; /* close callback ran */
+  unsigned dirty : 1;
+  unsigned writing : 1;
+  unsigned reading : 1;
+  unsigned shutdown_after_write : 1; /* half-close once output is flushed */
+  unsigned shut : 1;                 /* uv_shutdown issued */
+  int refs;                          /* pool jobs holding this conn */
+  uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
+  uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
+  uint64_t next_ping_ms;             /* WebSocket heartbeat */
+
+  char *out;  /* queued output */
+  size_t out_len, out_cap;
+  char *wdata; /* buffer being written */
+  uv_write_t wreq;
+  uv_shutdown_t sreq;
+
+  http_t *http;       /* HTTP phase state; NULL after upgrade */
+  ws_t *ws;           /* WebSocket state; NULL before upgrade */
+  session_t *session; /* protocol session; NULL before upgrade */
+};
+
+/* Start listening on cfg->listen_host:listen_port. Returns 0 or a libuv
+ * error (negative) after logging it. */
+int conn_listen(node_t *node);
+
+/* Stop accepting new connections (idempotent). */
+void conn_stop_listening(node_t *node);
+
+/* Queue `len` bytes of output (copied). Returns 0, or -ENOBUFS after
+ * dropping a slow consumer (the connection is then closing). */
+int conn_write(conn_t *c, const void *data, size_t len);
+
+/* Flush what is queued, then half-close (FIN) and close when the peer
+ * closes or after 2 s. Used after an HTTP error and a WebSocket close frame. */
+void conn_shutdown(conn_t *c);
+
+/* Close now (queued output is dropped). Idempotent. */
+void conn_close(conn_t *c);
+
+/* Stop/restart reading (HTTP pipelining waits for the current response). */
+void conn_pause_reading(conn_t *c);
+void conn_resume_reading(conn_t *c);
+
+/* Keep `c` allocated across a pool job; conn_unref returns 1 when the
+ * connection is still open (the caller may use it), 0 when it has closed
+ * (the caller must not touch it again; it may have been freed). */
+void conn_ref(conn_t *c);
+int conn_unref(conn_t *c);
+
+/* Write every dirty connection's queued output (called from uv_check). */
+void conn_flush_all(node_t *node);
+
+/* Per-tick deadline checks for every connection (header/hello timeouts,
+ * heartbeat). `now` is monotonic ms. */
+void conn_tick(node_t *node, uint64_t now);
+
+#endif

@@ -1,0 +1,312 @@
+/*
+ * ws.c: wslay glue in the manner of h2o's lib/websocket.c: wslay callbacks
+ * only move bytes between wslay and the connection's buffers and say
+ * WOULDBLOCK when the input is used up; the connection decides when to read
+ * and write.
+ */
+#include "net/ws.h"
+
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <wslay/wslay.h>
+
+#include "api/metrics.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "proto/session.h"
+
+struct ws_s {
+  wslay_event_context_ptr ctx;
+  conn_t *conn;
+  const char *rbuf; /* input being fed */
+  size_t rlen;
+  int close_sent;
+};
+
+static const char ws_guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+void ws_accept_key(const char *key, char out[29]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  char buf[256];
+  int n = snprintf(buf, sizeof buf, "%s%s", key, ws_guid);
+  if (n < 0 || (size_t)n >= sizeof buf) n = 0;
+  EVP_Digest(buf, (size_t)n, md, &mdlen, EVP_sha1(), NULL);
+  EVP_EncodeBlock((unsigned char *)out, md, (int)mdlen);
+  out[28] = '\0';
+}
+
+/* 1 when the comma-separated header value contains `token` (case-insensitive). */
+static int has_token(const char *value, const char *token) {
+  size_t tl = strlen(token);
+  const char *p = value;
+  while (p && *p) {
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    const char *end = p;
+    while (*end && *end != ',') end++;
+    const char *e = end;
+    while (e > p && (e[-1] == ' ' || e[-1] == '\t')) e--;
+    if ((size_t)(e - p) == tl && strncasecmp(p, token, tl) == 0) return 1;
+    p = end;
+  }
+  return 0;
+}
+
+static int key_valid(const char *key) {
+  unsigned char raw[32];
+  size_t n = strlen(key);
+  if (n != 24) return 0;
+  if (EVP_DecodeBlock(raw, (const unsigned char *)key, (int)n) != 18) return 0;
+  return key[22] == '=' && key[23] == '=';
+}
+
+int ws_check_upgrade(const http_request_t *req, const char **why) {
+  if (req->method != 1 /* HTTP_GET */) {
+    *why = "WebSocket upgrade must use GET";
+    return 405;
+  }
+  if (!req->upgrade || !has_token(req->upgrade, "websocket")) {
+    *why = "missing Upgrade: websocket";
+    return 400;
+  }
+  if (!req->connection || !has_token(req->connection, "upgrade")) {
+    *why = "missing Connection: Upgrade";
+    return 400;
+  }
+  if (!req->ws_key || !key_valid(req->ws_key)) {
+    *why = "missing or invalid Sec-WebSocket-Key";
+    return 400;
+  }
+  if (!req->ws_version || strcmp(req->ws_version, "13") != 0) {
+    *why = "unsupported Sec-WebSocket-Version (want 13)";
+    return 400;
+  }
+  if (req->ws_protocol && !has_token(req->ws_protocol, WS_SUBPROTOCOL)) {
+    *why = "subprotocol converger.v1 not offered";
+    return 400;
+  }
+  return 0;
+}
+
+/* ---- incoming: per-connection wslay event context ---------------------- */
+
+static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
+                       void *user) {
+  ws_t *ws = user;
+  if (ws->rlen == 0) {
+    wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+    return -1;
+  }
+  size_t n = len < ws->rlen ? len : ws->rlen;
+  memcpy(buf, ws->rbuf, n);
+  ws->rbuf += n;
+  ws->rlen -= n;
+  return (ssize_t)n;
+}
+
+static ssize_t send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
+                       void *user) {
+  ws_t *ws = user;
+  if (conn_write(ws->conn, data, len) != 0) {
+    wslay_event_set_error(ctx, WSLAY_ERR_CALLBACK_FAILURE);
+    return -1;
+  }
+  return (ssize_t)len;
+}
+
+static void on_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
+                      void *user) {
+  ws_t *ws = user;
+  conn_t *c = ws->conn;
+  if (ws->close_sent || c->closing) return;
+  switch (arg->opcode) {
+  case WSLAY_TEXT_FRAME:
+    session_on_text(c, (const char *)arg->msg, arg->msg_length);
+    break;
+  case WSLAY_BINARY_FRAME:
+    ws_close(c, WS_CLOSE_UNSUPPORTED_DATA, "binary frames are not supported");
+    break;
+  default: /* ping (answered by wslay), pong, close */
+    break;
+  }
+}
+
+static const struct wslay_event_callbacks event_callbacks = {
+    recv_cb, send_cb, NULL, NULL, NULL, NULL, on_msg_cb,
+};
+
+int ws_upgrade(conn_t *c, const http_request_t *req) {
+  char accept[29];
+  char head[512];
+  ws_accept_key(req->ws_key, accept);
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n%s\r\n",
+                   accept, req->ws_protocol ? "Sec-WebSocket-Protocol: " WS_SUBPROTOCOL "\r\n" : "");
+  ws_t *ws = calloc(1, sizeof *ws);
+  if (!ws) {
+    conn_close(c);
+    return -1;
+  }
+  ws->conn = c;
+  if (wslay_event_context_server_init(&ws->ctx, &event_callbacks, ws) != 0) {
+    free(ws);
+    conn_close(c);
+    return -1;
+  }
+  wslay_event_config_set_max_recv_msg_length(ws->ctx, (uint64_t)c->node->cfg->max_message_bytes);
+  metrics_add("converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
+  if (conn_write(c, head, (size_t)n) != 0) {
+    wslay_event_context_free(ws->ctx);
+    free(ws);
+    return -1;
+  }
+  http_free(c->http);
+  c->http = NULL;
+  c->ws = ws;
+  c->mode = CONN_WS;
+  uint64_t now = util_mono_ms();
+  c->deadline_ms = now + (uint64_t)c->node->cfg->hello_timeout_ms;
+  c->next_ping_ms = now + (uint64_t)c->node->cfg->heartbeat_ms;
+  c->node->nws++;
+  metrics_set("converger_connections", NULL, c->node->nws);
+  if (session_start(c) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
+static void after_io(conn_t *c) {
+  ws_t *ws = c->ws;
+  if (c->closing) return;
+  if (wslay_event_want_write(ws->ctx) && wslay_event_send(ws->ctx) != 0) {
+    conn_close(c);
+    return;
+  }
+  if (wslay_event_get_close_sent(ws->ctx)) {
+    ws->close_sent = 1;
+    conn_shutdown(c);
+  }
+}
+
+void ws_feed(conn_t *c, const char *data, size_t len) {
+  ws_t *ws = c->ws;
+  if (ws->close_sent) return; /* draining input until the peer closes */
+  ws->rbuf = data;
+  ws->rlen = len;
+  int r = wslay_event_recv(ws->ctx);
+  ws->rbuf = NULL;
+  ws->rlen = 0;
+  if (c->closing) return;
+  if (r != 0) {
+    log_debug("ws: receive failed (%d); closing", r);
+    conn_close(c);
+    return;
+  }
+  after_io(c);
+}
+
+/* ---- outgoing: one shared frame encoder ---------------------------------- */
+
+static wslay_frame_context_ptr encoder;
+static char *enc_buf;
+static size_t enc_len, enc_cap;
+
+static ssize_t enc_send_cb(const uint8_t *data, size_t len, int flags, void *user) {
+  if (enc_len + len > enc_cap) {
+    size_t cap = (enc_len + len) * 2;
+    char *p = realloc(enc_buf, cap);
+    if (!p) return WSLAY_ERR_NOMEM;
+    enc_buf = p;
+    enc_cap = cap;
+  }
+  memcpy(enc_buf + enc_len, data, len);
+  enc_len += len;
+  return (ssize_t)len;
+}
+
+static ssize_t enc_recv_cb(uint8_t *buf, size_t len, int flags, void *user) {
+  return WSLAY_ERR_WANT_READ;
+}
+
+static int encode(const char *text, size_t len) {
+  static const struct wslay_frame_callbacks cbs = {enc_send_cb, enc_recv_cb, NULL};
+  if (!encoder && wslay_frame_context_init(&encoder, &cbs, NULL) != 0) return -1;
+  enc_len = 0;
+  struct wslay_frame_iocb iocb = {.fin = 1,
+                                  .opcode = WSLAY_TEXT_FRAME,
+                                  .payload_length = len,
+                                  .mask = 0,
+                                  .data = (const uint8_t *)text,
+                                  .data_length = len};
+  ssize_t r = wslay_frame_send(encoder, &iocb);
+  if (r < 0 || (size_t)r != len) {
+    /* The encoder is in an unknown state now; start over next time. */
+    wslay_frame_context_free(encoder);
+    encoder = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+char *ws_encode_text(const char *text, size_t text_len, size_t *len) {
+  if (encode(text, text_len) != 0) return NULL;
+  char *out = malloc(enc_len);
+  if (!out) return NULL;
+  memcpy(out, enc_buf, enc_len);
+  *len = enc_len;
+  return out;
+}
+
+void ws_send_text(conn_t *c, const char *text, size_t len) {
+  if (c->closing || !c->ws || c->ws->close_sent) return;
+  if (encode(text, len) != 0) {
+    conn_close(c);
+    return;
+  }
+  conn_write(c, enc_buf, enc_len);
+}
+
+void ws_send_frame(conn_t *c, const char *frame, size_t len) {
+  if (c->closing || !c->ws || c->ws->close_sent) return;
+  conn_write(c, frame, len);
+}
+
+void ws_close(conn_t *c, int code, const char *reason) {
+  ws_t *ws = c->ws;
+  if (c->closing || !ws || ws->close_sent) return;
+  size_t rlen = reason ? strlen(reason) : 0;
+  if (rlen > 123) rlen = 123;
+  wslay_event_queue_close(ws->ctx, (uint16_t)code, (const uint8_t *)reason, rlen);
+  ws->close_sent = 1;
+  if (wslay_event_send(ws->ctx) != 0 && !c->closing) {
+    conn_close(c);
+    return;
+  }
+  conn_shutdown(c);
+}
+
+void ws_ping(conn_t *c) {
+  ws_t *ws = c->ws;
+  if (c->closing || !ws || ws->close_sent) return;
+  struct wslay_event_msg msg = {WSLAY_PING, NULL, 0};
+  if (wslay_event_queue_msg(ws->ctx, &msg) == 0) after_io(c);
+}
+
+void ws_free(ws_t *ws) {
+  if (!ws) return;
+  wslay_event_context_free(ws->ctx);
+  free(ws);
+}
+
+void ws_encoder_free(void) {
+  if (encoder) wslay_frame_context_free(encoder);
+  free(enc_buf);
+  encoder = NULL;
+  enc_buf = NULL;
+  enc_len = enc_cap = 0;
+}

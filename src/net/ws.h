@@ -1,0 +1,77 @@
+/*
+ * ws: the WebSocket side of a connection (RFC 6455) on wslay.
+ *
+ * Incoming: a wslay event context per connection parses frames, answers
+ * pings and close frames, enforces the message size limit (close 1009) and
+ * UTF-8 in text messages (close 1007). Complete text messages go to
+ * session_on_text(). Binary messages: close 1003.
+ * Outgoing: text frames are encoded by one shared wslay frame context
+ * straight into the connection's output buffer; a frame for many
+ * subscribers is encoded once (ws_encode_text) and copied as bytes.
+ * Loop thread only.
+ */
+#ifndef CONVERGER_NET_WS_H
+#define CONVERGER_NET_WS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/conn.h"
+#include "net/http.h"
+
+#define WS_SUBPROTOCOL "converger.v1"
+
+/* Close codes, RFC 6455 section 7.4.1 (and IANA registry for 1012/1013). */
+enum {
+  WS_CLOSE_NORMAL = 1000,
+  WS_CLOSE_GOING_AWAY = 1001,
+  WS_CLOSE_UNSUPPORTED_DATA = 1003,
+  WS_CLOSE_INVALID_PAYLOAD = 1007,
+  WS_CLOSE_POLICY_VIOLATION = 1008,
+  WS_CLOSE_MESSAGE_TOO_BIG = 1009,
+  WS_CLOSE_INTERNAL_ERROR = 1011,
+  WS_CLOSE_SERVICE_RESTART = 1012,
+  WS_CLOSE_TRY_AGAIN_LATER = 1013,
+};
+
+/* Sec-WebSocket-Accept for `key` (RFC 6455 section 4.2.2: base64 of the
+ * SHA-1 of key + GUID). `out` gets 28 characters and a NUL. */
+void ws_accept_key(const char *key, char out[29]);
+
+/* Validate an upgrade request (GET, Upgrade: websocket, Connection:
+ * upgrade, a 16-byte base64 Sec-WebSocket-Key, version 13, and when
+ * subprotocols are offered one of them is converger.v1). Returns 0 or an
+ * HTTP status (400, 426) with *why set to a static message. */
+int ws_check_upgrade(const http_request_t *req, const char **why);
+
+/* Answer 101, switch the connection to WebSocket mode and start the
+ * session. Returns 0 or a negative error (connection closed). */
+int ws_upgrade(conn_t *c, const http_request_t *req);
+
+/* Feed bytes read from the socket. */
+void ws_feed(conn_t *c, const char *data, size_t len);
+
+/* Queue one text frame with `len` bytes of payload. */
+void ws_send_text(conn_t *c, const char *text, size_t len);
+
+/* Queue pre-encoded frame bytes (from ws_encode_text). */
+void ws_send_frame(conn_t *c, const char *frame, size_t len);
+
+/* Encode a text frame (header + payload) into a heap buffer; *len gets its
+ * size. Caller frees. NULL on OOM. */
+char *ws_encode_text(const char *text, size_t text_len, size_t *len);
+
+/* Send a close frame with `code` and `reason` (<= 123 bytes), then
+ * half-close and close. Further input is ignored. Idempotent. */
+void ws_close(conn_t *c, int code, const char *reason);
+
+/* Send a ping (heartbeat). */
+void ws_ping(conn_t *c);
+
+/* Free the shared encoder (at shutdown). */
+void ws_encoder_free(void);
+
+/* Free the WebSocket state (called when the connection is freed). */
+void ws_free(ws_t *ws);
+
+#endif

@@ -1,0 +1,47 @@
+/*
+ * node: the state of one running gateway node, shared by the modules of the
+ * loop thread (net, proto, bus, api). Everything here belongs to the loop
+ * thread except `pool`, whose jobs run on worker threads.
+ */
+#ifndef CONVERGER_NODE_H
+#define CONVERGER_NODE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/config.h"
+#include "core/jitter.h"
+#include "store/pool.h"
+
+typedef struct conn_s conn_t;
+typedef struct bus_s bus_t;
+typedef struct auth_s auth_t;
+
+typedef struct node_s {
+  uv_loop_t *loop;
+  config_t *cfg;
+  pool_t *pool;
+  bus_t *bus;
+  auth_t *auth;
+  jitter_rng_t rng;
+
+  uv_tcp_t listener;
+  uv_check_t flush_check; /* writes queued in one loop turn go out together */
+  uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
+  uv_signal_t sigterm, sigint;
+
+  conn_t *conns;        /* every connection (doubly linked) */
+  conn_t *dirty;        /* connections with queued output */
+  int nconns;           /* all TCP connections */
+  int nws;              /* WebSocket connections */
+  uint64_t next_session;
+
+  int ready;            /* /readyz answers 200 */
+  int stopping;         /* SIGTERM/SIGINT received */
+  uint64_t stop_deadline_ms; /* monotonic: force exit after this */
+  int exit_code;
+
+  char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
+} node_t;
+
+#endif

@@ -1,0 +1,195 @@
+#include "proto/frames.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "core/util.h"
+
+#define WHY(...) snprintf(why, why_len, __VA_ARGS__)
+
+static int get_watermark(json_t *v, int64_t *out) {
+  if (v == NULL || json_is_null(v)) {
+    *out = FRAME_WATERMARK_NONE;
+    return 0;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < 0) return -1;
+  *out = json_integer_value(v);
+  return 0;
+}
+
+int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out, char *why,
+                 size_t why_len) {
+  json_error_t jerr;
+  memset(out, 0, sizeof *out);
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root) {
+    WHY("malformed JSON: %s", jerr.text);
+    return -CV_EINVAL;
+  }
+  out->root = root;
+  const char *type = NULL;
+  if (!json_is_object(root)) {
+    WHY("a frame must be a JSON object");
+    goto bad;
+  }
+  type = json_string_value(json_object_get(root, "type"));
+  if (!type) {
+    WHY("missing string field \"type\"");
+    goto bad;
+  }
+  if (strcmp(type, "hello") == 0) {
+    out->type = FRAME_HELLO;
+    out->token = json_string_value(json_object_get(root, "token"));
+    json_t *subs = json_object_get(root, "subs");
+    if (!out->token) {
+      WHY("hello needs a string \"token\"");
+      goto bad;
+    }
+    if (!json_is_array(subs) || json_array_size(subs) == 0 ||
+        json_array_size(subs) > (size_t)max_subs) {
+      WHY("hello needs \"subs\": an array of 1 to %d subscriptions", max_subs);
+      goto bad;
+    }
+    json_t *client = json_object_get(root, "client");
+    if (client && !json_is_string(client)) {
+      WHY("\"client\" must be a string");
+      goto bad;
+    }
+    out->nsubs = json_array_size(subs);
+    out->subs = calloc(out->nsubs, sizeof *out->subs);
+    if (!out->subs) {
+      WHY("out of memory");
+      goto bad;
+    }
+    for (size_t i = 0; i < out->nsubs; i++) {
+      json_t *s = json_array_get(subs, i);
+      const char *conv = json_string_value(json_object_get(s, "conv"));
+      if (!json_is_object(s) || !util_id_valid(conv)) {
+        WHY("subs[%zu].conv must be an id matching [A-Za-z0-9._:-]{1,128}", i);
+        goto bad;
+      }
+      if (get_watermark(json_object_get(s, "watermark"), &out->subs[i].watermark) != 0) {
+        WHY("subs[%zu].watermark must be null or an integer >= 0", i);
+        goto bad;
+      }
+      for (size_t k = 0; k < i; k++)
+        if (strcmp(out->subs[k].conv, conv) == 0) {
+          WHY("conversation %s appears twice in subs", conv);
+          goto bad;
+        }
+      strcpy(out->subs[i].conv, conv);
+    }
+    return 0;
+  }
+  if (strcmp(type, "sync") == 0 || strcmp(type, "send") == 0) {
+    out->type = type[1] == 'y' ? FRAME_SYNC : FRAME_SEND;
+    out->conv = json_string_value(json_object_get(root, "conv"));
+    if (!util_id_valid(out->conv)) {
+      WHY("%s needs \"conv\": an id matching [A-Za-z0-9._:-]{1,128}", type);
+      goto bad;
+    }
+    if (type[1] == 'y') {
+      out->type = FRAME_SYNC;
+      json_t *w = json_object_get(root, "watermark");
+      if (!w || get_watermark(w, &out->watermark) != 0 || out->watermark < 0) {
+        WHY("sync needs \"watermark\": an integer >= 0");
+        goto bad;
+      }
+      return 0;
+    }
+    out->type = FRAME_SEND;
+    out->id = json_string_value(json_object_get(root, "id"));
+    out->body = json_object_get(root, "body");
+    if (!util_id_valid(out->id)) {
+      WHY("send needs \"id\": an id matching [A-Za-z0-9._:-]{1,128}");
+      goto bad;
+    }
+    if (!out->body) {
+      WHY("send needs a \"body\"");
+      goto bad;
+    }
+    return 0;
+  }
+  if (strcmp(type, "ping") == 0) {
+    out->type = FRAME_PING;
+    return 0;
+  }
+  WHY("unknown frame type \"%.40s\"", type);
+  frame_client_clear(out);
+  return -CV_EINVAL;
+bad: {
+  frame_type_t t = out->type;
+  int known = type != NULL;
+  frame_client_clear(out);
+  out->type = t;
+  out->known_type = known && (t != FRAME_HELLO || strcmp(type, "hello") == 0);
+  return -CV_EINVAL;
+}
+}
+
+void frame_client_clear(frame_client_t *f) {
+  free(f->subs);
+  json_decref(f->root);
+  memset(f, 0, sizeof *f);
+}
+
+char *frame_dump(json_t *v) {
+  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+static char *dump_steal(json_t *v) {
+  if (!v) return NULL;
+  char *s = frame_dump(v);
+  json_decref(v);
+  return s;
+}
+
+char *frame_msg(const char *conv, const store_msg_t *m) {
+  /* The body is stored as JSON text: splice it in rather than re-parse it. */
+  char ts[25];
+  util_format_ts(m->ts_ms, ts);
+  char *conv_s = dump_steal(json_string(conv));
+  char *id_s = dump_steal(json_string(m->id));
+  char *sender_s = dump_steal(json_string(m->sender ? m->sender : ""));
+  char *out = NULL;
+  if (conv_s && id_s && sender_s) {
+    size_t n = strlen(conv_s) + strlen(id_s) + strlen(sender_s) + strlen(m->body) + 128;
+    out = malloc(n);
+    if (out)
+      snprintf(out, n,
+               "{\"type\":\"msg\",\"conv\":%s,\"seq\":%lld,\"id\":%s,\"sender\":%s,"
+               "\"ts\":\"%s\",\"body\":%s}",
+               conv_s, (long long)m->seq, id_s, sender_s, ts, m->body);
+  }
+  free(conv_s);
+  free(id_s);
+  free(sender_s);
+  return out;
+}
+
+char *frame_error(const char *code, const char *message, const char *conv, long retry_after_ms,
+                  json_t *details) {
+  json_t *v = json_pack("{s:s, s:s, s:s}", "type", "error", "code", code, "message", message);
+  if (!v) {
+    json_decref(details);
+    return NULL;
+  }
+  if (conv) json_object_set_new(v, "conv", json_string(conv));
+  if (retry_after_ms > 0) json_object_set_new(v, "retryAfterMs", json_integer(retry_after_ms));
+  if (details) json_object_set_new(v, "details", details);
+  return dump_steal(v);
+}
+
+char *frame_synced(const char *conv, int64_t head) {
+  return dump_steal(json_pack("{s:s, s:s, s:I}", "type", "synced", "conv", conv, "head",
+                              (json_int_t)head));
+}
+
+char *frame_sent(const char *conv, const char *id, int64_t seq) {
+  return dump_steal(json_pack("{s:s, s:s, s:s, s:I}", "type", "sent", "conv", conv, "id", id,
+                              "seq", (json_int_t)seq));
+}
+
+char *frame_pong(void) { return strdup("{\"type\":\"pong\"}"); }

@@ -1,0 +1,66 @@
+/*
+ * frames: JSON encoding of server frames and decoding of client frames,
+ * protocol v1 (docs/protocol.md). Pure functions, any thread.
+ * jansson rule for the whole project: a function that returns json_t *
+ * returns a new reference the caller owns; arguments are borrowed unless a
+ * comment says "steals".
+ */
+#ifndef CONVERGER_PROTO_FRAMES_H
+#define CONVERGER_PROTO_FRAMES_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+typedef enum {
+  FRAME_HELLO,
+  FRAME_SYNC,
+  FRAME_SEND,
+  FRAME_PING,
+} frame_type_t;
+
+#define FRAME_WATERMARK_NONE (-1) /* watermark null or absent: start at the head */
+
+typedef struct {
+  char conv[STORE_ID_MAX + 1];
+  int64_t watermark; /* >= 0, or FRAME_WATERMARK_NONE */
+} frame_sub_t;
+
+/* A decoded client frame. Strings point into `root` (kept alive by it). */
+typedef struct {
+  frame_type_t type;
+  json_t *root;          /* owned; frame_client_clear releases it */
+  const char *token;     /* hello */
+  frame_sub_t *subs;     /* hello; heap array */
+  size_t nsubs;
+  const char *conv;      /* sync, send */
+  int64_t watermark;     /* sync */
+  const char *id;        /* send */
+  json_t *body;          /* send; borrowed from root */
+  int known_type;        /* on a decode failure: 1 when `type` was a known
+                            frame type (then `type` is set) */
+} frame_client_t;
+
+/* Decode one client text message. On success fills `out` (clear it with
+ * frame_client_clear) and returns 0. On failure returns -CV_EINVAL and sets
+ * `why` (a message for the error frame, at most `why_len` bytes);
+ * out->known_type and out->type then tell which frame it tried to be.
+ * `max_subs` bounds hello subscriptions. */
+int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out,
+                 char *why, size_t why_len);
+void frame_client_clear(frame_client_t *f);
+
+/* Server frames as compact JSON text (heap; caller frees). NULL on OOM. */
+char *frame_msg(const char *conv, const store_msg_t *m);
+char *frame_error(const char *code, const char *message, const char *conv,
+                  long retry_after_ms, json_t *details /* steals; may be NULL */);
+char *frame_synced(const char *conv, int64_t head);
+char *frame_sent(const char *conv, const char *id, int64_t seq);
+char *frame_pong(void);
+
+/* JSON text of `v` (compact, any type). Caller frees. */
+char *frame_dump(json_t *v);
+
+#endif

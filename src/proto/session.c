@@ -1,0 +1,616 @@
+/*
+ * session.c: hello, sync, send and live delivery for one connection.
+ *
+ * Owns: the session and its subscriptions (sub_t), each embedded in the bus
+ * index. Thread: loop only; store work goes to the pool as jobs that copy
+ * what they need and hold a reference on the connection. When a job comes
+ * back, the subscription is looked up again by conversation (it may have
+ * ended meanwhile).
+ *
+ * Invariants per subscription:
+ *  - `delivered` is the last seq sent to the client; frames go out only as
+ *    delivered + 1;
+ *  - while `filling` (handshake replay, sync, gap fill), live messages are
+ *    kept in `pending` (sorted by seq, bounded) and sent after the fill;
+ *  - at most one fill job per subscription is in flight.
+ */
+#include "proto/session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/auth.h"
+#include "api/metrics.h"
+#include "bus/bus.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "net/ws.h"
+#include "proto/frames.h"
+
+#define PENDING_MAX 10000 /* live messages buffered per subscription during a fill */
+
+typedef struct sub_s {
+  bus_sub_t bus;
+  struct sub_s *next;
+  session_t *session;
+  char conv[STORE_ID_MAX + 1];
+  char channel[STORE_ID_MAX + 1];
+  int64_t delivered;
+  int filling;
+  int overflow;
+  int sync_pending;
+  int64_t sync_watermark;
+  bus_msg_t **pending;
+  size_t npending, cap;
+} sub_t;
+
+struct session_s {
+  conn_t *conn;
+  node_t *node;
+  uint64_t id;
+  int hello_seen;
+  auth_token_t token;
+  sub_t *subs;
+};
+
+static uint64_t delivered_total; /* flushed into the metric by session_tick */
+
+/* ---- sending -------------------------------------------------------------- */
+
+static void send_text_owned(conn_t *c, char *text) {
+  if (!text) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  ws_send_text(c, text, strlen(text));
+  free(text);
+}
+
+static void send_error(conn_t *c, const char *code, const char *message, const char *conv,
+                       long retry_after_ms, json_t *details) {
+  send_text_owned(c, frame_error(code, message, conv, retry_after_ms, details));
+}
+
+static long retry_hint(node_t *node) {
+  return (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
+                                 node->cfg->retry_after_max_ms);
+}
+
+static void count_handshake(const char *result) {
+  char labels[64];
+  snprintf(labels, sizeof labels, "result=\"%s\"", result);
+  metrics_add("converger_handshakes_total", labels, 1);
+}
+
+/* ---- subscriptions --------------------------------------------------------- */
+
+static sub_t *find_sub(session_t *s, const char *conv) {
+  for (sub_t *sub = s->subs; sub; sub = sub->next)
+    if (strcmp(sub->conv, conv) == 0) return sub;
+  return NULL;
+}
+
+static void clear_pending(sub_t *sub) {
+  for (size_t i = 0; i < sub->npending; i++) bus_msg_unref(sub->pending[i]);
+  sub->npending = 0;
+}
+
+static void remove_sub(session_t *s, sub_t *sub) {
+  for (sub_t **p = &s->subs; *p; p = &(*p)->next)
+    if (*p == sub) {
+      *p = sub->next;
+      break;
+    }
+  bus_unsubscribe(s->node->bus, &sub->bus);
+  clear_pending(sub);
+  free(sub->pending);
+  free(sub);
+}
+
+/* Keep `m` for later, in seq order; duplicates are dropped. */
+static void pending_add(sub_t *sub, bus_msg_t *m) {
+  if (sub->overflow) return;
+  if (sub->npending == PENDING_MAX) {
+    /* Too far behind: forget the buffer and re-read from the store later. */
+    clear_pending(sub);
+    sub->overflow = 1;
+    return;
+  }
+  if (sub->npending == sub->cap) {
+    size_t cap = sub->cap ? sub->cap * 2 : 8;
+    bus_msg_t **p = realloc(sub->pending, cap * sizeof *p);
+    if (!p) {
+      sub->overflow = 1;
+      clear_pending(sub);
+      return;
+    }
+    sub->pending = p;
+    sub->cap = cap;
+  }
+  size_t i = sub->npending;
+  while (i > 0 && sub->pending[i - 1]->seq > m->seq) i--;
+  if (i > 0 && sub->pending[i - 1]->seq == m->seq) return;
+  memmove(&sub->pending[i + 1], &sub->pending[i], (sub->npending - i) * sizeof *sub->pending);
+  sub->pending[i] = m;
+  bus_msg_ref(m);
+  sub->npending++;
+}
+
+static void send_live(sub_t *sub, bus_msg_t *m) {
+  ws_send_frame(sub->session->conn, m->frame, m->frame_len);
+  sub->delivered = m->seq;
+  delivered_total++;
+}
+
+static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
+
+/* The fill reached its target: send synced if asked, then what waited. */
+static void fill_finish(sub_t *sub, int64_t head, int synced) {
+  conn_t *c = sub->session->conn;
+  if (synced) send_text_owned(c, frame_synced(sub->conv, head));
+  sub->filling = 0;
+  if (c->closing) return;
+  if (sub->sync_pending) {
+    sub->sync_pending = 0;
+    sub->delivered = sub->sync_watermark;
+    fill_start(sub, sub->delivered, -1, 1);
+    return;
+  }
+  if (sub->overflow) {
+    sub->overflow = 0;
+    clear_pending(sub);
+    fill_start(sub, sub->delivered, -1, 0);
+    return;
+  }
+  size_t i = 0;
+  for (; i < sub->npending; i++) {
+    bus_msg_t *m = sub->pending[i];
+    if (m->seq <= sub->delivered) {
+      bus_msg_unref(m);
+      continue;
+    }
+    if (m->seq != sub->delivered + 1) break;
+    send_live(sub, m);
+    bus_msg_unref(m);
+  }
+  memmove(sub->pending, sub->pending + i, (sub->npending - i) * sizeof *sub->pending);
+  sub->npending -= i;
+  if (sub->npending) fill_start(sub, sub->delivered, sub->pending[0]->seq - 1, 0);
+}
+
+static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
+  sub_t *sub = container_of(bs, sub_t, bus);
+  if (sub->session->conn->closing) return;
+  if (sub->filling) {
+    pending_add(sub, m);
+    return;
+  }
+  if (m->seq <= sub->delivered) return;
+  if (m->seq == sub->delivered + 1) {
+    send_live(sub, m);
+    return;
+  }
+  pending_add(sub, m);
+  fill_start(sub, sub->delivered, m->seq - 1, 0);
+}
+
+/* ---- fill job: replay pages, sync, gap fill -------------------------------- */
+
+typedef struct {
+  pool_job_t job;
+  conn_t *conn;
+  char conv[STORE_ID_MAX + 1];
+  int64_t after, upto;
+  int synced;
+  int status;
+  store_msg_t *msgs;
+  size_t n;
+} fill_job_t;
+
+static void fill_work(pool_job_t *job, store_t *db) {
+  fill_job_t *f = container_of(job, fill_job_t, job);
+  if (f->upto < 0) {
+    store_conv_t info;
+    if ((f->status = store_conv_get(db, f->conv, &info)) != 0) return;
+    f->upto = info.head;
+  }
+  if (f->after >= f->upto) return;
+  f->status = store_replay(db, f->conv, f->after, f->upto, STORE_REPLAY_PAGE_MAX, &f->msgs, &f->n);
+}
+
+/* Send replayed messages above `delivered` in order. */
+static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
+  conn_t *c = sub->session->conn;
+  for (size_t i = 0; i < n && !c->closing; i++) {
+    if (msgs[i].seq <= sub->delivered) continue;
+    if (msgs[i].seq != sub->delivered + 1) break; /* never: the store is gapless */
+    send_text_owned(c, frame_msg(sub->conv, &msgs[i]));
+    sub->delivered = msgs[i].seq;
+    delivered_total++;
+  }
+}
+
+static void fill_done(pool_job_t *job) {
+  fill_job_t *f = container_of(job, fill_job_t, job);
+  if (conn_unref(f->conn)) {
+    session_t *s = f->conn->session;
+    sub_t *sub = s ? find_sub(s, f->conv) : NULL;
+    if (sub && f->status != 0) {
+      log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
+               cv_strerror(f->status));
+      json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
+      send_error(f->conn, "replay_unavailable", "replay failed; sync again later", f->conv,
+                 retry_hint(s->node), details);
+      clear_pending(sub);
+      sub->filling = 0;
+      sub->sync_pending = sub->overflow = 0;
+    } else if (sub) {
+      send_replay(sub, f->msgs, f->n);
+      if (sub->delivered < f->upto && f->n > 0)
+        fill_start(sub, sub->delivered, f->upto, f->synced);
+      else
+        fill_finish(sub, f->upto, f->synced);
+    }
+  }
+  store_msgs_free(f->msgs, f->n);
+  free(f);
+}
+
+static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
+  conn_t *c = sub->session->conn;
+  fill_job_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  sub->filling = 1;
+  f->conn = c;
+  strcpy(f->conv, sub->conv);
+  f->after = after;
+  f->upto = upto;
+  f->synced = synced;
+  conn_ref(c);
+  pool_submit(c->node->pool, &f->job, fill_work, fill_done);
+}
+
+/* ---- hello ------------------------------------------------------------------ */
+
+typedef struct {
+  char conv[STORE_ID_MAX + 1];
+  int64_t watermark;
+  int status;
+  store_conv_t info;
+  store_msg_t *msgs;
+  size_t n;
+} hello_item_t;
+
+typedef struct {
+  pool_job_t job;
+  conn_t *conn;
+  size_t n;
+  hello_item_t items[];
+} hello_job_t;
+
+/* One handshake = one pool job (one checkout): conversation, channel flags
+ * and head in one read, then the first replay page unless the watermark is
+ * already at the head (the admission-queue decision record). */
+static void hello_work(pool_job_t *job, store_t *db) {
+  hello_job_t *h = container_of(job, hello_job_t, job);
+  for (size_t i = 0; i < h->n; i++) {
+    hello_item_t *it = &h->items[i];
+    it->status = store_conv_get(db, it->conv, &it->info);
+    if (it->status != 0) continue;
+    if (!it->info.channel_active) {
+      it->status = -CV_EINACTIVE;
+      continue;
+    }
+    if (it->watermark >= 0 && it->watermark < it->info.head)
+      it->status = store_replay(db, it->conv, it->watermark, it->info.head,
+                                STORE_REPLAY_PAGE_MAX, &it->msgs, &it->n);
+  }
+}
+
+static void hello_done(pool_job_t *job) {
+  hello_job_t *h = container_of(job, hello_job_t, job);
+  if (conn_unref(h->conn) && h->conn->session) {
+    conn_t *c = h->conn;
+    session_t *s = c->session;
+    json_t *subs = json_array();
+    for (size_t i = 0; i < h->n; i++) {
+      hello_item_t *it = &h->items[i];
+      sub_t *sub = find_sub(s, it->conv);
+      if (!sub) continue;
+      if (it->status != 0) {
+        if (it->status == -CV_ENOTFOUND)
+          send_error(c, "not_found", "no such conversation", it->conv, 0, NULL);
+        else if (it->status == -CV_EINACTIVE)
+          send_error(c, "channel_inactive", "the conversation's channel is inactive", it->conv,
+                     0, NULL);
+        else
+          send_error(c, "replay_unavailable", "store unavailable; sync again later", it->conv,
+                     retry_hint(s->node),
+                     json_pack("{s:I}", "watermark", (json_int_t)(it->watermark < 0 ? 0 : it->watermark)));
+        remove_sub(s, sub);
+        continue;
+      }
+      strcpy(sub->channel, it->info.channel);
+      json_array_append_new(subs, json_pack("{s:s, s:I, s:b}", "conv", it->conv, "head",
+                                            (json_int_t)it->info.head, "presence",
+                                            it->info.presence));
+    }
+    char session_id[32];
+    snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
+    json_t *welcome = json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session",
+                                session_id, "node", s->node->cfg->node_id, "heartbeatMs",
+                                s->node->cfg->heartbeat_ms, "subs", subs);
+    send_text_owned(c, frame_dump(welcome));
+    json_decref(welcome);
+    count_handshake("ok");
+    for (size_t i = 0; i < h->n && !c->closing; i++) {
+      hello_item_t *it = &h->items[i];
+      sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;
+      if (!sub) continue;
+      int64_t head = it->info.head;
+      sub->delivered = it->watermark < 0 ? head : it->watermark;
+      send_replay(sub, it->msgs, it->n);
+      if (sub->delivered < head)
+        fill_start(sub, sub->delivered, head, 1);
+      else
+        fill_finish(sub, head, 1);
+    }
+  }
+  for (size_t i = 0; i < h->n; i++) store_msgs_free(h->items[i].msgs, h->items[i].n);
+  free(h);
+}
+
+static void handle_hello(session_t *s, frame_client_t *f) {
+  conn_t *c = s->conn;
+  const char *why = NULL;
+  if (auth_verify(s->node->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
+      auth_is_revoked(s->node->auth, s->token.jti)) {
+    if (!why) why = "token revoked";
+    count_handshake("unauthorized");
+    send_error(c, "unauthorized", why, NULL, 0, NULL);
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "unauthorized");
+    return;
+  }
+  s->hello_seen = 1;
+  c->deadline_ms = 0;
+  hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
+  if (!h) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  h->conn = c;
+  for (size_t i = 0; i < f->nsubs; i++) {
+    const char *conv = f->subs[i].conv;
+    if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
+      send_error(c, "forbidden", "the token does not cover this conversation", conv, 0, NULL);
+      continue;
+    }
+    sub_t *sub = calloc(1, sizeof *sub);
+    if (!sub) {
+      free(h);
+      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+      return;
+    }
+    sub->session = s;
+    strcpy(sub->conv, conv);
+    sub->bus.conv = sub->conv;
+    sub->bus.deliver = deliver_cb;
+    sub->filling = 1; /* until the handshake job returns */
+    sub->next = s->subs;
+    s->subs = sub;
+    /* Subscribe before the head is read: anything committed from now on
+     * arrives live and waits in `pending`. */
+    bus_subscribe(s->node->bus, &sub->bus);
+    hello_item_t *it = &h->items[h->n++];
+    strcpy(it->conv, conv);
+    it->watermark = f->subs[i].watermark;
+  }
+  conn_ref(c);
+  pool_submit(s->node->pool, &h->job, hello_work, hello_done);
+}
+
+/* ---- send ------------------------------------------------------------------- */
+
+typedef struct {
+  pool_job_t job;
+  conn_t *conn;
+  char conv[STORE_ID_MAX + 1];
+  char id[STORE_ID_MAX + 1];
+  char sender[STORE_ID_MAX + 1];
+  char *body;
+  int status;
+  int created;
+  store_msg_t msg;
+} send_job_t;
+
+static void send_work(pool_job_t *job, store_t *db) {
+  send_job_t *j = container_of(job, send_job_t, job);
+  node_t *node = j->conn->node; /* the node outlives every job */
+  j->status = bus_append(node->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(),
+                         &j->msg, &j->created);
+}
+
+static void send_done(pool_job_t *job) {
+  send_job_t *j = container_of(job, send_job_t, job);
+  if (conn_unref(j->conn)) {
+    conn_t *c = j->conn;
+    json_t *details = json_pack("{s:s}", "id", j->id);
+    switch (j->status) {
+    case 0:
+      json_decref(details);
+      send_text_owned(c, frame_sent(j->conv, j->msg.id, j->msg.seq));
+      break;
+    case -CV_ENOTFOUND:
+      send_error(c, "not_found", "no such conversation", j->conv, 0, details);
+      break;
+    case -CV_EINACTIVE:
+      send_error(c, "channel_inactive", "the conversation's channel is inactive", j->conv, 0,
+                 details);
+      break;
+    default:
+      send_error(c, "unavailable", "store unavailable; send again later", j->conv,
+                 retry_hint(c->node), details);
+      break;
+    }
+  }
+  store_msg_clear(&j->msg);
+  free(j->body);
+  free(j);
+}
+
+static void handle_send(session_t *s, frame_client_t *f) {
+  conn_t *c = s->conn;
+  json_t *details = json_pack("{s:s}", "id", f->id);
+  if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
+    send_error(c, "forbidden", "the token may not send to this conversation", f->conv, 0,
+               details);
+    return;
+  }
+  json_decref(details);
+  send_job_t *j = calloc(1, sizeof *j);
+  if (!j || !(j->body = frame_dump(f->body))) {
+    free(j);
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  j->conn = c;
+  strcpy(j->conv, f->conv);
+  strcpy(j->id, f->id);
+  strcpy(j->sender, s->token.sub);
+  conn_ref(c);
+  pool_submit(s->node->pool, &j->job, send_work, send_done);
+}
+
+/* ---- dispatch --------------------------------------------------------------- */
+
+int session_start(conn_t *c) {
+  session_t *s = calloc(1, sizeof *s);
+  if (!s) return -CV_ENOMEM;
+  s->conn = c;
+  s->node = c->node;
+  s->id = ++c->node->next_session;
+  c->session = s;
+  return 0;
+}
+
+void session_on_text(conn_t *c, const char *text, size_t len) {
+  session_t *s = c->session;
+  frame_client_t f;
+  char why[200];
+  if (!s) return;
+  if (frame_decode(text, len, c->node->cfg->max_subs, &f, why, sizeof why) != 0) {
+    send_error(c, "bad_request", why, NULL, 0, NULL);
+    if (!s->hello_seen) {
+      count_handshake("bad_request");
+      /* An invalid hello may be corrected within the hello timeout; any
+       * other first frame is a policy violation. */
+      if (!f.known_type || f.type != FRAME_HELLO)
+        ws_close(c, WS_CLOSE_POLICY_VIOLATION, "the first frame must be hello");
+    }
+    return;
+  }
+  if (!s->hello_seen && f.type != FRAME_HELLO) {
+    count_handshake("bad_request");
+    send_error(c, "bad_request", "the first frame must be hello", NULL, 0, NULL);
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "the first frame must be hello");
+    frame_client_clear(&f);
+    return;
+  }
+  switch (f.type) {
+  case FRAME_HELLO:
+    if (s->hello_seen)
+      send_error(c, "bad_request", "hello was already received on this connection", NULL, 0,
+                 NULL);
+    else
+      handle_hello(s, &f);
+    break;
+  case FRAME_SYNC: {
+    sub_t *sub = find_sub(s, f.conv);
+    if (!sub) {
+      send_error(c, "bad_request", "sync for a conversation this connection is not subscribed to",
+                 f.conv, 0, NULL);
+    } else if (sub->filling) {
+      if (!sub->sync_pending || f.watermark < sub->sync_watermark)
+        sub->sync_watermark = f.watermark;
+      sub->sync_pending = 1;
+    } else {
+      sub->delivered = f.watermark;
+      fill_start(sub, f.watermark, -1, 1);
+    }
+    break;
+  }
+  case FRAME_SEND:
+    handle_send(s, &f);
+    break;
+  case FRAME_PING:
+    send_text_owned(c, frame_pong());
+    break;
+  }
+  frame_client_clear(&f);
+}
+
+void session_tick(conn_t *c, uint64_t now) {
+  session_t *s = c->session;
+  node_t *node = c->node;
+  if (delivered_total) {
+    metrics_add("converger_messages_delivered_total", NULL, delivered_total);
+    delivered_total = 0;
+  }
+  if (!s || c->closing) return;
+  if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
+    count_handshake("timeout");
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "no hello in time");
+    return;
+  }
+  if (now - c->last_rx_ms > 2 * (uint64_t)node->cfg->heartbeat_ms) {
+    ws_close(c, WS_CLOSE_GOING_AWAY, "heartbeat timeout");
+    return;
+  }
+  if (now >= c->next_ping_ms) {
+    ws_ping(c);
+    c->next_ping_ms = now + (uint64_t)node->cfg->heartbeat_ms;
+  }
+}
+
+void session_free(session_t *s) {
+  if (!s) return;
+  while (s->subs) remove_sub(s, s->subs);
+  auth_token_clear(&s->token);
+  free(s);
+}
+
+void session_revoke_jti(node_t *node, const char *jti) {
+  for (conn_t *c = node->conns; c; c = c->next) {
+    session_t *s = c->session;
+    if (!s || c->closing || !s->hello_seen || strcmp(s->token.jti, jti) != 0) continue;
+    send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
+  }
+}
+
+void session_channel_inactive(node_t *node, const char *channel) {
+  for (conn_t *c = node->conns; c; c = c->next) {
+    session_t *s = c->session;
+    if (!s || c->closing) continue;
+    sub_t *sub = s->subs;
+    while (sub) {
+      sub_t *next = sub->next;
+      if (strcmp(sub->channel, channel) == 0) {
+        send_error(c, "channel_inactive", "the conversation's channel was deactivated",
+                   sub->conv, 0, NULL);
+        remove_sub(s, sub);
+      }
+      sub = next;
+    }
+  }
+}
+
+void session_close_all(node_t *node, int code, const char *reason) {
+  for (conn_t *c = node->conns; c; c = c->next)
+    if (c->mode == CONN_WS && !c->closing) ws_close(c, code, reason);
+}

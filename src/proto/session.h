@@ -1,0 +1,43 @@
+/*
+ * session: protocol v1 over one WebSocket connection (docs/protocol.md).
+ *
+ * Owns the connection's subscriptions. Each subscription is in the bus
+ * index from the moment its hello is accepted, before the head is read, so
+ * nothing committed during the handshake is missed: live messages that
+ * arrive while a replay or gap fill runs are buffered and delivered after
+ * it, without gap or duplicate. Delivery rule: a message goes out when its
+ * seq is the subscription's last delivered seq + 1; a lower seq is skipped;
+ * a higher one triggers a gap fill from the store.
+ * Loop thread only.
+ */
+#ifndef CONVERGER_PROTO_SESSION_H
+#define CONVERGER_PROTO_SESSION_H
+
+#include <stddef.h>
+
+#include "net/conn.h"
+
+/* Attach a new session to an upgraded connection. 0 or -CV_ENOMEM. */
+int session_start(conn_t *c);
+
+/* One complete text message from the client. */
+void session_on_text(conn_t *c, const char *text, size_t len);
+
+/* Per-tick checks (hello timeout, heartbeat). `now` is monotonic ms. */
+void session_tick(conn_t *c, uint64_t now);
+
+/* The connection is going away: leave the bus index and free. */
+void session_free(session_t *s);
+
+/* Close, with `error unauthorized` then 1008, every session whose token has
+ * this jti (token revocation). */
+void session_revoke_jti(node_t *node, const char *jti);
+
+/* Send `error channel_inactive` and end every local subscription whose
+ * conversation belongs to `channel`. */
+void session_channel_inactive(node_t *node, const char *channel);
+
+/* Close every session with `code` and `reason` (shutdown). */
+void session_close_all(node_t *node, int code, const char *reason);
+
+#endif

@@ -1,0 +1,189 @@
+/*
+ * serve.c: wiring of one node (main only wires; behaviour lives in the
+ * modules) and its shutdown sequence, driven by the tick timer:
+ *   running -> stopping (listener closed, sockets closed with 1001, HTTP
+ *   answers in flight finish) -> all connections gone and no pool job in
+ *   flight, or the stop deadline passed -> pool joined -> bus and timers
+ *   closed -> the loop ends.
+ */
+#include "serve.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/auth.h"
+#include "api/metrics.h"
+#include "api/rest.h"
+#include "bus/bus.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "net/conn.h"
+#include "net/http.h"
+#include "net/ws.h"
+#include "proto/session.h"
+
+#define STOP_GRACE_MS 10000 /* longest wait for in-flight work at shutdown */
+
+typedef enum { RUNNING, STOPPING, POOL_CLOSED, DONE } phase_t;
+static phase_t phase = RUNNING;
+
+static void tick_cb(uv_timer_t *t);
+
+static void begin_stop(node_t *node, const char *why) {
+  if (node->stopping) return;
+  log_info("%s: stopping: closing %d WebSocket connection(s) with 1001, finishing %d pool job(s)",
+           why, node->nws, pool_in_flight(node->pool));
+  node->stopping = 1;
+  node->ready = 0;
+  node->stop_deadline_ms = util_mono_ms() + STOP_GRACE_MS;
+  phase = STOPPING;
+  uv_timer_start(&node->tick, tick_cb, 20, 20); /* finish promptly */
+  conn_stop_listening(node);
+  session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
+  for (conn_t *c = node->conns; c; c = c->next)
+    if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
+}
+
+static void signal_cb(uv_signal_t *sig, int signum) {
+  node_t *node = sig->data;
+  if (node->stopping) {
+    if (signum == SIGINT) {
+      log_warn("second SIGINT: exiting at once");
+      exit(130);
+    }
+    log_info("%s again: already stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    return;
+  }
+  begin_stop(node, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void check_cb(uv_check_t *h) { conn_flush_all(h->data); }
+
+static void tick_cb(uv_timer_t *t) {
+  node_t *node = t->data;
+  uint64_t now = util_mono_ms();
+  conn_tick(node, now);
+  conn_flush_all(node);
+  switch (phase) {
+  case RUNNING:
+  case DONE:
+    return;
+  case STOPPING: {
+    int idle = node->nconns == 0 && pool_in_flight(node->pool) == 0;
+    if (!idle && now < node->stop_deadline_ms) return;
+    if (!idle)
+      log_warn("stop deadline passed with %d connection(s) and %d pool job(s); closing", node->nconns,
+               pool_in_flight(node->pool));
+    for (conn_t *c = node->conns; c; c = c->next) conn_close(c);
+    pool_close(node->pool); /* waits for the workers; runs the last done callbacks */
+    node->pool = NULL;
+    phase = POOL_CLOSED;
+    return;
+  }
+  case POOL_CLOSED:
+    if (node->nconns > 0) return; /* close callbacks still to run */
+    bus_close(node->bus);
+    node->bus = NULL;
+    uv_close((uv_handle_t *)&node->flush_check, NULL);
+    uv_close((uv_handle_t *)&node->sigterm, NULL);
+    uv_close((uv_handle_t *)&node->sigint, NULL);
+    uv_close((uv_handle_t *)&node->tick, NULL);
+    phase = DONE;
+    log_info("stopped");
+    return;
+  }
+}
+
+static uint64_t tick_interval(const config_t *cfg) {
+  int m = cfg->hello_timeout_ms;
+  if (cfg->heartbeat_ms < m) m = cfg->heartbeat_ms;
+  if (cfg->header_timeout_ms < m) m = cfg->header_timeout_ms;
+  m /= 4;
+  if (m < 10) m = 10;
+  if (m > 1000) m = 1000;
+  return (uint64_t)m;
+}
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+int serve_main(int argc, char **argv) {
+  config_t cfg;
+  int r = config_parse(&cfg, argc, argv);
+  if (r == 1) {
+    config_free(&cfg);
+    return 0;
+  }
+  if (r != 0) {
+    config_free(&cfg);
+    return 2;
+  }
+  log_set_level(strcmp(cfg.log_level, "debug") == 0  ? LOG_DEBUG
+                : strcmp(cfg.log_level, "warn") == 0 ? LOG_WARN
+                : strcmp(cfg.log_level, "error") == 0 ? LOG_ERROR
+                                                      : LOG_INFO);
+  signal(SIGPIPE, SIG_IGN);
+  int key_from_file = 0;
+  if (config_load_secrets(&cfg, &key_from_file) != 0) {
+    config_free(&cfg);
+    return 1;
+  }
+  node_t *node = calloc(1, sizeof *node);
+  node->loop = uv_default_loop();
+  node->cfg = &cfg;
+  jitter_seed_random(&node->rng);
+  node->auth = auth_new(cfg.api_key, cfg.token_secret);
+  node->bus = bus_new(node->loop);
+  store_options_t opt = {
+      .sync = strcmp(cfg.sqlite_sync, "off") == 0      ? STORE_SYNC_OFF
+              : strcmp(cfg.sqlite_sync, "normal") == 0 ? STORE_SYNC_NORMAL
+                                                       : STORE_SYNC_FULL,
+      .busy_timeout_ms = 5000,
+  };
+  int status = 1;
+  if (!node->auth || !node->bus) goto out;
+  if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
+    log_error("cannot start the store (%s): %s", cfg.database_url, cv_strerror(r));
+    goto out;
+  }
+  if (conn_listen(node) != 0) goto out;
+  uv_check_init(node->loop, &node->flush_check);
+  node->flush_check.data = node;
+  uv_check_start(&node->flush_check, check_cb);
+  uv_timer_init(node->loop, &node->tick);
+  node->tick.data = node;
+  uint64_t iv = tick_interval(&cfg);
+  uv_timer_start(&node->tick, tick_cb, iv, iv);
+  uv_signal_init(node->loop, &node->sigterm);
+  uv_signal_init(node->loop, &node->sigint);
+  node->sigterm.data = node->sigint.data = node;
+  uv_signal_start(&node->sigterm, signal_cb, SIGTERM);
+  uv_signal_start(&node->sigint, signal_cb, SIGINT);
+  rest_start_revocation_refresh(node);
+  node->ready = 1;
+  log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, pool %d",
+           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url,
+           cfg.pool_size);
+  if (key_from_file)
+    log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
+  uv_run(node->loop, UV_RUN_DEFAULT);
+  status = 0;
+out:
+  if (status != 0) {
+    if (node->pool) pool_close(node->pool);
+    if (node->bus) bus_close(node->bus);
+    uv_walk(node->loop, walk_close, NULL);
+    uv_run(node->loop, UV_RUN_DEFAULT);
+  }
+  if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
+  auth_free(node->auth);
+  free(node);
+  ws_encoder_free();
+  metrics_reset();
+  config_free(&cfg);
+  return status;
+}

@@ -1,0 +1,173 @@
+/*
+ * pool.c: worker threads, a FIFO of submitted jobs and a FIFO of finished
+ * ones.
+ *
+ * Threads: submit/close/in_flight and every `done` run on the loop thread;
+ * `work` runs on workers. `mu` guards both queues and the stop flag. A
+ * worker records how long each job waited (the pool checkout wait) in the
+ * converger_pool_wait_ms histogram.
+ */
+#include "store/pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/metrics.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+
+struct pool_s {
+  uv_loop_t *loop;
+  uv_async_t async;
+  uv_mutex_t mu;
+  uv_cond_t cond;
+  pool_job_t *todo_head, *todo_tail;
+  pool_job_t *done_head, *done_tail;
+  int stopping;
+  int in_flight;
+  int size;
+  int closing;
+  uv_thread_t *threads;
+  store_t **stores;
+  int started;
+};
+
+typedef struct {
+  pool_t *pool;
+  int index;
+} worker_arg_t;
+
+static void push(pool_job_t **head, pool_job_t **tail, pool_job_t *job) {
+  job->next = NULL;
+  if (*tail)
+    (*tail)->next = job;
+  else
+    *head = job;
+  *tail = job;
+}
+
+static void worker_main(void *arg) {
+  worker_arg_t *wa = arg;
+  pool_t *pool = wa->pool;
+  store_t *db = pool->stores[wa->index];
+  free(wa);
+  for (;;) {
+    uv_mutex_lock(&pool->mu);
+    while (!pool->todo_head && !pool->stopping) uv_cond_wait(&pool->cond, &pool->mu);
+    pool_job_t *job = pool->todo_head;
+    if (!job) { /* stopping and nothing left */
+      uv_mutex_unlock(&pool->mu);
+      return;
+    }
+    pool->todo_head = job->next;
+    if (!pool->todo_head) pool->todo_tail = NULL;
+    uv_mutex_unlock(&pool->mu);
+
+    uint64_t now = util_mono_ms();
+    job->wait_ms = now - job->submit_ms;
+    metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
+    job->work(job, db);
+
+    uv_mutex_lock(&pool->mu);
+    push(&pool->done_head, &pool->done_tail, job);
+    uv_mutex_unlock(&pool->mu);
+    uv_async_send(&pool->async);
+  }
+}
+
+static void async_cb(uv_async_t *handle) {
+  pool_t *pool = container_of(handle, pool_t, async);
+  uv_mutex_lock(&pool->mu);
+  pool_job_t *job = pool->done_head;
+  pool->done_head = pool->done_tail = NULL;
+  uv_mutex_unlock(&pool->mu);
+  while (job) {
+    pool_job_t *next = job->next;
+    pool->in_flight--;
+    job->done(job);
+    job = next;
+  }
+  metrics_set("converger_pool_jobs_in_flight", NULL, pool->in_flight);
+}
+
+static void stop_workers(pool_t *pool) {
+  uv_mutex_lock(&pool->mu);
+  pool->stopping = 1;
+  uv_cond_broadcast(&pool->cond);
+  uv_mutex_unlock(&pool->mu);
+  for (int i = 0; i < pool->started; i++) uv_thread_join(&pool->threads[i]);
+  for (int i = 0; i < pool->size; i++) store_close(pool->stores[i]);
+}
+
+static void free_pool(pool_t *pool) {
+  uv_mutex_destroy(&pool->mu);
+  uv_cond_destroy(&pool->cond);
+  free(pool->threads);
+  free(pool->stores);
+  free(pool);
+}
+
+static void closed_cb(uv_handle_t *handle) {
+  free_pool(container_of((uv_async_t *)handle, pool_t, async));
+}
+
+int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
+               int size, pool_t **out) {
+  pool_t *pool = calloc(1, sizeof *pool);
+  if (!pool) return -CV_ENOMEM;
+  pool->loop = loop;
+  pool->size = size;
+  pool->threads = calloc((size_t)size, sizeof *pool->threads);
+  pool->stores = calloc((size_t)size, sizeof *pool->stores);
+  uv_mutex_init(&pool->mu);
+  uv_cond_init(&pool->cond);
+  int r = 0;
+  if (!pool->threads || !pool->stores) r = -CV_ENOMEM;
+  for (int i = 0; r == 0 && i < size; i++) {
+    if ((r = store_open(url, opt, &pool->stores[i])) != 0)
+      log_error("store: cannot open %s: %s", url, cv_strerror(r));
+    else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
+      log_error("store: migration failed: %s", cv_strerror(r));
+  }
+  for (int i = 0; r == 0 && i < size; i++) {
+    worker_arg_t *wa = malloc(sizeof *wa);
+    wa->pool = pool;
+    wa->index = i;
+    if (uv_thread_create(&pool->threads[i], worker_main, wa) != 0) {
+      free(wa);
+      r = -CV_ENOMEM;
+      break;
+    }
+    pool->started++;
+  }
+  if (r == 0) r = uv_async_init(loop, &pool->async, async_cb);
+  if (r != 0) {
+    stop_workers(pool);
+    free_pool(pool);
+    return r;
+  }
+  *out = pool;
+  return 0;
+}
+
+void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done) {
+  job->work = work;
+  job->done = done;
+  job->submit_ms = util_mono_ms();
+  pool->in_flight++;
+  uv_mutex_lock(&pool->mu);
+  push(&pool->todo_head, &pool->todo_tail, job);
+  uv_cond_signal(&pool->cond);
+  uv_mutex_unlock(&pool->mu);
+}
+
+int pool_in_flight(const pool_t *pool) { return pool->in_flight; }
+
+void pool_close(pool_t *pool) {
+  if (pool->closing) return;
+  pool->closing = 1;
+  stop_workers(pool); /* workers finish the queue first */
+  async_cb(&pool->async); /* run the done callbacks of what just finished */
+  uv_close((uv_handle_t *)&pool->async, closed_cb);
+}

@@ -1,0 +1,62 @@
+/*
+ * pool: the worker threads that run every blocking store call.
+ *
+ * N threads, each owning one store_t (one database connection) for its
+ * whole life. The loop thread submits jobs; a worker runs job->work with its
+ * store, then the job is handed back to the loop (uv_async) where job->done
+ * runs. A job holds one connection for its whole life: a handshake that
+ * reads the channel, the conversation, the head and the replay is one job,
+ * one checkout (the admission-queue decision record).
+ *
+ * Jobs are embedded in the caller's struct (container_of); the pool never
+ * allocates or frees them. Jobs start in submission order.
+ */
+#ifndef CONVERGER_STORE_POOL_H
+#define CONVERGER_STORE_POOL_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "store/store.h"
+
+typedef struct pool_s pool_t;
+typedef struct pool_job_s pool_job_t;
+
+/* Runs on a worker thread with that worker's store. Must not touch loop
+ * state. */
+typedef void (*pool_work_cb)(pool_job_t *job, store_t *db);
+/* Runs on the loop thread after work returned. */
+typedef void (*pool_done_cb)(pool_job_t *job);
+
+struct pool_job_s {
+  pool_work_cb work;
+  pool_done_cb done;
+  uint64_t submit_ms;  /* monotonic ms, set by pool_submit */
+  uint64_t wait_ms;    /* time spent queued before a worker took it */
+  pool_job_t *next;
+};
+
+/* Open `size` store connections with `url`/`opt`, migrate the schema on the
+ * first one, and start one worker per connection. On success *out is a pool
+ * bound to `loop` (whose uv_async handle keeps the loop alive until
+ * pool_close). Returns 0, or the store's error after logging it (nothing is
+ * left running). Loop thread. */
+int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
+               int size, pool_t **out);
+
+/* Queue `job`: `work` runs on a worker, then `done` on the loop. Never fails
+ * and never calls `done` synchronously; after pool_close has begun, the job
+ * still runs (shutdown finishes in-flight work). Loop thread. */
+void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done);
+
+/* Jobs submitted whose `done` has not run yet. Loop thread. */
+int pool_in_flight(const pool_t *pool);
+
+/* Stop the workers once the queue is empty (they finish what is queued),
+ * join them, close their stores and the async handle, then free the pool
+ * from the handle's close callback. Call once, after the last pool_submit;
+ * `done` callbacks of queued jobs still run while the loop runs. Loop
+ * thread. */
+void pool_close(pool_t *pool);
+
+#endif

@@ -1,0 +1,137 @@
+/*
+ * store: the one interface to converger's durable state.
+ *
+ * A store_t is one database connection. It is owned by exactly one pool
+ * worker thread (see pool.h) and must only be used from that thread; all
+ * functions here block. Backends: SQLite (sqlite.c, "sqlite:PATH" URLs);
+ * PostgreSQL comes later behind the same interface.
+ *
+ * Semantics every backend must keep (DESIGN.md, "Delivery guarantees"):
+ *  - per conversation, seq starts at 1 and is gapless, also under concurrent
+ *    writers on other connections (the head is bumped under the
+ *    conversation's write lock in the same transaction as the insert);
+ *  - the client message id is an idempotency key unique per conversation:
+ *    appending the same id again returns the first seq and does not insert;
+ *  - replay returns messages in ascending seq, at most `limit` per call.
+ *
+ * Errors: 0 on success, -CV_ENOTFOUND, -CV_EEXISTS, -CV_EINACTIVE,
+ * -CV_EINVAL, -CV_EBUSY (lock not obtained in time), -CV_ESTORE (anything
+ * else; the backend logs the database's own message).
+ */
+#ifndef CONVERGER_STORE_STORE_H
+#define CONVERGER_STORE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_ID_MAX 128          /* ids match [A-Za-z0-9._:-]{1,128} */
+#define STORE_NAME_MAX 256        /* channel display name, bytes */
+#define STORE_REPLAY_PAGE_MAX 1000 /* messages per replay page */
+
+typedef struct store_s store_t;
+
+typedef enum {
+  STORE_SYNC_OFF = 0,
+  STORE_SYNC_NORMAL = 1,
+  STORE_SYNC_FULL = 2,
+} store_sync_t;
+
+typedef struct {
+  store_sync_t sync;   /* SQLite PRAGMA synchronous */
+  int busy_timeout_ms; /* how long to wait for a write lock; 0 = 5000 */
+} store_options_t;
+
+typedef struct {
+  char id[STORE_ID_MAX + 1];
+  char name[STORE_NAME_MAX + 1];
+  int presence; /* 0 or 1 */
+  int active;   /* 0 or 1 */
+} store_channel_t;
+
+typedef struct {
+  char id[STORE_ID_MAX + 1];
+  char channel[STORE_ID_MAX + 1];
+  int64_t head;       /* last seq assigned; 0 for an empty conversation */
+  int channel_active; /* from the channel row, read in the same query */
+  int presence;       /* from the channel row */
+} store_conv_t;
+
+/* One stored message. `sender` and `body` are heap strings owned by the
+ * struct (free with store_msgs_free or store_msg_clear). `body` is JSON text
+ * exactly as it was given to store_append. */
+typedef struct {
+  int64_t seq;
+  char id[STORE_ID_MAX + 1];
+  char *sender;
+  char *body;
+  int64_t ts_ms; /* commit time, ms since the Unix epoch, UTC */
+} store_msg_t;
+
+/* Open a connection for `url` ("sqlite:PATH"; PATH relative to the current
+ * directory; its directory must exist). Sets WAL mode, the synchronous level
+ * and the busy timeout from `opt` (NULL = defaults: FULL, 5000 ms). On
+ * success *out is a new store the caller closes with store_close. Does not
+ * migrate. Returns -CV_EINVAL for an unsupported URL scheme. */
+int store_open(const char *url, const store_options_t *opt, store_t **out);
+
+/* Close and free. NULL is allowed. */
+void store_close(store_t *s);
+
+/* Create or upgrade the schema to the current version (table
+ * schema_version, one row per applied migration), in one transaction.
+ * Safe to call from several connections: only one applies each step. */
+int store_migrate(store_t *s);
+
+/* Schema version after store_migrate (number of applied migrations), or a
+ * negative error. */
+int store_schema_version(store_t *s);
+
+/* Cheap liveness check (SELECT 1). */
+int store_ping(store_t *s);
+
+/* Channels. create: -CV_EEXISTS if the id is taken. get/set_active:
+ * -CV_ENOTFOUND if missing. `out` may be NULL. */
+int store_channel_create(store_t *s, const char *id, const char *name,
+                         int presence, store_channel_t *out);
+int store_channel_get(store_t *s, const char *id, store_channel_t *out);
+int store_channel_set_active(store_t *s, const char *id, int active,
+                             store_channel_t *out);
+
+/* Conversations. create: -CV_ENOTFOUND if the channel is missing,
+ * -CV_EEXISTS if the id is taken; head starts at 0. get: the conversation
+ * with its head and its channel's active/presence flags in one read. */
+int store_conv_create(store_t *s, const char *id, const char *channel,
+                      store_conv_t *out);
+int store_conv_get(store_t *s, const char *id, store_conv_t *out);
+
+/* Append one message in one transaction: seq = head + 1 under the write
+ * lock, insert, commit. `id` is the idempotency key (required). `body` is
+ * JSON text (stored as given). `ts_ms` is the timestamp to record.
+ * On success fills `out` (caller clears it with store_msg_clear) and sets
+ * *created to 1, or to 0 when `id` already existed in `conv` (then `out` is
+ * the first message with that id, unchanged). -CV_ENOTFOUND when the
+ * conversation does not exist, -CV_EINACTIVE when its channel is inactive. */
+int store_append(store_t *s, const char *conv, const char *id,
+                 const char *sender, const char *body, int64_t ts_ms,
+                 store_msg_t *out, int *created);
+
+/* Replay: messages with after < seq <= upto (upto < 0: no upper bound), in
+ * ascending seq, at most `limit` (1..STORE_REPLAY_PAGE_MAX; larger values are
+ * clamped). On success *msgs is a heap array of *n messages (NULL when 0)
+ * that the caller frees with store_msgs_free. -CV_ENOTFOUND when the
+ * conversation does not exist. */
+int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
+                 int limit, store_msg_t **msgs, size_t *n);
+
+void store_msg_clear(store_msg_t *m);
+void store_msgs_free(store_msg_t *msgs, size_t n);
+
+/* Token revocation list. revoke: idempotent; `exp_s` is the token's expiry
+ * (Unix seconds) after which the row may be forgotten. list: every jti whose
+ * exp_s >= now_s, as a heap array of heap strings (free with
+ * store_strings_free). */
+int store_revoke(store_t *s, const char *jti, int64_t exp_s);
+int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n);
+void store_strings_free(char **v, size_t n);
+
+#endif
