@@ -121,10 +121,11 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
   return -CV_EINVAL;
 bad: {
   frame_type_t t = out->type;
-  int known = type != NULL;
+  /* `type` points into root: decide before clearing. */
+  int known = type != NULL && (t != FRAME_HELLO || strcmp(type, "hello") == 0);
   frame_client_clear(out);
   out->type = t;
-  out->known_type = known && (t != FRAME_HELLO || strcmp(type, "hello") == 0);
+  out->known_type = known;
   return -CV_EINVAL;
 }
 }
