@@ -3,6 +3,15 @@
  * only move bytes between wslay and the connection's buffers and say
  * WOULDBLOCK when the input is used up; the connection decides when to read
  * and write.
+ *
+ * Memory: a wslay event context costs about 8.8 KB (its frame input buffer
+ * and state), more than everything else an idle connection holds. So the
+ * context exists only while it has work: it is created when bytes arrive or
+ * a control frame must go out, and released again when it is idle, which we
+ * know by accounting: every byte fed to it belongs to a completed frame
+ * (frame start/end callbacks give each frame's size), no fragmented message
+ * is open, nothing waits to be written and no close was sent or received.
+ * Idle connections then hold no wslay state at all.
  */
 #include "net/ws.h"
 
@@ -19,10 +28,14 @@
 #include "proto/session.h"
 
 struct ws_s {
-  wslay_event_context_ptr ctx;
+  wslay_event_context_ptr ctx; /* NULL while idle */
   conn_t *conn;
   const char *rbuf; /* input being fed */
   size_t rlen;
+  uint64_t fed;       /* bytes handed to ctx since it was created */
+  uint64_t framed;    /* bytes of the frames ctx has completed */
+  uint64_t cur_frame; /* size of the frame being received */
+  int frag_open;      /* a fragmented data message is incomplete */
   int close_sent;
 };
 
@@ -104,7 +117,26 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
   memcpy(buf, ws->rbuf, n);
   ws->rbuf += n;
   ws->rlen -= n;
+  ws->fed += n;
   return (ssize_t)n;
+}
+
+static void frame_start_cb(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user) {
+  ws_t *ws = user;
+  uint64_t len = arg->payload_length;
+  /* Client frames are masked (RFC 6455 section 5.3): 2 + extended length + 4. */
+  ws->cur_frame = 2 + (len < 126 ? 0 : len < 65536 ? 2 : 8) + 4 + len;
+  if (arg->opcode == WSLAY_TEXT_FRAME || arg->opcode == WSLAY_BINARY_FRAME)
+    ws->frag_open = !arg->fin;
+  else if (arg->opcode == WSLAY_CONTINUATION_FRAME && arg->fin)
+    ws->frag_open = 0;
+}
+
+static void frame_end_cb(wslay_event_context_ptr ctx, void *user) {
+  ws_t *ws = user;
+  ws->framed += ws->cur_frame;
+  ws->cur_frame = 0;
 }
 
 static ssize_t send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
@@ -135,8 +167,33 @@ static void on_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_m
 }
 
 static const struct wslay_event_callbacks event_callbacks = {
-    recv_cb, send_cb, NULL, NULL, NULL, NULL, on_msg_cb,
+    recv_cb, send_cb, NULL, frame_start_cb, NULL, frame_end_cb, on_msg_cb,
 };
+
+/* Create the wslay context on demand. 0 or -1 (connection closed). */
+static int ensure_ctx(ws_t *ws) {
+  if (ws->ctx) return 0;
+  if (wslay_event_context_server_init(&ws->ctx, &event_callbacks, ws) != 0) {
+    ws->ctx = NULL;
+    conn_close(ws->conn);
+    return -1;
+  }
+  wslay_event_config_set_max_recv_msg_length(ws->ctx,
+                                             (uint64_t)ws->conn->node->cfg->max_message_bytes);
+  ws->fed = ws->framed = ws->cur_frame = 0;
+  ws->frag_open = 0;
+  return 0;
+}
+
+/* Release the context when it holds nothing: see the design note above. */
+static void maybe_release(ws_t *ws) {
+  if (!ws->ctx || ws->close_sent || ws->conn->closing) return;
+  if (ws->fed != ws->framed || ws->frag_open || wslay_event_want_write(ws->ctx) ||
+      wslay_event_get_close_received(ws->ctx))
+    return;
+  wslay_event_context_free(ws->ctx);
+  ws->ctx = NULL;
+}
 
 int ws_upgrade(conn_t *c, const http_request_t *req) {
   char accept[29];
@@ -152,15 +209,8 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
     return -1;
   }
   ws->conn = c;
-  if (wslay_event_context_server_init(&ws->ctx, &event_callbacks, ws) != 0) {
-    free(ws);
-    conn_close(c);
-    return -1;
-  }
-  wslay_event_config_set_max_recv_msg_length(ws->ctx, (uint64_t)c->node->cfg->max_message_bytes);
   metrics_add("converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
   if (conn_write(c, head, (size_t)n) != 0) {
-    wslay_event_context_free(ws->ctx);
     free(ws);
     return -1;
   }
@@ -196,6 +246,7 @@ static void after_io(conn_t *c) {
 void ws_feed(conn_t *c, const char *data, size_t len) {
   ws_t *ws = c->ws;
   if (ws->close_sent) return; /* draining input until the peer closes */
+  if (ensure_ctx(ws) != 0) return;
   ws->rbuf = data;
   ws->rlen = len;
   int r = wslay_event_recv(ws->ctx);
@@ -208,6 +259,7 @@ void ws_feed(conn_t *c, const char *data, size_t len) {
     return;
   }
   after_io(c);
+  maybe_release(ws);
 }
 
 /* ---- outgoing: one shared frame encoder ---------------------------------- */
@@ -281,6 +333,7 @@ void ws_close(conn_t *c, int code, const char *reason) {
   if (c->closing || !ws || ws->close_sent) return;
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
+  if (ensure_ctx(ws) != 0) return;
   wslay_event_queue_close(ws->ctx, (uint16_t)code, (const uint8_t *)reason, rlen);
   ws->close_sent = 1;
   if (wslay_event_send(ws->ctx) != 0 && !c->closing) {
@@ -294,12 +347,14 @@ void ws_ping(conn_t *c) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
   struct wslay_event_msg msg = {WSLAY_PING, NULL, 0};
+  if (ensure_ctx(ws) != 0) return;
   if (wslay_event_queue_msg(ws->ctx, &msg) == 0) after_io(c);
+  maybe_release(ws);
 }
 
 void ws_free(ws_t *ws) {
   if (!ws) return;
-  wslay_event_context_free(ws->ctx);
+  if (ws->ctx) wslay_event_context_free(ws->ctx);
   free(ws);
 }
 

@@ -118,7 +118,8 @@ static const char *const stmt_sql[ST_COUNT_] = {
         "UPDATE conversations SET head = head + 1 WHERE id = ?1 RETURNING head",
     [ST_MSG_BY_ID] = "SELECT seq, id, sender, body, ts_ms FROM messages"
                      " WHERE conv = ?1 AND id = ?2",
-    [ST_MSG_INSERT] = "INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"
+    [ST_MSG_INSERT] = "INSERT INTO messages"
+                      " (conv, seq, id, sender, body, ts_ms)"
                       " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [ST_REPLAY] = "SELECT seq, id, sender, body, ts_ms FROM messages"
                   " WHERE conv = ?1 AND seq > ?2 AND seq <= ?3"
