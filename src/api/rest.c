@@ -275,22 +275,24 @@ bad: {
 }
 }
 
-/* Split "/v1/conversations/ID/messages" style paths into segments. */
-static int split_path(const char *path, char seg[5][STORE_ID_MAX + 2]) {
+/* Split "/v1/conversations/ID/messages" style paths into at most 5
+ * segments. A segment longer than an id is returned empty (an invalid id).
+ * Returns the number of segments, or 6 when there are more than 5. */
+static int split_path(const char *path, char seg[5][STORE_ID_MAX + 1]) {
   int n = 0;
   const char *p = path;
   while (*p == '/') p++;
-  while (*p && n < 5) {
+  while (*p) {
+    if (n == 5) return 6;
     const char *e = strchr(p, '/');
     size_t len = e ? (size_t)(e - p) : strlen(p);
-    if (len > STORE_ID_MAX) len = STORE_ID_MAX + 1; /* marks an over-long segment */
-    memcpy(seg[n], p, len > STORE_ID_MAX ? STORE_ID_MAX + 1 : len);
-    seg[n][len > STORE_ID_MAX ? STORE_ID_MAX + 1 : len] = '\0';
+    if (len > STORE_ID_MAX) len = 0;
+    memcpy(seg[n], p, len);
+    seg[n][len] = '\0';
     n++;
     if (!e) break;
     p = e + 1;
   }
-  if (*p && n == 5) return 6;
   return n;
 }
 
@@ -524,7 +526,7 @@ static void not_found(conn_t *c) {
 void rest_handle(conn_t *c, http_request_t *req) {
   node_t *node = c->node;
   const char *path = req->path;
-  char seg[5][STORE_ID_MAX + 2];
+  char seg[5][STORE_ID_MAX + 1];
   if (strcmp(path, "/v1/ws") == 0) {
     req->route = "/v1/ws";
     const char *why;
@@ -583,9 +585,7 @@ void rest_handle(conn_t *c, http_request_t *req) {
   }
 
   int n = split_path(path, seg);
-  if (n < 2 || strcmp(seg[0], "v1") != 0) return not_found(c);
-  for (int i = 2; i < n; i++)
-    if (strlen(seg[i]) > STORE_ID_MAX) seg[i][0] = '\0'; /* over-long id: invalid */
+  if (n < 2 || n > 5 || strcmp(seg[0], "v1") != 0) return not_found(c);
 
   if (strcmp(seg[1], "channels") == 0) {
     if (n == 2) {

@@ -175,8 +175,10 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
     send_live(sub, m);
     bus_msg_unref(m);
   }
-  memmove(sub->pending, sub->pending + i, (sub->npending - i) * sizeof *sub->pending);
-  sub->npending -= i;
+  if (i > 0) {
+    memmove(sub->pending, sub->pending + i, (sub->npending - i) * sizeof *sub->pending);
+    sub->npending -= i;
+  }
   if (sub->npending) fill_start(sub, sub->delivered, sub->pending[0]->seq - 1, 0);
 }
 
