@@ -663,8 +663,10 @@ static void refresh_work(pool_job_t *job, store_t *db) {
 static void refresh_done(pool_job_t *job) {
   refresh_job_t *r = container_of(job, refresh_job_t, job);
   if (r->status == 0) {
-    auth_set_revoked(r->node->auth, r->jtis, r->n);
-    for (size_t i = 0; i < r->n; i++) session_revoke_jti(r->node, r->jtis[i]);
+    /* Add, never replace: a revocation committed after this read was
+     * already added by its own request. */
+    for (size_t i = 0; i < r->n; i++) auth_add_revoked(r->node->auth, r->jtis[i]);
+    if (r->n) session_revoke_jti(r->node, NULL);
   }
   store_strings_free(r->jtis, r->n);
   free(r);

@@ -589,7 +589,9 @@ void session_free(session_t *s) {
 void session_revoke_jti(node_t *node, const char *jti) {
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
-    if (!s || c->closing || !s->hello_seen || strcmp(s->token.jti, jti) != 0) continue;
+    if (!s || c->closing || !s->hello_seen || !s->token.jti[0]) continue;
+    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(node->auth, s->token.jti))
+      continue;
     send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
   }

@@ -30,7 +30,8 @@ void session_tick(conn_t *c, uint64_t now);
 void session_free(session_t *s);
 
 /* Close, with `error unauthorized` then 1008, every session whose token has
- * this jti (token revocation). */
+ * this jti (token revocation), or, when jti is NULL, whose jti is in the
+ * node's revocation cache (one pass over the connections). */
 void session_revoke_jti(node_t *node, const char *jti);
 
 /* Send `error channel_inactive` and end every local subscription whose
