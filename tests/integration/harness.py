@@ -1,0 +1,1073 @@
+"""Shared helpers for converger's integration tests.
+
+Every test file runs as
+    /usr/bin/python3 tests/integration/test_X.py --binary /path/to/converger
+and talks to real `converger serve` processes over real loopback sockets.
+
+What is here:
+  Node          one `converger serve` process on a free loopback port with its
+                own temp data dir; start/stop(SIGTERM)/kill9/restart; REST
+                helpers; its log is printed when a test using it fails.
+  RestSession   one persistent keep-alive http.client connection (bulk sends).
+  mint_token    a local HS256 JWT minter that can also forge bad tokens.
+  RawWs         a WebSocket client over a plain socket, for frames the
+                `websockets` library refuses to produce (binary, bad UTF-8,
+                oversized, fragmented, no pong, ...).
+  HttpReader    reads raw HTTP/1.1 responses off a socket (pipelining tests).
+  WsClient      async helpers over the `websockets` library for normal flows;
+                every await has a timeout.
+  NodeCase      unittest.TestCase base: node lifecycle, log dump on failure,
+                `arun(coro)` to run a coroutine with an overall timeout.
+  main()        strips `--binary` from argv and calls unittest.main().
+
+Processes: every process started here is registered and stopped by pid in the
+test's cleanup (and, as a last resort, at interpreter exit). Nothing is ever
+killed by name.
+"""
+
+import asyncio
+import atexit
+import base64
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import string
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+try:
+    import websockets  # python3-websockets 10.4 (Debian); /usr/bin/python3 only
+    import websockets.exceptions
+except ImportError:  # pragma: no cover - reported by the tests that need it
+    websockets = None
+
+API_KEY = "test-api-key"
+TOKEN_SECRET = "test-token-secret"
+SUBPROTOCOL = "converger.v1"
+BINARY = None  # set by main() from --binary
+
+_LIVE_PROCS = {}  # pid -> Popen, every converger process still running
+_LIVE_LOCK = threading.Lock()
+
+
+def _register(proc):
+    with _LIVE_LOCK:
+        _LIVE_PROCS[proc.pid] = proc
+
+
+def _unregister(proc):
+    with _LIVE_LOCK:
+        _LIVE_PROCS.pop(proc.pid, None)
+
+
+@atexit.register
+def _kill_leftovers():
+    with _LIVE_LOCK:
+        procs = list(_LIVE_PROCS.values())
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+
+def free_port():
+    """A loopback port that was free a moment ago (bind to 0, then close)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def uid(prefix="x"):
+    """A fresh id inside [A-Za-z0-9._:-]."""
+    return "%s-%s" % (prefix, "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(10)))
+
+
+def binary():
+    if BINARY:
+        return BINARY
+    env = os.environ.get("CONVERGER_BINARY")
+    if env:
+        return os.path.abspath(env)
+    raise RuntimeError("no --binary given")
+
+
+# --------------------------------------------------------------------------
+# Node: one converger serve process
+# --------------------------------------------------------------------------
+
+class NodeStartError(Exception):
+    pass
+
+
+class Node:
+    """One `converger serve` process on 127.0.0.1:<free port>.
+
+    env overrides (dict of CONVERGER_* -> str) are added to the defaults.
+    """
+
+    def __init__(self, env=None, start=True, ready_timeout=10.0):
+        self.tmpdir = tempfile.mkdtemp(prefix="converger-it-")
+        self.log_path = os.path.join(self.tmpdir, "node.log")
+        self.overrides = dict(env or {})
+        self.port = free_port()
+        self.proc = None
+        self.exit_codes = []
+        self.ready_timeout = ready_timeout
+        if start:
+            self._start_with_retries()
+
+    # -- configuration ----------------------------------------------------
+    @property
+    def node_id(self):
+        return "test:%d" % self.port
+
+    @property
+    def ws_url(self):
+        return "ws://127.0.0.1:%d/v1/ws" % self.port
+
+    def environment(self):
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("CONVERGER_"):
+                del env[k]
+        env.update({
+            "CONVERGER_LISTEN": "127.0.0.1:%d" % self.port,
+            "CONVERGER_DATABASE_URL": "sqlite:%s/converger.db" % self.tmpdir,
+            "CONVERGER_API_KEY": API_KEY,
+            "CONVERGER_TOKEN_SECRET": TOKEN_SECRET,
+            "CONVERGER_NODE_ID": self.node_id,
+        })
+        env.update({k: str(v) for k, v in self.overrides.items()})
+        return env
+
+    # -- lifecycle --------------------------------------------------------
+    def _start_with_retries(self):
+        last = None
+        for attempt in range(3):
+            try:
+                self.start()
+                return
+            except NodeStartError as e:
+                last = e
+                log = self.log_text()
+                if "in use" in log.lower() and attempt < 2:
+                    # lost the free-port race with a parallel test: new port
+                    self.port = free_port()
+                    continue
+                raise
+        raise last
+
+    def start(self):
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("node already running")
+        logf = open(self.log_path, "ab")
+        logf.write(("\n===== start %s serve (port %d) at %.3f =====\n"
+                    % (binary(), self.port, time.time())).encode())
+        logf.flush()
+        self.proc = subprocess.Popen([binary(), "serve"], env=self.environment(),
+                                     stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                     cwd=self.tmpdir)
+        logf.close()
+        _register(self.proc)
+        self.wait_ready(self.ready_timeout)
+
+    def wait_ready(self, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                _unregister(self.proc)
+                self.exit_codes.append(rc)
+                raise NodeStartError("converger serve exited with %s before ready; log:\n%s"
+                                     % (rc, self.log_tail()))
+            try:
+                st, _, _ = self.get("/readyz", timeout=1.0)
+                if st == 200:
+                    return
+                last = "status %d" % st
+            except (OSError, http.client.HTTPException) as e:
+                last = repr(e)
+            time.sleep(0.05)
+        self._hard_kill()
+        raise NodeStartError("node not ready within %.1fs (last: %s); log:\n%s"
+                             % (timeout, last, self.log_tail()))
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=10.0):
+        """SIGTERM, wait up to `timeout` s; returns the exit code (None if it
+        had to be SIGKILLed after the timeout)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._hard_kill()
+                return None
+        _unregister(self.proc)
+        rc = self.proc.returncode
+        self.exit_codes.append(rc)
+        return rc
+
+    def kill9(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        if self.proc is not None:
+            _unregister(self.proc)
+            self.exit_codes.append(self.proc.returncode)
+
+    def _hard_kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc is not None:
+            _unregister(self.proc)
+
+    def restart(self):
+        """Same data dir, same port. Stops first (SIGTERM) if running."""
+        if self.running():
+            self.stop()
+        self.start()
+
+    def ensure_stopped(self):
+        if self.running():
+            rc = self.stop()
+            if rc is None:
+                self._hard_kill()
+
+    SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                         "WARNING: ThreadSanitizer", "AddressSanitizer:DEADLYSIGNAL")
+
+    def finish(self):
+        """Stops the node (SIGTERM) if it runs and raises AssertionError if
+        it did not exit 0 or its log shows a sanitizer report: a node that
+        crashes or leaks fails the test that owned it."""
+        was_running = self.running()
+        rc = self.stop() if was_running else None
+        problems = []
+        if was_running and rc != 0:
+            problems.append("exit code %r after SIGTERM (want 0)" % rc)
+        log = self.log_text()
+        if any(m in log for m in self.SANITIZER_MARKERS):
+            problems.append("sanitizer report in the node log")
+        if problems:
+            raise AssertionError("node %s: %s; log:\n%s" % (self.node_id, "; ".join(problems), self.log_tail(200)))
+
+    def remove_dir(self):
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def log_text(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines=150):
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # -- HTTP -------------------------------------------------------------
+    def request(self, method, path, body=None, headers=None, key=API_KEY, raw_body=None, timeout=5.0):
+        """One request on a fresh connection. body: JSON-encoded if not None;
+        raw_body: bytes sent as is. Returns (status, headers(lowercase dict),
+        json_or_None)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            return _do_request(conn, method, path, body, headers, key, raw_body)
+        finally:
+            conn.close()
+
+    def get(self, path, key=None, timeout=5.0, headers=None):
+        return self.request("GET", path, key=key, timeout=timeout, headers=headers)
+
+    def get_text(self, path, timeout=5.0):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+
+    def session(self):
+        return RestSession(self.port)
+
+    # -- REST shortcuts (assert success) ---------------------------------
+    def create_channel(self, id=None, name=None, presence=False):
+        body = {"name": name or "channel"}
+        if id is not None:
+            body["id"] = id
+        body["presence"] = presence
+        st, _, js = self.request("POST", "/v1/channels", body)
+        if st != 201:
+            raise AssertionError("POST /v1/channels %r -> %s %r" % (body, st, js))
+        return js
+
+    def create_conv(self, channel, id=None):
+        body = {"channel": channel}
+        if id is not None:
+            body["id"] = id
+        st, _, js = self.request("POST", "/v1/conversations", body)
+        if st != 201:
+            raise AssertionError("POST /v1/conversations %r -> %s %r" % (body, st, js))
+        return js
+
+    def new_conv(self, presence=False):
+        """A fresh channel + conversation; returns the conversation id."""
+        ch = self.create_channel(id=uid("ch"), name="test channel", presence=presence)
+        return self.create_conv(ch["id"], id=uid("cv"))["id"]
+
+    def send(self, conv, body, sender="alice", key=None):
+        headers = {"Idempotency-Key": key} if key is not None else None
+        st, _, js = self.request("POST", "/v1/conversations/%s/messages" % conv,
+                                 {"sender": sender, "body": body}, headers=headers)
+        if st not in (200, 201):
+            raise AssertionError("send to %s -> %s %r" % (conv, st, js))
+        return js
+
+    def messages(self, conv, after=0, limit=1000):
+        st, _, js = self.request("GET", "/v1/conversations/%s/messages?after=%d&limit=%d" % (conv, after, limit))
+        if st != 200:
+            raise AssertionError("GET messages %s -> %s %r" % (conv, st, js))
+        return js
+
+    def all_messages(self, conv):
+        out, after = [], 0
+        while True:
+            js = self.messages(conv, after=after, limit=1000)
+            if not js["messages"]:
+                return out, js["head"]
+            out.extend(js["messages"])
+            after = js["messages"][-1]["seq"]
+
+    def token(self, sub, convs, ttl=None):
+        body = {"sub": sub, "convs": convs}
+        if ttl is not None:
+            body["ttlSeconds"] = ttl
+        st, _, js = self.request("POST", "/v1/tokens", body)
+        if st != 201:
+            raise AssertionError("POST /v1/tokens -> %s %r" % (st, js))
+        return js
+
+
+def _do_request(conn, method, path, body, headers, key, raw_body):
+    h = {}
+    if key is not None:
+        h["Authorization"] = "Bearer %s" % key
+    data = None
+    if raw_body is not None:
+        data = raw_body
+    elif body is not None:
+        data = json.dumps(body).encode()
+    if data is not None:
+        h["Content-Type"] = "application/json"
+    if headers:
+        h.update(headers)
+    conn.request(method, path, body=data, headers=h)
+    r = conn.getresponse()
+    raw = r.read()
+    hdrs = {k.lower(): v for k, v in r.getheaders()}
+    js = None
+    if raw:
+        try:
+            js = json.loads(raw)
+        except ValueError:
+            js = None
+    return r.status, hdrs, js
+
+
+class RestSession:
+    """A persistent keep-alive connection; same return shape as Node.request."""
+
+    def __init__(self, port, timeout=10.0):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, key=API_KEY, raw_body=None):
+        return _do_request(self.conn, method, path, body, headers, key, raw_body)
+
+    def send(self, conv, body, sender="alice", key=None):
+        headers = {"Idempotency-Key": key} if key is not None else None
+        st, _, js = self.request("POST", "/v1/conversations/%s/messages" % conv,
+                                 {"sender": sender, "body": body}, headers=headers)
+        if st not in (200, 201):
+            raise AssertionError("send to %s -> %s %r" % (conv, st, js))
+        return js
+
+    def close(self):
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# Tokens
+# --------------------------------------------------------------------------
+
+def b64url(data):
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def b64url_decode(s):
+    s += "=" * (-len(s) % 4)
+    return base64.urlsafe_b64decode(s.encode())
+
+
+_OMIT = object()
+
+
+def mint_token(sub, convs, ttl=3600, alg="HS256", secret=TOKEN_SECRET, exp=None, jti=None,
+               extra_header=None, omit_exp=False, extra_claims=None, bad_signature=False):
+    """A JWT made here, so tests can forge bad ones.
+
+    alg: HS256 (good), HS384 (correctly signed, but not allowed), none (no
+    signature). exp: absolute epoch seconds (default now+ttl); omit_exp drops
+    the claim. bad_signature flips the signature bytes.
+    """
+    header = {"alg": alg, "typ": "JWT"}
+    if extra_header:
+        header.update(extra_header)
+    now = int(time.time())
+    claims = {"sub": sub, "convs": list(convs), "iat": now,
+              "jti": jti or uid("jti")}
+    if not omit_exp:
+        claims["exp"] = exp if exp is not None else now + ttl
+    if extra_claims:
+        claims.update(extra_claims)
+    signing_input = b64url(json.dumps(header, separators=(",", ":"))) + "." + \
+        b64url(json.dumps(claims, separators=(",", ":")))
+    key = secret.encode() if isinstance(secret, str) else secret
+    if alg == "HS256":
+        sig = hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
+    elif alg == "HS384":
+        sig = hmac.new(key, signing_input.encode(), hashlib.sha384).digest()
+    elif alg == "HS512":
+        sig = hmac.new(key, signing_input.encode(), hashlib.sha512).digest()
+    elif alg.lower() == "none":
+        sig = b""
+    else:
+        raise ValueError(alg)
+    if bad_signature and sig:
+        sig = bytes(b ^ 0x5A for b in sig)
+    return signing_input + "." + b64url(sig)
+
+
+def decode_token(tok):
+    h, p, s = tok.split(".")
+    return json.loads(b64url_decode(h)), json.loads(b64url_decode(p)), b64url_decode(s)
+
+
+# --------------------------------------------------------------------------
+# Raw HTTP
+# --------------------------------------------------------------------------
+
+class HttpReader:
+    """Reads HTTP/1.1 responses from a socket, one after another."""
+
+    def __init__(self, sock, timeout=5.0):
+        self.sock = sock
+        self.buf = b""
+        self.timeout = timeout
+        self.eof = False
+
+    def _fill(self, deadline):
+        if self.eof:
+            return False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("timed out reading HTTP response")
+        self.sock.settimeout(remaining)
+        try:
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def read_response(self, timeout=None, head_request=False):
+        """Returns (status, headers(lowercase dict), body bytes) or raises
+        EOFError if the peer closed before a status line arrived."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill(deadline):
+                if self.buf:
+                    raise EOFError("connection closed inside a response head: %r" % self.buf[:200])
+                raise EOFError("connection closed")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        m = re.match(r"HTTP/1\.[01] (\d{3})", lines[0])
+        if not m:
+            raise ValueError("bad status line %r" % lines[0])
+        status = int(m.group(1))
+        headers = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if head_request or status in (101, 204, 304) or 100 <= status < 200:
+            return status, headers, b""
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = b""
+            while True:
+                while b"\r\n" not in self.buf:
+                    if not self._fill(deadline):
+                        raise EOFError("closed inside chunked body")
+                size_line, self.buf = self.buf.split(b"\r\n", 1)
+                size = int(size_line.split(b";")[0], 16)
+                while len(self.buf) < size + 2:
+                    if not self._fill(deadline):
+                        raise EOFError("closed inside chunk")
+                body += self.buf[:size]
+                self.buf = self.buf[size + 2:]
+                if size == 0:
+                    return status, headers, body
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            while len(self.buf) < n:
+                if not self._fill(deadline):
+                    raise EOFError("closed inside body (%d of %d)" % (len(self.buf), n))
+            body, self.buf = self.buf[:n], self.buf[n:]
+            return status, headers, body
+        # no length: body runs to EOF
+        while self._fill(deadline):
+            pass
+        body, self.buf = self.buf, b""
+        return status, headers, body
+
+    def at_eof(self, timeout=2.0):
+        """True if the peer closes (or resets) the connection within timeout
+        with no further bytes."""
+        deadline = time.monotonic() + timeout
+        try:
+            while not self.eof:
+                if not self._fill(deadline):
+                    break
+        except socket.timeout:
+            return False
+        except OSError:
+            return True
+        return self.eof
+
+
+def raw_connect(port, timeout=5.0):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def send_until_answer(sock, data, chunk=4096):
+    """Send data in chunks; stop early if the peer has answered (readable) or
+    closed. Returns the number of bytes sent."""
+    sent = 0
+    while sent < len(data):
+        r, _, _ = select.select([sock], [], [], 0)
+        if r:
+            break
+        try:
+            sent += sock.send(data[sent:sent + chunk])
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    return sent
+
+
+def json_body(body):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------
+# Raw WebSocket client
+# --------------------------------------------------------------------------
+
+OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+
+
+class WsClosed(Exception):
+    def __init__(self, code, reason):
+        super().__init__("closed %r %r" % (code, reason))
+        self.code = code
+        self.reason = reason
+
+
+def _mask(data, key):
+    if not data:
+        return data
+    n = len(data)
+    k = (key * (n // 4 + 1))[:n]
+    return (int.from_bytes(data, "big") ^ int.from_bytes(k, "big")).to_bytes(n, "big")
+
+
+class RawWs:
+    """A WebSocket client over a plain socket.
+
+    RawWs(port) opens the TCP connection and sends the upgrade; `status`,
+    `headers` and `body` hold the HTTP answer (101 on success). Frames from
+    the server are read with recv_frame/recv_json/expect_close. With
+    auto_pong (default) a server ping is answered while reading and counted
+    in `pings`.
+    """
+
+    def __init__(self, port, path="/v1/ws", protocols=(SUBPROTOCOL,), key=None, version="13",
+                 extra_headers=None, omit=(), timeout=5.0, auto_pong=True, expect_101=True, initial=b""):
+        self.sock = raw_connect(port, timeout)
+        self.auto_pong = auto_pong
+        self.pings = 0
+        self.closed = None  # (code, reason) once a close frame was read
+        self.key = key if key is not None else base64.b64encode(os.urandom(16)).decode()
+        hdrs = [("Host", "127.0.0.1:%d" % port), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Key", self.key), ("Sec-WebSocket-Version", version)]
+        if protocols:
+            hdrs.append(("Sec-WebSocket-Protocol", ", ".join(protocols)))
+        hdrs = [(k, v) for k, v in hdrs if k not in omit]
+        for k, v in (extra_headers or []):
+            hdrs.append((k, v))
+        req = "GET %s HTTP/1.1\r\n" % path + "".join("%s: %s\r\n" % kv for kv in hdrs) + "\r\n"
+        self.sock.sendall(req.encode() + initial)  # initial: frames in the same packet
+        self.reader = HttpReader(self.sock, timeout)
+        # a 101 has no body; read_response handles that; other answers carry one
+        self.status, self.headers, self.body = self.reader.read_response()
+        if expect_101 and self.status != 101:
+            raise AssertionError("upgrade refused: %d %r %r" % (self.status, self.headers, self.body))
+        self.buf = self.reader.buf  # bytes after the 101 head belong to frames
+        self.reader.buf = b""
+
+    def expected_accept(self):
+        return base64.b64encode(hashlib.sha1((self.key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+
+    # -- sending ----------------------------------------------------------
+    @staticmethod
+    def encode_frame(opcode, payload=b"", fin=True, mask=True, rsv=0, declared_len=None):
+        """Bytes of one client frame. declared_len lies about the length."""
+        if isinstance(payload, str):
+            payload = payload.encode()
+        b0 = (0x80 if fin else 0) | (rsv << 4) | opcode
+        n = len(payload) if declared_len is None else declared_len
+        mbit = 0x80 if mask else 0
+        if n < 126:
+            hdr = bytes([b0, mbit | n])
+        elif n < 65536:
+            hdr = bytes([b0, mbit | 126]) + struct.pack("!H", n)
+        else:
+            hdr = bytes([b0, mbit | 127]) + struct.pack("!Q", n)
+        if mask:
+            k = os.urandom(4)
+            hdr += k
+            payload = _mask(payload, k)
+        return hdr + payload
+
+    def send_bytes(self, data):
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may already have closed; reading tells
+
+    def send_frame(self, opcode, payload=b"", fin=True, mask=True, rsv=0):
+        self.send_bytes(self.encode_frame(opcode, payload, fin, mask, rsv))
+
+    def send_text(self, text):
+        self.send_frame(OP_TEXT, text.encode() if isinstance(text, str) else text)
+
+    def send_json(self, obj):
+        self.send_text(json.dumps(obj))
+
+    def send_binary(self, data):
+        self.send_frame(OP_BINARY, data)
+
+    def send_close(self, code=1000, reason=b""):
+        self.send_frame(OP_CLOSE, struct.pack("!H", code) + reason)
+
+    def hello(self, token, subs, client=None):
+        msg = {"type": "hello", "token": token, "subs": subs}
+        if client is not None:
+            msg["client"] = client
+        self.send_json(msg)
+
+    # -- receiving --------------------------------------------------------
+    def _need(self, n, deadline):
+        while len(self.buf) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("timed out waiting for a frame")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                raise EOFError("connection closed without (complete) close frame")
+            self.buf += data
+
+    def recv_frame(self, timeout=5.0):
+        """Next frame as (opcode, fin, payload). Raises socket.timeout,
+        EOFError."""
+        deadline = time.monotonic() + timeout
+        self._need(2, deadline)
+        b0, b1 = self.buf[0], self.buf[1]
+        fin, op = bool(b0 & 0x80), b0 & 0x0F
+        masked, n = bool(b1 & 0x80), b1 & 0x7F
+        pos = 2
+        if n == 126:
+            self._need(4, deadline)
+            n = struct.unpack("!H", self.buf[2:4])[0]
+            pos = 4
+        elif n == 127:
+            self._need(10, deadline)
+            n = struct.unpack("!Q", self.buf[2:10])[0]
+            pos = 10
+        if masked:
+            self._need(pos + 4, deadline)
+            k = self.buf[pos:pos + 4]
+            pos += 4
+        self._need(pos + n, deadline)
+        payload = self.buf[pos:pos + n]
+        self.buf = self.buf[pos + n:]
+        if masked:
+            payload = _mask(payload, k)
+            self.server_masked = True
+        return op, fin, payload
+
+    def recv_message(self, timeout=5.0):
+        """Next data message (opcode, payload), answering pings; raises
+        WsClosed on a close frame."""
+        deadline = time.monotonic() + timeout
+        parts, first_op = [], None
+        while True:
+            op, fin, payload = self.recv_frame(max(0.01, deadline - time.monotonic()))
+            if op == OP_PING:
+                self.pings += 1
+                if self.auto_pong:
+                    self.send_frame(OP_PONG, payload)
+                continue
+            if op == OP_PONG:
+                continue
+            if op == OP_CLOSE:
+                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+                reason = payload[2:].decode("utf-8", "replace")
+                self.closed = (code, reason)
+                try:
+                    self.send_frame(OP_CLOSE, payload[:2])
+                except OSError:
+                    pass
+                raise WsClosed(code, reason)
+            if op == OP_CONT:
+                parts.append(payload)
+            else:
+                first_op = op
+                parts = [payload]
+            if fin:
+                return first_op, b"".join(parts)
+
+    def recv_json(self, timeout=5.0):
+        op, payload = self.recv_message(timeout)
+        if op != OP_TEXT:
+            raise AssertionError("expected a text frame, got opcode %d" % op)
+        return json.loads(payload.decode("utf-8"))
+
+    def recv_until(self, pred, timeout=5.0):
+        """Read JSON messages until pred(msg); returns (matching, all read)."""
+        deadline = time.monotonic() + timeout
+        seen = []
+        while True:
+            m = self.recv_json(max(0.01, deadline - time.monotonic()))
+            seen.append(m)
+            if pred(m):
+                return m, seen
+
+    def expect_close(self, timeout=5.0):
+        """Read (and collect) until a close frame; returns (code, reason,
+        messages before it). EOF without a close frame gives code None."""
+        deadline = time.monotonic() + timeout
+        seen = []
+        while True:
+            try:
+                op, payload = self.recv_message(max(0.01, deadline - time.monotonic()))
+            except WsClosed as c:
+                return c.code, c.reason, seen
+            except EOFError:
+                return None, None, seen
+            if op == OP_TEXT:
+                try:
+                    seen.append(json.loads(payload))
+                except ValueError:
+                    seen.append(payload)
+            else:
+                seen.append((op, payload))
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------------------
+# async helpers over the `websockets` library
+# --------------------------------------------------------------------------
+
+class WsClient:
+    """A converger client on the `websockets` library (peer we did not write).
+    Every await has a timeout."""
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    @classmethod
+    async def connect(cls, node, timeout=5.0, **kw):
+        if websockets is None:
+            raise unittest.SkipTest("websockets library not importable (use /usr/bin/python3)")
+        kw.setdefault("subprotocols", [SUBPROTOCOL])
+        kw.setdefault("open_timeout", timeout)
+        kw.setdefault("close_timeout", 2)
+        kw.setdefault("max_size", 4 * 1024 * 1024)
+        ws = await asyncio.wait_for(websockets.connect(node.ws_url, **kw), timeout + 1)
+        return cls(ws)
+
+    async def send_json(self, obj, timeout=5.0):
+        await asyncio.wait_for(self.ws.send(json.dumps(obj)), timeout)
+
+    async def recv_json(self, timeout=5.0):
+        raw = await asyncio.wait_for(self.ws.recv(), timeout)
+        if not isinstance(raw, str):
+            raise AssertionError("expected a text frame, got %r" % (raw[:100],))
+        return json.loads(raw)
+
+    async def hello(self, token, subs, client=None, timeout=5.0):
+        """Sends hello, returns the welcome (fails on anything else first)."""
+        msg = {"type": "hello", "token": token, "subs": subs}
+        if client is not None:
+            msg["client"] = client
+        await self.send_json(msg)
+        m = await self.recv_json(timeout)
+        if m.get("type") != "welcome":
+            raise AssertionError("expected welcome, got %r" % (m,))
+        return m
+
+    async def until(self, pred, timeout=5.0):
+        """Reads until pred(msg); returns (msg, all read incl. msg)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        seen = []
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError("waited %.1fs; read %r" % (timeout, seen[-5:]))
+            m = await self.recv_json(remaining)
+            seen.append(m)
+            if pred(m):
+                return m, seen
+
+    async def until_synced(self, conv, timeout=5.0):
+        """Returns (msgs before synced for conv, the synced frame). Fails on
+        anything other than msg frames of conv before it."""
+        synced, seen = await self.until(lambda m: m.get("type") == "synced" and m.get("conv") == conv, timeout)
+        msgs = seen[:-1]
+        for m in msgs:
+            if m.get("type") != "msg" or m.get("conv") != conv:
+                raise AssertionError("unexpected frame before synced: %r" % (m,))
+        return msgs, synced
+
+    async def recv_msgs(self, n, timeout=10.0):
+        """Exactly n `msg` frames (anything else fails)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out = []
+        while len(out) < n:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError("got %d of %d msgs; last %r" % (len(out), n, out[-3:]))
+            m = await self.recv_json(remaining)
+            if m.get("type") != "msg":
+                raise AssertionError("expected msg, got %r" % (m,))
+            out.append(m)
+        return out
+
+    async def expect_silence(self, seconds=0.3):
+        """Fails if any frame arrives within `seconds`."""
+        try:
+            m = await asyncio.wait_for(self.ws.recv(), seconds)
+        except asyncio.TimeoutError:
+            return
+        raise AssertionError("expected no frame, got %r" % (m,))
+
+    async def wait_closed(self, timeout=5.0):
+        """Reads until the connection closes; returns (code, reason, frames)."""
+        seen = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError("connection not closed within %.1fs; read %r" % (timeout, seen[-5:]))
+            try:
+                raw = await asyncio.wait_for(self.ws.recv(), remaining)
+            except websockets.exceptions.ConnectionClosed:
+                return self.ws.close_code, self.ws.close_reason, seen
+            try:
+                seen.append(json.loads(raw))
+            except (ValueError, TypeError):
+                seen.append(raw)
+
+    async def close(self):
+        try:
+            await asyncio.wait_for(self.ws.close(), 3)
+        except Exception:
+            pass
+
+
+async def open_client(node, token, subs, timeout=5.0):
+    """connect + hello; returns (client, welcome)."""
+    c = await WsClient.connect(node, timeout)
+    try:
+        w = await c.hello(token, subs, timeout=timeout)
+    except BaseException:
+        await c.close()
+        raise
+    return c, w
+
+
+# --------------------------------------------------------------------------
+# unittest glue
+# --------------------------------------------------------------------------
+
+RFC3339_MS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+
+class NodeCase(unittest.TestCase):
+    """Base class. self.node_start(env) starts a node owned by the test;
+    cls.class_node(env) (in setUpClass) one shared by the class. Logs of the
+    nodes involved are printed when a test fails."""
+
+    _class_nodes = ()
+
+    @classmethod
+    def class_node(cls, env=None):
+        n = Node(env)
+        if not cls._class_nodes:
+            cls._class_nodes = []
+        cls._class_nodes.append(n)
+
+        def cleanup(n=n):
+            try:
+                n.finish()
+            finally:
+                n.ensure_stopped()
+                n.remove_dir()
+        cls.addClassCleanup(cleanup)
+        return n
+
+    def node_start(self, env=None):
+        n = Node(env)
+        self._test_nodes.append(n)
+        self.addCleanup(n.ensure_stopped)
+        self.addCleanup(n.finish)  # runs first: clean exit, no sanitizer report
+        return n
+
+    def run(self, result=None):
+        self._test_nodes = []
+        before = (len(result.failures) + len(result.errors)) if result is not None else 0
+        try:
+            return super().run(result)
+        finally:
+            after = (len(result.failures) + len(result.errors)) if result is not None else 0
+            if after > before:
+                for n in list(self._test_nodes) + list(self._class_nodes or ()):
+                    sys.stderr.write("\n----- log of node %s (%s) for %s -----\n%s\n----- end of log -----\n"
+                                     % (n.node_id, n.tmpdir, self.id(), n.log_tail(200)))
+            for n in self._test_nodes:
+                n.ensure_stopped()
+                n.remove_dir()
+
+    def arun(self, coro, timeout=30.0):
+        """Runs a coroutine to completion with an overall timeout."""
+        return asyncio.run(asyncio.wait_for(coro, timeout))
+
+    def assertErrorBody(self, js, code, status=None):
+        self.assertIsInstance(js, dict, "error body must be JSON, got %r" % (js,))
+        self.assertIn("error", js, js)
+        self.assertIsInstance(js["error"], dict, js)
+        self.assertEqual(js["error"].get("code"), code, js)
+        self.assertIsInstance(js["error"].get("message"), str, js)
+
+    def assertMsg(self, m, conv, seq=None, sender=None, body=None, id=None):
+        self.assertEqual(m.get("type"), "msg", m)
+        self.assertEqual(m.get("conv"), conv, m)
+        for f in ("conv", "seq", "id", "sender", "ts", "body"):
+            self.assertIn(f, m, "msg lacks %r: %r" % (f, m))
+        self.assertIsInstance(m["seq"], int, m)
+        self.assertRegex(m["ts"], RFC3339_MS, "ts is not RFC 3339 UTC with ms: %r" % (m,))
+        if seq is not None:
+            self.assertEqual(m["seq"], seq, m)
+        if sender is not None:
+            self.assertEqual(m["sender"], sender, m)
+        if body is not None:
+            self.assertEqual(m["body"], body, m)
+        if id is not None:
+            self.assertEqual(m["id"], id, m)
+
+
+def main():
+    """Strip --binary PATH (or --binary=PATH) from argv and run unittest."""
+    global BINARY
+    argv = [sys.argv[0]]
+    args = sys.argv[1:]
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--binary" and i + 1 < len(args):
+            BINARY = os.path.abspath(args[i + 1])
+            i += 2
+            continue
+        if a.startswith("--binary="):
+            BINARY = os.path.abspath(a.split("=", 1)[1])
+            i += 1
+            continue
+        argv.append(a)
+        i += 1
+    if BINARY is None and os.environ.get("CONVERGER_BINARY"):
+        BINARY = os.path.abspath(os.environ["CONVERGER_BINARY"])
+    if BINARY is None:
+        sys.stderr.write("usage: %s --binary /path/to/converger [unittest args]\n" % sys.argv[0])
+        sys.exit(2)
+    if not os.access(BINARY, os.X_OK):
+        sys.stderr.write("binary %s is not executable\n" % BINARY)
+        sys.exit(2)
+    unittest.main(argv=argv, verbosity=1)
