@@ -128,7 +128,7 @@ int serve_main(int argc, char **argv) {
                                                       : LOG_INFO);
   signal(SIGPIPE, SIG_IGN);
   int key_from_file = 0;
-  if (config_load_secrets(&cfg, &key_from_file) != 0) {
+  if (config_load_secrets(&cfg, 1, &key_from_file) != 0) {
     config_free(&cfg);
     return 1;
   }

@@ -35,6 +35,7 @@
     welcomed: false,
     syncPending: false, /* a sync is in flight: no second one until synced */
     stopped: true, /* Disconnect pressed (or never connected): no reconnect */
+    rejected: null, /* why the token was refused (error unauthorized) */
     backoffMs: BACKOFF_BASE_MS, /* previous delay, for decorrelated jitter */
     notBefore: 0, /* server retry hint: no reconnect before (ms epoch) */
     timers: { reconnect: 0, connect: 0, drain: 0, sync: 0 },
@@ -244,6 +245,12 @@
     }
     const what = 'closed ' + ev.code + (ev.reason ? ' ' + ev.reason : '');
     log(ev.code === 1000 ? 'info' : 'err', what);
+    if (ev.code === 1008 && state.rejected) {
+      /* the token was refused: the same token would be refused again */
+      state.stopped = true;
+      setStatus('token rejected (' + state.rejected + '): get a new token and connect again', 'bad');
+      return;
+    }
     if (state.stopped) {
       setStatus(what, 'bad');
       return;
@@ -367,6 +374,7 @@
 
     error(f) {
       addHint(f.retryAfterMs);
+      if (f.code === 'unauthorized') state.rejected = short(f.message);
       log('err', 'error ' + short(f.code) + ': ' + short(f.message) +
         (f.conv !== undefined ? ' conv=' + short(f.conv) : '') +
         (f.retryAfterMs !== undefined ? ' retryAfterMs=' + short(f.retryAfterMs) : '') +
@@ -428,6 +436,7 @@
     state.conv = conv;
     state.token = token;
     state.stopped = false;
+    state.rejected = null;
     state.backoffMs = BACKOFF_BASE_MS;
     state.notBefore = 0;
     render();

@@ -14,48 +14,64 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: converger token --sub USER --convs C1,C2|'*' [--ttl SECONDS] [serve settings]\n\n"
           "Prints a client token (JWT, HS256) signed with CONVERGER_TOKEN_SECRET, or with the\n"
-          "secret stored in the data directory of CONVERGER_DATABASE_URL. Default ttl 3600.\n");
+          "secret the node stored in the data directory of CONVERGER_DATABASE_URL (default\n"
+          "data/, relative to the working directory: run it where the node runs).\n"
+          "--convs '*' covers every conversation. Default ttl 3600 seconds.\n");
+}
+
+/* "--name value" or "--name=value": returns the value and advances *i, or
+ * NULL when argv[*i] is not this flag. *missing is set when the value is. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name, int *missing) {
+  size_t n = strlen(name);
+  const char *a = argv[*i];
+  if (strncmp(a, name, n) != 0) return NULL;
+  if (a[n] == '=') return a + n + 1;
+  if (a[n] != '\0') return NULL;
+  if (*i + 1 >= argc) {
+    *missing = 1;
+    return NULL;
+  }
+  return argv[++*i];
 }
 
 int token_main(int argc, char **argv) {
-  const char *sub = NULL, *convs = NULL;
+  const char *sub = NULL, *convs = NULL, *ttl_s = NULL;
   long ttl = 3600;
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0;
   for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char **slot = NULL;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    const char *v;
+    int missing = 0;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       free(rest);
       return 0;
     }
-    if (strcmp(a, "--sub") == 0) slot = &sub;
-    else if (strcmp(a, "--convs") == 0) slot = &convs;
-    if (slot || strcmp(a, "--ttl") == 0) {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "converger token: %s needs a value\n", a);
-        free(rest);
-        return 2;
-      }
-      if (slot) {
-        *slot = argv[++i];
-      } else {
-        char *end;
-        errno = 0;
-        ttl = strtol(argv[++i], &end, 10);
-        if (errno || *end || ttl < 1 || ttl > 366L * 86400) {
-          fprintf(stderr, "converger token: invalid --ttl \"%s\": want seconds in [1, 31622400]\n",
-                  argv[i]);
-          free(rest);
-          return 2;
-        }
-      }
-      continue;
+    if ((v = flag_value(argc, argv, &i, "--sub", &missing))) sub = v;
+    else if ((v = flag_value(argc, argv, &i, "--convs", &missing))) convs = v;
+    else if ((v = flag_value(argc, argv, &i, "--ttl", &missing))) ttl_s = v;
+    else if (!missing) rest[nrest++] = argv[i];
+    if (missing) {
+      fprintf(stderr, "converger token: %s needs a value\n", argv[i]);
+      free(rest);
+      return 2;
     }
-    rest[nrest++] = argv[i];
+  }
+  if (ttl_s) {
+    char *end;
+    errno = 0;
+    ttl = strtol(ttl_s, &end, 10);
+    if (errno || *end || ttl < 1 || ttl > 366L * 86400) {
+      fprintf(stderr, "converger token: invalid --ttl \"%s\": want seconds in [1, 31622400]\n",
+              ttl_s);
+      free(rest);
+      return 2;
+    }
   }
   if (!util_id_valid(sub) || !convs || !*convs) {
+    fprintf(stderr, "converger token: %s\n\n",
+            !sub ? "--sub is required" : !util_id_valid(sub) ? "--sub must be an id ([A-Za-z0-9._:-]{1,128})"
+                                                             : "--convs is required");
     usage(stderr);
     free(rest);
     return 2;
@@ -67,8 +83,13 @@ int token_main(int argc, char **argv) {
     config_free(&cfg);
     return r == 1 ? 0 : 2;
   }
+  if (!cfg.api_key) cfg.api_key = strdup("unused"); /* signing needs only the secret */
   int from_file;
-  if (config_load_secrets(&cfg, &from_file) != 0) {
+  if (config_load_secrets(&cfg, 0, &from_file) != 0) {
+    fprintf(stderr,
+            "converger token: no token secret: set CONVERGER_TOKEN_SECRET, or run this where the "
+            "node runs (its data directory is %s, from CONVERGER_DATABASE_URL %s)\n",
+            cfg.data_dir, cfg.database_url);
     config_free(&cfg);
     return 1;
   }

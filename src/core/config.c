@@ -56,7 +56,7 @@ static const setting_t settings[] = {
     S("CONVERGER_HELLO_TIMEOUT_MS", "hello-timeout-ms", K_INT, hello_timeout_ms,
       "10000", 50, 600000, NULL, "time for the first frame, hello (ms); else close 1008"),
     S("CONVERGER_SQLITE_SYNC", "sqlite-sync", K_ENUM, sqlite_sync, "full", 0, 0,
-      "off|normal|full", "SQLite PRAGMA synchronous"),
+      "off|normal|full", "SQLite PRAGMA synchronous: off, normal or full"),
     S("CONVERGER_HTTP_HEADER_TIMEOUT_MS", "http-header-timeout-ms", K_INT,
       header_timeout_ms, "10000", 50, 600000, NULL,
       "time for a complete HTTP header block (ms); else the connection is closed"),
@@ -72,7 +72,7 @@ static const setting_t settings[] = {
     S("CONVERGER_WEB_DIR", "web-dir", K_STR, web_dir, CONVERGER_WEB_DIR_DEFAULT, 0, 0,
       NULL, "directory of the demo page served at /"),
     S("CONVERGER_LOG_LEVEL", "log-level", K_ENUM, log_level, "info", 0, 0,
-      "debug|info|warn|error", "lowest log level printed"),
+      "debug|info|warn|error", "lowest log level printed: debug, info, warn or error"),
 };
 
 void config_usage(FILE *out) {
@@ -249,7 +249,7 @@ static int mkdir_p(const char *dir) {
 }
 
 /* Read the secret in dir/name, or create it with 32 random bytes as hex. */
-static int secret_file(const char *dir, const char *name, char **out) {
+static int secret_file(const char *dir, const char *name, int create, char **out) {
   char path[4096], buf[256];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   int fd = open(path, O_RDONLY);
@@ -263,7 +263,7 @@ static int secret_file(const char *dir, const char *name, char **out) {
     *out = strdup(buf);
     return 0;
   }
-  if (errno != ENOENT) return -errno;
+  if (errno != ENOENT || !create) return -errno;
   if (util_random_hex(buf, 32) != 0) return -EIO;
   fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return -errno;
@@ -280,23 +280,25 @@ bad:
   return -EINVAL;
 }
 
-int config_load_secrets(config_t *cfg, int *key_from_file) {
+int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
   int r;
   *key_from_file = 0;
-  if ((r = mkdir_p(cfg->data_dir)) != 0) {
+  if (create && (r = mkdir_p(cfg->data_dir)) != 0) {
     log_error("cannot create data directory %s: %s", cfg->data_dir, strerror(-r));
     return r;
   }
   if (!cfg->api_key) {
-    if ((r = secret_file(cfg->data_dir, "api-key", &cfg->api_key)) != 0) {
-      log_error("cannot read or create %s/api-key: %s", cfg->data_dir, strerror(-r));
+    if ((r = secret_file(cfg->data_dir, "api-key", create, &cfg->api_key)) != 0) {
+      log_error("cannot %s %s/api-key: %s", create ? "read or create" : "read", cfg->data_dir,
+                strerror(-r));
       return r;
     }
     *key_from_file = 1;
   }
   if (!cfg->token_secret &&
-      (r = secret_file(cfg->data_dir, "token-secret", &cfg->token_secret)) != 0) {
-    log_error("cannot read or create %s/token-secret: %s", cfg->data_dir, strerror(-r));
+      (r = secret_file(cfg->data_dir, "token-secret", create, &cfg->token_secret)) != 0) {
+    log_error("cannot %s %s/token-secret: %s", create ? "read or create" : "read", cfg->data_dir,
+              strerror(-r));
     return r;
   }
   return 0;

@@ -45,11 +45,13 @@ void config_usage(FILE *out);
 int config_parse(config_t *cfg, int argc, char **argv);
 
 /* When api_key or token_secret is unset, read it from DATA_DIR/api-key or
- * DATA_DIR/token-secret, or generate a random one and store it there
- * (mode 0600). Creates the data directory when missing. Sets *generated_key
- * to 1 when the API key was generated or read from the file (so the caller
- * can print it). Returns 0 or a negative errno after logging why. */
-int config_load_secrets(config_t *cfg, int *key_from_file);
+ * DATA_DIR/token-secret. With `create`, a missing file is generated with a
+ * random secret (mode 0600, creating the data directory); without it (the
+ * `token` command, which must sign with the node's own secret), a missing
+ * file is an error. Sets *key_from_file to 1 when the API key came from the
+ * data directory (so the caller can print it). Returns 0 or a negative
+ * errno after logging why. */
+int config_load_secrets(config_t *cfg, int create, int *key_from_file);
 
 void config_free(config_t *cfg);
 

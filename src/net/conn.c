@@ -147,6 +147,18 @@ int conn_listen(node_t *node) {
     log_error("listen on %s: %s", cfg->listen, uv_strerror(r));
     return r;
   }
+  if (cfg->listen_port == 0) { /* an ephemeral port: say which one */
+    int len = sizeof addr;
+    char buf[128];
+    if (uv_tcp_getsockname(&node->listener, (struct sockaddr *)&addr, &len) == 0) {
+      int port = ntohs(((struct sockaddr_in *)&addr)->sin_port);
+      snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
+               cfg->listen_host, port);
+      free(cfg->listen);
+      cfg->listen = strdup(buf);
+      cfg->listen_port = port;
+    }
+  }
   return 0;
 }
 

@@ -71,6 +71,7 @@ static void req_reset(http_request_t *r) {
   free(r->ws_version);
   free(r->ws_protocol);
   free(r->idempotency_key);
+  free(r->expect);
   free(r->body);
   memset(r, 0, sizeof *r);
 }
@@ -119,6 +120,7 @@ static void keep_header(http_t *h) {
       {"sec-websocket-version", &r->ws_version},
       {"sec-websocket-protocol", &r->ws_protocol},
       {"idempotency-key", &r->idempotency_key},
+      {"expect", &r->expect},
   };
   for (size_t i = 0; i < CV_ARRAY_SIZE(wanted); i++) {
     if (!h->field.p || strcasecmp(h->field.p, wanted[i].name) != 0) continue;
@@ -166,6 +168,11 @@ static int on_headers_complete(llhttp_t *p) {
   h->conn->deadline_ms = 0;
   if (p->content_length > HTTP_MAX_BODY_BYTES && !(p->flags & F_CHUNKED))
     return fail(h, 413, "too_large");
+  /* RFC 9110 section 10.1.1: tell a client that waits (curl does for bodies
+   * over 1 KiB) to send its body. */
+  if (h->req.expect && strcasecmp(h->req.expect, "100-continue") == 0 &&
+      (p->content_length > 0 || (p->flags & F_CHUNKED)))
+    conn_write(h->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
   return 0;
 }
 

@@ -27,7 +27,7 @@ typedef struct {
   char *query;         /* raw query string without '?', or NULL */
   const char *route;   /* route label for metrics, set by the router */
   char *authorization, *upgrade, *connection, *ws_key, *ws_version,
-      *ws_protocol, *idempotency_key;
+      *ws_protocol, *idempotency_key, *expect;
   char *body;          /* NUL-terminated */
   size_t body_len;
   int keep_alive;
