@@ -376,6 +376,31 @@ class HttpBad(NodeCase):
                 self.assertEqual(js["error"]["code"], "bad_request")
         self.assertEqual(self.node.messages(conv, after=0, limit=10)["head"], 0)
 
+    def test_expect_100_continue(self):
+        # RFC 9110 section 10.1.1: a client that waits for 100 Continue gets it
+        # before it sends the body (curl does this for large bodies).
+        conv = self.node.new_conv()
+        body = json.dumps({"sender": "big", "body": "x" * 5000}).encode()
+        s = raw_connect(self.node.port)
+        self.addCleanup(s.close)
+        head = ("POST /v1/conversations/%s/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                "Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (conv, API_KEY, len(body)))
+        s.sendall(head.encode())
+        s.settimeout(3)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = s.recv(4096)
+            self.assertTrue(chunk, "connection closed before 100 Continue")
+            interim += chunk
+        self.assertTrue(interim.startswith(b"HTTP/1.1 100 Continue\r\n"), interim)
+        s.sendall(body)
+        r = HttpReader(s)
+        r.buf = interim.split(b"\r\n\r\n", 1)[1]  # anything after the 100
+        st, _, b = r.read_response()
+        self.assertEqual(st, 201, b)
+        self.assertEqual(json.loads(b)["seq"], 1)
+
     # ---- keep-alive and pipelining --------------------------------------
     def test_keep_alive(self):
         s = raw_connect(self.node.port)
