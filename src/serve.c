@@ -42,6 +42,7 @@ static void begin_stop(node_t *node, const char *why) {
   phase = STOPPING;
   uv_timer_start(&node->tick, tick_cb, 20, 20); /* finish promptly */
   conn_stop_listening(node);
+  rest_stop(node);
   session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
   for (conn_t *c = node->conns; c; c = c->next)
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);

@@ -28,6 +28,8 @@
 #include "proto/frames.h"
 #include "proto/session.h"
 
+#define REST_LIST_BYTES (2u << 20) /* bodies in one GET .../messages answer */
+
 /* ---- jobs -------------------------------------------------------------------- */
 
 typedef enum {
@@ -154,7 +156,9 @@ static void job_work(pool_job_t *job, store_t *db) {
     store_msg_t *msgs = NULL;
     size_t n = 0;
     if ((r = store_conv_get(db, j->id, &cv)) != 0) break;
-    if ((r = store_replay(db, j->id, j->after, -1, (int)j->limit, &msgs, &n)) != 0) break;
+    /* Fewer than `limit` messages when they are large: the client pages on. */
+    if ((r = store_replay(db, j->id, j->after, -1, (int)j->limit, REST_LIST_BYTES, &msgs, &n)) != 0)
+      break;
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, msg_json(j->id, &msgs[i]));
     store_msgs_free(msgs, n);
@@ -172,6 +176,7 @@ static void job_work(pool_job_t *job, store_t *db) {
 static void job_done(pool_job_t *job) {
   rest_job_t *j = container_of(job, rest_job_t, job);
   node_t *node = j->node;
+  if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
   /* Effects on live sockets happen whether or not the caller is still here. */
   if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !j->flag)
     session_channel_inactive(node, j->id);
@@ -675,16 +680,16 @@ static void refresh_done(pool_job_t *job) {
 
 static void refresh_cb(uv_timer_t *t) {
   node_t *node = t->data;
-  if (node->stopping) {
-    uv_close((uv_handle_t *)t, NULL);
-    return;
-  }
-  if (refresh_running) return;
+  if (refresh_running || node->stopping) return;
   refresh_job_t *r = calloc(1, sizeof *r);
   if (!r) return;
   r->node = node;
   refresh_running = 1;
   pool_submit(node->pool, &r->job, refresh_work, refresh_done);
+}
+
+void rest_stop(node_t *node) {
+  if (!uv_is_closing((uv_handle_t *)&refresh_timer)) uv_close((uv_handle_t *)&refresh_timer, NULL);
 }
 
 void rest_start_revocation_refresh(node_t *node) {

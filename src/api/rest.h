@@ -16,4 +16,7 @@ void rest_handle(conn_t *c, http_request_t *req);
 /* Start the periodic revocation refresh (every revocation_refresh_ms). */
 void rest_start_revocation_refresh(node_t *node);
 
+/* Stop the refresh timer (shutdown). */
+void rest_stop(node_t *node);
+
 #endif

@@ -81,7 +81,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   c->last_rx_ms = util_mono_ms();
-  if (c->shut) return; /* lingering after our close: discard */
+  if (c->shut || c->shutdown_after_write) return; /* closing: discard */
   if (c->mode == CONN_HTTP)
     http_feed(c, buf->base, (size_t)nread);
   else
@@ -215,9 +215,17 @@ static void maybe_shutdown(conn_t *c) {
     conn_close(c);
 }
 
+size_t conn_pending_bytes(const conn_t *c) { return c->out_len + (c->writing ? c->wlen : 0); }
+
+/* Output drained below the low-water mark: replay may continue. */
+static void writable(conn_t *c) {
+  if (c->session && !c->closing && conn_pending_bytes(c) < CONN_LOW_WATER) session_on_writable(c);
+}
+
 static void write_cb(uv_write_t *req, int status) {
   conn_t *c = container_of(req, conn_t, wreq);
   c->writing = 0;
+  c->wlen = 0;
   free(c->wdata);
   c->wdata = NULL;
   if (c->closing) {
@@ -232,6 +240,7 @@ static void write_cb(uv_write_t *req, int status) {
     flush(c);
   else
     maybe_shutdown(c);
+  writable(c);
 }
 
 static void flush(conn_t *c) {
@@ -246,6 +255,7 @@ static void flush(conn_t *c) {
       c->out_cap = 0;
     }
     maybe_shutdown(c);
+    writable(c);
     return;
   }
   if (n < 0 && n != UV_EAGAIN) {
@@ -257,6 +267,7 @@ static void flush(conn_t *c) {
   c->wdata = c->out;
   memmove(c->wdata, c->wdata + done, c->out_len - done);
   buf = uv_buf_init(c->wdata, (unsigned)(c->out_len - done));
+  c->wlen = c->out_len - done;
   c->out = NULL;
   c->out_len = c->out_cap = 0;
   if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, write_cb) != 0) {
@@ -283,6 +294,7 @@ void conn_flush_all(node_t *node) {
 void conn_shutdown(conn_t *c) {
   if (c->closing) return;
   c->shutdown_after_write = 1;
+  if (!c->close_deadline_ms) c->close_deadline_ms = util_mono_ms() + CONN_CLOSE_TIMEOUT_MS;
   if (!c->dirty && !c->writing) maybe_shutdown(c);
 }
 
@@ -294,7 +306,9 @@ void conn_tick(node_t *node, uint64_t now) {
       c = next;
       continue;
     }
-    if (c->shut) {
+    if (c->close_deadline_ms && now >= c->close_deadline_ms) {
+      conn_close(c); /* the peer does not read what we still owe it */
+    } else if (c->shut) {
       if (now >= c->deadline_ms) conn_close(c);
     } else if (c->mode == CONN_HTTP) {
       http_check_deadline(c, now);

@@ -20,7 +20,9 @@
 
 #include "node.h"
 
-#define CONN_MAX_QUEUED (8u << 20) /* bytes of unsent output before dropping */
+#define CONN_MAX_QUEUED (8u << 20)   /* bytes of unsent output before dropping */
+#define CONN_CLOSE_TIMEOUT_MS 5000   /* longest wait for output after a close */
+#define CONN_LOW_WATER (256u << 10)  /* output below this: session_on_writable */
 
 typedef struct http_s http_t;
 typedef struct ws_s ws_t;
@@ -45,10 +47,12 @@ struct conn_s {
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
   uint64_t next_ping_ms;             /* WebSocket heartbeat */
+  uint64_t close_deadline_ms;        /* monotonic ms: closed by then, flushed or not */
 
   char *out;  /* queued output */
   size_t out_len, out_cap;
   char *wdata; /* buffer being written */
+  size_t wlen;
   uv_write_t wreq;
   uv_shutdown_t sreq;
 
@@ -68,8 +72,13 @@ void conn_stop_listening(node_t *node);
  * dropping a slow consumer (the connection is then closing). */
 int conn_write(conn_t *c, const void *data, size_t len);
 
+/* Bytes queued or being written. */
+size_t conn_pending_bytes(const conn_t *c);
+
 /* Flush what is queued, then half-close (FIN) and close when the peer
- * closes or after 2 s. Used after an HTTP error and a WebSocket close frame. */
+ * closes or after 2 s; a peer that does not read is cut off after
+ * CONN_CLOSE_TIMEOUT_MS in any case. Used after an HTTP error or
+ * Connection: close, and after a WebSocket close frame. */
 void conn_shutdown(conn_t *c);
 
 /* Close now (queued output is dropped). Idempotent. */

@@ -165,14 +165,19 @@ static int on_header_value_complete(llhttp_t *p) {
 
 static int on_headers_complete(llhttp_t *p) {
   http_t *h = from_parser(p);
-  h->conn->deadline_ms = 0;
+  /* The body gets its own deadline, so a stalled upload is cut off too. */
+  h->conn->deadline_ms =
+      util_mono_ms() + HTTP_BODY_TIMEOUT_FACTOR * (uint64_t)h->conn->node->cfg->header_timeout_ms;
   if (p->content_length > HTTP_MAX_BODY_BYTES && !(p->flags & F_CHUNKED))
     return fail(h, 413, "too_large");
-  /* RFC 9110 section 10.1.1: tell a client that waits (curl does for bodies
-   * over 1 KiB) to send its body. */
-  if (h->req.expect && strcasecmp(h->req.expect, "100-continue") == 0 &&
-      (p->content_length > 0 || (p->flags & F_CHUNKED)))
-    conn_write(h->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+  if (h->req.expect) {
+    /* RFC 9110 section 10.1.1: 100-continue is the only expectation; an
+     * HTTP/1.0 client gets no interim answer. */
+    if (strcasecmp(h->req.expect, "100-continue") != 0) return fail(h, 417, "bad_request");
+    if (p->http_major == 1 && p->http_minor >= 1 &&
+        (p->content_length > 0 || (p->flags & F_CHUNKED)))
+      conn_write(h->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+  }
   return 0;
 }
 
@@ -185,6 +190,7 @@ static int on_body(llhttp_t *p, const char *at, size_t len) {
 static int on_message_complete(llhttp_t *p) {
   http_t *h = from_parser(p);
   http_request_t *r = &h->req;
+  h->conn->deadline_ms = 0;
   r->method = p->method;
   r->method_name = llhttp_method_name((llhttp_method_t)p->method);
   r->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
@@ -285,8 +291,9 @@ static void process(conn_t *c, const char *data, size_t len) {
     }
     if (h->fail_status) {
       http_fail(c, h->fail_status, h->fail_code,
-                h->fail_status == 431 ? "request header block is larger than 16 KiB"
-                                      : "request body is larger than 1 MiB");
+                h->fail_status == 431   ? "request header block is larger than 16 KiB"
+                : h->fail_status == 417 ? "unsupported Expect header (only 100-continue)"
+                                        : "request body is larger than 1 MiB");
     } else {
       char msg[160];
       snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_get_error_reason(&h->parser));
@@ -328,6 +335,7 @@ const char *http_reason(int status) {
   case 413: return "Content Too Large";
   case 426: return "Upgrade Required";
   case 429: return "Too Many Requests";
+  case 417: return "Expectation Failed";
   case 431: return "Request Header Fields Too Large";
   case 500: return "Internal Server Error";
   case 503: return "Service Unavailable";
@@ -384,7 +392,9 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
   h->pending_len = 0;
   if (pending) process(c, pending, pending_len);
   free(pending);
-  if (!c->closing && c->mode == CONN_HTTP && c->http && !c->http->busy) conn_resume_reading(c);
+  /* Read again unless the next request is being answered; a pipelined
+   * upgrade has just made this a WebSocket, which reads too. */
+  if (!c->closing && (c->mode == CONN_WS || (c->http && !c->http->busy))) conn_resume_reading(c);
 }
 
 void http_respond_json(conn_t *c, int status, json_t *body, const char *extra_headers) {
@@ -425,9 +435,12 @@ void http_fail(conn_t *c, int status, const char *code, const char *message) {
 }
 
 void http_check_deadline(conn_t *c, uint64_t now) {
-  if (c->deadline_ms && now >= c->deadline_ms && c->http && !c->http->busy) {
-    log_debug("http: closing connection: no complete request header block in time");
-    c->deadline_ms = 0;
-    conn_close(c);
+  if (!c->deadline_ms || now < c->deadline_ms || !c->http || c->http->busy) return;
+  if (conn_pending_bytes(c) > 0) { /* still writing an answer: idle time starts after */
+    c->deadline_ms = now + (uint64_t)c->node->cfg->header_timeout_ms;
+    return;
   }
+  log_debug("http: closing connection: request not complete in time");
+  c->deadline_ms = 0;
+  conn_close(c);
 }

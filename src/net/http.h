@@ -6,7 +6,9 @@
  * that request has been answered, so answers go out in request order.
  * Limits: header block (request line + headers) <= HTTP_MAX_HEADER_BYTES
  * (else 431), body <= HTTP_MAX_BODY_BYTES (else 413), headers complete
- * within cfg->header_timeout_ms (else the connection is closed).
+ * within cfg->header_timeout_ms and the body within HTTP_BODY_TIMEOUT_FACTOR
+ * times that (else the connection is closed); an idle keep-alive connection
+ * is closed after cfg->header_timeout_ms.
  * Loop thread only.
  */
 #ifndef CONVERGER_NET_HTTP_H
@@ -19,6 +21,7 @@
 
 #define HTTP_MAX_HEADER_BYTES (16 * 1024)
 #define HTTP_MAX_BODY_BYTES (1024 * 1024)
+#define HTTP_BODY_TIMEOUT_FACTOR 3 /* a body must arrive within 3 x the header timeout */
 
 typedef struct {
   int method;          /* llhttp_method_t */

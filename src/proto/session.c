@@ -12,7 +12,10 @@
  *    delivered + 1;
  *  - while `filling` (handshake replay, sync, gap fill), live messages are
  *    kept in `pending` (sorted by seq, bounded) and sent after the fill;
- *  - at most one fill job per subscription is in flight.
+ *  - at most one fill job per subscription is in flight;
+ *  - replay is paced by the connection's output: a page is read only while
+ *    less than OUT_HIGH_WATER bytes wait to be written, so a long history
+ *    never piles up in memory or trips the slow-consumer limit.
  */
 #include "proto/session.h"
 
@@ -30,6 +33,10 @@
 #include "proto/frames.h"
 
 #define PENDING_MAX 10000 /* live messages buffered per subscription during a fill */
+#define PAGE_BYTES (256 * 1024)    /* bytes of bodies in one replay page */
+#define HELLO_BYTES (1024 * 1024)  /* bytes of first pages in one hello job, all subs */
+#define OUT_HIGH_WATER (1024 * 1024) /* queued output above which replay pauses */
+#define DEACT_RING 256             /* recent channel deactivations remembered */
 
 typedef struct sub_s {
   bus_sub_t bus;
@@ -42,6 +49,9 @@ typedef struct sub_s {
   int overflow;
   int sync_pending;
   int64_t sync_watermark;
+  int deferred;            /* a fill waits for the output to drain */
+  int64_t deferred_after, deferred_upto;
+  int deferred_synced;
   bus_msg_t **pending;
   size_t npending, cap;
 } sub_t;
@@ -56,6 +66,18 @@ struct session_s {
 };
 
 static uint64_t delivered_total; /* flushed into the metric by session_tick */
+
+/* Channels deactivated recently, so that a handshake whose store read came
+ * before a deactivation still ends its subscription (loop thread). */
+static char deact_ring[DEACT_RING][STORE_ID_MAX + 1];
+static uint64_t deact_gen; /* deactivations so far; entry g is deact_ring[g % DEACT_RING] */
+
+static int deactivated_since(uint64_t gen, const char *channel) {
+  uint64_t first = deact_gen - gen > DEACT_RING ? deact_gen - DEACT_RING : gen;
+  for (uint64_t g = first; g < deact_gen; g++)
+    if (strcmp(deact_ring[g % DEACT_RING], channel) == 0) return 1;
+  return 0;
+}
 
 /* ---- sending -------------------------------------------------------------- */
 
@@ -219,7 +241,8 @@ static void fill_work(pool_job_t *job, store_t *db) {
     f->upto = info.head;
   }
   if (f->after >= f->upto) return;
-  f->status = store_replay(db, f->conv, f->after, f->upto, STORE_REPLAY_PAGE_MAX, &f->msgs, &f->n);
+  f->status = store_replay(db, f->conv, f->after, f->upto, STORE_REPLAY_PAGE_MAX, PAGE_BYTES,
+                           &f->msgs, &f->n);
 }
 
 /* Send replayed messages above `delivered` in order. */
@@ -234,26 +257,36 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
   }
 }
 
+static void replay_failed(sub_t *sub, const char *message) {
+  session_t *s = sub->session;
+  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
+  send_error(s->conn, "replay_unavailable", message, sub->conv, retry_hint(s->node), details);
+  clear_pending(sub);
+  sub->filling = 0;
+  sub->sync_pending = sub->overflow = 0;
+}
+
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
+  if (job->canceled) f->status = -CV_ECANCELED;
   if (conn_unref(f->conn)) {
     session_t *s = f->conn->session;
     sub_t *sub = s ? find_sub(s, f->conv) : NULL;
     if (sub && f->status != 0) {
       log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
                cv_strerror(f->status));
-      json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
-      send_error(f->conn, "replay_unavailable", "replay failed; sync again later", f->conv,
-                 retry_hint(s->node), details);
-      clear_pending(sub);
-      sub->filling = 0;
-      sub->sync_pending = sub->overflow = 0;
+      replay_failed(sub, "replay failed; sync again later");
     } else if (sub) {
+      /* A watermark above the head is treated as the head. */
+      if (sub->delivered > f->upto) sub->delivered = f->upto;
+      int64_t before = sub->delivered;
       send_replay(sub, f->msgs, f->n);
-      if (sub->delivered < f->upto && f->n > 0)
-        fill_start(sub, sub->delivered, f->upto, f->synced);
-      else
+      if (sub->delivered >= f->upto)
         fill_finish(sub, f->upto, f->synced);
+      else if (sub->delivered == before) /* never for a gapless store */
+        replay_failed(sub, "replay made no progress; sync again later");
+      else
+        fill_start(sub, sub->delivered, f->upto, f->synced);
     }
   }
   store_msgs_free(f->msgs, f->n);
@@ -262,12 +295,20 @@ static void fill_done(pool_job_t *job) {
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
   conn_t *c = sub->session->conn;
+  sub->filling = 1;
+  if (conn_pending_bytes(c) > OUT_HIGH_WATER) {
+    /* Let the client read what it has first: session_on_writable resumes. */
+    sub->deferred = 1;
+    sub->deferred_after = after;
+    sub->deferred_upto = upto;
+    sub->deferred_synced = synced;
+    return;
+  }
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return;
   }
-  sub->filling = 1;
   f->conn = c;
   strcpy(f->conv, sub->conv);
   f->after = after;
@@ -291,6 +332,7 @@ typedef struct {
 typedef struct {
   pool_job_t job;
   conn_t *conn;
+  uint64_t deact_gen; /* deactivations seen when the job was submitted */
   size_t n;
   hello_item_t items[];
 } hello_job_t;
@@ -300,6 +342,7 @@ typedef struct {
  * already at the head (the admission-queue decision record). */
 static void hello_work(pool_job_t *job, store_t *db) {
   hello_job_t *h = container_of(job, hello_job_t, job);
+  size_t budget = HELLO_BYTES; /* first pages of all subs together */
   for (size_t i = 0; i < h->n; i++) {
     hello_item_t *it = &h->items[i];
     it->status = store_conv_get(db, it->conv, &it->info);
@@ -308,32 +351,54 @@ static void hello_work(pool_job_t *job, store_t *db) {
       it->status = -CV_EINACTIVE;
       continue;
     }
-    if (it->watermark >= 0 && it->watermark < it->info.head)
+    /* The replay is skipped at the head; past the budget the rest of the
+     * replay comes in paced fill pages. */
+    if (it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
       it->status = store_replay(db, it->conv, it->watermark, it->info.head,
-                                STORE_REPLAY_PAGE_MAX, &it->msgs, &it->n);
+                                STORE_REPLAY_PAGE_MAX, budget < PAGE_BYTES ? budget : PAGE_BYTES,
+                                &it->msgs, &it->n);
+      for (size_t k = 0; k < it->n; k++) {
+        size_t b = strlen(it->msgs[k].body) + strlen(it->msgs[k].sender);
+        budget = b < budget ? budget - b : 0;
+      }
+    }
   }
 }
 
 static void hello_done(pool_job_t *job) {
   hello_job_t *h = container_of(job, hello_job_t, job);
+  if (job->canceled)
+    for (size_t i = 0; i < h->n; i++) h->items[i].status = -CV_ECANCELED;
   if (conn_unref(h->conn) && h->conn->session) {
     conn_t *c = h->conn;
     session_t *s = c->session;
+    for (size_t i = 0; i < h->n; i++) {
+      int st = h->items[i].status;
+      if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) {
+        /* The store failed: the handshake cannot be served now. */
+        long hint = retry_hint(s->node);
+        char reason[48];
+        log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
+        count_handshake("unavailable");
+        send_error(c, "unavailable", "store unavailable; reconnect later", NULL, hint, NULL);
+        snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
+        ws_close(c, WS_CLOSE_TRY_AGAIN_LATER, reason);
+        goto out;
+      }
+    }
     json_t *subs = json_array();
     for (size_t i = 0; i < h->n; i++) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = find_sub(s, it->conv);
       if (!sub) continue;
+      if (it->status == 0 && deactivated_since(h->deact_gen, it->info.channel))
+        it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
         if (it->status == -CV_ENOTFOUND)
           send_error(c, "not_found", "no such conversation", it->conv, 0, NULL);
-        else if (it->status == -CV_EINACTIVE)
+        else
           send_error(c, "channel_inactive", "the conversation's channel is inactive", it->conv,
                      0, NULL);
-        else
-          send_error(c, "replay_unavailable", "store unavailable; sync again later", it->conv,
-                     retry_hint(s->node),
-                     json_pack("{s:I}", "watermark", (json_int_t)(it->watermark < 0 ? 0 : it->watermark)));
         remove_sub(s, sub);
         continue;
       }
@@ -355,7 +420,8 @@ static void hello_done(pool_job_t *job) {
       sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;
       if (!sub) continue;
       int64_t head = it->info.head;
-      sub->delivered = it->watermark < 0 ? head : it->watermark;
+      /* null: start at the head; a watermark above the head counts as the head */
+      sub->delivered = it->watermark < 0 || it->watermark > head ? head : it->watermark;
       send_replay(sub, it->msgs, it->n);
       if (sub->delivered < head)
         fill_start(sub, sub->delivered, head, 1);
@@ -363,6 +429,7 @@ static void hello_done(pool_job_t *job) {
         fill_finish(sub, head, 1);
     }
   }
+out:
   for (size_t i = 0; i < h->n; i++) store_msgs_free(h->items[i].msgs, h->items[i].n);
   free(h);
 }
@@ -386,6 +453,7 @@ static void handle_hello(session_t *s, frame_client_t *f) {
     return;
   }
   h->conn = c;
+  h->deact_gen = deact_gen;
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
     if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
@@ -439,6 +507,7 @@ static void send_work(pool_job_t *job, store_t *db) {
 
 static void send_done(pool_job_t *job) {
   send_job_t *j = container_of(job, send_job_t, job);
+  if (job->canceled) j->status = -CV_ECANCELED;
   if (conn_unref(j->conn)) {
     conn_t *c = j->conn;
     json_t *details = json_pack("{s:s}", "id", j->id);
@@ -579,6 +648,17 @@ void session_tick(conn_t *c, uint64_t now) {
   }
 }
 
+void session_on_writable(conn_t *c) {
+  session_t *s = c->session;
+  if (!s || c->closing) return;
+  for (sub_t *sub = s->subs; sub; sub = sub->next) {
+    if (!sub->deferred) continue;
+    if (conn_pending_bytes(c) > OUT_HIGH_WATER) return;
+    sub->deferred = 0;
+    fill_start(sub, sub->deferred_after, sub->deferred_upto, sub->deferred_synced);
+  }
+}
+
 void session_free(session_t *s) {
   if (!s) return;
   while (s->subs) remove_sub(s, s->subs);
@@ -598,6 +678,8 @@ void session_revoke_jti(node_t *node, const char *jti) {
 }
 
 void session_channel_inactive(node_t *node, const char *channel) {
+  snprintf(deact_ring[deact_gen % DEACT_RING], STORE_ID_MAX + 1, "%s", channel);
+  deact_gen++;
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;

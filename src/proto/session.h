@@ -26,6 +26,10 @@ void session_on_text(conn_t *c, const char *text, size_t len);
 /* Per-tick checks (hello timeout, heartbeat). `now` is monotonic ms. */
 void session_tick(conn_t *c, uint64_t now);
 
+/* The connection's queued output fell below the low-water mark: resume
+ * replay pages that were paused (conn.c calls this). */
+void session_on_writable(conn_t *c);
+
 /* The connection is going away: leave the bus index and free. */
 void session_free(session_t *s);
 

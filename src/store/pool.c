@@ -93,6 +93,14 @@ static void async_cb(uv_async_t *handle) {
 
 static void stop_workers(pool_t *pool) {
   uv_mutex_lock(&pool->mu);
+  /* Jobs not started are canceled: their done callbacks run with the flag. */
+  for (pool_job_t *j = pool->todo_head; j;) {
+    pool_job_t *next = j->next;
+    j->canceled = 1;
+    push(&pool->done_head, &pool->done_tail, j);
+    j = next;
+  }
+  pool->todo_head = pool->todo_tail = NULL;
   pool->stopping = 1;
   uv_cond_broadcast(&pool->cond);
   uv_mutex_unlock(&pool->mu);
@@ -132,6 +140,10 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
   }
   for (int i = 0; r == 0 && i < size; i++) {
     worker_arg_t *wa = malloc(sizeof *wa);
+    if (!wa) {
+      r = -CV_ENOMEM;
+      break;
+    }
     wa->pool = pool;
     wa->index = i;
     if (uv_thread_create(&pool->threads[i], worker_main, wa) != 0) {
@@ -154,11 +166,17 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
 void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done) {
   job->work = work;
   job->done = done;
+  job->canceled = 0;
   job->submit_ms = util_mono_ms();
   pool->in_flight++;
   uv_mutex_lock(&pool->mu);
-  push(&pool->todo_head, &pool->todo_tail, job);
-  uv_cond_signal(&pool->cond);
+  if (pool->stopping) { /* submitted by a done callback during pool_close */
+    job->canceled = 1;
+    push(&pool->done_head, &pool->done_tail, job);
+  } else {
+    push(&pool->todo_head, &pool->todo_tail, job);
+    uv_cond_signal(&pool->cond);
+  }
   uv_mutex_unlock(&pool->mu);
 }
 
@@ -167,7 +185,8 @@ int pool_in_flight(const pool_t *pool) { return pool->in_flight; }
 void pool_close(pool_t *pool) {
   if (pool->closing) return;
   pool->closing = 1;
-  stop_workers(pool); /* workers finish the queue first */
-  async_cb(&pool->async); /* run the done callbacks of what just finished */
+  stop_workers(pool); /* queued jobs are canceled, running ones finish */
+  while (pool->done_head) async_cb(&pool->async); /* their done callbacks, and any
+                                                      job those submit (canceled) */
   uv_close((uv_handle_t *)&pool->async, closed_cb);
 }

@@ -33,6 +33,7 @@ struct pool_job_s {
   pool_done_cb done;
   uint64_t submit_ms;  /* monotonic ms, set by pool_submit */
   uint64_t wait_ms;    /* time spent queued before a worker took it */
+  int canceled;        /* set when pool_close dropped it before `work` ran */
   pool_job_t *next;
 };
 
@@ -52,11 +53,11 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
 /* Jobs submitted whose `done` has not run yet. Loop thread. */
 int pool_in_flight(const pool_t *pool);
 
-/* Stop the workers once the queue is empty (they finish what is queued),
- * join them, close their stores and the async handle, then free the pool
- * from the handle's close callback. Call once, after the last pool_submit;
- * `done` callbacks of queued jobs still run while the loop runs. Loop
- * thread. */
+/* Stop: jobs not started yet are canceled (their `done` runs with
+ * job->canceled set and `work` never runs), running jobs finish, the
+ * workers are joined, their stores closed, and the pool is freed from the
+ * async handle's close callback. Call once, after the last pool_submit.
+ * Loop thread (it waits for the running jobs). */
 void pool_close(pool_t *pool);
 
 #endif

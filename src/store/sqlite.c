@@ -713,7 +713,7 @@ static int conv_exists(store_t *s, const char *conv) {
 }
 
 int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
-                 int limit, store_msg_t **msgs, size_t *n) {
+                 int limit, size_t max_bytes, store_msg_t **msgs, size_t *n) {
   if (msgs != NULL) *msgs = NULL;
   if (n != NULL) *n = 0;
   if (s == NULL || !util_id_valid(conv) || msgs == NULL || n == NULL)
@@ -726,7 +726,7 @@ int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
   int err = stmt_get(s, ST_REPLAY, &st);
   if (err) return err;
   store_msg_t *v = NULL;
-  size_t len = 0, cap = 0;
+  size_t len = 0, cap = 0, bytes = 0;
   int rc = bind_text(st, 1, conv);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 2, after);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 3, upto);
@@ -747,7 +747,12 @@ int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
     }
     err = msg_fill(st, &v[len]);
     if (err) break;
+    bytes += strlen(v[len].body) + strlen(v[len].sender);
     len++;
+    if (max_bytes > 0 && bytes >= max_bytes) {
+      rc = SQLITE_DONE; /* the page is full; the caller asks for the next */
+      break;
+    }
   }
   if (!err && rc != SQLITE_DONE) err = db_error(s, rc, "replay");
   stmt_done(st);

@@ -117,11 +117,13 @@ int store_append(store_t *s, const char *conv, const char *id,
 
 /* Replay: messages with after < seq <= upto (upto < 0: no upper bound), in
  * ascending seq, at most `limit` (1..STORE_REPLAY_PAGE_MAX; larger values are
- * clamped). On success *msgs is a heap array of *n messages (NULL when 0)
- * that the caller frees with store_msgs_free. -CV_ENOTFOUND when the
- * conversation does not exist. */
+ * clamped) and, when max_bytes > 0, no more once the page holds max_bytes
+ * bytes of bodies and senders (a page always holds at least one message, so
+ * paging always progresses). On success *msgs is a heap array of *n messages
+ * (NULL when 0) that the caller frees with store_msgs_free. -CV_ENOTFOUND
+ * when the conversation does not exist. */
 int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
-                 int limit, store_msg_t **msgs, size_t *n);
+                 int limit, size_t max_bytes, store_msg_t **msgs, size_t *n);
 
 void store_msg_clear(store_msg_t *m);
 void store_msgs_free(store_msg_t *msgs, size_t n);

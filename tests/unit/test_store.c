@@ -387,7 +387,7 @@ static void test_append_idempotent(void **state) {
 
   store_msg_t *v = NULL;
   size_t n = 0;
-  assert_int_equal(store_replay(s, "c1", 0, -1, 100, &v, &n), 0);
+  assert_int_equal(store_replay(s, "c1", 0, -1, 100, 0, &v, &n), 0);
   assert_int_equal(n, 3);
   assert_string_equal(v[0].body, "{\"n\":1}");
   store_msgs_free(v, n);
@@ -419,7 +419,7 @@ static void test_append_inactive_and_missing(void **state) {
                    -CV_ENOTFOUND);
   store_msg_t *v = NULL;
   size_t n = 1;
-  assert_int_equal(store_replay(s, "nope", 0, -1, 10, &v, &n), -CV_ENOTFOUND);
+  assert_int_equal(store_replay(s, "nope", 0, -1, 10, 0, &v, &n), -CV_ENOTFOUND);
   assert_null(v);
   assert_int_equal(n, 0);
   sqlite3 *db = raw_open(*state);
@@ -464,7 +464,7 @@ static void test_sql_metacharacters(void **state) {
 
   store_msg_t *v = NULL;
   size_t n = 0;
-  assert_int_equal(store_replay(s, "c1", 0, -1, 10, &v, &n), 0);
+  assert_int_equal(store_replay(s, "c1", 0, -1, 10, 0, &v, &n), 0);
   assert_int_equal(n, 1);
   assert_string_equal(v[0].sender, sender);
   assert_string_equal(v[0].body, body);
@@ -488,7 +488,7 @@ static void expect_page(store_t *s, const char *conv, int64_t after,
                         int64_t upto, int limit, int64_t first, size_t count) {
   store_msg_t *v = (store_msg_t *)&v;
   size_t n = 12345;
-  assert_int_equal(store_replay(s, conv, after, upto, limit, &v, &n), 0);
+  assert_int_equal(store_replay(s, conv, after, upto, limit, 0, &v, &n), 0);
   assert_int_equal(n, count);
   if (count == 0) assert_null(v);
   for (size_t i = 0; i < n; i++) {
@@ -537,8 +537,8 @@ static void test_replay_ranges(void **state) {
 
   store_msg_t *v;
   size_t n;
-  assert_int_equal(store_replay(s, "c1", 0, -1, 10, NULL, &n), -CV_EINVAL);
-  assert_int_equal(store_replay(s, "c1", 0, -1, 10, &v, NULL), -CV_EINVAL);
+  assert_int_equal(store_replay(s, "c1", 0, -1, 10, 0, NULL, &n), -CV_EINVAL);
+  assert_int_equal(store_replay(s, "c1", 0, -1, 10, 0, &v, NULL), -CV_EINVAL);
 }
 
 static void test_replay_clamp(void **state) {
@@ -552,6 +552,36 @@ static void test_replay_clamp(void **state) {
   expect_page(s, "c1", 2500, -1, 5000, 0, 0);
   expect_page(s, "c1", 100, 1600, 5000, 101, 1000);
   expect_page(s, "c1", 1100, 1600, 5000, 1101, 500);
+}
+
+/* A page stops once it holds max_bytes of bodies and senders, and always
+ * holds at least one message so that paging progresses. */
+static void test_replay_byte_budget(void **state) {
+  store_t *s = ((fx_t *)*state)->s;
+  mk_conv(s, "ch", "c1");
+  char body[1003];
+  memset(body, 'x', sizeof body);
+  body[0] = '"';
+  body[1001] = '"';
+  body[1002] = '\0'; /* a 1002-byte JSON string; sender "alice" adds 5 */
+  for (int i = 1; i <= 20; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "m%d", i);
+    assert_int_equal(append_ok(s, "c1", id, body), i);
+  }
+  store_msg_t *v;
+  size_t n;
+  assert_int_equal(store_replay(s, "c1", 0, -1, 1000, 5000, &v, &n), 0);
+  assert_int_equal(n, 5); /* 5 x 1007 >= 5000 */
+  assert_int_equal(v[4].seq, 5);
+  store_msgs_free(v, n);
+  assert_int_equal(store_replay(s, "c1", 5, -1, 1000, 1, &v, &n), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(v[0].seq, 6);
+  store_msgs_free(v, n);
+  assert_int_equal(store_replay(s, "c1", 6, -1, 3, 1 << 20, &v, &n), 0);
+  assert_int_equal(n, 3); /* the count limit still applies */
+  store_msgs_free(v, n);
 }
 
 /* ---- revocations ------------------------------------------------------- */
@@ -708,7 +738,7 @@ static void test_concurrent_writers_gapless(void **state) {
     store_msg_t *v = NULL;
     size_t n = 0;
     assert_int_equal(
-        store_replay(f->s, "hot", next - 1, -1, STORE_REPLAY_PAGE_MAX, &v, &n),
+        store_replay(f->s, "hot", next - 1, -1, STORE_REPLAY_PAGE_MAX, 0, &v, &n),
         0);
     if (n == 0) break;
     for (size_t i = 0; i < n; i++, next++) {
@@ -747,6 +777,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sql_metacharacters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_ranges, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_clamp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replay_byte_budget, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revocations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_busy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_writers_gapless, setup,
