@@ -106,6 +106,17 @@ static void count_handshake(const char *result) {
   metrics_add("converger_handshakes_total", labels, 1);
 }
 
+/* `error unavailable` with a retry hint, then close 1013 with the same hint
+ * in the reason (the admission-queue decision record). Steals `details`. */
+static void refuse_unavailable(conn_t *c, const char *message, const char *conv,
+                               json_t *details) {
+  long hint = retry_hint(c->node);
+  char reason[48];
+  send_error(c, "unavailable", message, conv, hint, details);
+  snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
+  ws_close(c, WS_CLOSE_TRY_AGAIN_LATER, reason);
+}
+
 /* ---- subscriptions --------------------------------------------------------- */
 
 static sub_t *find_sub(session_t *s, const char *conv) {
@@ -376,13 +387,9 @@ static void hello_done(pool_job_t *job) {
       int st = h->items[i].status;
       if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) {
         /* The store failed: the handshake cannot be served now. */
-        long hint = retry_hint(s->node);
-        char reason[48];
         log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
         count_handshake("unavailable");
-        send_error(c, "unavailable", "store unavailable; reconnect later", NULL, hint, NULL);
-        snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
-        ws_close(c, WS_CLOSE_TRY_AGAIN_LATER, reason);
+        refuse_unavailable(c, "store unavailable; reconnect later", NULL, NULL);
         goto out;
       }
     }
@@ -524,8 +531,10 @@ static void send_done(pool_job_t *job) {
                  details);
       break;
     default:
-      send_error(c, "unavailable", "store unavailable; send again later", j->conv,
-                 retry_hint(c->node), details);
+      /* The client reconnects after the hint and sends again with the same
+       * id (docs/protocol.md: unavailable is followed by 1013). */
+      log_warn("send to %s failed: %s", j->conv, cv_strerror(j->status));
+      refuse_unavailable(c, "store unavailable; send again later", j->conv, details);
       break;
     }
   }
