@@ -30,14 +30,14 @@ typedef struct node_s {
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint;
 
-  conn_t *conns;        /* every connection (doubly linked) */
-  conn_t *dirty;        /* connections with queued output */
-  int nconns;           /* all TCP connections */
-  int nws;              /* WebSocket connections */
+  conn_t *conns; /* every connection (doubly linked) */
+  conn_t *dirty; /* connections with queued output */
+  int nconns;    /* all TCP connections */
+  int nws;       /* WebSocket connections */
   uint64_t next_session;
 
-  int ready;            /* /readyz answers 200 */
-  int stopping;         /* SIGTERM/SIGINT received */
+  int ready;                 /* /readyz answers 200 */
+  int stopping;              /* SIGTERM/SIGINT received */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
   int exit_code;
 

@@ -76,8 +76,8 @@ static void tick_cb(uv_timer_t *t) {
     int idle = node->nconns == 0 && pool_in_flight(node->pool) == 0;
     if (!idle && now < node->stop_deadline_ms) return;
     if (!idle)
-      log_warn("stop deadline passed with %d connection(s) and %d pool job(s); closing", node->nconns,
-               pool_in_flight(node->pool));
+      log_warn("stop deadline passed with %d connection(s) and %d pool job(s); closing",
+               node->nconns, pool_in_flight(node->pool));
     for (conn_t *c = node->conns; c; c = c->next) conn_close(c);
     pool_close(node->pool); /* waits for the workers; runs the last done callbacks */
     node->pool = NULL;
@@ -123,8 +123,8 @@ int serve_main(int argc, char **argv) {
     config_free(&cfg);
     return 2;
   }
-  log_set_level(strcmp(cfg.log_level, "debug") == 0  ? LOG_DEBUG
-                : strcmp(cfg.log_level, "warn") == 0 ? LOG_WARN
+  log_set_level(strcmp(cfg.log_level, "debug") == 0   ? LOG_DEBUG
+                : strcmp(cfg.log_level, "warn") == 0  ? LOG_WARN
                 : strcmp(cfg.log_level, "error") == 0 ? LOG_ERROR
                                                       : LOG_INFO);
   signal(SIGPIPE, SIG_IGN);
@@ -166,11 +166,10 @@ int serve_main(int argc, char **argv) {
   uv_signal_start(&node->sigint, signal_cb, SIGINT);
   rest_start_revocation_refresh(node);
   node->ready = 1;
-  log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, pool %d",
-           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url,
-           cfg.pool_size);
-  if (key_from_file)
-    log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
+  log_info(
+      "converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, pool %d",
+      CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url, cfg.pool_size);
+  if (key_from_file) log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
   uv_run(node->loop, UV_RUN_DEFAULT);
   status = 0;
 out:

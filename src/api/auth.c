@@ -93,8 +93,10 @@ static int header_alg_ok(const char *token) {
   char b64[1032];
   memcpy(b64, token, n);
   for (size_t i = 0; i < n; i++) {
-    if (b64[i] == '-') b64[i] = '+';
-    else if (b64[i] == '_') b64[i] = '/';
+    if (b64[i] == '-')
+      b64[i] = '+';
+    else if (b64[i] == '_')
+      b64[i] = '/';
   }
   while (n % 4) b64[n++] = '=';
   unsigned char raw[800];

@@ -22,9 +22,9 @@ typedef struct auth_s auth_t;
 typedef struct {
   char sub[STORE_ID_MAX + 1];
   char jti[STORE_ID_MAX + 1];
-  int64_t exp_s;   /* Unix seconds */
-  int all_convs;   /* convs was ["*"] */
-  json_t *convs;   /* owned array of strings; auth_token_clear releases it */
+  int64_t exp_s; /* Unix seconds */
+  int all_convs; /* convs was ["*"] */
+  json_t *convs; /* owned array of strings; auth_token_clear releases it */
   int can_read;
   int can_write;
 } auth_token_t;

@@ -40,9 +40,11 @@ static family_t families[] = {
     {"converger_connections", M_GAUGE, "Open WebSocket connections.", NULL},
     {"converger_handshakes_total", M_COUNTER, "WebSocket hello handshakes by result.", NULL},
     {"converger_messages_appended_total", M_COUNTER, "Messages committed to the store.", NULL},
-    {"converger_messages_delivered_total", M_COUNTER, "msg frames queued to subscribers (live and replay).", NULL},
+    {"converger_messages_delivered_total", M_COUNTER,
+     "msg frames queued to subscribers (live and replay).", NULL},
     {"converger_http_requests_total", M_COUNTER, "HTTP requests by route and status code.", NULL},
-    {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms).", NULL},
+    {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms).",
+     NULL},
     {"converger_pool_jobs_in_flight", M_GAUGE, "Store jobs queued or running.", NULL},
     {"converger_subscriptions", M_GAUGE, "Live subscriptions on this node.", NULL},
 };

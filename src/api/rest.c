@@ -55,15 +55,15 @@ typedef struct {
   int flag;                     /* presence / active */
   int64_t after, limit, exp_s;
   /* results */
-  int status;        /* HTTP status */
-  json_t *answer;    /* body on success */
-  const char *code;  /* error code */
+  int status;       /* HTTP status */
+  json_t *answer;   /* body on success */
+  const char *code; /* error code */
   const char *message;
 } rest_job_t;
 
 static json_t *channel_json(const store_channel_t *ch) {
-  return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence",
-                   ch->presence, "active", ch->active);
+  return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence", ch->presence,
+                   "active", ch->active);
 }
 
 static json_t *conv_json(const store_conv_t *cv) {
@@ -75,9 +75,8 @@ static json_t *msg_json(const char *conv, const store_msg_t *m) {
   char ts[25];
   util_format_ts(m->ts_ms, ts);
   json_t *body = json_loads(m->body, JSON_DECODE_ANY, NULL);
-  return json_pack("{s:s, s:I, s:s, s:s, s:s, s:o}", "conv", conv, "seq", (json_int_t)m->seq,
-                   "id", m->id, "sender", m->sender, "ts", ts, "body",
-                   body ? body : json_null());
+  return json_pack("{s:s, s:I, s:s, s:s, s:s, s:o}", "conv", conv, "seq", (json_int_t)m->seq, "id",
+                   m->id, "sender", m->sender, "ts", ts, "body", body ? body : json_null());
 }
 
 static void set_error(rest_job_t *j, int r) {
@@ -142,8 +141,7 @@ static void job_work(pool_job_t *job, store_t *db) {
   case J_MSG_APPEND: {
     store_msg_t m = {0};
     int created = 0;
-    r = bus_append(j->node->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m,
-                   &created);
+    r = bus_append(j->node->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m, &created);
     if (r == 0) {
       j->status = created ? 201 : 200;
       j->answer = json_pack("{s:I, s:s}", "seq", (json_int_t)m.seq, "id", m.id);
@@ -192,10 +190,10 @@ static void job_done(pool_job_t *job) {
       http_respond(j->conn, 204, "application/json", "", 0, NULL);
     } else {
       http_respond_error(j->conn, j->status, j->code, j->message,
-                         j->status == 503 ? (long)jitter_retry_hint(&node->rng,
-                                                                    node->cfg->retry_after_min_ms,
-                                                                    node->cfg->retry_after_max_ms)
-                                          : 0);
+                         j->status == 503
+                             ? (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
+                                                       node->cfg->retry_after_max_ms)
+                             : 0);
     }
   }
   json_decref(j->answer);
@@ -245,7 +243,8 @@ static json_t *body_object(conn_t *c, http_request_t *req) {
 
 static int require_key(conn_t *c, http_request_t *req) {
   if (auth_check_api_key(c->node->auth, req->authorization) == 0) return 0;
-  http_respond_error(c, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)", 0);
+  http_respond_error(c, 401, "unauthorized",
+                     "missing or wrong API key (Authorization: Bearer <key>)", 0);
   return -1;
 }
 
@@ -272,7 +271,7 @@ static int query_int(conn_t *c, const char *query, const char *name, int64_t def
     p = amp ? amp + 1 : NULL;
   }
   return 0;
-bad: {
+bad : {
   char msg[96];
   snprintf(msg, sizeof msg, "query parameter %s must be an integer >= 0", name);
   bad_request(c, msg);
@@ -329,7 +328,9 @@ static void handle_status(conn_t *c) {
   node_t *node = c->node;
   json_t *v = json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i}", "node", node->cfg->node_id,
                         "version", CONVERGER_VERSION, "state",
-                        node->stopping ? "stopping" : node->ready ? "ready" : "starting",
+                        node->stopping ? "stopping"
+                        : node->ready  ? "ready"
+                                       : "starting",
                         "connections", node->nws, "httpConnections", node->nconns - node->nws,
                         "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight",
                         pool_in_flight(node->pool), "poolSize", node->cfg->pool_size);
@@ -481,13 +482,13 @@ static void handle_token(conn_t *c, http_request_t *req) {
   } else {
     int64_t now = util_now_ms() / 1000, exp;
     char *token = NULL, jti[37], at[25];
-    if (auth_sign(c->node->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token,
-                  jti, &exp) != 0) {
+    if (auth_sign(c->node->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token, jti,
+                  &exp) != 0) {
       http_respond_error(c, 503, "unavailable", "cannot sign the token", 1000);
     } else {
       util_format_ts(exp * 1000, at);
-      http_respond_json(c, 201, json_pack("{s:s, s:s, s:s}", "token", token, "jti", jti,
-                                          "expiresAt", at), NULL);
+      http_respond_json(
+          c, 201, json_pack("{s:s, s:s, s:s}", "token", token, "jti", jti, "expiresAt", at), NULL);
     }
     free(token);
   }
@@ -522,9 +523,7 @@ static void method_not_allowed(conn_t *c, const char *allow) {
   http_respond_json(c, 405, err, extra);
 }
 
-static void not_found(conn_t *c) {
-  http_respond_error(c, 404, "not_found", "no such route", 0);
-}
+static void not_found(conn_t *c) { http_respond_error(c, 404, "not_found", "no such route", 0); }
 
 #define IS(m) (req->method == HTTP_##m)
 
@@ -552,12 +551,14 @@ void rest_handle(conn_t *c, http_request_t *req) {
     }
     return;
   }
-  if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0 ||
-      strcmp(path, "/app.js") == 0 || strcmp(path, "/style.css") == 0) {
+  if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0 || strcmp(path, "/app.js") == 0 ||
+      strcmp(path, "/style.css") == 0) {
     req->route = "/";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    if (strcmp(path, "/app.js") == 0) return serve_file(c, "app.js", "text/javascript; charset=utf-8");
-    if (strcmp(path, "/style.css") == 0) return serve_file(c, "style.css", "text/css; charset=utf-8");
+    if (strcmp(path, "/app.js") == 0)
+      return serve_file(c, "app.js", "text/javascript; charset=utf-8");
+    if (strcmp(path, "/style.css") == 0)
+      return serve_file(c, "style.css", "text/css; charset=utf-8");
     return serve_file(c, "index.html", "text/html; charset=utf-8");
   }
   if (strcmp(path, "/livez") == 0) {
@@ -603,7 +604,8 @@ void rest_handle(conn_t *c, http_request_t *req) {
       req->route = "/v1/channels/{id}";
       if (!IS(PATCH) && !IS(GET)) return method_not_allowed(c, "GET, PATCH");
       if (require_key(c, req) != 0) return;
-      if (!util_id_valid(seg[2])) return bad_request(c, "channel id must match [A-Za-z0-9._:-]{1,128}");
+      if (!util_id_valid(seg[2]))
+        return bad_request(c, "channel id must match [A-Za-z0-9._:-]{1,128}");
       if (IS(PATCH)) return handle_channel_patch(c, req, seg[2]);
       rest_job_t *j = job_new(c, J_CHANNEL_GET);
       if (j) {
@@ -628,7 +630,8 @@ void rest_handle(conn_t *c, http_request_t *req) {
       if (require_key(c, req) != 0) return;
       if (!util_id_valid(seg[2]))
         return bad_request(c, "conversation id must match [A-Za-z0-9._:-]{1,128}");
-      if (n == 4) return IS(POST) ? handle_msg_append(c, req, seg[2]) : handle_msg_list(c, req, seg[2]);
+      if (n == 4)
+        return IS(POST) ? handle_msg_append(c, req, seg[2]) : handle_msg_list(c, req, seg[2]);
       rest_job_t *j = job_new(c, J_CONV_GET);
       if (j) {
         strcpy(j->id, seg[2]);

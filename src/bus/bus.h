@@ -25,8 +25,8 @@ typedef struct bus_msg_s {
   int refs;
   int64_t seq;
   char conv[STORE_ID_MAX + 1];
-  char *json;   /* msg frame JSON (built on the worker) */
-  char *frame;  /* encoded WebSocket frame, built once on the loop */
+  char *json;  /* msg frame JSON (built on the worker) */
+  char *frame; /* encoded WebSocket frame, built once on the loop */
   size_t frame_len;
 } bus_msg_t;
 

@@ -47,10 +47,14 @@ int token_main(int argc, char **argv) {
       free(rest);
       return 0;
     }
-    if ((v = flag_value(argc, argv, &i, "--sub", &missing))) sub = v;
-    else if ((v = flag_value(argc, argv, &i, "--convs", &missing))) convs = v;
-    else if ((v = flag_value(argc, argv, &i, "--ttl", &missing))) ttl_s = v;
-    else if (!missing) rest[nrest++] = argv[i];
+    if ((v = flag_value(argc, argv, &i, "--sub", &missing)))
+      sub = v;
+    else if ((v = flag_value(argc, argv, &i, "--convs", &missing)))
+      convs = v;
+    else if ((v = flag_value(argc, argv, &i, "--ttl", &missing)))
+      ttl_s = v;
+    else if (!missing)
+      rest[nrest++] = argv[i];
     if (missing) {
       fprintf(stderr, "converger token: %s needs a value\n", argv[i]);
       free(rest);
@@ -70,8 +74,9 @@ int token_main(int argc, char **argv) {
   }
   if (!util_id_valid(sub) || !convs || !*convs) {
     fprintf(stderr, "converger token: %s\n\n",
-            !sub ? "--sub is required" : !util_id_valid(sub) ? "--sub must be an id ([A-Za-z0-9._:-]{1,128})"
-                                                             : "--convs is required");
+            !sub                  ? "--sub is required"
+            : !util_id_valid(sub) ? "--sub must be an id ([A-Za-z0-9._:-]{1,128})"
+                                  : "--convs is required");
     usage(stderr);
     free(rest);
     return 2;
@@ -96,7 +101,8 @@ int token_main(int argc, char **argv) {
   json_t *arr = json_array();
   char *list = strdup(convs);
   int status = 0;
-  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
     if (strcmp(tok, "*") != 0 && !util_id_valid(tok)) {
       fprintf(stderr, "converger token: invalid conversation id \"%s\"\n", tok);
       status = 2;

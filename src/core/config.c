@@ -27,20 +27,20 @@ typedef struct {
   const char *flag;
   kind_t kind;
   size_t offset;
-  const char *def; /* NULL: unset */
-  long min, max;   /* K_INT bounds */
+  const char *def;   /* NULL: unset */
+  long min, max;     /* K_INT bounds */
   const char *words; /* K_ENUM: "a|b|c" */
   const char *help;
 } setting_t;
 
-#define S(env, flag, kind, field, def, min, max, words, help) \
-  {env, flag, kind, offsetof(config_t, field), def, min, max, words, help}
+#define S(env, flag, kind, field, def, min, max, words, help)                                      \
+  { env, flag, kind, offsetof(config_t, field), def, min, max, words, help }
 
 static const setting_t settings[] = {
     S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
       "address and port for HTTP, WebSocket, health and metrics"),
-    S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url,
-      "sqlite:data/converger.db", 0, 0, NULL, "store: sqlite:PATH"),
+    S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url, "sqlite:data/converger.db",
+      0, 0, NULL, "store: sqlite:PATH"),
     S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
       "REST/admin bearer key (unset: generated, stored in the data directory)"),
     S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, 0, 0, NULL,
@@ -49,41 +49,39 @@ static const setting_t settings[] = {
       "this node's name in welcome frames and metrics (default hostname:port)"),
     S("CONVERGER_POOL_SIZE", "pool-size", K_INT, pool_size, "20", 1, 512, NULL,
       "store worker threads, one database connection each"),
-    S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes,
-      "65536", 256, 16777216, NULL, "largest WebSocket message accepted (bytes); larger: close 1009"),
-    S("CONVERGER_HEARTBEAT_MS", "heartbeat-ms", K_INT, heartbeat_ms, "25000", 50,
-      3600000, NULL, "ping interval (ms); silent for two intervals: closed"),
-    S("CONVERGER_HELLO_TIMEOUT_MS", "hello-timeout-ms", K_INT, hello_timeout_ms,
-      "10000", 50, 600000, NULL, "time for the first frame, hello (ms); else close 1008"),
-    S("CONVERGER_SQLITE_SYNC", "sqlite-sync", K_ENUM, sqlite_sync, "full", 0, 0,
-      "off|normal|full", "SQLite PRAGMA synchronous: off, normal or full"),
-    S("CONVERGER_HTTP_HEADER_TIMEOUT_MS", "http-header-timeout-ms", K_INT,
-      header_timeout_ms, "10000", 50, 600000, NULL,
+    S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes, "65536", 256,
+      16777216, NULL, "largest WebSocket message accepted (bytes); larger: close 1009"),
+    S("CONVERGER_HEARTBEAT_MS", "heartbeat-ms", K_INT, heartbeat_ms, "25000", 50, 3600000, NULL,
+      "ping interval (ms); silent for two intervals: closed"),
+    S("CONVERGER_HELLO_TIMEOUT_MS", "hello-timeout-ms", K_INT, hello_timeout_ms, "10000", 50,
+      600000, NULL, "time for the first frame, hello (ms); else close 1008"),
+    S("CONVERGER_SQLITE_SYNC", "sqlite-sync", K_ENUM, sqlite_sync, "full", 0, 0, "off|normal|full",
+      "SQLite PRAGMA synchronous: off, normal or full"),
+    S("CONVERGER_HTTP_HEADER_TIMEOUT_MS", "http-header-timeout-ms", K_INT, header_timeout_ms,
+      "10000", 50, 600000, NULL,
       "time for a complete HTTP header block (ms); else the connection is closed"),
     S("CONVERGER_MAX_SUBS", "max-subs", K_INT, max_subs, "100", 1, 10000, NULL,
       "subscriptions allowed in one hello"),
-    S("CONVERGER_REVOCATION_REFRESH_MS", "revocation-refresh-ms", K_INT,
-      revocation_refresh_ms, "1000", 50, 3600000, NULL,
-      "how often the revocation cache is re-read from the store (ms)"),
-    S("CONVERGER_RETRY_AFTER_MIN_MS", "retry-after-min-ms", K_INT, retry_after_min_ms,
-      "1000", 0, 3600000, NULL, "smallest retryAfterMs hint (ms)"),
-    S("CONVERGER_RETRY_AFTER_MAX_MS", "retry-after-max-ms", K_INT, retry_after_max_ms,
-      "6000", 1, 3600000, NULL, "largest retryAfterMs hint (ms)"),
-    S("CONVERGER_WEB_DIR", "web-dir", K_STR, web_dir, CONVERGER_WEB_DIR_DEFAULT, 0, 0,
-      NULL, "directory of the demo page served at /"),
-    S("CONVERGER_LOG_LEVEL", "log-level", K_ENUM, log_level, "info", 0, 0,
-      "debug|info|warn|error", "lowest log level printed: debug, info, warn or error"),
+    S("CONVERGER_REVOCATION_REFRESH_MS", "revocation-refresh-ms", K_INT, revocation_refresh_ms,
+      "1000", 50, 3600000, NULL, "how often the revocation cache is re-read from the store (ms)"),
+    S("CONVERGER_RETRY_AFTER_MIN_MS", "retry-after-min-ms", K_INT, retry_after_min_ms, "1000", 0,
+      3600000, NULL, "smallest retryAfterMs hint (ms)"),
+    S("CONVERGER_RETRY_AFTER_MAX_MS", "retry-after-max-ms", K_INT, retry_after_max_ms, "6000", 1,
+      3600000, NULL, "largest retryAfterMs hint (ms)"),
+    S("CONVERGER_WEB_DIR", "web-dir", K_STR, web_dir, CONVERGER_WEB_DIR_DEFAULT, 0, 0, NULL,
+      "directory of the demo page served at /"),
+    S("CONVERGER_LOG_LEVEL", "log-level", K_ENUM, log_level, "info", 0, 0, "debug|info|warn|error",
+      "lowest log level printed: debug, info, warn or error"),
 };
 
 void config_usage(FILE *out) {
-  fprintf(out,
-          "usage: converger serve [--flag=value ...]\n\n"
-          "Runs one gateway node. Every setting is a flag and an environment\n"
-          "variable; a flag wins. Defaults in brackets.\n\n");
+  fprintf(out, "usage: converger serve [--flag=value ...]\n\n"
+               "Runs one gateway node. Every setting is a flag and an environment\n"
+               "variable; a flag wins. Defaults in brackets.\n\n");
   for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++) {
     const setting_t *s = &settings[i];
-    fprintf(out, "  --%-24s %-32s [%s]\n      %s\n", s->flag, s->env,
-            s->def ? s->def : "unset", s->help);
+    fprintf(out, "  --%-24s %-32s [%s]\n      %s\n", s->flag, s->env, s->def ? s->def : "unset",
+            s->help);
   }
 }
 
@@ -110,7 +108,10 @@ static int parse_listen(config_t *cfg, const char *v) {
   free(cfg->listen_host);
   const char *h = v;
   size_t hl = (size_t)(colon - v);
-  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+    h++;
+    hl -= 2;
+  }
   cfg->listen_host = strndup(h, hl);
   cfg->listen_port = (int)port;
   return 0;
@@ -124,8 +125,8 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     errno = 0;
     long n = strtol(v, &end, 10);
     if (errno || *v == '\0' || *end || n < s->min || n > s->max) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want an integer in [%ld, %ld]\n",
-              s->env, src, v, s->min, s->max);
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want an integer in [%ld, %ld]\n", s->env,
+              src, v, s->min, s->max);
       return -CV_EINVAL;
     }
     *(int *)((char *)cfg + s->offset) = (int)n;
@@ -133,15 +134,14 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
   }
   case K_ENUM:
     if (!words_has(s->words, v)) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want one of %s\n", s->env,
-              src, v, s->words);
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want one of %s\n", s->env, src, v,
+              s->words);
       return -CV_EINVAL;
     }
     break;
   case K_LISTEN:
     if (parse_listen(cfg, v) != 0) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want host:port\n", s->env,
-              src, v);
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want host:port\n", s->env, src, v);
       return -CV_EINVAL;
     }
     break;

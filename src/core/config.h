@@ -11,25 +11,25 @@
 #include <stdio.h>
 
 typedef struct {
-  char *listen;            /* "host:port" */
-  char *listen_host;       /* derived from listen */
-  int listen_port;         /* derived from listen */
-  char *database_url;      /* "sqlite:PATH" */
-  char *data_dir;          /* directory of the SQLite file */
-  char *api_key;           /* NULL: generated/stored by config_load_secrets */
-  char *token_secret;      /* NULL: generated/stored by config_load_secrets */
-  char *node_id;           /* default hostname:port */
-  char *web_dir;           /* demo page directory */
-  char *sqlite_sync;       /* off | normal | full */
-  char *log_level;         /* debug | info | warn | error */
-  int pool_size;           /* worker threads = database connections */
-  int max_message_bytes;   /* largest WebSocket message accepted, bytes */
-  int heartbeat_ms;        /* ping interval, ms */
-  int hello_timeout_ms;    /* time allowed for the first frame, ms */
-  int header_timeout_ms;   /* time allowed for an HTTP header block, ms */
-  int max_subs;            /* subscriptions per hello */
+  char *listen;              /* "host:port" */
+  char *listen_host;         /* derived from listen */
+  int listen_port;           /* derived from listen */
+  char *database_url;        /* "sqlite:PATH" */
+  char *data_dir;            /* directory of the SQLite file */
+  char *api_key;             /* NULL: generated/stored by config_load_secrets */
+  char *token_secret;        /* NULL: generated/stored by config_load_secrets */
+  char *node_id;             /* default hostname:port */
+  char *web_dir;             /* demo page directory */
+  char *sqlite_sync;         /* off | normal | full */
+  char *log_level;           /* debug | info | warn | error */
+  int pool_size;             /* worker threads = database connections */
+  int max_message_bytes;     /* largest WebSocket message accepted, bytes */
+  int heartbeat_ms;          /* ping interval, ms */
+  int hello_timeout_ms;      /* time allowed for the first frame, ms */
+  int header_timeout_ms;     /* time allowed for an HTTP header block, ms */
+  int max_subs;              /* subscriptions per hello */
   int revocation_refresh_ms; /* revocation cache refresh period, ms */
-  int retry_after_min_ms;  /* retry hint range, ms */
+  int retry_after_min_ms;    /* retry hint range, ms */
   int retry_after_max_ms;
 } config_t;
 

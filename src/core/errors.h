@@ -9,17 +9,17 @@
 #ifndef CONVERGER_CORE_ERRORS_H
 #define CONVERGER_CORE_ERRORS_H
 
-#define CV_ERRNO_MAP(X)                                                  \
-  X(NOTFOUND, "not found")                                               \
-  X(EXISTS, "already exists")                                            \
-  X(INACTIVE, "channel is inactive")                                     \
-  X(INVAL, "invalid argument")                                           \
-  X(STORE, "store error")                                                \
-  X(BUSY, "store busy")                                                  \
-  X(CONFLICT, "conflicting request")                                     \
-  X(TOOLARGE, "too large")                                               \
-  X(NOMEM, "out of memory")                                              \
-  X(CANCELED, "canceled")                                                \
+#define CV_ERRNO_MAP(X)                                                                            \
+  X(NOTFOUND, "not found")                                                                         \
+  X(EXISTS, "already exists")                                                                      \
+  X(INACTIVE, "channel is inactive")                                                               \
+  X(INVAL, "invalid argument")                                                                     \
+  X(STORE, "store error")                                                                          \
+  X(BUSY, "store busy")                                                                            \
+  X(CONFLICT, "conflicting request")                                                               \
+  X(TOOLARGE, "too large")                                                                         \
+  X(NOMEM, "out of memory")                                                                        \
+  X(CANCELED, "canceled")                                                                          \
   X(UNAUTHORIZED, "unauthorized")
 
 enum {

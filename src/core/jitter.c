@@ -41,7 +41,8 @@ int64_t jitter_range(jitter_rng_t *rng, int64_t lo, int64_t hi) {
   /* Lemire-style rejection to avoid modulo bias. */
   uint64_t limit = UINT64_MAX - UINT64_MAX % span;
   uint64_t r;
-  do r = jitter_next(rng); while (r >= limit);
+  do r = jitter_next(rng);
+  while (r >= limit);
   return lo + (int64_t)(r % span);
 }
 
@@ -61,8 +62,7 @@ int64_t jitter_equal(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int att
   return c / 2 + jitter_range(rng, 0, c - c / 2);
 }
 
-int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms,
-                            int64_t prev_ms) {
+int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int64_t prev_ms) {
   if (prev_ms < base_ms) prev_ms = base_ms;
   int64_t d = jitter_range(rng, base_ms, prev_ms * 3);
   return d < cap_ms ? d : cap_ms;

@@ -35,8 +35,7 @@ int64_t jitter_exp_ceiling(int64_t base_ms, int64_t cap_ms, int attempt);
 int64_t jitter_full(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int attempt);
 int64_t jitter_equal(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int attempt);
 /* `prev_ms` is the previous delay (use base_ms for the first attempt). */
-int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms,
-                            int64_t prev_ms);
+int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int64_t prev_ms);
 
 /* A server retry hint: uniform in [min_ms, max_ms] so that a burst of
  * refusals does not come back at one instant (the admission-queue decision

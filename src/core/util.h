@@ -8,8 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define container_of(ptr, type, member) \
-  ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 #define CV_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -152,8 +152,8 @@ int conn_listen(node_t *node) {
     char buf[128];
     if (uv_tcp_getsockname(&node->listener, (struct sockaddr *)&addr, &len) == 0) {
       int port = ntohs(((struct sockaddr_in *)&addr)->sin_port);
-      snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
-               cfg->listen_host, port);
+      snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", cfg->listen_host,
+               port);
       free(cfg->listen);
       cfg->listen = strdup(buf);
       cfg->listen_port = port;

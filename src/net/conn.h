@@ -20,9 +20,9 @@
 
 #include "node.h"
 
-#define CONN_MAX_QUEUED (8u << 20)   /* bytes of unsent output before dropping */
-#define CONN_CLOSE_TIMEOUT_MS 5000   /* longest wait for output after a close */
-#define CONN_LOW_WATER (256u << 10)  /* output below this: session_on_writable */
+#define CONN_MAX_QUEUED       (8u << 20)   /* bytes of unsent output before dropping */
+#define CONN_CLOSE_TIMEOUT_MS 5000         /* longest wait for output after a close */
+#define CONN_LOW_WATER        (256u << 10) /* output below this: session_on_writable */
 
 typedef struct http_s http_t;
 typedef struct ws_s ws_t;
@@ -33,10 +33,10 @@ typedef enum { CONN_HTTP = 0, CONN_WS = 1 } conn_mode_t;
 struct conn_s {
   uv_tcp_t tcp;
   node_t *node;
-  conn_t *prev, *next;  /* node->conns */
-  conn_t *dirty_next;   /* node->dirty */
+  conn_t *prev, *next; /* node->conns */
+  conn_t *dirty_next;  /* node->dirty */
   conn_mode_t mode;
-  unsigned closing : 1;      /* uv_close called or pending */
+  unsigned closing : 1;       /* uv_close called or pending */
   unsigned handle_closed : 1; /* close callback ran */
   unsigned dirty : 1;
   unsigned writing : 1;
@@ -49,7 +49,7 @@ struct conn_s {
   uint64_t next_ping_ms;             /* WebSocket heartbeat */
   uint64_t close_deadline_ms;        /* monotonic ms: closed by then, flushed or not */
 
-  char *out;  /* queued output */
+  char *out; /* queued output */
   size_t out_len, out_cap;
   char *wdata; /* buffer being written */
   size_t wlen;

@@ -32,13 +32,13 @@ struct http_s {
   conn_t *conn;
   http_request_t req;
   str_t url, field, value, body;
-  int value_open;       /* a header value is being collected */
-  size_t header_bytes;  /* request line + header block so far */
-  int fail_status;      /* set by a callback that returned an error */
+  int value_open;      /* a header value is being collected */
+  size_t header_bytes; /* request line + header block so far */
+  int fail_status;     /* set by a callback that returned an error */
   const char *fail_code;
-  int busy;             /* request dispatched, not answered */
-  int in_dispatch;      /* inside rest_handle, called from http_feed */
-  char *pending;        /* input received while busy */
+  int busy;        /* request dispatched, not answered */
+  int in_dispatch; /* inside rest_handle, called from http_feed */
+  char *pending;   /* input received while busy */
   size_t pending_len;
 };
 
@@ -238,9 +238,7 @@ void http_free(http_t *h) {
   free(h);
 }
 
-http_request_t *http_current(conn_t *c) {
-  return c->http && c->http->busy ? &c->http->req : NULL;
-}
+http_request_t *http_current(conn_t *c) { return c->http && c->http->busy ? &c->http->req : NULL; }
 
 static void process(conn_t *c, const char *data, size_t len);
 
@@ -321,25 +319,44 @@ void http_feed(conn_t *c, const char *data, size_t len) {
 
 const char *http_reason(int status) {
   switch (status) {
-  case 101: return "Switching Protocols";
-  case 200: return "OK";
-  case 201: return "Created";
-  case 204: return "No Content";
-  case 400: return "Bad Request";
-  case 401: return "Unauthorized";
-  case 403: return "Forbidden";
-  case 404: return "Not Found";
-  case 405: return "Method Not Allowed";
-  case 408: return "Request Timeout";
-  case 409: return "Conflict";
-  case 413: return "Content Too Large";
-  case 426: return "Upgrade Required";
-  case 429: return "Too Many Requests";
-  case 417: return "Expectation Failed";
-  case 431: return "Request Header Fields Too Large";
-  case 500: return "Internal Server Error";
-  case 503: return "Service Unavailable";
-  default: return "Unknown";
+  case 101:
+    return "Switching Protocols";
+  case 200:
+    return "OK";
+  case 201:
+    return "Created";
+  case 204:
+    return "No Content";
+  case 400:
+    return "Bad Request";
+  case 401:
+    return "Unauthorized";
+  case 403:
+    return "Forbidden";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 408:
+    return "Request Timeout";
+  case 409:
+    return "Conflict";
+  case 413:
+    return "Content Too Large";
+  case 426:
+    return "Upgrade Required";
+  case 429:
+    return "Too Many Requests";
+  case 417:
+    return "Expectation Failed";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 500:
+    return "Internal Server Error";
+  case 503:
+    return "Service Unavailable";
+  default:
+    return "Unknown";
   }
 }
 
@@ -360,8 +377,8 @@ static void write_response(conn_t *c, int status, const char *content_type, cons
     n = snprintf(head, sizeof head,
                  "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                  "Cache-Control: no-store\r\n%sConnection: %s\r\n\r\n",
-                 status, http_reason(status), content_type, len,
-                 extra_headers ? extra_headers : "", keep_alive ? "keep-alive" : "close");
+                 status, http_reason(status), content_type, len, extra_headers ? extra_headers : "",
+                 keep_alive ? "keep-alive" : "close");
   if (n < 0 || (size_t)n >= sizeof head) {
     conn_close(c);
     return;
@@ -370,8 +387,8 @@ static void write_response(conn_t *c, int status, const char *content_type, cons
   if (status != 204 && len) conn_write(c, body, len);
 }
 
-void http_respond(conn_t *c, int status, const char *content_type, const char *body,
-                  size_t len, const char *extra_headers) {
+void http_respond(conn_t *c, int status, const char *content_type, const char *body, size_t len,
+                  const char *extra_headers) {
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
   int keep_alive = h->req.keep_alive && !c->node->stopping;
@@ -401,7 +418,8 @@ void http_respond_json(conn_t *c, int status, json_t *body, const char *extra_he
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   if (!text) {
-    http_respond(c, 500, "application/json", "{\"error\":{\"code\":\"internal\",\"message\":\"encoding failed\"}}", 57, NULL);
+    http_respond(c, 500, "application/json",
+                 "{\"error\":{\"code\":\"internal\",\"message\":\"encoding failed\"}}", 57, NULL);
     return;
   }
   http_respond(c, status, "application/json", text, strlen(text), extra_headers);

@@ -19,19 +19,19 @@
 
 #include "net/conn.h"
 
-#define HTTP_MAX_HEADER_BYTES (16 * 1024)
-#define HTTP_MAX_BODY_BYTES (1024 * 1024)
+#define HTTP_MAX_HEADER_BYTES    (16 * 1024)
+#define HTTP_MAX_BODY_BYTES      (1024 * 1024)
 #define HTTP_BODY_TIMEOUT_FACTOR 3 /* a body must arrive within 3 x the header timeout */
 
 typedef struct {
-  int method;          /* llhttp_method_t */
+  int method; /* llhttp_method_t */
   const char *method_name;
-  char *path;          /* decoded? no: raw path without the query */
-  char *query;         /* raw query string without '?', or NULL */
-  const char *route;   /* route label for metrics, set by the router */
-  char *authorization, *upgrade, *connection, *ws_key, *ws_version,
-      *ws_protocol, *idempotency_key, *expect;
-  char *body;          /* NUL-terminated */
+  char *path;        /* decoded? no: raw path without the query */
+  char *query;       /* raw query string without '?', or NULL */
+  const char *route; /* route label for metrics, set by the router */
+  char *authorization, *upgrade, *connection, *ws_key, *ws_version, *ws_protocol, *idempotency_key,
+      *expect;
+  char *body; /* NUL-terminated */
   size_t body_len;
   int keep_alive;
 } http_request_t;
@@ -52,16 +52,16 @@ http_request_t *http_current(conn_t *c);
  * NULL), then the body. Counts converger_http_requests_total. Then parsing
  * of pipelined input resumes (or the connection closes when keep-alive is
  * off). */
-void http_respond(conn_t *c, int status, const char *content_type,
-                  const char *body, size_t len, const char *extra_headers);
+void http_respond(conn_t *c, int status, const char *content_type, const char *body, size_t len,
+                  const char *extra_headers);
 
 /* http_respond with a JSON body; takes the reference to `body`. */
 void http_respond_json(conn_t *c, int status, json_t *body, const char *extra_headers);
 
 /* {"error":{"code","message"}} with `status`. retry_after_ms > 0 adds
  * Retry-After (seconds, rounded up) and "retryAfterMs" to the body. */
-void http_respond_error(conn_t *c, int status, const char *code,
-                        const char *message, long retry_after_ms);
+void http_respond_error(conn_t *c, int status, const char *code, const char *message,
+                        long retry_after_ms);
 
 /* Answer an error and close the connection (malformed input). Can be used
  * when no request is current. */

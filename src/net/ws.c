@@ -199,10 +199,11 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   char accept[29];
   char head[512];
   ws_accept_key(req->ws_key, accept);
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n%s\r\n",
-                   accept, req->ws_protocol ? "Sec-WebSocket-Protocol: " WS_SUBPROTOCOL "\r\n" : "");
+  int n =
+      snprintf(head, sizeof head,
+               "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n%s\r\n",
+               accept, req->ws_protocol ? "Sec-WebSocket-Protocol: " WS_SUBPROTOCOL "\r\n" : "");
   ws_t *ws = calloc(1, sizeof *ws);
   if (!ws) {
     conn_close(c);

@@ -119,7 +119,7 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
   WHY("unknown frame type \"%.40s\"", type);
   frame_client_clear(out);
   return -CV_EINVAL;
-bad: {
+bad : {
   frame_type_t t = out->type;
   /* `type` points into root: decide before clearing. */
   int known = type != NULL && (t != FRAME_HELLO || strcmp(type, "hello") == 0);
@@ -136,9 +136,7 @@ void frame_client_clear(frame_client_t *f) {
   memset(f, 0, sizeof *f);
 }
 
-char *frame_dump(json_t *v) {
-  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-}
+char *frame_dump(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); }
 
 static char *dump_steal(json_t *v) {
   if (!v) return NULL;
@@ -184,13 +182,13 @@ char *frame_error(const char *code, const char *message, const char *conv, long 
 }
 
 char *frame_synced(const char *conv, int64_t head) {
-  return dump_steal(json_pack("{s:s, s:s, s:I}", "type", "synced", "conv", conv, "head",
-                              (json_int_t)head));
+  return dump_steal(
+      json_pack("{s:s, s:s, s:I}", "type", "synced", "conv", conv, "head", (json_int_t)head));
 }
 
 char *frame_sent(const char *conv, const char *id, int64_t seq) {
-  return dump_steal(json_pack("{s:s, s:s, s:s, s:I}", "type", "sent", "conv", conv, "id", id,
-                              "seq", (json_int_t)seq));
+  return dump_steal(json_pack("{s:s, s:s, s:s, s:I}", "type", "sent", "conv", conv, "id", id, "seq",
+                              (json_int_t)seq));
 }
 
 char *frame_pong(void) { return strdup("{\"type\":\"pong\"}"); }

@@ -31,16 +31,16 @@ typedef struct {
 /* A decoded client frame. Strings point into `root` (kept alive by it). */
 typedef struct {
   frame_type_t type;
-  json_t *root;          /* owned; frame_client_clear releases it */
-  const char *token;     /* hello */
-  frame_sub_t *subs;     /* hello; heap array */
+  json_t *root;      /* owned; frame_client_clear releases it */
+  const char *token; /* hello */
+  frame_sub_t *subs; /* hello; heap array */
   size_t nsubs;
-  const char *conv;      /* sync, send */
-  int64_t watermark;     /* sync */
-  const char *id;        /* send */
-  json_t *body;          /* send; borrowed from root */
-  int known_type;        /* on a decode failure: 1 when `type` was a known
-                            frame type (then `type` is set) */
+  const char *conv;  /* sync, send */
+  int64_t watermark; /* sync */
+  const char *id;    /* send */
+  json_t *body;      /* send; borrowed from root */
+  int known_type;    /* on a decode failure: 1 when `type` was a known
+                        frame type (then `type` is set) */
 } frame_client_t;
 
 /* Decode one client text message. On success fills `out` (clear it with
@@ -48,14 +48,14 @@ typedef struct {
  * `why` (a message for the error frame, at most `why_len` bytes);
  * out->known_type and out->type then tell which frame it tried to be.
  * `max_subs` bounds hello subscriptions. */
-int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out,
-                 char *why, size_t why_len);
+int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out, char *why,
+                 size_t why_len);
 void frame_client_clear(frame_client_t *f);
 
 /* Server frames as compact JSON text (heap; caller frees). NULL on OOM. */
 char *frame_msg(const char *conv, const store_msg_t *m);
-char *frame_error(const char *code, const char *message, const char *conv,
-                  long retry_after_ms, json_t *details /* steals; may be NULL */);
+char *frame_error(const char *code, const char *message, const char *conv, long retry_after_ms,
+                  json_t *details /* steals; may be NULL */);
 char *frame_synced(const char *conv, int64_t head);
 char *frame_sent(const char *conv, const char *id, int64_t seq);
 char *frame_pong(void);

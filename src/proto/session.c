@@ -32,11 +32,11 @@
 #include "net/ws.h"
 #include "proto/frames.h"
 
-#define PENDING_MAX 10000 /* live messages buffered per subscription during a fill */
-#define PAGE_BYTES (256 * 1024)    /* bytes of bodies in one replay page */
-#define HELLO_BYTES (1024 * 1024)  /* bytes of first pages in one hello job, all subs */
+#define PENDING_MAX    10000         /* live messages buffered per subscription during a fill */
+#define PAGE_BYTES     (256 * 1024)  /* bytes of bodies in one replay page */
+#define HELLO_BYTES    (1024 * 1024) /* bytes of first pages in one hello job, all subs */
 #define OUT_HIGH_WATER (1024 * 1024) /* queued output above which replay pauses */
-#define DEACT_RING 256             /* recent channel deactivations remembered */
+#define DEACT_RING     256           /* recent channel deactivations remembered */
 
 typedef struct sub_s {
   bus_sub_t bus;
@@ -49,7 +49,7 @@ typedef struct sub_s {
   int overflow;
   int sync_pending;
   int64_t sync_watermark;
-  int deferred;            /* a fill waits for the output to drain */
+  int deferred; /* a fill waits for the output to drain */
   int64_t deferred_after, deferred_upto;
   int deferred_synced;
   bus_msg_t **pending;
@@ -108,8 +108,7 @@ static void count_handshake(const char *result) {
 
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * in the reason (the admission-queue decision record). Steals `details`. */
-static void refuse_unavailable(conn_t *c, const char *message, const char *conv,
-                               json_t *details) {
+static void refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details) {
   long hint = retry_hint(c->node);
   char reason[48];
   send_error(c, "unavailable", message, conv, hint, details);
@@ -365,9 +364,8 @@ static void hello_work(pool_job_t *job, store_t *db) {
     /* The replay is skipped at the head; past the budget the rest of the
      * replay comes in paced fill pages. */
     if (it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
-      it->status = store_replay(db, it->conv, it->watermark, it->info.head,
-                                STORE_REPLAY_PAGE_MAX, budget < PAGE_BYTES ? budget : PAGE_BYTES,
-                                &it->msgs, &it->n);
+      it->status = store_replay(db, it->conv, it->watermark, it->info.head, STORE_REPLAY_PAGE_MAX,
+                                budget < PAGE_BYTES ? budget : PAGE_BYTES, &it->msgs, &it->n);
       for (size_t k = 0; k < it->n; k++) {
         size_t b = strlen(it->msgs[k].body) + strlen(it->msgs[k].sender);
         budget = b < budget ? budget - b : 0;
@@ -404,21 +402,21 @@ static void hello_done(pool_job_t *job) {
         if (it->status == -CV_ENOTFOUND)
           send_error(c, "not_found", "no such conversation", it->conv, 0, NULL);
         else
-          send_error(c, "channel_inactive", "the conversation's channel is inactive", it->conv,
-                     0, NULL);
+          send_error(c, "channel_inactive", "the conversation's channel is inactive", it->conv, 0,
+                     NULL);
         remove_sub(s, sub);
         continue;
       }
       strcpy(sub->channel, it->info.channel);
-      json_array_append_new(subs, json_pack("{s:s, s:I, s:b}", "conv", it->conv, "head",
-                                            (json_int_t)it->info.head, "presence",
-                                            it->info.presence));
+      json_array_append_new(subs,
+                            json_pack("{s:s, s:I, s:b}", "conv", it->conv, "head",
+                                      (json_int_t)it->info.head, "presence", it->info.presence));
     }
     char session_id[32];
     snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
-    json_t *welcome = json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session",
-                                session_id, "node", s->node->cfg->node_id, "heartbeatMs",
-                                s->node->cfg->heartbeat_ms, "subs", subs);
+    json_t *welcome =
+        json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session", session_id, "node",
+                  s->node->cfg->node_id, "heartbeatMs", s->node->cfg->heartbeat_ms, "subs", subs);
     send_text_owned(c, frame_dump(welcome));
     json_decref(welcome);
     count_handshake("ok");
@@ -508,8 +506,8 @@ typedef struct {
 static void send_work(pool_job_t *job, store_t *db) {
   send_job_t *j = container_of(job, send_job_t, job);
   node_t *node = j->conn->node; /* the node outlives every job */
-  j->status = bus_append(node->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(),
-                         &j->msg, &j->created);
+  j->status = bus_append(node->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
+                         &j->created);
 }
 
 static void send_done(pool_job_t *job) {
@@ -547,8 +545,7 @@ static void handle_send(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   json_t *details = json_pack("{s:s}", "id", f->id);
   if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
-    send_error(c, "forbidden", "the token may not send to this conversation", f->conv, 0,
-               details);
+    send_error(c, "forbidden", "the token may not send to this conversation", f->conv, 0, details);
     return;
   }
   json_decref(details);
@@ -604,8 +601,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   switch (f.type) {
   case FRAME_HELLO:
     if (s->hello_seen)
-      send_error(c, "bad_request", "hello was already received on this connection", NULL, 0,
-                 NULL);
+      send_error(c, "bad_request", "hello was already received on this connection", NULL, 0, NULL);
     else
       handle_hello(s, &f);
     break;
@@ -679,8 +675,7 @@ void session_revoke_jti(node_t *node, const char *jti) {
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing || !s->hello_seen || !s->token.jti[0]) continue;
-    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(node->auth, s->token.jti))
-      continue;
+    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(node->auth, s->token.jti)) continue;
     send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
   }
@@ -696,8 +691,8 @@ void session_channel_inactive(node_t *node, const char *channel) {
     while (sub) {
       sub_t *next = sub->next;
       if (strcmp(sub->channel, channel) == 0) {
-        send_error(c, "channel_inactive", "the conversation's channel was deactivated",
-                   sub->conv, 0, NULL);
+        send_error(c, "channel_inactive", "the conversation's channel was deactivated", sub->conv,
+                   0, NULL);
         remove_sub(s, sub);
       }
       sub = next;

@@ -120,8 +120,8 @@ static void closed_cb(uv_handle_t *handle) {
   free_pool(container_of((uv_async_t *)handle, pool_t, async));
 }
 
-int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
-               int size, pool_t **out) {
+int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
+               pool_t **out) {
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
@@ -186,7 +186,8 @@ void pool_close(pool_t *pool) {
   if (pool->closing) return;
   pool->closing = 1;
   stop_workers(pool); /* queued jobs are canceled, running ones finish */
-  while (pool->done_head) async_cb(&pool->async); /* their done callbacks, and any
-                                                      job those submit (canceled) */
+  while (pool->done_head)
+    async_cb(&pool->async); /* their done callbacks, and any
+                                job those submit (canceled) */
   uv_close((uv_handle_t *)&pool->async, closed_cb);
 }

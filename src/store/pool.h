@@ -31,9 +31,9 @@ typedef void (*pool_done_cb)(pool_job_t *job);
 struct pool_job_s {
   pool_work_cb work;
   pool_done_cb done;
-  uint64_t submit_ms;  /* monotonic ms, set by pool_submit */
-  uint64_t wait_ms;    /* time spent queued before a worker took it */
-  int canceled;        /* set when pool_close dropped it before `work` ran */
+  uint64_t submit_ms; /* monotonic ms, set by pool_submit */
+  uint64_t wait_ms;   /* time spent queued before a worker took it */
+  int canceled;       /* set when pool_close dropped it before `work` ran */
   pool_job_t *next;
 };
 
@@ -42,8 +42,8 @@ struct pool_job_s {
  * bound to `loop` (whose uv_async handle keeps the loop alive until
  * pool_close). Returns 0, or the store's error after logging it (nothing is
  * left running). Loop thread. */
-int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt,
-               int size, pool_t **out);
+int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
+               pool_t **out);
 
 /* Queue `job`: `work` runs on a worker, then `done` on the loop. Never fails
  * and never calls `done` synchronously; after pool_close has begun, the job

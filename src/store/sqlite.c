@@ -35,7 +35,7 @@
 #include "core/log.h"
 #include "core/util.h"
 
-#define URL_PREFIX "sqlite:"
+#define URL_PREFIX              "sqlite:"
 #define BUSY_TIMEOUT_DEFAULT_MS 5000
 
 /* Migrations, oldest first: migrations[i] brings the schema to version i+1.
@@ -101,11 +101,9 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
     [ST_PING] = "SELECT 1",
-    [ST_CHANNEL_INSERT] =
-        "INSERT INTO channels (id, name, presence, active, created_ms)"
-        " VALUES (?1, ?2, ?3, 1, ?4)",
-    [ST_CHANNEL_GET] =
-        "SELECT id, name, presence, active FROM channels WHERE id = ?1",
+    [ST_CHANNEL_INSERT] = "INSERT INTO channels (id, name, presence, active, created_ms)"
+                          " VALUES (?1, ?2, ?3, 1, ?4)",
+    [ST_CHANNEL_GET] = "SELECT id, name, presence, active FROM channels WHERE id = ?1",
     [ST_CHANNEL_SET_ACTIVE] = "UPDATE channels SET active = ?2 WHERE id = ?1"
                               " RETURNING id, name, presence, active",
     [ST_CONV_INSERT] = "INSERT INTO conversations (id, channel, head,"
@@ -114,8 +112,7 @@ static const char *const stmt_sql[ST_COUNT_] = {
                     " FROM conversations v JOIN channels c ON c.id = v.channel"
                     " WHERE v.id = ?1",
     [ST_CONV_EXISTS] = "SELECT 1 FROM conversations WHERE id = ?1",
-    [ST_HEAD_BUMP] =
-        "UPDATE conversations SET head = head + 1 WHERE id = ?1 RETURNING head",
+    [ST_HEAD_BUMP] = "UPDATE conversations SET head = head + 1 WHERE id = ?1 RETURNING head",
     [ST_MSG_BY_ID] = "SELECT seq, id, sender, body, ts_ms FROM messages"
                      " WHERE conv = ?1 AND id = ?2",
     [ST_MSG_INSERT] = "INSERT INTO messages"
@@ -127,8 +124,7 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_REVOKE] = "INSERT INTO revocations (jti, exp_s) VALUES (?1, ?2)"
                   " ON CONFLICT (jti) DO UPDATE"
                   " SET exp_s = max(exp_s, excluded.exp_s)",
-    [ST_REVOCATIONS] =
-        "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
+    [ST_REVOCATIONS] = "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
 };
 
 struct store_s {
@@ -151,8 +147,7 @@ static int db_error(store_t *s, int rc, const char *what) {
   case SQLITE_TOOBIG:
     return -CV_ETOOLARGE;
   default:
-    log_error("store: %s: %s (%s)", what, sqlite3_errmsg(s->db),
-              sqlite3_errstr(rc));
+    log_error("store: %s: %s (%s)", what, sqlite3_errmsg(s->db), sqlite3_errstr(rc));
     return -CV_ESTORE;
   }
 }
@@ -163,8 +158,8 @@ static int is_unique_violation(int rc) {
 
 static int stmt_get(store_t *s, enum stmt_id id, sqlite3_stmt **out) {
   if (s->stmt[id] == NULL) {
-    int rc = sqlite3_prepare_v3(s->db, stmt_sql[id], -1,
-                                SQLITE_PREPARE_PERSISTENT, &s->stmt[id], NULL);
+    int rc =
+        sqlite3_prepare_v3(s->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[id], NULL);
     if (rc != SQLITE_OK) {
       sqlite3_finalize(s->stmt[id]);
       s->stmt[id] = NULL;
@@ -300,8 +295,7 @@ static int set_wal(store_t *s, const char *path, int busy_ms) {
   int rc, err = 0, nap_ms = 1;
   uint64_t deadline = util_mono_ms() + (uint64_t)busy_ms;
   for (;;) {
-    if (st == NULL)
-      rc = sqlite3_prepare_v2(s->db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
+    if (st == NULL) rc = sqlite3_prepare_v2(s->db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
     if (st != NULL) {
       sqlite3_reset(st);
       rc = sqlite3_step(st);
@@ -314,8 +308,7 @@ static int set_wal(store_t *s, const char *path, int busy_ms) {
     const char *mode = (const char *)sqlite3_column_text(st, 0);
     /* ":memory:" databases answer "memory": not an error, but say so. */
     if (mode == NULL || strcmp(mode, "wal") != 0)
-      log_warn("store: %s: journal_mode is %s, not wal", path,
-               mode != NULL ? mode : "?");
+      log_warn("store: %s: journal_mode is %s, not wal", path, mode != NULL ? mode : "?");
   } else {
     err = db_error(s, rc, "journal_mode=WAL");
   }
@@ -331,21 +324,18 @@ int store_open(const char *url, const store_options_t *opt, store_t **out) {
   };
   const size_t plen = sizeof URL_PREFIX - 1;
   if (out != NULL) *out = NULL;
-  if (url == NULL || out == NULL || strncmp(url, URL_PREFIX, plen) != 0 ||
-      url[plen] == '\0')
+  if (url == NULL || out == NULL || strncmp(url, URL_PREFIX, plen) != 0 || url[plen] == '\0')
     return -CV_EINVAL;
   const char *path = url + plen;
   int sync = opt != NULL ? (int)opt->sync : STORE_SYNC_FULL;
   int busy_ms = opt != NULL ? opt->busy_timeout_ms : 0;
-  if (sync < STORE_SYNC_OFF || sync > STORE_SYNC_FULL || busy_ms < 0)
-    return -CV_EINVAL;
+  if (sync < STORE_SYNC_OFF || sync > STORE_SYNC_FULL || busy_ms < 0) return -CV_EINVAL;
   if (busy_ms == 0) busy_ms = BUSY_TIMEOUT_DEFAULT_MS;
 
   store_t *s = calloc(1, sizeof *s);
   if (s == NULL) return -CV_ENOMEM;
-  int rc = sqlite3_open_v2(
-      path, &s->db,
-      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+  int rc = sqlite3_open_v2(path, &s->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
   if (s->db == NULL) {
     free(s);
     return -CV_ENOMEM;
@@ -398,21 +388,18 @@ int store_migrate(store_t *s) {
                  " applied_at TEXT NOT NULL"
                  " DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
                  "migrate");
-  if (!err)
-    err = query_int(s, "SELECT coalesce(max(version), 0) FROM schema_version",
-                    &cur);
+  if (!err) err = query_int(s, "SELECT coalesce(max(version), 0) FROM schema_version", &cur);
   if (!err && cur > SCHEMA_VERSION) {
-    log_error("store: schema version %lld is newer than this build's %d",
-              (long long)cur, SCHEMA_VERSION);
+    log_error("store: schema version %lld is newer than this build's %d", (long long)cur,
+              SCHEMA_VERSION);
     err = -CV_ESTORE;
   }
   for (int64_t v = cur + 1; !err && v <= SCHEMA_VERSION; v++) {
     sqlite3_stmt *st = NULL;
     err = exec_sql(s, migrations[v - 1], "migrate");
     if (err) break;
-    int rc = sqlite3_prepare_v2(
-        s->db, "INSERT INTO schema_version (version) VALUES (?1)", -1, &st,
-        NULL);
+    int rc = sqlite3_prepare_v2(s->db, "INSERT INTO schema_version (version) VALUES (?1)", -1, &st,
+                                NULL);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 1, v);
     if (rc == SQLITE_OK) rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) err = db_error(s, rc, "migrate");
@@ -421,8 +408,7 @@ int store_migrate(store_t *s) {
   if (!err) err = tx_commit(s);
   if (err) return tx_rollback(s, err);
   if (cur < SCHEMA_VERSION)
-    log_info("store: schema migrated from version %lld to %d", (long long)cur,
-             SCHEMA_VERSION);
+    log_info("store: schema migrated from version %lld to %d", (long long)cur, SCHEMA_VERSION);
   return 0;
 }
 
@@ -451,8 +437,8 @@ int store_ping(store_t *s) {
 
 /* ---- channels --------------------------------------------------------- */
 
-int store_channel_create(store_t *s, const char *id, const char *name,
-                         int presence, store_channel_t *out) {
+int store_channel_create(store_t *s, const char *id, const char *name, int presence,
+                         store_channel_t *out) {
   if (s == NULL || !util_id_valid(id) || name == NULL ||
       strnlen(name, STORE_NAME_MAX + 1) > STORE_NAME_MAX)
     return -CV_EINVAL;
@@ -494,8 +480,7 @@ int store_channel_get(store_t *s, const char *id, store_channel_t *out) {
   return err;
 }
 
-int store_channel_set_active(store_t *s, const char *id, int active,
-                             store_channel_t *out) {
+int store_channel_set_active(store_t *s, const char *id, int active, store_channel_t *out) {
   if (s == NULL || !util_id_valid(id)) return -CV_EINVAL;
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CHANNEL_SET_ACTIVE, &st);
@@ -510,8 +495,7 @@ int store_channel_set_active(store_t *s, const char *id, int active,
     rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) err = db_error(s, rc, "channel set_active");
   } else {
-    err = rc == SQLITE_DONE ? -CV_ENOTFOUND
-                            : db_error(s, rc, "channel set_active");
+    err = rc == SQLITE_DONE ? -CV_ENOTFOUND : db_error(s, rc, "channel set_active");
   }
   stmt_done(st);
   return err;
@@ -519,10 +503,8 @@ int store_channel_set_active(store_t *s, const char *id, int active,
 
 /* ---- conversations ---------------------------------------------------- */
 
-int store_conv_create(store_t *s, const char *id, const char *channel,
-                      store_conv_t *out) {
-  if (s == NULL || !util_id_valid(id) || !util_id_valid(channel))
-    return -CV_EINVAL;
+int store_conv_create(store_t *s, const char *id, const char *channel, store_conv_t *out) {
+  if (s == NULL || !util_id_valid(id) || !util_id_valid(channel)) return -CV_EINVAL;
   sqlite3_stmt *st = NULL;
   int active = 0, presence = 0;
   int err = tx_begin(s);
@@ -586,8 +568,7 @@ int store_conv_get(store_t *s, const char *id, store_conv_t *out) {
 
 /* Inside the append transaction: the message already stored under (conv, id)
  * into *out (return 1), none (0), or a negative error. */
-static int append_find(store_t *s, const char *conv, const char *id,
-                       store_msg_t *out) {
+static int append_find(store_t *s, const char *conv, const char *id, store_msg_t *out) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_MSG_BY_ID, &st);
   if (err) return err;
@@ -636,9 +617,8 @@ static int append_bump_head(store_t *s, const char *conv, int64_t *seq) {
   return err;
 }
 
-static int append_insert(store_t *s, const char *conv, int64_t seq,
-                         const char *id, const char *sender, const char *body,
-                         int64_t ts_ms) {
+static int append_insert(store_t *s, const char *conv, int64_t seq, const char *id,
+                         const char *sender, const char *body, int64_t ts_ms) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_MSG_INSERT, &st);
   if (err) return err;
@@ -654,13 +634,12 @@ static int append_insert(store_t *s, const char *conv, int64_t seq,
   return err;
 }
 
-int store_append(store_t *s, const char *conv, const char *id,
-                 const char *sender, const char *body, int64_t ts_ms,
-                 store_msg_t *out, int *created) {
+int store_append(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
+                 int64_t ts_ms, store_msg_t *out, int *created) {
   if (out != NULL) memset(out, 0, sizeof *out);
   if (created != NULL) *created = 0;
-  if (s == NULL || !util_id_valid(conv) || !util_id_valid(id) ||
-      sender == NULL || body == NULL || out == NULL || created == NULL)
+  if (s == NULL || !util_id_valid(conv) || !util_id_valid(id) || sender == NULL || body == NULL ||
+      out == NULL || created == NULL)
     return -CV_EINVAL;
 
   int64_t seq = 0;
@@ -706,18 +685,16 @@ static int conv_exists(store_t *s, const char *conv) {
   if (err) return err;
   int rc = bind_text(st, 1, conv);
   if (rc == SQLITE_OK) rc = sqlite3_step(st);
-  if (rc != SQLITE_ROW)
-    err = rc == SQLITE_DONE ? -CV_ENOTFOUND : db_error(s, rc, "replay");
+  if (rc != SQLITE_ROW) err = rc == SQLITE_DONE ? -CV_ENOTFOUND : db_error(s, rc, "replay");
   stmt_done(st);
   return err;
 }
 
-int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
-                 int limit, size_t max_bytes, store_msg_t **msgs, size_t *n) {
+int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
+                 size_t max_bytes, store_msg_t **msgs, size_t *n) {
   if (msgs != NULL) *msgs = NULL;
   if (n != NULL) *n = 0;
-  if (s == NULL || !util_id_valid(conv) || msgs == NULL || n == NULL)
-    return -CV_EINVAL;
+  if (s == NULL || !util_id_valid(conv) || msgs == NULL || n == NULL) return -CV_EINVAL;
   if (limit < 1) limit = 1;
   if (limit > STORE_REPLAY_PAGE_MAX) limit = STORE_REPLAY_PAGE_MAX;
   if (upto < 0) upto = INT64_MAX;

@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_ID_MAX 128          /* ids match [A-Za-z0-9._:-]{1,128} */
-#define STORE_NAME_MAX 256        /* channel display name, bytes */
+#define STORE_ID_MAX          128  /* ids match [A-Za-z0-9._:-]{1,128} */
+#define STORE_NAME_MAX        256  /* channel display name, bytes */
 #define STORE_REPLAY_PAGE_MAX 1000 /* messages per replay page */
 
 typedef struct store_s store_t;
@@ -91,17 +91,15 @@ int store_ping(store_t *s);
 
 /* Channels. create: -CV_EEXISTS if the id is taken. get/set_active:
  * -CV_ENOTFOUND if missing. `out` may be NULL. */
-int store_channel_create(store_t *s, const char *id, const char *name,
-                         int presence, store_channel_t *out);
+int store_channel_create(store_t *s, const char *id, const char *name, int presence,
+                         store_channel_t *out);
 int store_channel_get(store_t *s, const char *id, store_channel_t *out);
-int store_channel_set_active(store_t *s, const char *id, int active,
-                             store_channel_t *out);
+int store_channel_set_active(store_t *s, const char *id, int active, store_channel_t *out);
 
 /* Conversations. create: -CV_ENOTFOUND if the channel is missing,
  * -CV_EEXISTS if the id is taken; head starts at 0. get: the conversation
  * with its head and its channel's active/presence flags in one read. */
-int store_conv_create(store_t *s, const char *id, const char *channel,
-                      store_conv_t *out);
+int store_conv_create(store_t *s, const char *id, const char *channel, store_conv_t *out);
 int store_conv_get(store_t *s, const char *id, store_conv_t *out);
 
 /* Append one message in one transaction: seq = head + 1 under the write
@@ -111,9 +109,8 @@ int store_conv_get(store_t *s, const char *id, store_conv_t *out);
  * *created to 1, or to 0 when `id` already existed in `conv` (then `out` is
  * the first message with that id, unchanged). -CV_ENOTFOUND when the
  * conversation does not exist, -CV_EINACTIVE when its channel is inactive. */
-int store_append(store_t *s, const char *conv, const char *id,
-                 const char *sender, const char *body, int64_t ts_ms,
-                 store_msg_t *out, int *created);
+int store_append(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
+                 int64_t ts_ms, store_msg_t *out, int *created);
 
 /* Replay: messages with after < seq <= upto (upto < 0: no upper bound), in
  * ascending seq, at most `limit` (1..STORE_REPLAY_PAGE_MAX; larger values are
@@ -122,8 +119,8 @@ int store_append(store_t *s, const char *conv, const char *id,
  * paging always progresses). On success *msgs is a heap array of *n messages
  * (NULL when 0) that the caller frees with store_msgs_free. -CV_ENOTFOUND
  * when the conversation does not exist. */
-int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto,
-                 int limit, size_t max_bytes, store_msg_t **msgs, size_t *n);
+int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
+                 size_t max_bytes, store_msg_t **msgs, size_t *n);
 
 void store_msg_clear(store_msg_t *m);
 void store_msgs_free(store_msg_t *msgs, size_t n);

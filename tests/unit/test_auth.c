@@ -16,13 +16,15 @@
 #include "core/errors.h"
 
 #define SECRET "unit-test-secret"
-#define NOW 1800000000LL
+#define NOW    1800000000LL
 
 static void b64url(const unsigned char *in, size_t n, char *out) {
   int len = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
   for (int i = 0; i < len; i++) {
-    if (out[i] == '+') out[i] = '-';
-    else if (out[i] == '/') out[i] = '_';
+    if (out[i] == '+')
+      out[i] = '-';
+    else if (out[i] == '/')
+      out[i] = '_';
   }
   while (len > 0 && out[len - 1] == '=') len--;
   out[len] = '\0';
@@ -146,7 +148,8 @@ static void test_alg_none_and_others_refused(void **state) {
 static void test_missing_claims(void **state) {
   auth_token_t t;
   const char *why;
-  char *no_exp = forge("{\"alg\":\"HS256\"}", "{\"sub\":\"u\",\"convs\":[\"c\"]}", EVP_sha256(), SECRET);
+  char *no_exp =
+      forge("{\"alg\":\"HS256\"}", "{\"sub\":\"u\",\"convs\":[\"c\"]}", EVP_sha256(), SECRET);
   assert_int_equal(auth_verify(a, no_exp, NOW, &t, &why), -CV_EUNAUTHORIZED);
   assert_string_equal(why, "token has no exp");
   free(no_exp);
@@ -155,7 +158,8 @@ static void test_missing_claims(void **state) {
   char *no_convs = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), SECRET);
   assert_int_equal(auth_verify(a, no_convs, NOW, &t, &why), -CV_EUNAUTHORIZED);
   free(no_convs);
-  snprintf(claims, sizeof claims, "{\"sub\":\"bad sub\",\"convs\":[\"c\"],\"exp\":%lld}", NOW + 100);
+  snprintf(claims, sizeof claims, "{\"sub\":\"bad sub\",\"convs\":[\"c\"],\"exp\":%lld}",
+           NOW + 100);
   char *bad_sub = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), SECRET);
   assert_int_equal(auth_verify(a, bad_sub, NOW, &t, &why), -CV_EUNAUTHORIZED);
   free(bad_sub);
@@ -184,9 +188,9 @@ static void test_revocation_cache(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sign_then_verify),     cmocka_unit_test(test_wildcard_and_scope),
-      cmocka_unit_test(test_bad_signature),        cmocka_unit_test(test_alg_none_and_others_refused),
-      cmocka_unit_test(test_missing_claims),       cmocka_unit_test(test_api_key),
+      cmocka_unit_test(test_sign_then_verify), cmocka_unit_test(test_wildcard_and_scope),
+      cmocka_unit_test(test_bad_signature),    cmocka_unit_test(test_alg_none_and_others_refused),
+      cmocka_unit_test(test_missing_claims),   cmocka_unit_test(test_api_key),
       cmocka_unit_test(test_revocation_cache),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

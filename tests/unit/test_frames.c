@@ -18,10 +18,11 @@ static int decode(const char *text, frame_client_t *f, char *why) {
 static void test_hello(void **state) {
   frame_client_t f;
   char why[200];
-  assert_int_equal(decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":5},"
-                          "{\"conv\":\"b\",\"watermark\":null},{\"conv\":\"c\"}],\"client\":\"x/1\"}",
-                          &f, why),
-                   0);
+  assert_int_equal(
+      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":5},"
+             "{\"conv\":\"b\",\"watermark\":null},{\"conv\":\"c\"}],\"client\":\"x/1\"}",
+             &f, why),
+      0);
   assert_int_equal(f.type, FRAME_HELLO);
   assert_string_equal(f.token, "t");
   assert_int_equal(f.nsubs, 3);
@@ -36,13 +37,15 @@ static void test_hello_invalid(void **state) {
   frame_client_t f;
   char why[200];
   const char *bad[] = {
-      "{\"type\":\"hello\",\"subs\":[{\"conv\":\"a\"}]}",                         /* no token */
-      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[]}",                          /* no subs */
-      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"b\"},{\"conv\":\"c\"},{\"conv\":\"d\"}]}",
-      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a b\"}]}",        /* bad id */
+      "{\"type\":\"hello\",\"subs\":[{\"conv\":\"a\"}]}", /* no token */
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[]}", /* no subs */
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"b\"},{\"conv\":"
+      "\"c\"},{\"conv\":\"d\"}]}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a b\"}]}", /* bad id */
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":-1}]}",
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":\"3\"}]}",
-      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"a\"}]}", /* twice */
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"a\"}]}", /* twice
+                                                                                            */
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[\"a\"]}",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -77,27 +80,35 @@ static void test_sync_send_ping(void **state) {
   frame_client_clear(&f);
   assert_int_equal(decode("{\"type\":\"sync\",\"conv\":\"c1\"}", &f, why), -CV_EINVAL);
   assert_int_equal(f.type, FRAME_SYNC);
-  assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m-1\",\"body\":{\"t\":[1]}}", &f, why), 0);
+  assert_int_equal(
+      decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m-1\",\"body\":{\"t\":[1]}}", &f, why),
+      0);
   assert_int_equal(f.type, FRAME_SEND);
   assert_string_equal(f.id, "m-1");
   char *body = frame_dump(f.body);
   assert_string_equal(body, "{\"t\":[1]}");
   free(body);
   frame_client_clear(&f);
-  assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m 1\",\"body\":1}", &f, why), -CV_EINVAL);
-  assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m1\"}", &f, why), -CV_EINVAL);
+  assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m 1\",\"body\":1}", &f, why),
+                   -CV_EINVAL);
+  assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m1\"}", &f, why),
+                   -CV_EINVAL);
   assert_int_equal(decode("{\"type\":\"ping\"}", &f, why), 0);
   assert_int_equal(f.type, FRAME_PING);
   frame_client_clear(&f);
 }
 
 static void test_server_frames(void **state) {
-  store_msg_t m = {.seq = 7, .id = "m1", .sender = "o'brien\"; DROP TABLE x; --",
-                   .body = "{\"text\":\"h\\u00e9\"}", .ts_ms = 1800000000123LL};
+  store_msg_t m = {.seq = 7,
+                   .id = "m1",
+                   .sender = "o'brien\"; DROP TABLE x; --",
+                   .body = "{\"text\":\"h\\u00e9\"}",
+                   .ts_ms = 1800000000123LL};
   char *s = frame_msg("room.1", &m);
-  assert_string_equal(s, "{\"type\":\"msg\",\"conv\":\"room.1\",\"seq\":7,\"id\":\"m1\","
-                         "\"sender\":\"o'brien\\\"; DROP TABLE x; --\",\"ts\":\"2027-01-15T08:00:00.123Z\","
-                         "\"body\":{\"text\":\"h\\u00e9\"}}");
+  assert_string_equal(
+      s, "{\"type\":\"msg\",\"conv\":\"room.1\",\"seq\":7,\"id\":\"m1\","
+         "\"sender\":\"o'brien\\\"; DROP TABLE x; --\",\"ts\":\"2027-01-15T08:00:00.123Z\","
+         "\"body\":{\"text\":\"h\\u00e9\"}}");
   free(s);
   s = frame_synced("c", 12);
   assert_string_equal(s, "{\"type\":\"synced\",\"conv\":\"c\",\"head\":12}");
@@ -110,7 +121,8 @@ static void test_server_frames(void **state) {
   assert_string_equal(json_string_value(json_object_get(v, "type")), "error");
   assert_string_equal(json_string_value(json_object_get(v, "code")), "replay_unavailable");
   assert_int_equal(json_integer_value(json_object_get(v, "retryAfterMs")), 2500);
-  assert_int_equal(json_integer_value(json_object_get(json_object_get(v, "details"), "watermark")), 4);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(v, "details"), "watermark")),
+                   4);
   json_decref(v);
   free(s);
   s = frame_error("bad_request", "x", NULL, 0, NULL);
@@ -120,8 +132,10 @@ static void test_server_frames(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hello),        cmocka_unit_test(test_hello_invalid),
-      cmocka_unit_test(test_malformed_and_unknown), cmocka_unit_test(test_sync_send_ping),
+      cmocka_unit_test(test_hello),
+      cmocka_unit_test(test_hello_invalid),
+      cmocka_unit_test(test_malformed_and_unknown),
+      cmocka_unit_test(test_sync_send_ping),
       cmocka_unit_test(test_server_frames),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -99,9 +99,12 @@ static void test_retry_hints_spread(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_same_seed_same_sequence), cmocka_unit_test(test_range_bounds_and_coverage),
-      cmocka_unit_test(test_full_jitter),             cmocka_unit_test(test_equal_jitter),
-      cmocka_unit_test(test_decorrelated_jitter),     cmocka_unit_test(test_retry_hints_spread),
+      cmocka_unit_test(test_same_seed_same_sequence),
+      cmocka_unit_test(test_range_bounds_and_coverage),
+      cmocka_unit_test(test_full_jitter),
+      cmocka_unit_test(test_equal_jitter),
+      cmocka_unit_test(test_decorrelated_jitter),
+      cmocka_unit_test(test_retry_hints_spread),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

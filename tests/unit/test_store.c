@@ -30,8 +30,7 @@ typedef struct {
 } fx_t;
 
 /* Fast and patient: these tests are about semantics, not fsync. */
-static const store_options_t test_opt = {.sync = STORE_SYNC_NORMAL,
-                                         .busy_timeout_ms = 30000};
+static const store_options_t test_opt = {.sync = STORE_SYNC_NORMAL, .busy_timeout_ms = 30000};
 
 static int setup_dir(void **state) {
   fx_t *f = calloc(1, sizeof *f);
@@ -56,8 +55,7 @@ static int setup(void **state) {
   return store_migrate(f->s) == 0 ? 0 : -1;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag,
-                 struct FTW *ftw) {
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb;
   (void)flag;
   (void)ftw;
@@ -94,12 +92,10 @@ static void mk_conv(store_t *s, const char *ch, const char *conv) {
   assert_int_equal(store_conv_create(s, conv, ch, NULL), 0);
 }
 
-static int64_t append_ok(store_t *s, const char *conv, const char *id,
-                         const char *body) {
+static int64_t append_ok(store_t *s, const char *conv, const char *id, const char *body) {
   store_msg_t m;
   int created = -1;
-  assert_int_equal(store_append(s, conv, id, "alice", body, 1000, &m, &created),
-                   0);
+  assert_int_equal(store_append(s, conv, id, "alice", body, 1000, &m, &created), 0);
   assert_int_equal(created, 1);
   int64_t seq = m.seq;
   store_msg_clear(&m);
@@ -142,8 +138,7 @@ static void test_open_defaults_wal(void **state) {
   assert_int_equal(store_schema_version(s), 0); /* open does not migrate */
   sqlite3 *db = raw_open(f);
   sqlite3_stmt *st = NULL;
-  assert_int_equal(
-      sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
   assert_int_equal(sqlite3_step(st), SQLITE_ROW);
   assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
   sqlite3_finalize(st);
@@ -166,10 +161,9 @@ static void test_migrate_idempotent(void **state) {
   assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version"), v);
   assert_int_equal(raw_int(db, "SELECT min(version) FROM schema_version"), 1);
   assert_int_equal(raw_int(db, "SELECT max(version) FROM schema_version"), v);
-  assert_int_equal(
-      raw_int(db, "SELECT count(*) FROM schema_version WHERE applied_at"
-                  " LIKE '____-__-__T__:__:__.___Z'"),
-      v);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version WHERE applied_at"
+                               " LIKE '____-__-__T__:__:__.___Z'"),
+                   v);
   assert_int_equal(raw_int(db, "SELECT count(*) FROM sqlite_schema WHERE"
                                " type = 'table' AND name IN ('channels',"
                                " 'conversations', 'messages', 'revocations')"),
@@ -228,8 +222,7 @@ static void test_migrate_concurrent(void **state) {
     }
     sqlite3 *db = NULL;
     assert_int_equal(sqlite3_open(url + strlen("sqlite:"), &db), SQLITE_OK);
-    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version"),
-                     m[0].version);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_version"), m[0].version);
     sqlite3_close(db);
   }
 }
@@ -253,8 +246,7 @@ static void test_channels(void **state) {
   assert_int_equal(c.active, 1);
   assert_int_equal(store_channel_get(s, "general", NULL), 0);
 
-  assert_int_equal(store_channel_create(s, "general", "again", 0, NULL),
-                   -CV_EEXISTS);
+  assert_int_equal(store_channel_create(s, "general", "again", 0, NULL), -CV_EEXISTS);
   assert_int_equal(store_channel_get(s, "nope", &c), -CV_ENOTFOUND);
 
   assert_int_equal(store_channel_set_active(s, "general", 0, &c), 0);
@@ -328,8 +320,7 @@ static void test_append_seq(void **state) {
   mk_conv(s, "ch2", "c2");
   store_msg_t m;
   int created = 0;
-  assert_int_equal(
-      store_append(s, "c1", "m1", "alice", "{\"t\":1}", 1234, &m, &created), 0);
+  assert_int_equal(store_append(s, "c1", "m1", "alice", "{\"t\":1}", 1234, &m, &created), 0);
   assert_int_equal(created, 1);
   assert_int_equal(m.seq, 1);
   assert_string_equal(m.id, "m1");
@@ -349,14 +340,10 @@ static void test_append_seq(void **state) {
   assert_int_equal(head_of(s, "c2"), 1);
 
   /* arguments */
-  assert_int_equal(store_append(s, "c1", "", "a", "{}", 1, &m, &created),
-                   -CV_EINVAL);
-  assert_int_equal(store_append(s, "c1", "x", NULL, "{}", 1, &m, &created),
-                   -CV_EINVAL);
-  assert_int_equal(store_append(s, "c1", "x", "a", NULL, 1, &m, &created),
-                   -CV_EINVAL);
-  assert_int_equal(store_append(s, "c1", "x", "a", "{}", 1, NULL, &created),
-                   -CV_EINVAL);
+  assert_int_equal(store_append(s, "c1", "", "a", "{}", 1, &m, &created), -CV_EINVAL);
+  assert_int_equal(store_append(s, "c1", "x", NULL, "{}", 1, &m, &created), -CV_EINVAL);
+  assert_int_equal(store_append(s, "c1", "x", "a", NULL, 1, &m, &created), -CV_EINVAL);
+  assert_int_equal(store_append(s, "c1", "x", "a", "{}", 1, NULL, &created), -CV_EINVAL);
   assert_int_equal(head_of(s, "c1"), 4);
 }
 
@@ -369,8 +356,7 @@ static void test_append_idempotent(void **state) {
 
   store_msg_t m;
   int created = 1;
-  assert_int_equal(
-      store_append(s, "c1", "a", "mallory", "{\"n\":99}", 5, &m, &created), 0);
+  assert_int_equal(store_append(s, "c1", "a", "mallory", "{\"n\":99}", 5, &m, &created), 0);
   assert_int_equal(created, 0);
   assert_int_equal(m.seq, 1);
   assert_string_equal(m.id, "a");
@@ -401,8 +387,7 @@ static void test_append_inactive_and_missing(void **state) {
 
   store_msg_t m;
   int created = 1;
-  assert_int_equal(store_append(s, "c1", "m2", "a", "{}", 1, &m, &created),
-                   -CV_EINACTIVE);
+  assert_int_equal(store_append(s, "c1", "m2", "a", "{}", 1, &m, &created), -CV_EINACTIVE);
   assert_int_equal(created, 0);
   assert_null(m.sender);
   assert_int_equal(head_of(s, "c1"), 1);
@@ -415,16 +400,14 @@ static void test_append_inactive_and_missing(void **state) {
   assert_int_equal(store_channel_set_active(s, "ch", 1, NULL), 0);
   assert_int_equal(append_ok(s, "c1", "m2", "{}"), 2);
 
-  assert_int_equal(store_append(s, "nope", "m1", "a", "{}", 1, &m, &created),
-                   -CV_ENOTFOUND);
+  assert_int_equal(store_append(s, "nope", "m1", "a", "{}", 1, &m, &created), -CV_ENOTFOUND);
   store_msg_t *v = NULL;
   size_t n = 1;
   assert_int_equal(store_replay(s, "nope", 0, -1, 10, 0, &v, &n), -CV_ENOTFOUND);
   assert_null(v);
   assert_int_equal(n, 0);
   sqlite3 *db = raw_open(*state);
-  assert_int_equal(
-      raw_int(db, "SELECT count(*) FROM messages WHERE conv = 'nope'"), 0);
+  assert_int_equal(raw_int(db, "SELECT count(*) FROM messages WHERE conv = 'nope'"), 0);
   sqlite3_close(db);
 }
 
@@ -433,31 +416,24 @@ static void test_sql_metacharacters(void **state) {
   store_t *s = ((fx_t *)*state)->s;
   const char *name = SQL_EVIL " \"quoted\" \\ %s%n ☃";
   const char *sender = "O'Brien\"); DELETE FROM channels; --";
-  const char *body =
-      "{\"text\":\"" SQL_EVIL "\",\"q\":\"'\\\"\",\"u\":\"🚀\"}";
+  const char *body = "{\"text\":\"" SQL_EVIL "\",\"q\":\"'\\\"\",\"u\":\"🚀\"}";
   store_msg_t m;
   int created;
 
-  assert_int_equal(store_channel_create(s, SQL_EVIL, "x", 0, NULL),
-                   -CV_EINVAL);
+  assert_int_equal(store_channel_create(s, SQL_EVIL, "x", 0, NULL), -CV_EINVAL);
   assert_int_equal(store_channel_get(s, SQL_EVIL, NULL), -CV_EINVAL);
   assert_int_equal(store_channel_create(s, "ch", name, 0, NULL), 0);
   assert_int_equal(store_conv_create(s, SQL_EVIL, "ch", NULL), -CV_EINVAL);
   assert_int_equal(store_conv_create(s, "c1", SQL_EVIL, NULL), -CV_EINVAL);
   assert_int_equal(store_conv_create(s, "c1", "ch", NULL), 0);
-  assert_int_equal(store_append(s, "c1", SQL_EVIL, sender, body, 7, &m,
-                                &created),
-                   -CV_EINVAL);
-  assert_int_equal(
-      store_append(s, SQL_EVIL, "m1", sender, body, 7, &m, &created),
-      -CV_EINVAL);
+  assert_int_equal(store_append(s, "c1", SQL_EVIL, sender, body, 7, &m, &created), -CV_EINVAL);
+  assert_int_equal(store_append(s, SQL_EVIL, "m1", sender, body, 7, &m, &created), -CV_EINVAL);
 
   store_channel_t c;
   assert_int_equal(store_channel_get(s, "ch", &c), 0);
   assert_string_equal(c.name, name);
 
-  assert_int_equal(store_append(s, "c1", "m1", sender, body, 7, &m, &created),
-                   0);
+  assert_int_equal(store_append(s, "c1", "m1", sender, body, 7, &m, &created), 0);
   assert_int_equal(created, 1);
   store_msg_clear(&m);
   assert_int_equal(store_revoke(s, SQL_EVIL, 100), 0);
@@ -484,8 +460,8 @@ static void test_sql_metacharacters(void **state) {
 
 /* ---- replay ------------------------------------------------------------ */
 
-static void expect_page(store_t *s, const char *conv, int64_t after,
-                        int64_t upto, int limit, int64_t first, size_t count) {
+static void expect_page(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
+                        int64_t first, size_t count) {
   store_msg_t *v = (store_msg_t *)&v;
   size_t n = 12345;
   assert_int_equal(store_replay(s, conv, after, upto, limit, 0, &v, &n), 0);
@@ -516,7 +492,7 @@ static void test_replay_ranges(void **state) {
   fill(s, "c1", 10);
 
   expect_page(s, "c1", 0, -1, 100, 1, 10);
-  expect_page(s, "c1", 3, 7, 100, 4, 4);   /* after < seq <= upto */
+  expect_page(s, "c1", 3, 7, 100, 4, 4); /* after < seq <= upto */
   expect_page(s, "c1", 3, 3, 100, 0, 0);
   expect_page(s, "c1", 7, 3, 100, 0, 0);
   expect_page(s, "c1", 0, 0, 100, 0, 0);
@@ -644,13 +620,11 @@ static void test_busy(void **state) {
   store_t *s2 = NULL;
   assert_int_equal(store_open(f->url, &quick, &s2), 0);
   sqlite3 *db = raw_open(f);
-  assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL),
-                   SQLITE_OK);
+  assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
 
   store_msg_t m;
   int created = 1;
-  assert_int_equal(store_append(s2, "c1", "m2", "a", "{}", 1, &m, &created),
-                   -CV_EBUSY);
+  assert_int_equal(store_append(s2, "c1", "m2", "a", "{}", 1, &m, &created), -CV_EBUSY);
   assert_int_equal(created, 0);
   assert_int_equal(store_channel_create(s2, "ch2", "x", 0, NULL), -CV_EBUSY);
   assert_int_equal(store_conv_create(s2, "c2", "ch", NULL), -CV_EBUSY);
@@ -678,8 +652,8 @@ typedef struct {
   const char *url;
   pthread_barrier_t *bar;
   int w;
-  int err;      /* first error, 0 if none */
-  int not_new;  /* appends that came back with created == 0 */
+  int err;     /* first error, 0 if none */
+  int not_new; /* appends that came back with created == 0 */
   int64_t seq[PER_WRITER];
 } writer_t;
 
@@ -721,13 +695,11 @@ static void test_concurrent_writers_gapless(void **state) {
   for (int w = 0; w < WRITERS; w++) pthread_join(th[w], NULL);
   pthread_barrier_destroy(&bar);
   for (int w = 0; w < WRITERS; w++) {
-    if (wr[w].err != 0)
-      print_error("writer %d: %s\n", w, cv_strerror(wr[w].err));
+    if (wr[w].err != 0) print_error("writer %d: %s\n", w, cv_strerror(wr[w].err));
     assert_int_equal(wr[w].err, 0);
     assert_int_equal(wr[w].not_new, 0);
     /* one writer's appends are sequential, so its seqs ascend */
-    for (int i = 1; i < PER_WRITER; i++)
-      assert_true(wr[w].seq[i] > wr[w].seq[i - 1]);
+    for (int i = 1; i < PER_WRITER; i++) assert_true(wr[w].seq[i] > wr[w].seq[i - 1]);
   }
   assert_int_equal(head_of(f->s, "hot"), TOTAL);
 
@@ -737,9 +709,7 @@ static void test_concurrent_writers_gapless(void **state) {
   for (;;) {
     store_msg_t *v = NULL;
     size_t n = 0;
-    assert_int_equal(
-        store_replay(f->s, "hot", next - 1, -1, STORE_REPLAY_PAGE_MAX, 0, &v, &n),
-        0);
+    assert_int_equal(store_replay(f->s, "hot", next - 1, -1, STORE_REPLAY_PAGE_MAX, 0, &v, &n), 0);
     if (n == 0) break;
     for (size_t i = 0; i < n; i++, next++) {
       int w = -1, k = -1;
@@ -762,26 +732,21 @@ int main(void) {
   log_set_level(LOG_WARN); /* one "migrated" line per fixture is noise */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_open_bad_args, setup_dir, teardown),
-      cmocka_unit_test_setup_teardown(test_open_defaults_wal, setup_dir,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_migrate_idempotent, setup_dir,
-                                      teardown),
-      cmocka_unit_test_setup_teardown(test_migrate_concurrent, setup_dir,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_open_defaults_wal, setup_dir, teardown),
+      cmocka_unit_test_setup_teardown(test_migrate_idempotent, setup_dir, teardown),
+      cmocka_unit_test_setup_teardown(test_migrate_concurrent, setup_dir, teardown),
       cmocka_unit_test_setup_teardown(test_channels, setup, teardown),
       cmocka_unit_test_setup_teardown(test_conversations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_seq, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_idempotent, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_append_inactive_and_missing, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_append_inactive_and_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sql_metacharacters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_ranges, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_clamp, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_byte_budget, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revocations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_busy, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_concurrent_writers_gapless, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_concurrent_writers_gapless, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
