@@ -23,12 +23,18 @@ struct auth_s {
   rev_t *revoked[REV_BUCKETS];
 };
 
+void auth_free(auth_t *a);
+
 auth_t *auth_new(const char *api_key, const char *secret) {
   auth_t *a = calloc(1, sizeof *a);
   if (!a) return NULL;
   a->api_key = strdup(api_key);
   a->secret = (unsigned char *)strdup(secret);
   a->secret_len = strlen(secret);
+  if (!a->api_key || !a->secret) {
+    auth_free(a);
+    return NULL;
+  }
   return a;
 }
 

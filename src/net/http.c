@@ -36,6 +36,7 @@ struct http_s {
   size_t header_bytes; /* request line + header block so far */
   int fail_status;     /* set by a callback that returned an error */
   const char *fail_code;
+  const char *fail_message;
   int busy;        /* request dispatched, not answered */
   int in_dispatch; /* inside rest_handle, called from http_feed */
   char *pending;   /* input received while busy */
@@ -78,15 +79,17 @@ static void req_reset(http_request_t *r) {
 
 static http_t *from_parser(llhttp_t *p) { return container_of(p, http_t, parser); }
 
-static int fail(http_t *h, int status, const char *code) {
+static int fail(http_t *h, int status, const char *code, const char *message) {
   h->fail_status = status;
   h->fail_code = code;
+  h->fail_message = message;
   return -1;
 }
 
 static int count_header(http_t *h, size_t len) {
   h->header_bytes += len;
-  if (h->header_bytes > HTTP_MAX_HEADER_BYTES) return fail(h, 431, "header_too_large");
+  if (h->header_bytes > HTTP_MAX_HEADER_BYTES)
+    return fail(h, 431, "header_too_large", "request header block is larger than 16 KiB");
   return 0;
 }
 
@@ -169,11 +172,12 @@ static int on_headers_complete(llhttp_t *p) {
   h->conn->deadline_ms =
       util_mono_ms() + HTTP_BODY_TIMEOUT_FACTOR * (uint64_t)h->conn->node->cfg->header_timeout_ms;
   if (p->content_length > HTTP_MAX_BODY_BYTES && !(p->flags & F_CHUNKED))
-    return fail(h, 413, "too_large");
+    return fail(h, 413, "too_large", "request body is larger than 1 MiB");
   if (h->req.expect) {
     /* RFC 9110 section 10.1.1: 100-continue is the only expectation; an
      * HTTP/1.0 client gets no interim answer. */
-    if (strcasecmp(h->req.expect, "100-continue") != 0) return fail(h, 417, "bad_request");
+    if (strcasecmp(h->req.expect, "100-continue") != 0)
+      return fail(h, 417, "bad_request", "unsupported Expect header (only 100-continue)");
     if (p->http_major == 1 && p->http_minor >= 1 &&
         (p->content_length > 0 || (p->flags & F_CHUNKED)))
       conn_write(h->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
@@ -183,7 +187,8 @@ static int on_headers_complete(llhttp_t *p) {
 
 static int on_body(llhttp_t *p, const char *at, size_t len) {
   http_t *h = from_parser(p);
-  if (h->body.len + len > HTTP_MAX_BODY_BYTES) return fail(h, 413, "too_large");
+  if (h->body.len + len > HTTP_MAX_BODY_BYTES)
+    return fail(h, 413, "too_large", "request body is larger than 1 MiB");
   return str_append(&h->body, at, len);
 }
 
@@ -201,6 +206,7 @@ static int on_message_complete(llhttp_t *p) {
   r->body = h->body.p ? h->body.p : strdup("");
   r->body_len = h->body.len;
   h->body.p = NULL;
+  if (!r->path || !r->body || (q && !r->query)) return fail(h, 503, "unavailable", "out of memory");
   h->body.len = 0;
   return HPE_PAUSED;
 }
@@ -288,10 +294,7 @@ static void process(conn_t *c, const char *data, size_t len) {
       continue;
     }
     if (h->fail_status) {
-      http_fail(c, h->fail_status, h->fail_code,
-                h->fail_status == 431   ? "request header block is larger than 16 KiB"
-                : h->fail_status == 417 ? "unsupported Expect header (only 100-continue)"
-                                        : "request body is larger than 1 MiB");
+      http_fail(c, h->fail_status, h->fail_code, h->fail_message);
     } else {
       char msg[160];
       snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_get_error_reason(&h->parser));

@@ -401,6 +401,15 @@ class HttpBad(NodeCase):
         self.assertEqual(st, 201, b)
         self.assertEqual(json.loads(b)["seq"], 1)
 
+    def test_unknown_expectation_417(self):
+        s = raw_connect(self.node.port)
+        self.addCleanup(s.close)
+        s.sendall(("POST /v1/channels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                   "Content-Length: 2\r\nExpect: teapot\r\n\r\n{}" % API_KEY).encode())
+        st, h, b = HttpReader(s).read_response()
+        self.assertEqual(st, 417)
+        self.assertEqual(json.loads(b)["error"]["code"], "bad_request")
+
     # ---- keep-alive and pipelining --------------------------------------
     def test_keep_alive(self):
         s = raw_connect(self.node.port)
