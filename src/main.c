@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bench/bench.h"
 #include "cli/token.h"
 #include "serve.h"
 
@@ -14,6 +15,7 @@ static void usage(FILE *out) {
           "commands:\n"
           "  serve    run a gateway node (see converger serve --help)\n"
           "  token    print a client token signed with the node's secret\n"
+          "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
           "  version  print the version\n",
           CONVERGER_VERSION);
 }
@@ -26,6 +28,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "serve") == 0) return serve_main(argc - 2, argv + 2);
   if (strcmp(cmd, "token") == 0) return token_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("converger %s\n", CONVERGER_VERSION);
     return 0;

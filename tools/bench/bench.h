@@ -1,0 +1,27 @@
+/*
+ * bench: `converger bench <name> [options]`, benchmark programs built into
+ * the converger executable. Each one starts its own node (this executable,
+ * `converger serve`, as a child process on a free loopback port with a
+ * temporary data directory), drives it over 127.0.0.1 only, prints its
+ * figures to stdout and progress to stderr, and stops the node and removes
+ * the directory before it returns, on errors too.
+ *
+ * Benchmarks:
+ *   baseline  memory per idle connection, handshakes/s, deliveries/s
+ *             (tools/bench/baseline.c, docs/benchmarks/baseline.md)
+ *
+ * Main thread only; a benchmark owns the process while it runs (it raises
+ * RLIMIT_NOFILE, pins itself to a CPU and handles SIGINT/SIGTERM).
+ */
+#ifndef CONVERGER_TOOLS_BENCH_H
+#define CONVERGER_TOOLS_BENCH_H
+
+/* argv excludes "bench": argv[0] names the benchmark. Returns the exit
+ * status: 0 when every phase ran (whether or not it met its target), 1 when
+ * a phase failed or timed out, 2 on bad usage. */
+int bench_main(int argc, char **argv);
+
+/* `converger bench baseline`; argv excludes "baseline". Same statuses. */
+int bench_baseline_main(int argc, char **argv);
+
+#endif
