@@ -1,5 +1,6 @@
 #include "api/auth.h"
 
+#include <errno.h>
 #include <jwt.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -134,16 +135,20 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     jwt_free(jwt);
     return -CV_EUNAUTHORIZED;
   }
-  char *grants = jwt_get_grants_json(jwt, NULL);
-  jwt_free(jwt);
-  json_t *claims = grants ? json_loads(grants, 0, NULL) : NULL;
-  free(grants);
+  /* Read the claims from libjwt's parsed grants; only the arrays go
+   * through JSON text again. */
   int r = -CV_EUNAUTHORIZED;
-  json_t *exp = json_object_get(claims, "exp");
-  const char *sub = json_string_value(json_object_get(claims, "sub"));
-  const char *jti = json_string_value(json_object_get(claims, "jti"));
-  json_t *convs = json_object_get(claims, "convs");
-  json_t *scope = json_object_get(claims, "scope");
+  errno = 0;
+  long exp_v = jwt_get_grant_int(jwt, "exp"); /* integers only; else ENOENT */
+  json_t *exp = errno == 0 ? json_integer(exp_v) : NULL;
+  const char *sub = jwt_get_grant(jwt, "sub");
+  const char *jti = jwt_get_grant(jwt, "jti");
+  char *convs_s = jwt_get_grants_json(jwt, "convs");
+  char *scope_s = jwt_get_grants_json(jwt, "scope");
+  json_t *convs = convs_s ? json_loads(convs_s, JSON_DECODE_ANY, NULL) : NULL;
+  json_t *scope = scope_s ? json_loads(scope_s, JSON_DECODE_ANY, NULL) : NULL;
+  free(convs_s);
+  free(scope_s);
   if (!json_is_integer(exp)) {
     *why = "token has no exp";
     goto out;
@@ -193,7 +198,10 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
   out->convs = json_incref(convs);
   r = 0;
 out:
-  json_decref(claims);
+  json_decref(exp);
+  json_decref(convs);
+  json_decref(scope);
+  jwt_free(jwt);
   return r;
 }
 

@@ -145,13 +145,31 @@ static char *dump_steal(json_t *v) {
   return s;
 }
 
+/* A JSON string literal for `s`: ids (the usual case) need no escaping and
+ * are quoted directly; anything else goes through jansson. Heap; NULL on
+ * OOM. */
+static char *quote(const char *s) {
+  if (util_id_valid(s)) {
+    size_t n = strlen(s);
+    char *q = malloc(n + 3);
+    if (q) {
+      q[0] = '"';
+      memcpy(q + 1, s, n);
+      q[n + 1] = '"';
+      q[n + 2] = '\0';
+    }
+    return q;
+  }
+  return dump_steal(json_string(s));
+}
+
 char *frame_msg(const char *conv, const store_msg_t *m) {
   /* The body is stored as JSON text: splice it in rather than re-parse it. */
   char ts[25];
   util_format_ts(m->ts_ms, ts);
-  char *conv_s = dump_steal(json_string(conv));
-  char *id_s = dump_steal(json_string(m->id));
-  char *sender_s = dump_steal(json_string(m->sender ? m->sender : ""));
+  char *conv_s = quote(conv);
+  char *id_s = quote(m->id);
+  char *sender_s = quote(m->sender ? m->sender : "");
   char *out = NULL;
   if (conv_s && id_s && sender_s) {
     size_t n = strlen(conv_s) + strlen(id_s) + strlen(sender_s) + strlen(m->body) + 128;
@@ -182,8 +200,12 @@ char *frame_error(const char *code, const char *message, const char *conv, long 
 }
 
 char *frame_synced(const char *conv, int64_t head) {
-  return dump_steal(
-      json_pack("{s:s, s:s, s:I}", "type", "synced", "conv", conv, "head", (json_int_t)head));
+  char *conv_s = quote(conv), *out = NULL;
+  if (conv_s && asprintf(&out, "{\"type\":\"synced\",\"conv\":%s,\"head\":%lld}", conv_s,
+                         (long long)head) < 0)
+    out = NULL;
+  free(conv_s);
+  return out;
 }
 
 char *frame_sent(const char *conv, const char *id, int64_t seq) {

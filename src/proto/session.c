@@ -352,8 +352,10 @@ typedef struct {
  * already at the head (the admission-queue decision record). */
 static void hello_work(pool_job_t *job, store_t *db) {
   hello_job_t *h = container_of(job, hello_job_t, job);
-  size_t budget = HELLO_BYTES; /* first pages of all subs together */
-  for (size_t i = 0; i < h->n; i++) {
+  size_t budget = HELLO_BYTES;  /* first pages of all subs together */
+  int r = store_read_begin(db); /* one snapshot for every sub's head and replay */
+  for (size_t i = 0; i < h->n && r != 0; i++) h->items[i].status = r;
+  for (size_t i = 0; i < h->n && r == 0; i++) {
     hello_item_t *it = &h->items[i];
     it->status = store_conv_get(db, it->conv, &it->info);
     if (it->status != 0) continue;
@@ -372,6 +374,7 @@ static void hello_work(pool_job_t *job, store_t *db) {
       }
     }
   }
+  store_read_end(db);
 }
 
 static void hello_done(pool_job_t *job) {

@@ -76,6 +76,7 @@ static const char *const migrations[] = {
 enum stmt_id {
   /* prepared at open: no schema needed */
   ST_BEGIN,
+  ST_BEGIN_READ,
   ST_COMMIT,
   ST_ROLLBACK,
   ST_PING,
@@ -98,6 +99,7 @@ enum stmt_id {
 
 static const char *const stmt_sql[ST_COUNT_] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_BEGIN_READ] = "BEGIN",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
     [ST_PING] = "SELECT 1",
@@ -212,6 +214,15 @@ static int tx_step(store_t *s, enum stmt_id id, const char *what) {
 }
 
 static int tx_begin(store_t *s) { return tx_step(s, ST_BEGIN, "begin"); }
+
+int store_read_begin(store_t *s) {
+  if (s == NULL) return -CV_EINVAL;
+  return tx_step(s, ST_BEGIN_READ, "begin read");
+}
+
+void store_read_end(store_t *s) {
+  if (s != NULL && !sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_COMMIT, "end read");
+}
 static int tx_commit(store_t *s) { return tx_step(s, ST_COMMIT, "commit"); }
 
 /* Roll back whatever is still open and return `err`, the first failure.

@@ -86,6 +86,13 @@ int store_migrate(store_t *s);
  * negative error. */
 int store_schema_version(store_t *s);
 
+/* Group the reads that follow (store_conv_get, store_replay, ...) into one
+ * read transaction, one snapshot and one lock cycle, until store_read_end.
+ * For reads only: an append inside it fails. store_read_end is a no-op
+ * when no transaction is open. */
+int store_read_begin(store_t *s);
+void store_read_end(store_t *s);
+
 /* Cheap liveness check (SELECT 1). */
 int store_ping(store_t *s);
 

@@ -1,0 +1,178 @@
+/* Unit tests for store/pool: jobs run on workers with their own store and
+ * come back on the loop in one piece; a burst is woken once per loop turn;
+ * pool_close cancels what has not started, also jobs submitted by done
+ * callbacks while closing; the loop ends with no handle left open. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "core/util.h"
+#include "store/pool.h"
+
+typedef struct {
+  pool_job_t job;
+  int id;
+  int ran_on_worker;
+  uv_thread_t worker;
+  int status;
+  int *done_order;
+  int *ndone;
+} job_t;
+
+static char dir[64], url[128];
+static uv_thread_t loop_thread;
+
+static int setup(void **state) {
+  strcpy(dir, "/tmp/converger-pool-XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  snprintf(url, sizeof url, "sqlite:%s/p.db", dir);
+  return 0;
+}
+
+static int teardown(void **state) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void work_cb(pool_job_t *job, store_t *db) {
+  job_t *j = container_of(job, job_t, job);
+  j->worker = uv_thread_self();
+  j->ran_on_worker = !uv_thread_equal(&j->worker, &loop_thread);
+  j->status = store_ping(db);
+}
+
+static void done_cb(pool_job_t *job) {
+  job_t *j = container_of(job, job_t, job);
+  uv_thread_t self = uv_thread_self();
+  assert_true(uv_thread_equal(&self, &loop_thread)); /* done runs on the loop */
+  j->done_order[(*j->ndone)++] = j->id;
+}
+
+static void test_jobs_run_on_workers_and_come_back(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  assert_int_equal(pool_start(&loop, url, NULL, 4, &pool), 0);
+  enum { N = 500 };
+  job_t *jobs = calloc(N, sizeof *jobs);
+  int order[N], ndone = 0;
+  for (int i = 0; i < N; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+    pool_submit(pool, &jobs[i].job, work_cb, done_cb);
+  }
+  assert_int_equal(pool_in_flight(pool), N);
+  assert_int_equal(ndone, 0); /* never synchronously */
+  while (ndone < N) uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(pool_in_flight(pool), 0);
+  int seen[N] = {0};
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(jobs[i].status, 0);
+    assert_true(jobs[i].ran_on_worker);
+    assert_false(jobs[i].job.canceled);
+    seen[order[i]]++;
+  }
+  for (int i = 0; i < N; i++) assert_int_equal(seen[i], 1);
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  free(jobs);
+}
+
+/* A job that blocks its worker until released, to hold the pool busy. */
+static uv_sem_t gate;
+static void blocking_work_cb(pool_job_t *job, store_t *db) {
+  uv_sem_wait(&gate);
+  work_cb(job, db);
+}
+
+static pool_t *closing_pool;
+static job_t late;
+static void resubmit_done_cb(pool_job_t *job) {
+  done_cb(job);
+  /* A done callback that submits more work while the pool closes. */
+  if (closing_pool) {
+    late.id = 99;
+    late.status = -1;
+    late.done_order = container_of(job, job_t, job)->done_order;
+    late.ndone = container_of(job, job_t, job)->ndone;
+    pool_t *p = closing_pool;
+    closing_pool = NULL;
+    pool_submit(p, &late.job, work_cb, done_cb);
+  }
+}
+
+static void release_gate(void *arg) {
+  usleep(100 * 1000);
+  uv_sem_post(&gate);
+}
+
+static void test_close_cancels_queued_jobs(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  uv_sem_init(&gate, 0);
+  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  job_t jobs[5] = {0};
+  int order[8], ndone = 0;
+  for (int i = 0; i < 5; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+  }
+  pool_submit(pool, &jobs[0].job, blocking_work_cb, done_cb);
+  for (int i = 1; i < 5; i++) pool_submit(pool, &jobs[i].job, work_cb, resubmit_done_cb);
+  uv_run(&loop, UV_RUN_NOWAIT); /* the kick wakes the single worker: job 0 blocks it */
+  usleep(50 * 1000);
+  uv_thread_t releaser;
+  uv_thread_create(&releaser, release_gate, NULL);
+  closing_pool = pool;
+  pool_close(pool); /* job 0 finishes; 1..4 and the late one are canceled */
+  uv_thread_join(&releaser);
+  assert_int_equal(ndone, 6);
+  assert_int_equal(jobs[0].status, 0);
+  assert_false(jobs[0].job.canceled);
+  for (int i = 1; i < 5; i++) {
+    assert_true(jobs[i].job.canceled);
+    assert_int_equal(jobs[i].status, -1); /* work never ran */
+  }
+  assert_true(late.job.canceled);
+  assert_int_equal(late.status, -1);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  uv_sem_destroy(&gate);
+}
+
+static void test_start_failure_leaves_nothing(void **state) {
+  uv_loop_t loop;
+  pool_t *pool = NULL;
+  uv_loop_init(&loop);
+  assert_true(pool_start(&loop, "postgres://nowhere", NULL, 2, &pool) < 0);
+  assert_null(pool);
+  assert_true(pool_start(&loop, "sqlite:/nonexistent-dir/x/y.db", NULL, 2, &pool) < 0);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_jobs_run_on_workers_and_come_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_close_cancels_queued_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_start_failure_leaves_nothing, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
