@@ -176,8 +176,12 @@ static void job_done(pool_job_t *job) {
   node_t *node = j->node;
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
   /* Effects on live sockets happen whether or not the caller is still here. */
-  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !j->flag)
-    session_channel_inactive(node, j->id);
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200) {
+    if (j->flag)
+      session_channel_active(node, j->id);
+    else
+      session_channel_inactive(node, j->id);
+  }
   if (j->kind == J_REVOKE && j->status == 204) {
     auth_add_revoked(node->auth, j->id);
     session_revoke_jti(node, j->id);

@@ -13,9 +13,12 @@
  *  - while `filling` (handshake replay, sync, gap fill), live messages are
  *    kept in `pending` (sorted by seq, bounded) and sent after the fill;
  *  - at most one fill job per subscription is in flight;
- *  - replay is paced by the connection's output: a page is read only while
- *    less than OUT_HIGH_WATER bytes wait to be written, so a long history
- *    never piles up in memory or trips the slow-consumer limit.
+ *  - replay is paced by the connection's output: a page is read and sent
+ *    only while less than OUT_HIGH_WATER bytes wait to be written, so a long
+ *    history never piles up in memory or trips the slow-consumer limit;
+ *  - a live subscriber whose output is above OUT_HIGH_WATER goes back to
+ *    filling from the store (the store is its buffer), so a client that
+ *    reads slowly catches up instead of being dropped.
  */
 #include "proto/session.h"
 
@@ -54,6 +57,7 @@ typedef struct sub_s {
   int deferred_synced;
   bus_msg_t **pending;
   size_t npending, cap;
+  size_t pending_bytes; /* frame bytes held in pending */
 } sub_t;
 
 struct session_s {
@@ -67,15 +71,28 @@ struct session_s {
 
 static uint64_t delivered_total; /* flushed into the metric by session_tick */
 
-/* Channels deactivated recently, so that a handshake whose store read came
- * before a deactivation still ends its subscription (loop thread). */
-static char deact_ring[DEACT_RING][STORE_ID_MAX + 1];
-static uint64_t deact_gen; /* deactivations so far; entry g is deact_ring[g % DEACT_RING] */
+/* Recent channel state changes, so that a handshake whose store read came
+ * before a deactivation still ends its subscription, and one that came
+ * before a reactivation does not (loop thread). */
+typedef struct {
+  char channel[STORE_ID_MAX + 1];
+  int active;
+} chan_event_t;
+static chan_event_t chan_ring[DEACT_RING];
+static uint64_t chan_gen; /* changes so far; change g is chan_ring[g % DEACT_RING] */
 
+static void record_channel(const char *channel, int active) {
+  chan_event_t *e = &chan_ring[chan_gen++ % DEACT_RING];
+  snprintf(e->channel, sizeof e->channel, "%s", channel);
+  e->active = active;
+}
+
+/* 1 when the last change of `channel` since change `gen` deactivated it. */
 static int deactivated_since(uint64_t gen, const char *channel) {
-  uint64_t first = deact_gen - gen > DEACT_RING ? deact_gen - DEACT_RING : gen;
-  for (uint64_t g = first; g < deact_gen; g++)
-    if (strcmp(deact_ring[g % DEACT_RING], channel) == 0) return 1;
+  uint64_t first = chan_gen - gen > DEACT_RING ? chan_gen - DEACT_RING : gen;
+  for (uint64_t g = chan_gen; g-- > first;)
+    if (strcmp(chan_ring[g % DEACT_RING].channel, channel) == 0)
+      return !chan_ring[g % DEACT_RING].active;
   return 0;
 }
 
@@ -127,6 +144,7 @@ static sub_t *find_sub(session_t *s, const char *conv) {
 static void clear_pending(sub_t *sub) {
   for (size_t i = 0; i < sub->npending; i++) bus_msg_unref(sub->pending[i]);
   sub->npending = 0;
+  sub->pending_bytes = 0;
 }
 
 static void remove_sub(session_t *s, sub_t *sub) {
@@ -144,7 +162,7 @@ static void remove_sub(session_t *s, sub_t *sub) {
 /* Keep `m` for later, in seq order; duplicates are dropped. */
 static void pending_add(sub_t *sub, bus_msg_t *m) {
   if (sub->overflow) return;
-  if (sub->npending == PENDING_MAX) {
+  if (sub->npending == PENDING_MAX || sub->pending_bytes + m->frame_len > OUT_HIGH_WATER) {
     /* Too far behind: forget the buffer and re-read from the store later. */
     clear_pending(sub);
     sub->overflow = 1;
@@ -168,6 +186,7 @@ static void pending_add(sub_t *sub, bus_msg_t *m) {
   sub->pending[i] = m;
   bus_msg_ref(m);
   sub->npending++;
+  sub->pending_bytes += m->frame_len;
 }
 
 static void send_live(sub_t *sub, bus_msg_t *m) {
@@ -197,21 +216,29 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
     return;
   }
   size_t i = 0;
+  int behind = 0;
   for (; i < sub->npending; i++) {
     bus_msg_t *m = sub->pending[i];
-    if (m->seq <= sub->delivered) {
-      bus_msg_unref(m);
-      continue;
+    if (m->seq > sub->delivered + 1) break;
+    if (conn_pending_bytes(c) > OUT_HIGH_WATER) {
+      behind = 1;
+      break;
     }
-    if (m->seq != sub->delivered + 1) break;
-    send_live(sub, m);
+    if (m->seq == sub->delivered + 1) send_live(sub, m);
+    sub->pending_bytes -= m->frame_len;
     bus_msg_unref(m);
   }
-  if (i > 0) {
+  if (i > 0) { /* drop the prefix handled above */
     memmove(sub->pending, sub->pending + i, (sub->npending - i) * sizeof *sub->pending);
     sub->npending -= i;
   }
-  if (sub->npending) fill_start(sub, sub->delivered, sub->pending[0]->seq - 1, 0);
+  if (behind) {
+    /* The client is behind: the rest comes from the store, paced. */
+    clear_pending(sub);
+    fill_start(sub, sub->delivered, -1, 0);
+  } else if (sub->npending) {
+    fill_start(sub, sub->delivered, sub->pending[0]->seq - 1, 0);
+  }
 }
 
 static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
@@ -223,6 +250,12 @@ static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
   }
   if (m->seq <= sub->delivered) return;
   if (m->seq == sub->delivered + 1) {
+    if (conn_pending_bytes(sub->session->conn) > OUT_HIGH_WATER) {
+      /* The client reads slower than the conversation moves: the store is
+       * its buffer. Catch up from there, paced, instead of queueing more. */
+      fill_start(sub, sub->delivered, -1, 0);
+      return;
+    }
     send_live(sub, m);
     return;
   }
@@ -289,6 +322,12 @@ static void fill_done(pool_job_t *job) {
     } else if (sub) {
       /* A watermark above the head is treated as the head. */
       if (sub->delivered > f->upto) sub->delivered = f->upto;
+      if (conn_pending_bytes(f->conn) > OUT_HIGH_WATER) {
+        /* Other pages filled the output meanwhile: read this one again
+         * once the client has caught up. */
+        fill_start(sub, sub->delivered, f->upto, f->synced);
+        goto out;
+      }
       int64_t before = sub->delivered;
       send_replay(sub, f->msgs, f->n);
       if (sub->delivered >= f->upto)
@@ -299,6 +338,7 @@ static void fill_done(pool_job_t *job) {
         fill_start(sub, sub->delivered, f->upto, f->synced);
     }
   }
+out:
   store_msgs_free(f->msgs, f->n);
   free(f);
 }
@@ -347,6 +387,11 @@ typedef struct {
   hello_item_t items[];
 } hello_job_t;
 
+/* Approximate bytes of a msg frame: the JSON around the fields, the fields. */
+static size_t frame_bytes(const char *conv, const store_msg_t *m) {
+  return 110 + strlen(conv) + strlen(m->id) + strlen(m->sender) + strlen(m->body);
+}
+
 /* One handshake = one pool job (one checkout): conversation, channel flags
  * and head in one read, then the first replay page unless the watermark is
  * already at the head (the admission-queue decision record). */
@@ -369,7 +414,7 @@ static void hello_work(pool_job_t *job, store_t *db) {
       it->status = store_replay(db, it->conv, it->watermark, it->info.head, STORE_REPLAY_PAGE_MAX,
                                 budget < PAGE_BYTES ? budget : PAGE_BYTES, &it->msgs, &it->n);
       for (size_t k = 0; k < it->n; k++) {
-        size_t b = strlen(it->msgs[k].body) + strlen(it->msgs[k].sender);
+        size_t b = frame_bytes(it->conv, &it->msgs[k]);
         budget = b < budget ? budget - b : 0;
       }
     }
@@ -430,7 +475,9 @@ static void hello_done(pool_job_t *job) {
       int64_t head = it->info.head;
       /* null: start at the head; a watermark above the head counts as the head */
       sub->delivered = it->watermark < 0 || it->watermark > head ? head : it->watermark;
-      send_replay(sub, it->msgs, it->n);
+      /* Pace the first pages too: past the high-water mark the page is
+       * read again later, when the client has taken what it has. */
+      if (conn_pending_bytes(c) <= OUT_HIGH_WATER) send_replay(sub, it->msgs, it->n);
       if (sub->delivered < head)
         fill_start(sub, sub->delivered, head, 1);
       else
@@ -461,7 +508,7 @@ static void handle_hello(session_t *s, frame_client_t *f) {
     return;
   }
   h->conn = c;
-  h->deact_gen = deact_gen;
+  h->deact_gen = chan_gen;
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
     if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
@@ -684,9 +731,10 @@ void session_revoke_jti(node_t *node, const char *jti) {
   }
 }
 
+void session_channel_active(node_t *node, const char *channel) { record_channel(channel, 1); }
+
 void session_channel_inactive(node_t *node, const char *channel) {
-  snprintf(deact_ring[deact_gen % DEACT_RING], STORE_ID_MAX + 1, "%s", channel);
-  deact_gen++;
+  record_channel(channel, 0);
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;

@@ -42,6 +42,9 @@ void session_revoke_jti(node_t *node, const char *jti);
  * conversation belongs to `channel`. */
 void session_channel_inactive(node_t *node, const char *channel);
 
+/* A channel was (re)activated: handshakes in flight may keep it. */
+void session_channel_active(node_t *node, const char *channel);
+
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(node_t *node, int code, const char *reason);
 

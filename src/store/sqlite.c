@@ -221,7 +221,8 @@ int store_read_begin(store_t *s) {
 }
 
 void store_read_end(store_t *s) {
-  if (s != NULL && !sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_COMMIT, "end read");
+  /* Nothing was written: a rollback ends it whatever happened inside. */
+  if (s != NULL && !sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_ROLLBACK, "end read");
 }
 static int tx_commit(store_t *s) { return tx_step(s, ST_COMMIT, "commit"); }
 

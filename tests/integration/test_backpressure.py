@@ -4,7 +4,9 @@ after its heartbeat and close deadlines instead of holding memory forever."""
 
 import json
 import os
+import random
 import socket
+import threading
 import sys
 import time
 
@@ -114,6 +116,130 @@ class Backpressure(NodeCase):
         while time.monotonic() < deadline and connections(node) > 0:
             time.sleep(0.1)
         self.assertEqual(connections(node), 0, "a client that reads nothing is never dropped")
+
+
+class SlowReaders(NodeCase):
+    """Clients that read slowly or pause while history and live traffic pile
+    up: each must see every seq exactly once, in order, and never be dropped
+    (the store is their buffer, not the node's memory)."""
+
+    def test_live_burst_while_a_reader_pauses(self):
+        n = self.node_start({"CONVERGER_SQLITE_SYNC": "off"})
+        conv = n.new_conv()
+        pad = "x" * 4000
+        with RestSession(n.port) as rs:
+            for i in range(1000):
+                rs.send(conv, {"i": i, "pad": pad})
+        ws = RawWs(n.port, timeout=30)
+        self.addCleanup(ws.close)
+        ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        ws.hello(mint_token("pause", [conv]), [{"conv": conv, "watermark": 0}])
+        time.sleep(0.3)
+        with RestSession(n.port) as rs:  # 10 MB of live messages while it reads nothing
+            for i in range(2500):
+                rs.send(conv, {"live": i, "pad": pad})
+        self.assertEqual(ws.recv_json(20)["type"], "welcome")
+        want = 1
+        while want <= 3500:
+            m = ws.recv_json(20)
+            if m["type"] == "synced":
+                continue
+            self.assertEqual((m["type"], m["seq"]), ("msg", want))
+            want += 1
+        self.assertNotIn("slow consumer", n.log_text())
+
+    def test_many_subscriptions_of_small_messages(self):
+        n = self.node_start({"CONVERGER_SQLITE_SYNC": "off"})
+        convs = [n.new_conv() for _ in range(40)]
+        def fill(c):
+            with RestSession(n.port) as rs:
+                for i in range(1000):
+                    rs.send(c, {"t": "hi"}, key="%s-%d-%s" % ("k" * 100, i, c[-8:]))
+        ts = [threading.Thread(target=fill, args=(c,)) for c in convs]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        ws = RawWs(n.port, timeout=30)
+        self.addCleanup(ws.close)
+        ws.hello(mint_token("many", convs), [{"conv": c, "watermark": 0} for c in convs])
+        self.assertEqual(ws.recv_json(20)["type"], "welcome")
+        last = {c: 0 for c in convs}
+        synced = 0
+        while synced < len(convs):
+            m = ws.recv_json(20)
+            if m["type"] == "synced":
+                self.assertEqual(last[m["conv"]], 1000)
+                synced += 1
+                continue
+            self.assertEqual(m["seq"], last[m["conv"]] + 1)
+            last[m["conv"]] = m["seq"]
+        self.assertNotIn("slow consumer", n.log_text())
+
+    def test_mixed_readers_with_concurrent_writers(self):
+        n = self.node_start({"CONVERGER_SQLITE_SYNC": "off"})
+        convs = [n.new_conv() for _ in range(3)]
+        pad = "p" * 600
+        def fill(c):
+            with RestSession(n.port) as rs:
+                for i in range(1500):
+                    rs.send(c, {"h": i, "pad": pad})
+        ts = [threading.Thread(target=fill, args=(c,)) for c in convs]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        writers_done = threading.Event()
+        problems = []
+
+        def writer(k):
+            rnd = random.Random(k)
+            with RestSession(n.port) as rs:
+                for i in range(600):
+                    rs.send(rnd.choice(convs), {"w": k, "i": i, "pad": "q" * 200})
+
+        def reader(k, mode):
+            ws = RawWs(n.port, timeout=30)
+            try:
+                if mode != "fast":
+                    ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                ws.hello(mint_token("r%d" % k, convs), [{"conv": c, "watermark": 0} for c in convs])
+                if ws.recv_json(20)["type"] != "welcome":
+                    problems.append("r%d: no welcome" % k)
+                    return
+                W = {c: 0 for c in convs}
+                heads = None
+                count = 0
+                while True:
+                    if heads is None and writers_done.is_set():
+                        heads = {c: n.request("GET", "/v1/conversations/" + c)[2]["head"] for c in convs}
+                    if heads and all(W[c] >= heads[c] for c in convs):
+                        return
+                    try:
+                        m = ws.recv_json(1)
+                    except socket.timeout:
+                        continue
+                    if m["type"] != "msg":
+                        continue
+                    if m["seq"] != W[m["conv"]] + 1:
+                        problems.append("r%d %s: seq %d after %d" % (k, mode, m["seq"], W[m["conv"]]))
+                        return
+                    W[m["conv"]] = m["seq"]
+                    count += 1
+                    if mode == "slow" and count % 20 == 0:
+                        time.sleep(0.005)
+                    if mode == "pausing" and count % 1500 == 0:
+                        time.sleep(0.7)
+            except Exception as e:  # noqa: BLE001 - reported below
+                problems.append("r%d %s: %r" % (k, mode, e))
+            finally:
+                ws.close()
+
+        rs_ = [threading.Thread(target=reader, args=(k, mode))
+               for k, mode in enumerate(["fast", "slow", "pausing", "fast", "slow", "pausing"])]
+        ws_ = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+        [t.start() for t in rs_ + ws_]
+        [t.join(120) for t in ws_]
+        writers_done.set()
+        [t.join(120) for t in rs_]
+        self.assertEqual(problems, [])
+        self.assertNotIn("slow consumer", n.log_text())
 
 
 class SlowRequests(NodeCase):
