@@ -39,7 +39,6 @@ typedef struct node_s {
   int ready;                 /* /readyz answers 200 */
   int stopping;              /* SIGTERM/SIGINT received */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
-  int exit_code;
 
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
 } node_t;

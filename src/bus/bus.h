@@ -54,9 +54,6 @@ void bus_close(bus_t *bus);
 void bus_subscribe(bus_t *bus, bus_sub_t *sub);
 void bus_unsubscribe(bus_t *bus, bus_sub_t *sub);
 
-/* Call `fn` for each local subscriber of `conv` (loop thread; `fn` may
- * unsubscribe the sub it is given). */
-void bus_foreach(bus_t *bus, const char *conv, void (*fn)(bus_sub_t *, void *), void *arg);
 size_t bus_count(const bus_t *bus);
 
 /* Worker thread: store_append, and when a new message was created queue it

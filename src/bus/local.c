@@ -120,15 +120,6 @@ void bus_unsubscribe(bus_t *bus, bus_sub_t *sub) {
   metrics_set("converger_subscriptions", NULL, (double)bus->nsubs);
 }
 
-void bus_foreach(bus_t *bus, const char *conv, void (*fn)(bus_sub_t *, void *), void *arg) {
-  bus_sub_t *s = bus->buckets[hash(conv)];
-  while (s) {
-    bus_sub_t *n = s->next;
-    if (strcmp(s->conv, conv) == 0) fn(s, arg);
-    s = n;
-  }
-}
-
 size_t bus_count(const bus_t *bus) { return bus->nsubs; }
 
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,

@@ -16,7 +16,6 @@
   X(INVAL, "invalid argument")                                                                     \
   X(STORE, "store error")                                                                          \
   X(BUSY, "store busy")                                                                            \
-  X(CONFLICT, "conflicting request")                                                               \
   X(TOOLARGE, "too large")                                                                         \
   X(NOMEM, "out of memory")                                                                        \
   X(CANCELED, "canceled")                                                                          \
