@@ -26,7 +26,7 @@
 typedef struct {
   int method; /* llhttp_method_t */
   const char *method_name;
-  char *path;        /* decoded? no: raw path without the query */
+  char *path;        /* the raw path, without the query string */
   char *query;       /* raw query string without '?', or NULL */
   const char *route; /* route label for metrics, set by the router */
   char *authorization, *upgrade, *connection, *ws_key, *ws_version, *ws_protocol, *idempotency_key,
