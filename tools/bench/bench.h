@@ -8,7 +8,10 @@
  *
  * Benchmarks:
  *   baseline  memory per idle connection, handshakes/s, deliveries/s
- *             (tools/bench/baseline.c, docs/benchmarks/baseline.md)
+ *             (tools/bench/baseline.c, docs/benchmarks/baseline.md; its
+ *             parts: run.h the run's state and loop driver, node.h the
+ *             child node, restc.h the REST client, wsclient.h the
+ *             WebSocket client connections)
  *
  * Main thread only; a benchmark owns the process while it runs (it raises
  * RLIMIT_NOFILE, pins itself to a CPU and handles SIGINT/SIGTERM).

@@ -1,0 +1,388 @@
+/*
+ * node.c: start, readiness, /proc readings and stop of the node a bench
+ * run measures (see bench/node.h).
+ */
+#include "bench/node.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/restc.h"
+#include "core/util.h"
+
+#define READY_WAIT_MS 30000
+#define IDLE_WAIT_MS  30000 /* for the node to drop the closed connections */
+#define STOP_WAIT_MS  10000 /* SIGTERM, then SIGKILL */
+
+/* ---- the node: start, readiness, /proc readings, stop ------------------------------ */
+
+const char *bnode_status_text(int st, char *buf, size_t len) {
+  if (WIFEXITED(st))
+    snprintf(buf, len, "exit status %d", WEXITSTATUS(st));
+  else if (WIFSIGNALED(st))
+    snprintf(buf, len, "killed by signal %d, %s", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  else
+    snprintf(buf, len, "wait status %d", st);
+  return buf;
+}
+
+/* 1 when the node is not running (exited, reaped now or before). */
+int bnode_gone(bench_t *b) {
+  if (b->pid <= 0) return 1;
+  int st;
+  pid_t r = waitpid(b->pid, &st, WNOHANG);
+  if (r == b->pid) {
+    b->node_status = st;
+    b->node_exited = 1;
+    b->pid = 0;
+    return 1;
+  }
+  return 0;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+/* The child's environment: ours without CONVERGER_* settings, plus the
+ * bench's. NULL-terminated; free each string and the array. */
+static char **node_env(bench_t *b) {
+  extern char **environ;
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **env = calloc(n + 16, sizeof *env);
+  if (!env) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "CONVERGER_", 10) != 0) env[k++] = strdup(environ[i]);
+  env[k++] = run_str_printf("CONVERGER_LISTEN=127.0.0.1:%d", b->port);
+  env[k++] = run_str_printf("CONVERGER_DATABASE_URL=sqlite:%s/c.db", b->dir);
+  env[k++] = run_str_printf("CONVERGER_API_KEY=%s", b->api_key);
+  env[k++] = run_str_printf("CONVERGER_TOKEN_SECRET=%s", b->secret);
+  env[k++] = strdup("CONVERGER_SQLITE_SYNC=off");         /* benchmark only */
+  env[k++] = strdup("CONVERGER_HEARTBEAT_MS=3600000");    /* no pings while measuring */
+  env[k++] = strdup("CONVERGER_HELLO_TIMEOUT_MS=600000"); /* upgraded sockets wait for hello */
+  env[k++] = strdup("CONVERGER_NODE_ID=bench");
+  for (size_t i = 0; i < k; i++)
+    if (!env[i]) {
+      for (size_t j = 0; j < k; j++) free(env[j]);
+      free(env);
+      return NULL;
+    }
+  return env;
+}
+
+static void env_free(char **env) {
+  for (size_t i = 0; env && env[i]; i++) free(env[i]);
+  free(env);
+}
+
+int bnode_start(bench_t *b) {
+  ssize_t n = readlink("/proc/self/exe", b->exe, sizeof b->exe - 1);
+  if (n <= 0) {
+    run_fail(b, "cannot read /proc/self/exe: %s", strerror(errno));
+    return -1;
+  }
+  b->exe[n] = '\0';
+  const char *tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp || strlen(tmp) > 200) tmp = "/tmp";
+  snprintf(b->dir, sizeof b->dir, "%s/converger-bench-XXXXXX", tmp);
+  if (!mkdtemp(b->dir)) {
+    run_fail(b, "cannot create a temporary directory %s: %s", b->dir, strerror(errno));
+    b->dir[0] = '\0';
+    return -1;
+  }
+  if ((b->port = free_port()) < 0) {
+    run_fail(b, "cannot find a free loopback port: %s", strerror(errno));
+    return -1;
+  }
+  if (util_random_hex(b->api_key, 32) != 0 || util_random_hex(b->secret, 32) != 0) {
+    run_fail(b, "cannot generate the API key and token secret");
+    return -1;
+  }
+  char log_path[PATH_MAX];
+  snprintf(log_path, sizeof log_path, "%s/node.log", b->dir);
+  int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  char **env = node_env(b);
+  if (log_fd < 0 || null_fd < 0 || !env) {
+    run_fail(b, "cannot prepare the node's log, stdin or environment: %s", strerror(errno));
+    if (log_fd >= 0) close(log_fd);
+    if (null_fd >= 0) close(null_fd);
+    env_free(env);
+    return -1;
+  }
+  pid_t parent = getpid();
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* Child: its own process group (a terminal's Ctrl-C reaches the bench
+     * only, which then stops the node in order), killed if the bench dies. */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    if (b->node_cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(b->node_cpu, &set);
+      sched_setaffinity(0, sizeof set, &set);
+    }
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    dup2(null_fd, 0);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    char *args[] = {b->exe, (char *)"serve", NULL};
+    execve(b->exe, args, env);
+    dprintf(2, "converger bench: cannot run %s: %s\n", b->exe, strerror(errno));
+    _exit(127);
+  }
+  int fork_errno = errno;
+  close(log_fd);
+  close(null_fd);
+  env_free(env);
+  if (pid < 0) {
+    run_fail(b, "fork: %s", strerror(fork_errno));
+    return -1;
+  }
+  setpgid(pid, pid); /* also here: no race with the child's own call */
+  b->pid = pid;
+  return 0;
+}
+
+void bnode_stop(bench_t *b) {
+  if (b->pid <= 0) return;
+  kill(b->pid, SIGTERM);
+  uint64_t until = run_now_ns() + (uint64_t)STOP_WAIT_MS * 1000000u;
+  while (!bnode_gone(b)) {
+    if (run_now_ns() >= until) {
+      fprintf(stderr, "converger bench: the node did not stop within %d s; SIGKILL\n",
+              STOP_WAIT_MS / 1000);
+      kill(b->pid, SIGKILL);
+      int st;
+      while (waitpid(b->pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      b->node_status = st;
+      b->node_exited = 1;
+      b->pid = 0;
+      return;
+    }
+    run_sleep_ms(10);
+  }
+  char why[96];
+  if (!WIFEXITED(b->node_status) || WEXITSTATUS(b->node_status) != 0)
+    fprintf(stderr, "converger bench: the node ended with %s after SIGTERM\n",
+            bnode_status_text(b->node_status, why, sizeof why));
+}
+
+void bnode_print_log_tail(bench_t *b, int lines) {
+  if (!b->dir[0]) return;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/node.log", b->dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  static char buf[16384];
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  long from = size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0;
+  fseek(f, from, SEEK_SET);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = buf + n;
+  int seen = 0;
+  while (p > buf && seen <= lines)
+    if (*--p == '\n') seen++;
+  if (*p == '\n') p++;
+  fprintf(stderr, "---- last lines of the node's log (%s) ----\n%s%s----\n", path, p,
+          n && buf[n - 1] != '\n' ? "\n" : "");
+}
+
+void bnode_remove_dir(bench_t *b) {
+  if (!b->dir[0]) return;
+  DIR *d = opendir(b->dir);
+  if (d) {
+    struct dirent *e;
+    char path[sizeof b->dir + 260];
+    while ((e = readdir(d)) != NULL) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      snprintf(path, sizeof path, "%s/%s", b->dir, e->d_name);
+      unlink(path);
+    }
+    closedir(d);
+  }
+  if (rmdir(b->dir) != 0)
+    fprintf(stderr, "converger bench: cannot remove %s: %s\n", b->dir, strerror(errno));
+  b->dir[0] = '\0';
+}
+
+/* A "Name:   123 kB" line of /proc/PID/status, in kB; -1 when unreadable. */
+long bnode_status_kb(pid_t pid, const char *name) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  long kb = -1;
+  size_t nl = strlen(name);
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, name, nl) == 0 && line[nl] == ':') {
+      kb = strtol(line + nl + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return kb;
+}
+
+/* utime + stime of a /proc stat file in clock ticks, stime alone in *sys;
+ * -1 when unreadable. */
+static long long proc_ticks(const char *path, long long *sys) {
+  char buf[1024];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+  unsigned long long ut, st;
+  /* after the name: state ppid pgrp session tty tpgid flags minflt cminflt
+   * majflt cmajflt utime stime (proc(5)) */
+  if (!p || sscanf(p + 1, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &ut, &st) != 2)
+    return -1;
+  if (sys) *sys = (long long)st;
+  return (long long)(ut + st);
+}
+
+void bnode_cpu_snap(bench_t *b, bnode_cpu_snap_t *s) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)b->pid);
+  s->node_ticks = proc_ticks(path, &s->node_sys_ticks);
+  snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)b->pid, (int)b->pid);
+  s->loop_ticks = proc_ticks(path, NULL);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  s->self_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+              ru.ru_stime.tv_usec / 1e6;
+  s->ns = run_now_ns();
+}
+
+/* "node CPU 97% (loop thread 61%, store workers 36%; in the kernel 45%),
+ * bench CPU 40%" over
+ * the interval; returns the node's CPU seconds (-1 when unreadable). Clock
+ * ticks are 10 ms, so short intervals read coarse. A node below ~95% while
+ * the bench waits for it was not alone on its CPU. */
+double bnode_cpu_text(const bnode_cpu_snap_t *a, const bnode_cpu_snap_t *z, char *out, size_t len) {
+  double wall = (double)(z->ns - a->ns) / RUN_NS;
+  double hz = (double)sysconf(_SC_CLK_TCK);
+  if (wall <= 0 || a->node_ticks < 0 || z->node_ticks < 0 || a->loop_ticks < 0 ||
+      z->loop_ticks < 0) {
+    snprintf(out, len, "CPU use unavailable");
+    return -1;
+  }
+  double node = (double)(z->node_ticks - a->node_ticks) / hz;
+  double sys = (double)(z->node_sys_ticks - a->node_sys_ticks) / hz;
+  double loop = (double)(z->loop_ticks - a->loop_ticks) / hz;
+  double self = z->self_s - a->self_s;
+  snprintf(out, len,
+           "node CPU %.0f%% (loop thread %.0f%%, store workers %.0f%%; in the kernel %.0f%%), "
+           "bench CPU %.0f%%",
+           node / wall * 100, loop / wall * 100, (node - loop) / wall * 100, sys / wall * 100,
+           self / wall * 100);
+  return node;
+}
+
+int bnode_wait_ready(bench_t *b) {
+  uint64_t until = run_now_ns() + (uint64_t)READY_WAIT_MS * 1000000u;
+  char body[256];
+  for (;;) {
+    int st = restc_call(b, "GET", "/readyz", NULL, NULL, body, sizeof body);
+    if (st == 200) return 0;
+    char why[96];
+    if (bnode_gone(b)) {
+      run_fail(b, "the node exited during start-up (%s)",
+               bnode_status_text(b->node_status, why, sizeof why));
+      return -1;
+    }
+    if (run_interrupted) {
+      run_fail(b, "interrupted");
+      return -1;
+    }
+    if (run_now_ns() >= until) {
+      run_fail(b, "GET /readyz did not answer 200 within %d s (last: %s)", READY_WAIT_MS / 1000,
+               st < 0 ? b->http_err : body);
+      return -1;
+    }
+    run_sleep_ms(20);
+  }
+}
+
+/* The node's count of WebSocket and HTTP connections (GET /admin/status). */
+int bnode_counts(bench_t *b, long *ws, long *http, long *subs) {
+  char body[1024];
+  if (restc_expect(b, "GET", "/admin/status", NULL, NULL, 200, body, sizeof body) != 0) return -1;
+  json_t *v = json_loads(body, 0, NULL);
+  *ws = (long)json_integer_value(json_object_get(v, "connections"));
+  *http = (long)json_integer_value(json_object_get(v, "httpConnections"));
+  *subs = (long)json_integer_value(json_object_get(v, "subscriptions"));
+  int ok = json_is_integer(json_object_get(v, "connections"));
+  json_decref(v);
+  if (!ok) run_fail(b, "GET /admin/status: no \"connections\" in %.200s", body);
+  return ok ? 0 : -1;
+}
+
+/* Wait until the node has dropped every WebSocket connection of the last
+ * phase (and no HTTP connection but ours is left), so that phases do not
+ * overlap. */
+int bnode_wait_idle(bench_t *b) {
+  uint64_t until = run_now_ns() + (uint64_t)IDLE_WAIT_MS * 1000000u;
+  long ws = 0, http = 0, subs = 0;
+  for (;;) {
+    if (bnode_counts(b, &ws, &http, &subs) != 0) return -1;
+    if (ws == 0 && http <= 1) return 0;
+    if (run_interrupted) {
+      run_fail(b, "interrupted");
+      return -1;
+    }
+    if (run_now_ns() >= until) {
+      run_fail(b,
+               "the node still counts %ld WebSocket and %ld HTTP connections %d s after the bench "
+               "closed them",
+               ws, http - 1, IDLE_WAIT_MS / 1000);
+      return -1;
+    }
+    run_sleep_ms(20);
+  }
+}

@@ -1,0 +1,168 @@
+/*
+ * run.c: the failure channel, small helpers and the loop driver of a bench
+ * run (see bench/run.h).
+ */
+#include "bench/run.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/node.h"
+#include "core/util.h"
+
+volatile sig_atomic_t run_interrupted;
+
+uint64_t run_now_ns(void) { return uv_hrtime(); }
+
+void run_fail(bench_t *b, const char *fmt, ...) {
+  if (!b->failed) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err, sizeof b->err, fmt, ap);
+    va_end(ap);
+    b->failed = 1;
+  }
+  if (b->loop_ready) uv_stop(&b->loop);
+}
+
+void run_sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+char *run_str_printf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) return NULL;
+  char *s = malloc((size_t)n + 1);
+  if (!s) return NULL;
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+void run_conv_name(int index, char out[32]) {
+  if (index < 0)
+    snprintf(out, 32, "bench-fanout");
+  else
+    snprintf(out, 32, "bench-%03d", index);
+}
+
+/* ---- the loop: phases ------------------------------------------------------------ */
+
+static void progress_text(bench_t *b, char *out, size_t len) {
+  snprintf(out, len, "%zu/%zu upgraded, %zu/%zu synced, %llu/%llu messages, %zu/%zu REST answers",
+           b->nopen, b->want_open, b->nsynced, b->want_synced, (unsigned long long)b->msgs,
+           (unsigned long long)b->want_msgs, b->rest_answers, b->want_rest_answers);
+}
+
+void run_maybe_done(bench_t *b) {
+  if (b->stopped || b->failed) return;
+  if (b->nopen < b->want_open || b->nsynced < b->want_synced || b->msgs < b->want_msgs ||
+      b->rest_connected < b->want_rest_connected || b->rest_answers < b->want_rest_answers)
+    return;
+  uint64_t now = run_now_ns();
+  if (now < b->hold_until_ns) return;
+  b->done_ns = now;
+  b->stopped = 1;
+  uv_stop(&b->loop);
+}
+
+static void watch_cb(uv_timer_t *t) {
+  bench_t *b = container_of(t, bench_t, watch);
+  uint64_t now = run_now_ns();
+  char text[200], why[96];
+  if (run_interrupted) {
+    run_fail(b, "interrupted by signal %d", (int)run_interrupted);
+    return;
+  }
+  if (bnode_gone(b)) {
+    run_fail(b, "the node exited (%s)", bnode_status_text(b->node_status, why, sizeof why));
+    return;
+  }
+  if (now >= b->deadline_ns) {
+    progress_text(b, text, sizeof text);
+    run_fail(b, "timed out after %d s: %s", b->timeout_s, text);
+    return;
+  }
+  if (now - b->last_progress_ns >= 5 * (uint64_t)RUN_NS) {
+    b->last_progress_ns = now;
+    progress_text(b, text, sizeof text);
+    fprintf(stderr, "  ... %s: %s\n", b->phase, text);
+  }
+  run_maybe_done(b); /* a hold (settling) ends here */
+}
+
+/* Run the loop until the phase is complete (want_* reached and the hold
+ * over), it fails, or --timeout passes. Returns 0 or -1 (b->err set). */
+int run_phase(bench_t *b, const char *name) {
+  b->phase = name;
+  b->stopped = 0;
+  b->phase_start_ns = b->last_progress_ns = run_now_ns();
+  b->deadline_ns = b->phase_start_ns + (uint64_t)b->timeout_s * (uint64_t)RUN_NS;
+  uv_timer_start(&b->watch, watch_cb, 50, 50);
+  run_maybe_done(b);
+  uv_run(&b->loop, UV_RUN_DEFAULT);
+  uv_timer_stop(&b->watch);
+  if (b->failed) return -1;
+  if (!b->stopped) { /* the loop ran out of handles: should not happen */
+    run_fail(b, "%s: the loop ended early", name);
+    return -1;
+  }
+  return 0;
+}
+
+/* Turn the loop without blocking until the handles just closed are gone
+ * (b->handles is down to `left`); other connections may still be open. */
+void run_drain_closes(bench_t *b, size_t left) {
+  for (int i = 0; i < 100000 && b->handles > left; i++) uv_run(&b->loop, UV_RUN_NOWAIT);
+}
+
+/* ---- writes (WebSocket and REST connections) ----------------------------------- */
+
+typedef struct {
+  uv_write_t req;
+  bench_t *b;
+  char data[];
+} wreq_t;
+
+static void write_cb(uv_write_t *req, int status) {
+  wreq_t *w = container_of(req, wreq_t, req);
+  bench_t *b = w->b;
+  free(w);
+  if (status < 0 && status != UV_ECANCELED && !b->closing)
+    run_fail(b, "%s: write: %s", b->phase, uv_strerror(status));
+}
+
+/* Write now if the socket takes it (the usual case on loopback); queue a
+ * copy of the rest otherwise. */
+int run_send(bench_t *b, uv_stream_t *s, const char *data, size_t len) {
+  uv_buf_t buf = uv_buf_init((char *)data, (unsigned)len);
+  int n = uv_try_write(s, &buf, 1);
+  if (n >= 0 && (size_t)n == len) return 0;
+  if (n < 0 && n != UV_EAGAIN) {
+    run_fail(b, "%s: write: %s", b->phase, uv_strerror(n));
+    return n;
+  }
+  size_t done = n > 0 ? (size_t)n : 0;
+  wreq_t *w = malloc(sizeof *w + len - done);
+  if (!w) {
+    run_fail(b, "out of memory");
+    return UV_ENOMEM;
+  }
+  w->b = b;
+  memcpy(w->data, data + done, len - done);
+  buf = uv_buf_init(w->data, (unsigned)(len - done));
+  int r = uv_write(&w->req, s, &buf, 1, write_cb);
+  if (r != 0) {
+    free(w);
+    run_fail(b, "%s: write: %s", b->phase, uv_strerror(r));
+  }
+  return r;
+}

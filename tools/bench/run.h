@@ -1,0 +1,132 @@
+/*
+ * run: the state of one `converger bench baseline` run (bench_t), its one
+ * failure channel (run_fail), and the loop driver that runs a phase until
+ * it is complete, fails or times out.
+ *
+ * What it owns: nothing beyond bench_t's definition; bench_baseline_main
+ * allocates the bench_t, the other modules (bench/node.h, bench/restc.h,
+ * bench/wsclient.h) read and update its fields. The counters of the current
+ * phase (nopen, nsynced, msgs, rest_connected, rest_answers) are raised by
+ * the connections; the want_* fields say when the phase is complete.
+ *
+ * Main thread only: the loop runs on the thread that calls run_phase, and
+ * the blocking setup calls run with no loop running. run_interrupted is the
+ * one thing written elsewhere, by the signal handler.
+ */
+#ifndef CONVERGER_TOOLS_BENCH_RUN_H
+#define CONVERGER_TOOLS_BENCH_RUN_H
+
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "core/jitter.h"
+
+typedef struct bench_s bench_t;
+
+#include "bench/restc.h"
+#include "bench/wsclient.h"
+
+#define RUN_CONVS          100 /* conversations of the memory and handshake phases */
+#define RUN_SETUP_HEAD     2   /* messages in each of them before the handshakes */
+#define RUN_READ_BUF_BYTES (256 * 1024)
+#define RUN_NS             1000000000.0 /* nanoseconds per second */
+
+/* The number of the signal that asked the bench to stop, 0 while none did.
+ * Set by bench_baseline_main's handler; every wait checks it. */
+extern volatile sig_atomic_t run_interrupted;
+
+struct bench_s {
+  /* options */
+  int conns, handshakes, subs, messages, rest_conns, node_cpu, client_cpu, timeout_s;
+
+  /* the node */
+  pid_t pid;       /* 0 when not running */
+  int node_exited; /* reaped; node_status holds the wait status */
+  int node_status;
+  int port;
+  char dir[256]; /* temporary data directory; "" when none */
+  char exe[PATH_MAX];
+  char api_key[65], secret[65];
+  char *token;
+  char http_err[160]; /* why the last blocking HTTP call failed */
+
+  /* the loop and the current phase */
+  uv_loop_t loop;
+  int loop_ready;
+  uv_timer_t watch;
+  const char *phase;
+  uint64_t phase_start_ns, deadline_ns, last_progress_ns, hold_until_ns;
+  int stopped; /* uv_stop called because the phase is complete */
+  int failed;
+  char err[512];
+  jitter_rng_t rng;
+
+  /* the current set of WebSocket connections */
+  wsc_t *ws;
+  size_t nws, next_open, opening, nopen, nsynced;
+  size_t handles;          /* uv handles (WebSocket and REST) not closed yet */
+  int auto_hello;          /* send hello as soon as the 101 arrives */
+  int fanout;              /* hello subscribes to the fan-out conversation */
+  int64_t hello_watermark; /* -1: null */
+  int closing;             /* tearing down: lost connections are expected */
+  uint64_t msgs, seq_errors;
+  uint64_t *lat; /* hello -> synced per connection, ns (handshake rounds) */
+  size_t nlat;
+
+  /* REST connections of the delivery phase */
+  restc_t *rest; /* rest_conns of them while the delivery phase runs */
+  size_t rest_connected, rest_answers;
+
+  /* what completes the phase; done_ns is when it was complete */
+  size_t want_open, want_synced, want_rest_connected, want_rest_answers;
+  uint64_t want_msgs;
+  uint64_t msgs_done_ns, rest_done_ns, done_ns;
+
+  char read_buf[RUN_READ_BUF_BYTES]; /* every read of every connection lands here */
+};
+
+/* The monotonic clock (uv_hrtime), in nanoseconds. */
+uint64_t run_now_ns(void);
+
+/* Record why the bench fails (printf-style, truncated to sizeof b->err)
+ * and stop the loop if it runs. Only the first failure is kept; later calls
+ * only stop the loop again. Never returns an error. */
+void run_fail(bench_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Sleep `ms` milliseconds (blocking; for the waits with no loop running). */
+void run_sleep_ms(long ms);
+
+/* A newly allocated printf-formatted string; the caller frees it. NULL when
+ * out of memory or on a format error. */
+char *run_str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The id of conversation `index` (0 .. RUN_CONVS-1), or of the fan-out
+ * conversation when `index` is negative, into `out`. */
+void run_conv_name(int index, char out[32]);
+
+/* Stop the loop when the phase is complete: every want_* reached and the
+ * hold (hold_until_ns) over. Sets b->done_ns and b->stopped. Called by the
+ * connections after each counter they raise, and by the watch timer. */
+void run_maybe_done(bench_t *b);
+
+/* Run the loop until the phase `name` (kept in b->phase, a string that must
+ * outlive the phase) is complete, it fails, or --timeout passes; prints a
+ * progress line to stderr every 5 s. Returns 0, or -1 with b->err set. */
+int run_phase(bench_t *b, const char *name);
+
+/* Turn the loop without blocking until the handles just closed are gone
+ * (b->handles is down to `left`); other connections may still be open. */
+void run_drain_closes(bench_t *b, size_t left);
+
+/* Write `len` bytes to `s`: at once if the socket takes them (the usual
+ * case on loopback), otherwise queue a copy of the rest, freed when the
+ * write completes. The caller keeps `data`. Returns 0, or a negative libuv
+ * error after run_fail (a failed queued write fails the bench later, unless
+ * b->closing). */
+int run_send(bench_t *b, uv_stream_t *s, const char *data, size_t len);
+
+#endif
