@@ -161,8 +161,10 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     *why = "token sub must be an id";
     goto out;
   }
-  if (jti && strlen(jti) > STORE_ID_MAX) {
-    *why = "token jti too long";
+  /* jti is required (docs/protocol.md, section 11): without it a token
+   * could never be revoked. */
+  if (!jti || !*jti || strlen(jti) > STORE_ID_MAX) {
+    *why = "token jti must be a string of 1 to 128 bytes";
     goto out;
   }
   if (!json_is_array(convs)) {
@@ -193,7 +195,7 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     }
   }
   strcpy(out->sub, sub);
-  if (jti) strcpy(out->jti, jti);
+  strcpy(out->jti, jti);
   out->exp_s = json_integer_value(exp);
   out->convs = json_incref(convs);
   r = 0;

@@ -4,8 +4,8 @@
  *
  * Token verification happens in memory: the `alg` of the header is pinned
  * to HS256 before libjwt checks the signature (so "none" and every other
- * algorithm are refused), `exp` is required, and the jti must not be in the
- * revocation cache. Loop thread, except auth_sign and auth_verify, which are
+ * algorithm are refused), `exp` and `jti` are required, and the jti must not
+ * be in the revocation cache. Loop thread, except auth_sign and auth_verify, which are
  * pure and may run anywhere.
  */
 #ifndef CONVERGER_API_AUTH_H

@@ -163,6 +163,16 @@ static void test_missing_claims(void **state) {
   char *bad_sub = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), SECRET);
   assert_int_equal(auth_verify(a, bad_sub, NOW, &t, &why), -CV_EUNAUTHORIZED);
   free(bad_sub);
+  /* jti is required: a token without one could never be revoked */
+  const char *bad_jti[] = {"", ",\"jti\":\"\"", ",\"jti\":7"};
+  for (size_t i = 0; i < sizeof bad_jti / sizeof bad_jti[0]; i++) {
+    snprintf(claims, sizeof claims, "{\"sub\":\"u\",\"convs\":[\"c\"],\"exp\":%lld%s}", NOW + 100,
+             bad_jti[i]);
+    char *tok = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), SECRET);
+    assert_int_equal(auth_verify(a, tok, NOW, &t, &why), -CV_EUNAUTHORIZED);
+    assert_string_equal(why, "token jti must be a string of 1 to 128 bytes");
+    free(tok);
+  }
 }
 
 static void test_api_key(void **state) {
