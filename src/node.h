@@ -43,4 +43,11 @@ typedef struct node_s {
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
 } node_t;
 
+/* A retry hint for a refusal: uniform in the configured retry-after range
+ * (CONVERGER_RETRY_AFTER_MIN_MS..MAX_MS), ms. Loop thread. */
+static inline long node_retry_hint(node_t *node) {
+  return (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
+                                 node->cfg->retry_after_max_ms);
+}
+
 #endif

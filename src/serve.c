@@ -67,6 +67,7 @@ static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
+  session_flush_metrics();
   conn_flush_all(node);
   switch (phase) {
   case RUNNING:

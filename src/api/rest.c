@@ -194,10 +194,7 @@ static void job_done(pool_job_t *job) {
       http_respond(j->conn, 204, "application/json", "", 0, NULL);
     } else {
       http_respond_error(j->conn, j->status, j->code, j->message,
-                         j->status == 503
-                             ? (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
-                                                       node->cfg->retry_after_max_ms)
-                             : 0);
+                         j->status == 503 ? node_retry_hint(node) : 0);
     }
   }
   json_decref(j->answer);
@@ -547,9 +544,7 @@ void rest_handle(conn_t *c, http_request_t *req) {
                         json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
                         "Sec-WebSocket-Version: 13\r\n");
     } else if (node->stopping) {
-      http_respond_error(c, 503, "unavailable", "node is shutting down",
-                         (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
-                                                 node->cfg->retry_after_max_ms));
+      http_respond_error(c, 503, "unavailable", "node is shutting down", node_retry_hint(node));
     } else {
       ws_upgrade(c, req);
     }

@@ -108,20 +108,16 @@ static void connection_cb(uv_stream_t *server, int status) {
   if (!c) return;
   c->node = node;
   uv_tcp_init(node->loop, &c->tcp);
+  c->next = node->conns; /* linked first, so free_conn can always unlink it */
+  if (node->conns) node->conns->prev = c;
+  node->conns = c;
+  node->nconns++;
   if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
     c->closing = 1;
-    c->next = node->conns; /* so free_conn can unlink it */
-    if (node->conns) node->conns->prev = c;
-    node->conns = c;
-    node->nconns++;
     uv_close((uv_handle_t *)&c->tcp, close_cb);
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  c->next = node->conns;
-  if (node->conns) node->conns->prev = c;
-  node->conns = c;
-  node->nconns++;
   c->http = http_new(c);
   c->last_rx_ms = util_mono_ms();
   c->deadline_ms = c->last_rx_ms + (uint64_t)node->cfg->header_timeout_ms;

@@ -69,7 +69,7 @@ struct session_s {
   sub_t *subs;
 };
 
-static uint64_t delivered_total; /* flushed into the metric by session_tick */
+static uint64_t delivered_total; /* flushed into the metric by session_flush_metrics */
 
 /* Recent channel state changes, so that a handshake whose store read came
  * before a deactivation still ends its subscription, and one that came
@@ -112,11 +112,6 @@ static void send_error(conn_t *c, const char *code, const char *message, const c
   send_text_owned(c, frame_error(code, message, conv, retry_after_ms, details));
 }
 
-static long retry_hint(node_t *node) {
-  return (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
-                                 node->cfg->retry_after_max_ms);
-}
-
 static void count_handshake(const char *result) {
   char labels[64];
   snprintf(labels, sizeof labels, "result=\"%s\"", result);
@@ -126,7 +121,7 @@ static void count_handshake(const char *result) {
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * in the reason (the admission-queue decision record). Steals `details`. */
 static void refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details) {
-  long hint = retry_hint(c->node);
+  long hint = node_retry_hint(c->node);
   char reason[48];
   send_error(c, "unavailable", message, conv, hint, details);
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
@@ -303,7 +298,7 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
 static void replay_failed(sub_t *sub, const char *message) {
   session_t *s = sub->session;
   json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
-  send_error(s->conn, "replay_unavailable", message, sub->conv, retry_hint(s->node), details);
+  send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
   clear_pending(sub);
   sub->filling = 0;
   sub->sync_pending = sub->overflow = 0;
@@ -683,10 +678,6 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
 void session_tick(conn_t *c, uint64_t now) {
   session_t *s = c->session;
   node_t *node = c->node;
-  if (delivered_total) {
-    metrics_add("converger_messages_delivered_total", NULL, delivered_total);
-    delivered_total = 0;
-  }
   if (!s || c->closing) return;
   if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
     count_handshake("timeout");
@@ -711,6 +702,13 @@ void session_on_writable(conn_t *c) {
     if (conn_pending_bytes(c) > OUT_HIGH_WATER) return;
     sub->deferred = 0;
     fill_start(sub, sub->deferred_after, sub->deferred_upto, sub->deferred_synced);
+  }
+}
+
+void session_flush_metrics(void) {
+  if (delivered_total) {
+    metrics_add("converger_messages_delivered_total", NULL, delivered_total);
+    delivered_total = 0;
   }
 }
 

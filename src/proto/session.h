@@ -30,6 +30,11 @@ void session_tick(conn_t *c, uint64_t now);
  * replay pages that were paused (conn.c calls this). */
 void session_on_writable(conn_t *c);
 
+/* Add the deliveries counted since the last call to
+ * converger_messages_delivered_total (once per tick: the hot path counts in
+ * a plain integer). */
+void session_flush_metrics(void);
+
 /* The connection is going away: leave the bus index and free. */
 void session_free(session_t *s);
 
