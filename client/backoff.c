@@ -64,7 +64,7 @@ int cvg_backoff_parse(const char *name, cvg_backoff_strategy_t *out) {
       *out = (cvg_backoff_strategy_t)i;
       return 0;
     }
-  return -1;
+  return CVG_EINVAL;
 }
 
 const char *cvg_backoff_name(cvg_backoff_strategy_t s) {

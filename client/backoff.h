@@ -26,16 +26,8 @@
 
 #include <stdint.h>
 
+#include "converger/client.h"
 #include "core/jitter.h"
-
-typedef enum {
-  CVG_BACKOFF_DECORRELATED = 0,
-  CVG_BACKOFF_FULL,
-  CVG_BACKOFF_EQUAL,
-  CVG_BACKOFF_EXPONENTIAL,
-  CVG_BACKOFF_ADDITIVE,
-  CVG_BACKOFF_PROPORTIONAL,
-} cvg_backoff_strategy_t;
 
 typedef struct {
   cvg_backoff_strategy_t strategy;
@@ -62,11 +54,6 @@ int64_t cvg_backoff_next(cvg_backoff_t *b, int64_t hint_ms);
 /* A welcome: the next delay starts again from the first attempt. */
 void cvg_backoff_reset(cvg_backoff_t *b);
 
-/* Strategy by name ("full", "equal", "decorrelated", "exponential",
- * "additive", "proportional"): 0, or -1 for an unknown name. */
-int cvg_backoff_parse(const char *name, cvg_backoff_strategy_t *out);
-
-/* Name of a strategy (static string). */
-const char *cvg_backoff_name(cvg_backoff_strategy_t s);
+/* cvg_backoff_parse and cvg_backoff_name are declared in converger/client.h. */
 
 #endif

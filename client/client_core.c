@@ -1,0 +1,850 @@
+/*
+ * client_core.c: the sans-I/O state machine of libconverger-client (see
+ * include/converger/client.h for the contract).
+ *
+ * State:
+ *   - at most two transports (`t[]`): the welcomed one (`active`) and, while
+ *     an attempt or a drain migration is in progress, the one being opened.
+ *     A transport goes OPENING (open action issued) -> HELLO (opened, hello
+ *     sent) -> WELCOMED. When the core closes a transport or hears that it
+ *     closed, its slot is freed at once: later events with its id are
+ *     ignored, so a late frame from a closed transport cannot be delivered;
+ *   - per subscription a watermark, the last seq given to the application.
+ *     It is the only de-duplication state: both transports of a migration
+ *     are checked against it, and every hello carries it;
+ *   - the sends not yet answered by `sent`, in submission order;
+ *   - three deadlines (reconnect, migrate, and per transport connect or
+ *     idle), of which the earliest is the one timer the caller arms.
+ *
+ * Every public event function ends with finish(), which arms the timer.
+ * Actions wait in a queue with strings the core owns until the caller takes
+ * the next one.
+ *
+ * Sources: RFC 6455 (close codes), docs/protocol.md, the reconnect-storm
+ * post-mortem (jittered backoff with a server hint as a floor), the drain
+ * lesson (migrate after afterMs, dedupe by seq).
+ */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backoff.h"
+#include "converger/client.h"
+#include "core/jitter.h"
+#include "core/util.h"
+
+#define DEFAULT_CONNECT_TIMEOUT_MS 15000
+#define DEFAULT_MAX_PENDING_SENDS  10000
+#define MAX_SUBS                   100
+#define NT                         2 /* transports at once: the active one and the one opening */
+
+typedef enum { T_FREE = 0, T_OPENING, T_HELLO, T_WELCOMED } tstate_t;
+
+typedef struct {
+  uint32_t id;
+  tstate_t st;
+  int url;          /* index in urls[], -1 for a drain's reconnectTo */
+  int migration;    /* opened for a drain */
+  int unavailable;  /* an `unavailable` error was counted on it */
+  int unauthorized; /* the server refused the token on it */
+  int64_t deadline; /* connect deadline until welcomed, then idle deadline */
+  int64_t idle_ms;  /* 0: no idle deadline (heartbeatMs 0) */
+  int64_t hint_ms;  /* retryAfterMs of an error frame on it */
+  char node[64];    /* from its welcome */
+} ctrans_t;
+
+typedef struct {
+  char *conv;
+  int64_t wm;       /* watermark; CVG_WATERMARK_NONE until the first welcome */
+  int ended;        /* forbidden, not found or inactive: left out of hellos */
+  int sync_pending; /* a gap sync is in flight on the active transport */
+} csub_t;
+
+typedef struct psend_s {
+  struct psend_s *next;
+  char *conv;
+  char id[129];
+  json_t *body;
+  cvg_sent_cb cb;
+  void *ud;
+  uint32_t sent_on; /* transport id it was last sent on; 0: never sent */
+} psend_t;
+
+typedef struct {
+  cvg_action_t a;
+  char *s; /* owned string of the action (url, data or reason) */
+} qact_t;
+
+struct cvg_core_s {
+  cvg_options_t opt; /* strings below are the core's copies */
+  char **urls;
+  char *token, *client_name;
+  csub_t *subs;
+  size_t nsubs;
+  jitter_rng_t rng;
+  cvg_backoff_t backoff;
+  cvg_state_t state;
+  ctrans_t t[NT];
+  uint32_t next_id;
+  int active;                       /* slot of the welcomed transport, -1: none */
+  int last_url;                     /* URL that failed or drains, avoided next; -1: none */
+  int64_t reconnect_at, migrate_at; /* -1: none */
+  char *migrate_url;                /* the drain's reconnectTo, or NULL */
+  int64_t hint_ms;                  /* floor for the next backoff, from the transport lost last */
+  int64_t offline_since;            /* -1 while welcomed */
+  int64_t timer_at;                 /* the timer the caller has armed, -1 none */
+  psend_t *sends, **sends_tail;
+  size_t nsends;
+  qact_t *q;
+  size_t qlen, qcap, qpos;
+  char *taken; /* string of the action returned last */
+  cvg_stats_t st;
+};
+
+/* ---- small helpers ---------------------------------------------------------------- */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || errlen == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static void push(cvg_core_t *core, cvg_action_t a, char *owned) {
+  if (core->qlen == core->qcap) {
+    size_t cap = core->qcap ? core->qcap * 2 : 8;
+    qact_t *q = realloc(core->q, cap * sizeof *q);
+    if (!q) { /* out of memory: the action is lost; the transport times out */
+      free(owned);
+      return;
+    }
+    core->q = q;
+    core->qcap = cap;
+  }
+  core->q[core->qlen++] = (qact_t){a, owned};
+}
+
+static void push_send(cvg_core_t *core, uint32_t id, char *frame) {
+  if (!frame) return;
+  push(core,
+       (cvg_action_t){.type = CVG_ACT_SEND, .transport = id, .data = frame, .len = strlen(frame)},
+       frame);
+}
+
+static void push_close(cvg_core_t *core, uint32_t id, int code, const char *reason) {
+  char *r = strdup(reason);
+  push(core, (cvg_action_t){.type = CVG_ACT_CLOSE, .transport = id, .code = code, .reason = r}, r);
+}
+
+static char *dump(json_t *v) {
+  char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+  json_decref(v);
+  return s;
+}
+
+static void set_state(cvg_core_t *core, cvg_state_t s, const char *fmt, ...) {
+  char detail[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  core->state = s;
+  if (core->opt.cb.on_state) core->opt.cb.on_state(core->opt.userdata, s, detail);
+}
+
+static csub_t *find_sub(cvg_core_t *core, const char *conv) {
+  for (size_t i = 0; i < core->nsubs; i++)
+    if (strcmp(core->subs[i].conv, conv) == 0) return &core->subs[i];
+  return NULL;
+}
+
+static ctrans_t *find_t(cvg_core_t *core, uint32_t id) {
+  for (int i = 0; i < NT; i++)
+    if (core->t[i].st != T_FREE && core->t[i].id == id) return &core->t[i];
+  return NULL;
+}
+
+static int slot_of(cvg_core_t *core, ctrans_t *t) { return (int)(t - core->t); }
+
+static int live_count(cvg_core_t *core) {
+  int n = 0;
+  for (int i = 0; i < NT; i++) n += core->t[i].st != T_FREE;
+  return n;
+}
+
+/* A random UUID (version 4 layout) from the core's seeded source. */
+static void make_uuid(cvg_core_t *core, char out[37]) {
+  uint8_t b[16];
+  uint64_t x = jitter_next(&core->rng), y = jitter_next(&core->rng);
+  memcpy(b, &x, 8);
+  memcpy(b + 8, &y, 8);
+  b[6] = (uint8_t)((b[6] & 0x0f) | 0x40);
+  b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
+  snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+           b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
+}
+
+/* ws://host[:port][/path]; wss is refused (no TLS in this client). */
+static int url_ok(const char *u, char *err, size_t errlen) {
+  if (!u || strncmp(u, "ws://", 5) != 0) {
+    if (u && strncmp(u, "wss://", 6) == 0)
+      set_err(err, errlen, "URL '%s': wss:// is not supported (terminate TLS in front of the node)",
+              u);
+    else
+      set_err(err, errlen, "URL '%s': must start with ws://", u ? u : "(null)");
+    return 0;
+  }
+  const char *h = u + 5;
+  size_t hl = strcspn(h, "/?#");
+  if (hl == 0 || h[0] == ':') {
+    set_err(err, errlen, "URL '%s': no host", u);
+    return 0;
+  }
+  if (strlen(u) > 1024) {
+    set_err(err, errlen, "URL is longer than 1024 bytes");
+    return 0;
+  }
+  return 1;
+}
+
+/* ---- creation --------------------------------------------------------------------- */
+
+void cvg_options_init(cvg_options_t *o) {
+  memset(o, 0, sizeof *o);
+  o->migrate_on_drain = 1;
+}
+
+static const char *const state_names[] = {
+    [CVG_STATE_IDLE] = "idle",           [CVG_STATE_CONNECTING] = "connecting",
+    [CVG_STATE_CONNECTED] = "connected", [CVG_STATE_MIGRATING] = "migrating",
+    [CVG_STATE_WAITING] = "waiting",     [CVG_STATE_FAILED] = "failed",
+    [CVG_STATE_CLOSED] = "closed",
+};
+
+const char *cvg_state_name(cvg_state_t s) {
+  return (size_t)s < sizeof state_names / sizeof state_names[0] ? state_names[s] : "unknown";
+}
+
+int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!opt || opt->nurls == 0 || !opt->urls) {
+    set_err(err, errlen, "at least one URL is needed");
+    return CVG_EINVAL;
+  }
+  for (size_t i = 0; i < opt->nurls; i++)
+    if (!url_ok(opt->urls[i], err, errlen)) return CVG_EINVAL;
+  if (!opt->token || !opt->token[0]) {
+    set_err(err, errlen, "a token is needed");
+    return CVG_EINVAL;
+  }
+  if (opt->nsubs == 0 || opt->nsubs > MAX_SUBS || !opt->subs) {
+    set_err(err, errlen, "%zu subscriptions: hello needs 1 to %d", opt->nsubs, MAX_SUBS);
+    return CVG_EINVAL;
+  }
+  for (size_t i = 0; i < opt->nsubs; i++) {
+    if (!util_id_valid(opt->subs[i].conv)) {
+      set_err(err, errlen, "conversation id '%s': 1-128 characters of [A-Za-z0-9._:-]",
+              opt->subs[i].conv ? opt->subs[i].conv : "(null)");
+      return CVG_EINVAL;
+    }
+    if (opt->subs[i].watermark < CVG_WATERMARK_NONE) {
+      set_err(err, errlen, "conversation %s: watermark %lld is negative", opt->subs[i].conv,
+              (long long)opt->subs[i].watermark);
+      return CVG_EINVAL;
+    }
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(opt->subs[i].conv, opt->subs[j].conv) == 0) {
+        set_err(err, errlen, "conversation %s is subscribed twice", opt->subs[i].conv);
+        return CVG_EINVAL;
+      }
+  }
+  if ((unsigned)opt->backoff > CVG_BACKOFF_PROPORTIONAL || opt->backoff_base_ms < 0 ||
+      opt->backoff_cap_ms < 0 || opt->backoff_jitter_ms < 0 || opt->connect_timeout_ms < 0) {
+    set_err(err, errlen, "bad backoff or timeout option");
+    return CVG_EINVAL;
+  }
+
+  cvg_core_t *core = calloc(1, sizeof *core);
+  if (!core) goto nomem;
+  core->opt = *opt;
+  core->active = -1;
+  core->last_url = -1;
+  core->reconnect_at = core->migrate_at = core->timer_at = -1;
+  core->offline_since = -1;
+  core->sends_tail = &core->sends;
+  if (!core->opt.connect_timeout_ms) core->opt.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
+  if (!core->opt.max_pending_sends) core->opt.max_pending_sends = DEFAULT_MAX_PENDING_SENDS;
+  core->urls = calloc(opt->nurls, sizeof *core->urls);
+  core->subs = calloc(opt->nsubs ? opt->nsubs : 1, sizeof *core->subs);
+  core->token = strdup(opt->token);
+  core->client_name = dupstr(opt->client_name);
+  if (!core->urls || !core->subs || !core->token || (opt->client_name && !core->client_name)) {
+    cvg_core_free(core);
+    goto nomem;
+  }
+  for (size_t i = 0; i < opt->nurls; i++)
+    if (!(core->urls[i] = strdup(opt->urls[i]))) {
+      cvg_core_free(core);
+      goto nomem;
+    }
+  for (; core->nsubs < opt->nsubs; core->nsubs++) {
+    csub_t *s = &core->subs[core->nsubs];
+    s->wm = opt->subs[core->nsubs].watermark;
+    if (!(s->conv = strdup(opt->subs[core->nsubs].conv))) {
+      cvg_core_free(core);
+      goto nomem;
+    }
+  }
+  core->opt.urls = NULL; /* the copies are core->urls etc. */
+  core->opt.subs = NULL;
+  core->opt.token = core->token;
+  core->opt.client_name = core->client_name;
+  if (opt->seed)
+    jitter_seed(&core->rng, opt->seed);
+  else
+    jitter_seed_random(&core->rng);
+  cvg_backoff_options_t bo = {opt->backoff, opt->backoff_base_ms, opt->backoff_cap_ms,
+                              opt->backoff_jitter_ms};
+  cvg_backoff_init(&core->backoff, &bo, &core->rng);
+  *out = core;
+  return 0;
+nomem:
+  set_err(err, errlen, "out of memory");
+  return CVG_ENOMEM;
+}
+
+static void complete_send(cvg_core_t *core, psend_t **link, int64_t seq, const char *error) {
+  psend_t *p = *link;
+  *link = p->next;
+  if (core->sends_tail == &p->next) core->sends_tail = link;
+  core->nsends--;
+  if (p->cb) p->cb(p->ud, p->conv, p->id, seq, error);
+  free(p->conv);
+  json_decref(p->body);
+  free(p);
+}
+
+void cvg_core_free(cvg_core_t *core) {
+  if (!core) return;
+  while (core->sends) { /* no callbacks: the application is freeing the client */
+    psend_t *p = core->sends;
+    core->sends = p->next;
+    free(p->conv);
+    json_decref(p->body);
+    free(p);
+  }
+  for (size_t i = core->qpos; i < core->qlen; i++) free(core->q[i].s);
+  free(core->q);
+  free(core->taken);
+  if (core->urls)
+    for (size_t i = 0; i < core->opt.nurls; i++) free(core->urls[i]);
+  free(core->urls);
+  for (size_t i = 0; i < core->nsubs; i++) free(core->subs[i].conv);
+  free(core->subs);
+  free(core->token);
+  free(core->client_name);
+  free(core->migrate_url);
+  free(core);
+}
+
+/* ---- timer ------------------------------------------------------------------------ */
+
+/* Arm the caller's timer at the earliest deadline, when it changed. */
+static void finish(cvg_core_t *core) {
+  int64_t at = -1;
+#define EARLIER(x)                                                                                 \
+  if ((x) >= 0 && (at < 0 || (x) < at)) at = (x)
+  EARLIER(core->reconnect_at);
+  EARLIER(core->migrate_at);
+  for (int i = 0; i < NT; i++)
+    if (core->t[i].st != T_FREE) EARLIER(core->t[i].deadline);
+#undef EARLIER
+  if (at == core->timer_at) return;
+  core->timer_at = at;
+  push(core, (cvg_action_t){.type = CVG_ACT_TIMER, .at_ms = at}, NULL);
+}
+
+/* ---- connections ------------------------------------------------------------------ */
+
+/* A URL index at random, not `avoid` when there is another. */
+static int pick_url(cvg_core_t *core, int avoid) {
+  int n = (int)core->opt.nurls;
+  if (n == 1 || avoid < 0 || avoid >= n) return (int)jitter_range(&core->rng, 0, n - 1);
+  int k = (int)jitter_range(&core->rng, 0, n - 2);
+  return k >= avoid ? k + 1 : k;
+}
+
+static void open_transport(cvg_core_t *core, int url, const char *url_text, int migration,
+                           int64_t now) {
+  ctrans_t *t = NULL;
+  for (int i = 0; i < NT && !t; i++)
+    if (core->t[i].st == T_FREE) t = &core->t[i];
+  if (!t) return; /* cannot happen: at most one attempt besides the active one */
+  memset(t, 0, sizeof *t);
+  t->id = ++core->next_id;
+  if (t->id == 0) t->id = ++core->next_id;
+  t->st = T_OPENING;
+  t->url = url;
+  t->migration = migration;
+  t->deadline = now + core->opt.connect_timeout_ms;
+  char *u = strdup(url_text ? url_text : core->urls[url]);
+  if (!u) {
+    t->st = T_FREE;
+    return;
+  }
+  core->st.attempts++;
+  push(core, (cvg_action_t){.type = CVG_ACT_OPEN, .transport = t->id, .url = u}, u);
+  if (migration)
+    set_state(core, CVG_STATE_MIGRATING, "drain: opening %s", u);
+  else
+    set_state(core, CVG_STATE_CONNECTING, "connecting to %s (attempt %llu)", u,
+              (unsigned long long)core->backoff.attempt + 1);
+}
+
+/* No transport is live and none is welcomed: wait for the backoff (with the
+ * server's hint as a floor), then try another URL. */
+static void schedule_reconnect(cvg_core_t *core, int failed_url, const char *why, int64_t now) {
+  int64_t delay = cvg_backoff_next(&core->backoff, core->hint_ms);
+  core->hint_ms = 0;
+  core->last_url = failed_url;
+  core->reconnect_at = now + delay;
+  set_state(core, CVG_STATE_WAITING, "%s; next attempt in %lld ms", why, (long long)delay);
+}
+
+static void fail_sends(cvg_core_t *core, const char *error) {
+  while (core->sends) complete_send(core, &core->sends, 0, error);
+}
+
+/* Stop for good (the token was refused, or no subscription is left);
+ * pending sends complete with `error`. */
+static void fail(cvg_core_t *core, const char *why, const char *error) {
+  for (int i = 0; i < NT; i++)
+    if (core->t[i].st != T_FREE) {
+      push_close(core, core->t[i].id, 1000, why);
+      core->t[i].st = T_FREE;
+    }
+  core->active = -1;
+  core->reconnect_at = core->migrate_at = -1;
+  set_state(core, CVG_STATE_FAILED, "%s", why);
+  fail_sends(core, error);
+}
+
+static int64_t reason_hint(const char *reason, size_t len) {
+  if (!reason || len == 0) return 0;
+  json_t *j = json_loadb(reason, len, 0, NULL);
+  json_t *h = json_object_get(j, "retryAfterMs");
+  int64_t v = json_is_integer(h) ? (int64_t)json_integer_value(h) : 0;
+  json_decref(j);
+  return v > 0 && v < 3600000 ? v : 0;
+}
+
+/* Transport `t` is gone (the server closed it, the TCP connection ended, or
+ * a deadline passed). Its slot is freed. */
+static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *reason, size_t len,
+                           int64_t now) {
+  int slot = slot_of(core, t);
+  int was_active = slot == core->active;
+  int was_migration = t->migration && !was_active;
+  int url = t->url;
+  int64_t hint = t->hint_ms;
+  if (code == 1012 || code == 1013) hint = max64(hint, reason_hint(reason, len));
+  if (code == 1013 && !t->unavailable) core->st.unavailable++;
+  int unauthorized = t->unauthorized;
+  t->st = T_FREE;
+  char why[300];
+  snprintf(why, sizeof why, "connection closed (%d %.*s)", code, (int)(len > 200 ? 200 : len),
+           reason ? reason : "");
+  if (unauthorized) {
+    fail(core, "the server refused the token (unauthorized)", "unauthorized");
+    return;
+  }
+  core->hint_ms = max64(core->hint_ms, hint);
+  if (was_active) {
+    core->active = -1;
+    core->offline_since = now;
+    core->st.node[0] = '\0';
+    core->migrate_at = -1;
+    if (live_count(core) > 0) { /* the migration's connection takes over */
+      set_state(core, CVG_STATE_CONNECTING, "%s; waiting for the new connection", why);
+      return;
+    }
+    schedule_reconnect(core, url, why, now);
+    return;
+  }
+  if (was_migration && core->active >= 0) {
+    /* Keep the draining connection until the server closes it. */
+    set_state(core, CVG_STATE_CONNECTED, "drain migration failed (%s); keeping the connection",
+              why);
+    return;
+  }
+  schedule_reconnect(core, url, why, now);
+}
+
+/* The core drops transport `t` itself: close it and handle the loss. */
+static void drop(cvg_core_t *core, ctrans_t *t, const char *why, int64_t now) {
+  push_close(core, t->id, CVG_CLOSE_ABORT, why);
+  transport_lost(core, t, CVG_CLOSE_ABORT, why, strlen(why), now);
+}
+
+static char *hello_frame(cvg_core_t *core) {
+  json_t *subs = json_array();
+  for (size_t i = 0; i < core->nsubs; i++) {
+    csub_t *s = &core->subs[i];
+    if (s->ended) continue;
+    json_array_append_new(subs, json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
+                                          s->wm < 0 ? json_null() : json_integer(s->wm)));
+  }
+  json_t *h = json_pack("{s:s, s:s, s:o}", "type", "hello", "token", core->token, "subs", subs);
+  if (h && core->client_name) json_object_set_new(h, "client", json_string(core->client_name));
+  return dump(h);
+}
+
+static char *send_frame(const psend_t *p) {
+  return dump(json_pack("{s:s, s:s, s:s, s:O}", "type", "send", "conv", p->conv, "id", p->id,
+                        "body", p->body));
+}
+
+static void transmit(cvg_core_t *core, psend_t *p, ctrans_t *t) {
+  if (p->sent_on) core->st.resent++;
+  p->sent_on = t->id;
+  push_send(core, t->id, send_frame(p));
+}
+
+/* ---- server frames ---------------------------------------------------------------- */
+
+static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
+  json_t *subs = json_object_get(j, "subs");
+  json_t *hb = json_object_get(j, "heartbeatMs");
+  const char *node = json_string_value(json_object_get(j, "node"));
+  if (t->st != T_HELLO || !json_is_array(subs) || (hb && !json_is_integer(hb))) {
+    core->st.bad_frames++;
+    return;
+  }
+  size_t i;
+  json_t *it;
+  json_array_foreach(subs, i, it) {
+    const char *conv = json_string_value(json_object_get(it, "conv"));
+    json_t *head = json_object_get(it, "head");
+    csub_t *s = conv ? find_sub(core, conv) : NULL;
+    if (s && json_is_integer(head) && s->wm == CVG_WATERMARK_NONE)
+      s->wm = (int64_t)json_integer_value(head); /* started live: the head is the watermark */
+  }
+  t->st = T_WELCOMED;
+  t->idle_ms = hb ? 2 * (int64_t)json_integer_value(hb) + json_integer_value(hb) / 2 : 0;
+  t->deadline = t->idle_ms > 0 ? now + t->idle_ms : -1;
+  snprintf(t->node, sizeof t->node, "%s", node ? node : "");
+  core->st.welcomes++;
+  cvg_backoff_reset(&core->backoff);
+  core->hint_ms = 0;
+  int migrated = 0;
+  if (core->active >= 0) { /* make-before-break: the new one is welcomed, close the old */
+    push_close(core, core->t[core->active].id, 1000, "migrated");
+    core->t[core->active].st = T_FREE;
+    core->st.migrations++;
+    migrated = 1;
+  }
+  core->active = slot_of(core, t);
+  t->migration = 0;
+  if (core->offline_since >= 0) {
+    core->st.offline_ms += now - core->offline_since;
+    core->offline_since = -1;
+  }
+  memcpy(core->st.node, t->node, sizeof t->node);
+  for (size_t k = 0; k < core->nsubs; k++) core->subs[k].sync_pending = 0;
+  /* Sends not answered on an earlier connection go again, same id. */
+  for (psend_t *p = core->sends; p; p = p->next) transmit(core, p, t);
+  set_state(core, CVG_STATE_CONNECTED, "%s node %s", migrated ? "migrated to" : "welcomed by",
+            t->node);
+}
+
+static void request_sync(cvg_core_t *core, csub_t *s) {
+  if (s->sync_pending || core->active < 0) return;
+  s->sync_pending = 1;
+  core->st.gaps++;
+  push_send(core, core->t[core->active].id,
+            dump(json_pack("{s:s, s:s, s:I}", "type", "sync", "conv", s->conv, "watermark",
+                           (json_int_t)s->wm)));
+}
+
+static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, size_t len) {
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  json_t *seqv = json_object_get(j, "seq");
+  const char *id = json_string_value(json_object_get(j, "id"));
+  const char *sender = json_string_value(json_object_get(j, "sender"));
+  const char *ts = json_string_value(json_object_get(j, "ts"));
+  json_t *body = json_object_get(j, "body");
+  csub_t *s = conv ? find_sub(core, conv) : NULL;
+  if (t->st != T_WELCOMED || !s || !json_is_integer(seqv) || json_integer_value(seqv) < 1 || !id ||
+      !sender || !ts || !body) {
+    core->st.bad_frames++;
+    return;
+  }
+  int64_t seq = (int64_t)json_integer_value(seqv);
+  if (s->ended) return;
+  if (s->wm != CVG_WATERMARK_NONE && seq <= s->wm) {
+    core->st.duplicates++;
+    return;
+  }
+  if (s->wm == CVG_WATERMARK_NONE || seq > s->wm + 1) {
+    /* A gap (or no watermark yet, which a welcome always sets): the
+     * message comes again from the replay. */
+    request_sync(core, s);
+    return;
+  }
+  s->wm = seq;
+  core->st.delivered++;
+  if (!core->opt.cb.on_message) return;
+  char *text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+  cvg_message_t m = {conv, seq, id, sender, ts, text ? text : "null", data, len};
+  core->opt.cb.on_message(core->opt.userdata, &m);
+  free(text);
+}
+
+static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j) {
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  json_t *head = json_object_get(j, "head");
+  csub_t *s = conv ? find_sub(core, conv) : NULL;
+  if (!s || !json_is_integer(head)) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (s->sync_pending) core->st.gaps_filled++;
+  s->sync_pending = 0;
+  if (core->opt.cb.on_synced)
+    core->opt.cb.on_synced(core->opt.userdata, conv, json_integer_value(head));
+  /* Still behind the head the server just named: a message was lost on
+   * the way (dropped as a gap while this replay ran); ask again. */
+  if (!s->ended && slot_of(core, t) == core->active && s->wm >= 0 &&
+      s->wm < (int64_t)json_integer_value(head))
+    request_sync(core, s);
+}
+
+static void on_sent(cvg_core_t *core, json_t *j) {
+  const char *id = json_string_value(json_object_get(j, "id"));
+  json_t *seq = json_object_get(j, "seq");
+  if (!id || !json_is_integer(seq)) {
+    core->st.bad_frames++;
+    return;
+  }
+  for (psend_t **l = &core->sends; *l; l = &(*l)->next)
+    if (strcmp((*l)->id, id) == 0) {
+      complete_send(core, l, (int64_t)json_integer_value(seq), NULL);
+      return;
+    } /* an answer to a send already completed (a resend): nothing to do */
+}
+
+static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j) {
+  const char *code = json_string_value(json_object_get(j, "code"));
+  const char *message = json_string_value(json_object_get(j, "message"));
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  json_t *ra = json_object_get(j, "retryAfterMs");
+  const char *send_id = json_string_value(json_object_get(json_object_get(j, "details"), "id"));
+  if (!code || (ra && !json_is_integer(ra))) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (ra && json_integer_value(ra) > 0) t->hint_ms = max64(t->hint_ms, json_integer_value(ra));
+  if (strcmp(code, "unavailable") == 0 && !t->unavailable) {
+    t->unavailable = 1;
+    core->st.unavailable++;
+  } else if (strcmp(code, "unauthorized") == 0) {
+    t->unauthorized = 1;
+  } else if (send_id) { /* a send refused for good */
+    for (psend_t **l = &core->sends; *l; l = &(*l)->next)
+      if (strcmp((*l)->id, send_id) == 0) {
+        complete_send(core, l, 0, code);
+        break;
+      }
+  } else if (conv) {
+    csub_t *s = find_sub(core, conv);
+    if (s && (strcmp(code, "forbidden") == 0 || strcmp(code, "not_found") == 0 ||
+              strcmp(code, "channel_inactive") == 0))
+      s->ended = 1;
+    if (s && strcmp(code, "replay_unavailable") == 0) s->sync_pending = 0;
+  }
+  if (core->opt.cb.on_error)
+    core->opt.cb.on_error(core->opt.userdata, code, message ? message : "", conv);
+}
+
+static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
+  json_t *after = json_object_get(j, "afterMs");
+  json_t *to = json_object_get(j, "reconnectTo");
+  if (!json_is_integer(after) || json_integer_value(after) < 0 ||
+      (to && !json_is_null(to) && !json_is_string(to))) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (slot_of(core, t) != core->active || !core->opt.migrate_on_drain || core->migrate_at >= 0 ||
+      live_count(core) > 1)
+    return; /* without migration the server's 1012 close ends the connection */
+  const char *url = json_string_value(to);
+  free(core->migrate_url);
+  core->migrate_url = url && url_ok(url, NULL, 0) ? strdup(url) : NULL;
+  core->migrate_at = now + (int64_t)json_integer_value(after);
+  core->last_url = t->url;
+}
+
+/* ---- events ----------------------------------------------------------------------- */
+
+void cvg_core_start(cvg_core_t *core, int64_t now) {
+  if (core->state != CVG_STATE_IDLE) return;
+  core->offline_since = now;
+  open_transport(core, pick_url(core, -1), NULL, 0, now);
+  finish(core);
+}
+
+void cvg_core_opened(cvg_core_t *core, uint32_t id, int64_t now) {
+  ctrans_t *t = find_t(core, id);
+  if (!t || t->st != T_OPENING) return;
+  size_t live = 0;
+  for (size_t i = 0; i < core->nsubs; i++) live += !core->subs[i].ended;
+  if (live == 0) {
+    fail(core, "every subscription has ended (forbidden, not found or inactive)",
+         "no_subscription");
+    finish(core);
+    return;
+  }
+  t->st = T_HELLO;
+  push_send(core, t->id, hello_frame(core));
+  finish(core);
+}
+
+void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, int64_t now) {
+  ctrans_t *t = find_t(core, id);
+  if (!t || t->st == T_OPENING) return;
+  if (t->st == T_WELCOMED && t->idle_ms > 0) t->deadline = now + t->idle_ms;
+  json_t *j = json_loadb(data, len, JSON_REJECT_DUPLICATES, NULL);
+  const char *type = json_string_value(json_object_get(j, "type"));
+  if (!type)
+    core->st.bad_frames++;
+  else if (strcmp(type, "msg") == 0)
+    on_msg(core, t, j, data, len);
+  else if (strcmp(type, "welcome") == 0)
+    on_welcome(core, t, j, now);
+  else if (strcmp(type, "synced") == 0)
+    on_synced(core, t, j);
+  else if (strcmp(type, "sent") == 0)
+    on_sent(core, j);
+  else if (strcmp(type, "error") == 0)
+    on_error(core, t, j);
+  else if (strcmp(type, "drain") == 0)
+    on_drain(core, t, j, now);
+  else if (strcmp(type, "pong") != 0)
+    core->st.bad_frames++;
+  json_decref(j);
+  finish(core);
+}
+
+void cvg_core_alive(cvg_core_t *core, uint32_t id, int64_t now) {
+  ctrans_t *t = find_t(core, id);
+  if (t && t->st == T_WELCOMED && t->idle_ms > 0) t->deadline = now + t->idle_ms;
+  finish(core);
+}
+
+void cvg_core_closed(cvg_core_t *core, uint32_t id, int code, const char *reason, size_t len,
+                     int64_t now) {
+  ctrans_t *t = find_t(core, id);
+  if (t) transport_lost(core, t, code, reason, len, now);
+  finish(core);
+}
+
+void cvg_core_timer(cvg_core_t *core, int64_t now) {
+  core->timer_at = -1; /* it fired; finish() arms the next one */
+  for (int i = 0; i < NT; i++) {
+    ctrans_t *t = &core->t[i];
+    if (t->st == T_FREE || t->deadline < 0 || t->deadline > now) continue;
+    drop(core, t,
+         t->st == T_WELCOMED ? "no frame from the server for 2.5 heartbeats" : "connect timeout",
+         now);
+  }
+  if (core->reconnect_at >= 0 && core->reconnect_at <= now) {
+    core->reconnect_at = -1;
+    if (live_count(core) == 0) open_transport(core, pick_url(core, core->last_url), NULL, 0, now);
+  }
+  if (core->migrate_at >= 0 && core->migrate_at <= now) {
+    core->migrate_at = -1;
+    if (core->active >= 0 && live_count(core) == 1) {
+      const char *u = core->migrate_url;
+      open_transport(core, u ? -1 : pick_url(core, core->last_url), u, 1, now);
+    }
+  }
+  finish(core);
+}
+
+void cvg_core_stop(cvg_core_t *core, int64_t now) {
+  if (core->state == CVG_STATE_CLOSED) return;
+  for (int i = 0; i < NT; i++)
+    if (core->t[i].st != T_FREE) {
+      push_close(core, core->t[i].id, 1000, "client closing");
+      core->t[i].st = T_FREE;
+    }
+  if (core->offline_since >= 0) core->st.offline_ms += now - core->offline_since;
+  core->offline_since = -1;
+  core->active = -1;
+  core->reconnect_at = core->migrate_at = -1;
+  core->st.node[0] = '\0';
+  set_state(core, CVG_STATE_CLOSED, "closed by the application");
+  fail_sends(core, "closed");
+  finish(core);
+}
+
+int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char *body,
+                  cvg_sent_cb cb, void *ud, int64_t now) {
+  if (core->state == CVG_STATE_CLOSED || core->state == CVG_STATE_FAILED) return CVG_ESTATE;
+  if (!util_id_valid(conv) || (id && !util_id_valid(id)) || !body) return CVG_EINVAL;
+  if (core->nsends >= core->opt.max_pending_sends) return CVG_EBUSY;
+  json_t *b = json_loads(body, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+  if (!b) return CVG_EINVAL;
+  psend_t *p = calloc(1, sizeof *p);
+  if (!p || !(p->conv = strdup(conv))) {
+    free(p);
+    json_decref(b);
+    return CVG_ENOMEM;
+  }
+  if (id)
+    snprintf(p->id, sizeof p->id, "%s", id);
+  else
+    make_uuid(core, p->id);
+  p->body = b;
+  p->cb = cb;
+  p->ud = ud;
+  *core->sends_tail = p;
+  core->sends_tail = &p->next;
+  core->nsends++;
+  if (core->active >= 0) transmit(core, p, &core->t[core->active]);
+  finish(core);
+  return 0;
+}
+
+int cvg_core_next_action(cvg_core_t *core, cvg_action_t *out) {
+  free(core->taken);
+  core->taken = NULL;
+  if (core->qpos == core->qlen) {
+    core->qpos = core->qlen = 0;
+    return 0;
+  }
+  qact_t *q = &core->q[core->qpos++];
+  *out = q->a;
+  core->taken = q->s;
+  return 1;
+}
+
+void cvg_core_stats(const cvg_core_t *core, int64_t now, cvg_stats_t *out) {
+  *out = core->st;
+  out->state = core->state;
+  if (core->offline_since >= 0 && now > core->offline_since)
+    out->offline_ms += now - core->offline_since;
+}
+
+int64_t cvg_core_watermark(const cvg_core_t *core, const char *conv) {
+  csub_t *s = conv ? find_sub((cvg_core_t *)core, conv) : NULL;
+  return s ? s->wm : CVG_EINVAL;
+}

@@ -1,0 +1,286 @@
+/*
+ * converger/client.h: libconverger-client, the C client of a converger
+ * gateway (protocol v1, docs/protocol.md).
+ *
+ * Two layers:
+ *   - cvg_core_*: a sans-I/O state machine. It owns no socket and no clock:
+ *     the caller feeds it events (a transport opened, a text frame, a
+ *     transport closed, the timer fired, the application sends) with the
+ *     current time in ms, and takes back actions (open a transport to a URL,
+ *     send a text frame, close a transport, arm the timer) with
+ *     cvg_core_next_action(). Tests drive it with a fake clock.
+ *   - cvg_client_*: the core driven over real TCP on a libuv loop (HTTP
+ *     upgrade, RFC 6455 framing with masks, connect timeout). Many clients
+ *     may share one loop.
+ *
+ * What the core does for the application:
+ *   - reconnects after any loss with a backoff strategy (default
+ *     decorrelated jitter, 250 ms, cap 10 s); a server retry hint
+ *     (`retryAfterMs` of an `error` frame or of a 1012/1013 close reason) is
+ *     a floor; a welcome resets the attempt count; the next attempt goes to
+ *     a random URL other than the one that just failed;
+ *   - delivers each message once and in order per conversation: a message
+ *     is delivered only when its seq is the watermark + 1; a seq at or below
+ *     the watermark is a duplicate and dropped; a seq beyond watermark + 1
+ *     sends one `sync` from the watermark;
+ *   - keeps each send until the server answers `sent`, and sends it again
+ *     with the same id (the idempotency key) after the next welcome;
+ *   - on `drain`, opens a second connection after `afterMs`, says hello with
+ *     the current watermarks, and closes the old one with 1000 only once the
+ *     new one is welcomed (make-before-break).
+ *
+ * Threads: a client (core or libuv) belongs to one thread, the one running
+ * its loop; no function here may be called from another thread.
+ * Strings passed in are copied unless said otherwise; strings passed to
+ * callbacks are valid during the callback only.
+ * Errors: functions return 0 or a negative CVG_E* code.
+ */
+#ifndef CONVERGER_CLIENT_H
+#define CONVERGER_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CVG_API __attribute__((visibility("default")))
+#else
+#define CVG_API
+#endif
+
+/* Error returns. */
+#define CVG_EINVAL (-22) /* a bad argument or option */
+#define CVG_ENOMEM (-12) /* out of memory */
+#define CVG_ESTATE (-3)  /* not possible in the client's state (closed, failed) */
+#define CVG_EBUSY  (-16) /* too many sends waiting for their `sent` */
+
+/* A subscription's watermark meaning "no history: start live at the head"
+ * (hello's `"watermark": null`). 0 means "everything from seq 1". */
+#define CVG_WATERMARK_NONE (-1)
+
+/* A close code the core asks for that means "drop the TCP connection
+ * without a close frame" (RFC 6455 section 7.4.1: 1006 is never sent). */
+#define CVG_CLOSE_ABORT 1006
+
+typedef enum {
+  CVG_BACKOFF_DECORRELATED = 0, /* min(cap, random in [base, 3 * previous]); the default */
+  CVG_BACKOFF_FULL,             /* random in [0, min(cap, base * 2^n)) */
+  CVG_BACKOFF_EQUAL,            /* half of min(cap, base * 2^n) plus a random half */
+  CVG_BACKOFF_EXPONENTIAL,      /* min(cap, base * 2^n), no jitter (experiments only) */
+  CVG_BACKOFF_ADDITIVE,         /* min(cap, base * 2^n) + random in [0, jitter] (the reconnect-storm
+                                   post-mortem's policy; experiments only) */
+  CVG_BACKOFF_PROPORTIONAL, /* min(cap, base * 2^n) * random in [0.5, 1.5] (the old harness of the
+                               admission-queue decision record; experiments only) */
+} cvg_backoff_strategy_t;
+
+typedef enum {
+  CVG_STATE_IDLE = 0,   /* created, not started */
+  CVG_STATE_CONNECTING, /* an attempt is in progress and no connection is welcomed */
+  CVG_STATE_CONNECTED,  /* a connection is welcomed */
+  CVG_STATE_MIGRATING,  /* welcomed, and a second connection is opening after a drain */
+  CVG_STATE_WAITING,    /* no connection: the next attempt waits for its backoff */
+  CVG_STATE_FAILED,     /* stopped for good: the server refused the token (unauthorized) */
+  CVG_STATE_CLOSED,     /* closed by the application */
+} cvg_state_t;
+
+/* One subscription: a conversation id and the last seq the application has
+ * (CVG_WATERMARK_NONE: start live at the head). */
+typedef struct {
+  const char *conv;
+  int64_t watermark;
+} cvg_sub_t;
+
+/* A delivered message. All pointers are valid during the callback only. */
+typedef struct {
+  const char *conv;
+  int64_t seq;
+  const char *id;     /* the sender's message id */
+  const char *sender; /* the `sub` of the sender's token */
+  const char *ts;     /* RFC 3339 UTC with ms, from the server */
+  const char *body;   /* the body as compact JSON text, NUL-terminated */
+  const char *frame;  /* the whole `msg` frame as received (JSON text) */
+  size_t frame_len;
+} cvg_message_t;
+
+/* Application callbacks; any may be NULL. `ud` is cvg_options_t.userdata. */
+typedef struct {
+  /* A message, once, in seq order within its conversation. */
+  void (*on_message)(void *ud, const cvg_message_t *m);
+  /* A replay is done for `conv` (after a hello or a sync): live from `head`. */
+  void (*on_synced)(void *ud, const char *conv, int64_t head);
+  /* The client's state changed; `detail` says why in words (a URL, a close
+   * code and reason, a delay). */
+  void (*on_state)(void *ud, cvg_state_t state, const char *detail);
+  /* An `error` frame from the server (`conv` may be NULL). Errors that end a
+   * subscription (forbidden, not_found, channel_inactive) remove it from
+   * later hellos. */
+  void (*on_error)(void *ud, const char *code, const char *message, const char *conv);
+} cvg_callbacks_t;
+
+/* The outcome of a cvg_send: `error` is NULL and `seq` > 0 once the server
+ * committed the message; otherwise `error` is the server's error code
+ * (forbidden, not_found, channel_inactive, too_large, bad_request,
+ * rate_limited), or the client's: "closed" (closed by the application),
+ * "unauthorized" (the token was refused) or "no_subscription" (every
+ * subscription ended, so no hello is possible); seq is then 0.
+ * Called exactly once per accepted send. */
+typedef void (*cvg_sent_cb)(void *ud, const char *conv, const char *id, int64_t seq,
+                            const char *error);
+
+typedef struct {
+  const char *const *urls; /* ws://host:port/v1/ws; at least one */
+  size_t nurls;
+  const char *token; /* the JWT for hello */
+  const cvg_sub_t *subs;
+  size_t nsubs;            /* 1 .. 100 (hello needs one) */
+  const char *client_name; /* optional `client` of hello; NULL: none */
+  cvg_backoff_strategy_t backoff;
+  int64_t backoff_base_ms;    /* 0: 250 */
+  int64_t backoff_cap_ms;     /* 0: 10 000 */
+  int64_t backoff_jitter_ms;  /* additive only; 0: 100 */
+  int64_t connect_timeout_ms; /* from the attempt to the welcome; 0: 15 000 */
+  int migrate_on_drain;       /* 1 (cvg_options_init): make-before-break on `drain` */
+  size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
+  uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
+  cvg_callbacks_t cb;
+  void *userdata;
+} cvg_options_t;
+
+/* Counters, readable at any time. */
+typedef struct {
+  cvg_state_t state;
+  uint64_t attempts;    /* connections opened */
+  uint64_t welcomes;    /* welcomes received */
+  uint64_t delivered;   /* messages given to on_message */
+  uint64_t duplicates;  /* messages dropped because seq <= watermark */
+  uint64_t gaps;        /* syncs sent because seq > watermark + 1 */
+  uint64_t gaps_filled; /* of those, syncs answered by `synced` */
+  uint64_t unavailable; /* `unavailable` answers (error frame, 1013 close, HTTP 503) */
+  uint64_t bad_frames;  /* server frames ignored: not JSON, unknown type, wrong field */
+  uint64_t migrations;  /* drains completed make-before-break */
+  uint64_t resent;      /* sends sent again after a reconnect */
+  int64_t offline_ms;   /* total time without a welcomed connection since start */
+  char node[64];        /* `node` of the welcomed connection; "" when none */
+} cvg_stats_t;
+
+/* Fill `o` with the defaults (everything zero, migrate_on_drain = 1). */
+CVG_API void cvg_options_init(cvg_options_t *o);
+
+/* Strategy by name ("decorrelated", "full", "equal", "exponential",
+ * "additive", "proportional"): 0, or CVG_EINVAL for an unknown name. */
+CVG_API int cvg_backoff_parse(const char *name, cvg_backoff_strategy_t *out);
+
+/* Name of a strategy, or of a state (static strings). */
+CVG_API const char *cvg_backoff_name(cvg_backoff_strategy_t s);
+CVG_API const char *cvg_state_name(cvg_state_t s);
+
+/* ---- the sans-I/O core ---------------------------------------------------- */
+
+typedef struct cvg_core_s cvg_core_t;
+
+typedef enum {
+  CVG_ACT_OPEN = 1, /* open transport `transport` to `url`, then call cvg_core_opened */
+  CVG_ACT_SEND,     /* send `data` (`len` bytes) as one text frame on `transport` */
+  CVG_ACT_CLOSE,    /* close `transport` with `code` and `reason` (CVG_CLOSE_ABORT: drop
+                       it); the core has forgotten it and ignores its later events */
+  CVG_ACT_TIMER,    /* call cvg_core_timer at `at_ms` (replaces the previous timer);
+                       at_ms < 0: no timer needed */
+} cvg_action_type_t;
+
+typedef struct {
+  cvg_action_type_t type;
+  uint32_t transport; /* OPEN, SEND, CLOSE: the core's id of the transport */
+  const char *url;    /* OPEN */
+  const char *data;   /* SEND: the frame, NUL-terminated */
+  size_t len;         /* SEND */
+  int code;           /* CLOSE */
+  const char *reason; /* CLOSE */
+  int64_t at_ms;      /* TIMER, on the caller's clock */
+} cvg_action_t;
+
+/* Create a core from `opt` (copied, strings included). Returns 0, or
+ * CVG_EINVAL with a one-line reason in `err` (a URL that is not ws://, no
+ * URL, no token, a subscription with a bad id, too many subscriptions) or
+ * CVG_ENOMEM. `err` may be NULL. The caller frees *out with cvg_core_free. */
+CVG_API int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t errlen);
+CVG_API void cvg_core_free(cvg_core_t *core);
+
+/* Events. `now_ms` is the caller's monotonic clock; it must not go back.
+ * Events for a transport the core has closed or never opened are ignored. */
+CVG_API void cvg_core_start(cvg_core_t *core, int64_t now_ms);
+/* The transport's WebSocket is open (the upgrade succeeded). */
+CVG_API void cvg_core_opened(cvg_core_t *core, uint32_t transport, int64_t now_ms);
+/* A text frame from the server (`len` bytes, not necessarily NUL-terminated). */
+CVG_API void cvg_core_text(cvg_core_t *core, uint32_t transport, const char *data, size_t len,
+                           int64_t now_ms);
+/* Any other sign of life from the server (a ping frame). */
+CVG_API void cvg_core_alive(cvg_core_t *core, uint32_t transport, int64_t now_ms);
+/* The transport is gone: the server's close code and reason (`len` bytes;
+ * JSON with retryAfterMs for 1012/1013), or CVG_CLOSE_ABORT when the TCP
+ * connection failed or ended without a close frame. An HTTP 503 answer to
+ * the upgrade is reported as 1013 with {"retryAfterMs": Retry-After * 1000}. */
+CVG_API void cvg_core_closed(cvg_core_t *core, uint32_t transport, int code, const char *reason,
+                             size_t len, int64_t now_ms);
+/* The timer armed by the last CVG_ACT_TIMER fired (early calls are harmless). */
+CVG_API void cvg_core_timer(cvg_core_t *core, int64_t now_ms);
+/* Close every transport with 1000 and stop; pending sends complete with
+ * "closed". The core stays readable (stats) until freed. */
+CVG_API void cvg_core_stop(cvg_core_t *core, int64_t now_ms);
+
+/* Send `body` (JSON text) to `conv` with message id `id` (NULL: a random
+ * UUID). `cb` (may be NULL) is called once with the outcome. Returns 0, or
+ * CVG_EINVAL (bad conv or id, body not JSON), CVG_EBUSY (max_pending_sends
+ * waiting), CVG_ESTATE (stopped or failed), CVG_ENOMEM; then `cb` is not
+ * called. */
+CVG_API int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char *body,
+                          cvg_sent_cb cb, void *ud, int64_t now_ms);
+
+/* The next action to carry out: 1 with *out filled, or 0 when there is none.
+ * Pointers in *out stay valid until the next call of cvg_core_next_action or
+ * cvg_core_free. Call it until it returns 0 after every event. */
+CVG_API int cvg_core_next_action(cvg_core_t *core, cvg_action_t *out);
+
+/* Counters at `now_ms` (offline_ms includes the current offline span). */
+CVG_API void cvg_core_stats(const cvg_core_t *core, int64_t now_ms, cvg_stats_t *out);
+
+/* The watermark of `conv`: its last delivered seq, CVG_WATERMARK_NONE before
+ * the first welcome of a subscription started at the head, or CVG_EINVAL
+ * when the core has no such subscription. */
+CVG_API int64_t cvg_core_watermark(const cvg_core_t *core, const char *conv);
+
+/* ---- the libuv client ---------------------------------------------------- */
+
+typedef struct cvg_client_s cvg_client_t;
+
+/* Create a client on `loop` (borrowed; must outlive the client). Same
+ * options and errors as cvg_core_new. Nothing happens before
+ * cvg_client_start. Loop thread only. */
+CVG_API int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out, char *err,
+                           size_t errlen);
+
+/* Start connecting. Returns 0, or CVG_ESTATE when already started. */
+CVG_API int cvg_client_start(cvg_client_t *c);
+
+/* cvg_core_send on the client (see there). */
+CVG_API int cvg_send(cvg_client_t *c, const char *conv, const char *id, const char *body,
+                     cvg_sent_cb cb, void *ud);
+
+/* Counters (see cvg_stats_t) and watermarks. */
+CVG_API void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out);
+CVG_API int64_t cvg_client_watermark(const cvg_client_t *c, const char *conv);
+
+/* Close the client: connections get a 1000 close frame, pending sends
+ * complete with "closed", and once every handle is closed `on_closed` (may
+ * be NULL) is called and the client is freed. May be called from a client
+ * callback. The loop must run for the close to finish. */
+CVG_API void cvg_client_close(cvg_client_t *c, void (*on_closed)(void *ud), void *ud);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

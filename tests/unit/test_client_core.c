@@ -1,0 +1,734 @@
+/* Unit tests for the client SDK's sans-I/O core (client/client_core.c):
+ * scripted server frames, a fake clock, seeded random sources, no sockets.
+ * Each test plays the transport: it takes the core's actions (open, send,
+ * close, timer) and answers with events. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "converger/client.h"
+
+/* ---- a fake transport and application ---------------------------------------------- */
+
+#define MAX_ACTS 512
+#define MAX_GOT  4096
+
+typedef struct {
+  cvg_action_type_t type;
+  uint32_t t;
+  char url[256];
+  char data[2048];
+  int code;
+  int64_t at;
+} act_t;
+
+typedef struct {
+  cvg_core_t *core;
+  int64_t now;
+  int64_t timer_at;
+  act_t acts[MAX_ACTS]; /* every action since the last clear_acts */
+  int nacts;
+  int64_t got[MAX_GOT]; /* seqs delivered to on_message */
+  int ngot;
+  cvg_state_t state;
+  int nstates;
+  int64_t sent_seq;
+  char sent_err[64];
+  char sent_id[130];
+  int nsent;
+  char last_error[64];
+} h_t;
+
+static void on_message(void *ud, const cvg_message_t *m) {
+  h_t *h = ud;
+  assert_true(h->ngot < MAX_GOT);
+  h->got[h->ngot++] = m->seq;
+  assert_non_null(strstr(m->frame, "\"type\":\"msg\""));
+}
+
+static void on_state(void *ud, cvg_state_t s, const char *detail) {
+  h_t *h = ud;
+  h->state = s;
+  h->nstates++;
+  assert_non_null(detail);
+}
+
+static void on_error(void *ud, const char *code, const char *message, const char *conv) {
+  h_t *h = ud;
+  snprintf(h->last_error, sizeof h->last_error, "%s", code);
+}
+
+static void on_sent(void *ud, const char *conv, const char *id, int64_t seq, const char *error) {
+  h_t *h = ud;
+  h->nsent++;
+  h->sent_seq = seq;
+  snprintf(h->sent_err, sizeof h->sent_err, "%s", error ? error : "");
+  snprintf(h->sent_id, sizeof h->sent_id, "%s", id);
+}
+
+/* Take every pending action into h->acts. */
+static void take(h_t *h) {
+  cvg_action_t a;
+  while (cvg_core_next_action(h->core, &a)) {
+    if (a.type == CVG_ACT_TIMER) h->timer_at = a.at_ms;
+    assert_true(h->nacts < MAX_ACTS);
+    act_t *x = &h->acts[h->nacts++];
+    memset(x, 0, sizeof *x);
+    x->type = a.type;
+    x->t = a.transport;
+    x->code = a.code;
+    x->at = a.at_ms;
+    if (a.url) snprintf(x->url, sizeof x->url, "%s", a.url);
+    if (a.data) {
+      assert_int_equal(strlen(a.data), a.len);
+      snprintf(x->data, sizeof x->data, "%s", a.data);
+    }
+  }
+}
+
+static void clear_acts(h_t *h) { h->nacts = 0; }
+
+/* The last action of `type` (on transport `t`, 0: any) since clear_acts. */
+static act_t *last(h_t *h, cvg_action_type_t type, uint32_t t) {
+  for (int i = h->nacts - 1; i >= 0; i--)
+    if (h->acts[i].type == type && (t == 0 || h->acts[i].t == t)) return &h->acts[i];
+  return NULL;
+}
+
+static int count(h_t *h, cvg_action_type_t type) {
+  int n = 0;
+  for (int i = 0; i < h->nacts; i++) n += h->acts[i].type == type;
+  return n;
+}
+
+static const char *const URLS3[] = {"ws://a:1/v1/ws", "ws://b:2/v1/ws", "ws://c:3/v1/ws"};
+
+static void make(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
+                 cvg_backoff_strategy_t strategy) {
+  memset(h, 0, sizeof *h);
+  h->timer_at = -1;
+  cvg_options_t o;
+  cvg_options_init(&o);
+  o.urls = URLS3;
+  o.nurls = nurls;
+  o.token = "tok";
+  o.subs = subs;
+  o.nsubs = nsubs;
+  o.backoff = strategy;
+  o.seed = 42;
+  o.cb.on_message = on_message;
+  o.cb.on_state = on_state;
+  o.cb.on_error = on_error;
+  o.userdata = h;
+  char err[200];
+  assert_int_equal(cvg_core_new(&o, &h->core, err, sizeof err), 0);
+}
+
+static void text(h_t *h, uint32_t t, const char *fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  cvg_core_text(h->core, t, buf, strlen(buf), h->now);
+  take(h);
+}
+
+static void msg(h_t *h, uint32_t t, const char *conv, int64_t seq) {
+  text(h, t,
+       "{\"type\":\"msg\",\"conv\":\"%s\",\"seq\":%lld,\"id\":\"m%lld\",\"sender\":\"u\","
+       "\"ts\":\"2026-11-29T00:00:00.000Z\",\"body\":{\"n\":%lld}}",
+       conv, (long long)seq, (long long)seq, (long long)seq);
+}
+
+/* Start, open the first transport and welcome it with `head` for "c1".
+ * Returns the transport id. */
+static uint32_t connect_first(h_t *h, int64_t head) {
+  cvg_core_start(h->core, h->now);
+  take(h);
+  act_t *o = last(h, CVG_ACT_OPEN, 0);
+  assert_non_null(o);
+  uint32_t t = o->t;
+  cvg_core_opened(h->core, t, h->now);
+  take(h);
+  assert_non_null(last(h, CVG_ACT_SEND, t));
+  text(h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n-%u\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":%lld,\"presence\":false}]}",
+       t, (long long)head);
+  assert_int_equal(h->state, CVG_STATE_CONNECTED);
+  return t;
+}
+
+/* Fire the timer at the time it asks for. */
+static void fire(h_t *h) {
+  assert_true(h->timer_at >= 0);
+  h->now = h->timer_at;
+  cvg_core_timer(h->core, h->now);
+  take(h);
+}
+
+static void destroy(h_t *h) { cvg_core_free(h->core); }
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+static void test_constructor_errors(void **state) {
+  cvg_options_t o;
+  cvg_sub_t subs[2] = {{"c1", 0}, {"c1", 0}};
+  const char *bad_urls[] = {"http://a/v1/ws", "wss://a/v1/ws", "ws://", "ws://:80/x", NULL};
+  char err[200];
+  cvg_core_t *core;
+  for (int i = 0; bad_urls[i]; i++) {
+    cvg_options_init(&o);
+    const char *u[] = {bad_urls[i]};
+    o.urls = u;
+    o.nurls = 1;
+    o.token = "t";
+    o.subs = subs;
+    o.nsubs = 1;
+    err[0] = '\0';
+    assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+    assert_null(core);
+    assert_non_null(strstr(err, "URL"));
+  }
+  const char *good[] = {"ws://127.0.0.1:8080/v1/ws"};
+  cvg_options_init(&o);
+  o.urls = good;
+  o.nurls = 1;
+  o.subs = subs;
+  o.nsubs = 1;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL); /* no token */
+  assert_non_null(strstr(err, "token"));
+  o.token = "t";
+  o.nsubs = 2; /* c1 twice */
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  assert_non_null(strstr(err, "twice"));
+  o.nsubs = 0;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  cvg_sub_t bad_conv = {"has space", 0};
+  o.subs = &bad_conv;
+  o.nsubs = 1;
+  assert_int_equal(cvg_core_new(&o, &core, NULL, 0), CVG_EINVAL);
+  cvg_sub_t neg = {"c1", -5};
+  o.subs = &neg;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  o.subs = subs;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
+  cvg_core_free(core);
+}
+
+static void test_hello_carries_watermarks_and_delivers_in_order(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 5}, {"c2", CVG_WATERMARK_NONE}};
+  make(&h, subs, 2, 1, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  act_t *o = last(&h, CVG_ACT_OPEN, 0);
+  assert_string_equal(o->url, URLS3[0]);
+  uint32_t t = o->t;
+  assert_int_equal(h.timer_at, 15000); /* the connect timeout */
+  cvg_core_opened(h.core, t, 0);
+  take(&h);
+  assert_string_equal(
+      last(&h, CVG_ACT_SEND, t)->data,
+      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+      ":5},{\"conv\":\"c2\",\"watermark\":null}]}");
+  h.now = 40;
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"9\",\"node\":\"n1\",\"heartbeatMs\":0,\"subs\":["
+       "{\"conv\":\"c1\",\"head\":8,\"presence\":false},{\"conv\":\"c2\",\"head\":42,"
+       "\"presence\":false}]}");
+  assert_int_equal(h.timer_at, -1); /* welcomed, no heartbeat: nothing to wait for */
+  for (int64_t s = 6; s <= 8; s++) msg(&h, t, "c1", s);
+  msg(&h, t, "c1", 7);  /* a duplicate */
+  msg(&h, t, "c2", 43); /* started live at the head 42 */
+  assert_int_equal(h.ngot, 4);
+  assert_int_equal(h.got[0], 6);
+  assert_int_equal(h.got[2], 8);
+  assert_int_equal(h.got[3], 43);
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 8);
+  assert_int_equal(cvg_core_watermark(h.core, "c2"), 43);
+  assert_int_equal(cvg_core_watermark(h.core, "nope"), CVG_EINVAL);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, 100, &st);
+  assert_int_equal(st.attempts, 1);
+  assert_int_equal(st.welcomes, 1);
+  assert_int_equal(st.duplicates, 1);
+  assert_int_equal(st.delivered, 4);
+  assert_int_equal(st.offline_ms, 40);
+  assert_string_equal(st.node, "n1");
+  assert_int_equal(st.state, CVG_STATE_CONNECTED);
+  destroy(&h);
+}
+
+static void test_gap_sends_one_sync_and_replay_fills_it(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 5}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 5);
+  clear_acts(&h);
+  msg(&h, t, "c1", 8); /* 6 and 7 are missing */
+  msg(&h, t, "c1", 9);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":5}");
+  assert_int_equal(h.ngot, 0);
+  for (int64_t s = 6; s <= 9; s++) msg(&h, t, "c1", s); /* the replay */
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":9}");
+  msg(&h, t, "c1", 9); /* the live copy of 9, after the replay */
+  msg(&h, t, "c1", 10);
+  assert_int_equal(h.ngot, 5);
+  for (int i = 0; i < 5; i++) assert_int_equal(h.got[i], 6 + i);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.gaps, 1);
+  assert_int_equal(st.gaps_filled, 1);
+  assert_int_equal(st.duplicates, 1);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  destroy(&h);
+}
+
+static void test_reconnect_waits_backoff_and_avoids_failed_url(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  char failed[256];
+  for (int i = 0; i < 60; i++) {
+    act_t *o = last(&h, CVG_ACT_OPEN, 0);
+    assert_non_null(o);
+    snprintf(failed, sizeof failed, "%s", o->url);
+    uint32_t t = o->t;
+    clear_acts(&h);
+    cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "connect: connection refused", 27, h.now);
+    take(&h);
+    assert_int_equal(h.state, CVG_STATE_WAITING);
+    assert_null(last(&h, CVG_ACT_OPEN, 0));
+    int64_t delay = h.timer_at - h.now;
+    assert_true(delay >= 250 && delay <= 10000);
+    cvg_core_timer(h.core, h.timer_at - 1); /* early: nothing */
+    take(&h);
+    assert_null(last(&h, CVG_ACT_OPEN, 0));
+    fire(&h);
+    o = last(&h, CVG_ACT_OPEN, 0);
+    assert_non_null(o);
+    assert_string_not_equal(o->url, failed);
+  }
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.attempts, 61);
+  assert_int_equal(st.offline_ms, h.now);
+  destroy(&h);
+}
+
+static void test_hint_is_a_floor_and_welcome_resets(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_EXPONENTIAL);
+  uint32_t t = connect_first(&h, 0);
+  /* unavailable with a hint, then 1013 with a larger one: the larger wins */
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"busy\",\"retryAfterMs\":5000}");
+  assert_string_equal(h.last_error, "unavailable");
+  cvg_core_closed(h.core, t, 1013, "{\"retryAfterMs\":7000}", 21, h.now);
+  take(&h);
+  assert_int_equal(h.timer_at - h.now, 7000);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.unavailable, 1); /* one refusal, counted once */
+  /* exponential without hints: 500, 1000, 2000 (the first, 250, was under the hint) */
+  int64_t want[] = {500, 1000, 2000};
+  for (int i = 0; i < 3; i++) {
+    fire(&h);
+    uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+    /* 1012 with a reason that is not JSON: no hint */
+    cvg_core_closed(h.core, n, 1012, "restarting", 10, h.now);
+    take(&h);
+    assert_int_equal(h.timer_at - h.now, want[i]);
+  }
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  text(&h, t, "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"subs\":[]}");
+  cvg_core_closed(h.core, t, 1001, "", 0, h.now);
+  take(&h);
+  assert_int_equal(h.timer_at - h.now, 250); /* reset by the welcome */
+  /* the cap: 10 s */
+  for (int i = 0; i < 10; i++) {
+    fire(&h);
+    cvg_core_closed(h.core, last(&h, CVG_ACT_OPEN, 0)->t, CVG_CLOSE_ABORT, "", 0, h.now);
+    take(&h);
+    assert_true(h.timer_at - h.now <= 10000);
+  }
+  assert_int_equal(h.timer_at - h.now, 10000);
+  destroy(&h);
+}
+
+static void test_unacknowledged_sends_resent_with_same_id(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 2, CVG_BACKOFF_FULL);
+  uint32_t t = connect_first(&h, 0);
+  clear_acts(&h);
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, "{\"text\":\"hi\"}", on_sent, &h, h.now), 0);
+  take(&h);
+  act_t *s = last(&h, CVG_ACT_SEND, t);
+  assert_non_null(s);
+  char first[2048];
+  snprintf(first, sizeof first, "%s", s->data);
+  assert_non_null(strstr(first, "\"type\":\"send\""));
+  assert_non_null(strstr(first, "\"body\":{\"text\":\"hi\"}"));
+  /* a second send with an explicit id */
+  assert_int_equal(cvg_core_send(h.core, "c1", "mine-1", "[1,2]", on_sent, &h, h.now), 0);
+  take(&h);
+  /* the connection dies before any `sent` */
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "", 0, h.now);
+  take(&h);
+  /* sent while offline: queued */
+  assert_int_equal(cvg_core_send(h.core, "c1", "mine-2", "3", on_sent, &h, h.now), 0);
+  take(&h);
+  fire(&h);
+  uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, n, h.now);
+  take(&h);
+  clear_acts(&h);
+  text(&h, n, "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"subs\":[]}");
+  assert_int_equal(count(&h, CVG_ACT_SEND), 3);
+  assert_string_equal(h.acts[0].data, first); /* same frame, same id, first */
+  assert_non_null(strstr(h.acts[1].data, "\"id\":\"mine-1\""));
+  assert_non_null(strstr(h.acts[2].data, "\"id\":\"mine-2\""));
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.resent, 2);
+  text(&h, n, "{\"type\":\"sent\",\"conv\":\"c1\",\"id\":\"mine-1\",\"seq\":7}");
+  assert_int_equal(h.nsent, 1);
+  assert_int_equal(h.sent_seq, 7);
+  assert_string_equal(h.sent_id, "mine-1");
+  assert_string_equal(h.sent_err, "");
+  text(&h, n, "{\"type\":\"sent\",\"conv\":\"c1\",\"id\":\"mine-1\",\"seq\":7}"); /* again */
+  assert_int_equal(h.nsent, 1);
+  /* a send refused for good */
+  text(&h, n,
+       "{\"type\":\"error\",\"code\":\"forbidden\",\"message\":\"no\",\"conv\":\"c1\","
+       "\"details\":{\"id\":\"mine-2\"}}");
+  assert_int_equal(h.nsent, 2);
+  assert_string_equal(h.sent_err, "forbidden");
+  assert_int_equal(h.sent_seq, 0);
+  /* bad sends are refused at once, without a callback */
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, "{not json", on_sent, &h, h.now), CVG_EINVAL);
+  assert_int_equal(cvg_core_send(h.core, "bad conv", NULL, "1", on_sent, &h, h.now), CVG_EINVAL);
+  assert_int_equal(cvg_core_send(h.core, "c1", "bad id", "1", on_sent, &h, h.now), CVG_EINVAL);
+  /* stop: the one still pending completes with "closed" */
+  cvg_core_stop(h.core, h.now);
+  take(&h);
+  assert_int_equal(h.nsent, 3);
+  assert_string_equal(h.sent_err, "closed");
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, "1", on_sent, &h, h.now), CVG_ESTATE);
+  assert_int_equal(h.state, CVG_STATE_CLOSED);
+  assert_non_null(last(&h, CVG_ACT_CLOSE, n));
+  destroy(&h);
+}
+
+static void test_drain_is_make_before_break(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  for (int64_t s = 1; s <= 3; s++) msg(&h, old, "c1", s);
+  clear_acts(&h);
+  h.now = 1000;
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":3000,\"reconnectTo\":\"ws://next:9/v1/ws\","
+       "\"deadlineMs\":30000}");
+  assert_int_equal(h.timer_at, 4000);
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  cvg_core_timer(h.core, 3999);
+  take(&h);
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  fire(&h); /* at afterMs */
+  act_t *o = last(&h, CVG_ACT_OPEN, 0);
+  assert_non_null(o);
+  assert_int_equal(h.now, 4000);
+  assert_string_equal(o->url, "ws://next:9/v1/ws");
+  assert_int_equal(h.state, CVG_STATE_MIGRATING);
+  uint32_t nt = o->t;
+  msg(&h, old, "c1", 4); /* the old one still delivers */
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  assert_non_null(strstr(last(&h, CVG_ACT_SEND, nt)->data, "\"watermark\":4"));
+  msg(&h, old, "c1", 5);                   /* after the new hello */
+  assert_null(last(&h, CVG_ACT_CLOSE, 0)); /* not before the new welcome */
+  text(&h, nt,
+       "{\"type\":\"welcome\",\"session\":\"3\",\"node\":\"n-new\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":5,\"presence\":false}]}");
+  act_t *c = last(&h, CVG_ACT_CLOSE, 0);
+  assert_non_null(c);
+  assert_int_equal(c->t, old);
+  assert_int_equal(c->code, 1000);
+  msg(&h, nt, "c1", 5);  /* the new connection's replay from 4: a duplicate */
+  msg(&h, old, "c1", 6); /* a late frame of the closed connection: ignored */
+  msg(&h, nt, "c1", 6);
+  assert_int_equal(h.ngot, 6);
+  for (int i = 0; i < 6; i++) assert_int_equal(h.got[i], i + 1);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.migrations, 1);
+  assert_int_equal(st.duplicates, 1);
+  assert_int_equal(st.offline_ms, 0);
+  assert_string_equal(st.node, "n-new");
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  destroy(&h);
+}
+
+static void test_failed_migration_keeps_the_old_connection(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  char old_url[256];
+  snprintf(old_url, sizeof old_url, "%s", URLS3[0]);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":1000}");
+  fire(&h);
+  act_t *o = last(&h, CVG_ACT_OPEN, 0);
+  uint32_t nt = o->t;
+  assert_int_not_equal(nt, old);
+  clear_acts(&h);
+  cvg_core_closed(h.core, nt, 1013, "{\"retryAfterMs\":500}", 20, h.now);
+  take(&h);
+  assert_null(last(&h, CVG_ACT_CLOSE, 0));
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  msg(&h, old, "c1", 1); /* still delivering */
+  assert_int_equal(h.ngot, 1);
+  h.now += 1000;
+  cvg_core_closed(h.core, old, 1012, "{\"retryAfterMs\":2000}", 21, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  assert_true(h.timer_at - h.now >= 2000);
+  destroy(&h);
+}
+
+static void test_connect_and_idle_timeouts(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 100);
+  take(&h);
+  fire(&h); /* no welcome within 15 s */
+  assert_int_equal(h.now, 15000);
+  act_t *c = last(&h, CVG_ACT_CLOSE, t);
+  assert_non_null(c);
+  assert_int_equal(c->code, CVG_CLOSE_ABORT);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":1000,\"subs\":[]}");
+  int64_t welcomed = h.now;
+  assert_int_equal(h.timer_at, welcomed + 2500);
+  h.now += 2000;
+  cvg_core_alive(h.core, t, h.now); /* a ping */
+  take(&h);
+  assert_int_equal(h.timer_at, h.now + 2500);
+  clear_acts(&h);
+  fire(&h); /* silence for 2.5 heartbeats */
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, t)->code, CVG_CLOSE_ABORT);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  destroy(&h);
+}
+
+static void test_bad_frames_are_counted_and_ignored(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  const char *bad[] = {
+      "not json",
+      "[1,2]",
+      "{\"type\":7}",
+      "{\"type\":\"surprise\"}",
+      "{\"type\":\"msg\",\"conv\":\"c1\",\"seq\":\"1\",\"id\":\"x\",\"sender\":\"u\",\"ts\":\"t\","
+      "\"body\":1}",
+      "{\"type\":\"msg\",\"conv\":\"c1\",\"seq\":1}",
+      "{\"type\":\"msg\",\"conv\":\"other\",\"seq\":1,\"id\":\"x\",\"sender\":\"u\",\"ts\":\"t\","
+      "\"body\":1}",
+      "{\"type\":\"welcome\",\"subs\":{}}",
+      "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":null}",
+      "{\"type\":\"sent\",\"id\":1}",
+      "{\"type\":\"error\",\"code\":\"x\",\"retryAfterMs\":\"soon\"}",
+      "{\"type\":\"drain\",\"afterMs\":-5}",
+      "{\"type\":\"msg\",\"type\":\"msg\"}",
+      "",
+  };
+  size_t n = sizeof bad / sizeof bad[0];
+  for (size_t i = 0; i < n; i++) {
+    cvg_core_text(h.core, t, bad[i], strlen(bad[i]), h.now);
+    take(&h);
+  }
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.bad_frames, n);
+  assert_int_equal(h.ngot, 0);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  assert_null(last(&h, CVG_ACT_CLOSE, 0));
+  msg(&h, t, "c1", 1); /* and it still works */
+  assert_int_equal(h.ngot, 1);
+  destroy(&h);
+}
+
+static void test_unauthorized_stops_for_good(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 0);
+  take(&h);
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, "1", on_sent, &h, 0), 0);
+  text(&h, t, "{\"type\":\"error\",\"code\":\"unauthorized\",\"message\":\"token expired\"}");
+  clear_acts(&h);
+  cvg_core_closed(h.core, t, 1008, "unauthorized", 12, 10);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_FAILED);
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  assert_int_equal(h.timer_at, -1);
+  assert_int_equal(h.nsent, 1);
+  assert_string_equal(h.sent_err, "unauthorized");
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, "1", on_sent, &h, 0), CVG_ESTATE);
+  destroy(&h);
+}
+
+static void test_ended_subscription_left_out_of_hello(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c2", 0}};
+  make(&h, subs, 2, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"channel_inactive\",\"message\":\"off\",\"conv\":\"c2\"}");
+  assert_string_equal(h.last_error, "channel_inactive");
+  cvg_core_closed(h.core, t, 1001, "", 0, h.now);
+  take(&h);
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  take(&h);
+  const char *hello = last(&h, CVG_ACT_SEND, t)->data;
+  assert_non_null(strstr(hello, "\"c1\""));
+  assert_null(strstr(hello, "\"c2\""));
+  destroy(&h);
+}
+
+/* ---- the storm --------------------------------------------------------------------- */
+
+#define CLIENTS  10000
+#define REFUSALS 10
+
+static int cmp64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* 10 000 welcomed clients lose their connection at t = 0 and each of their
+ * next ten attempts is refused (connection refused, no hint). The times of
+ * attempts 4 to 10 of every client are pooled; the result is the largest
+ * number of them inside any 100 ms window, as a share of the clients. */
+static double storm(cvg_backoff_strategy_t strategy, int64_t cap_ms, int64_t jitter_ms) {
+  int64_t *at = malloc(sizeof(int64_t) * CLIENTS * (REFUSALS - 3));
+  assert_non_null(at);
+  size_t n = 0;
+  const char *url[] = {"ws://127.0.0.1:1/v1/ws"};
+  cvg_sub_t sub = {"c1", 0};
+  for (int c = 0; c < CLIENTS; c++) {
+    cvg_options_t o;
+    cvg_options_init(&o);
+    o.urls = url;
+    o.nurls = 1;
+    o.token = "t";
+    o.subs = &sub;
+    o.nsubs = 1;
+    o.backoff = strategy;
+    o.backoff_cap_ms = cap_ms;
+    o.backoff_jitter_ms = jitter_ms;
+    o.seed = 1000003u * (uint64_t)c + 17;
+    h_t *h = calloc(1, sizeof *h);
+    assert_non_null(h);
+    h->timer_at = -1;
+    assert_int_equal(cvg_core_new(&o, &h->core, NULL, 0), 0);
+    cvg_core_start(h->core, 0);
+    take(h);
+    uint32_t t = last(h, CVG_ACT_OPEN, 0)->t;
+    cvg_core_opened(h->core, t, 0);
+    text(h, t, "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"subs\":[]}");
+    cvg_core_closed(h->core, t, 1006, "", 0, 0); /* everyone at once */
+    take(h);
+    for (int attempt = 1; attempt <= REFUSALS; attempt++) {
+      clear_acts(h);
+      fire(h);
+      act_t *op = last(h, CVG_ACT_OPEN, 0);
+      assert_non_null(op);
+      if (attempt >= 4) at[n++] = h->now;
+      cvg_core_closed(h->core, op->t, CVG_CLOSE_ABORT, "connection refused", 18, h->now);
+      take(h);
+    }
+    cvg_core_free(h->core);
+    free(h);
+  }
+  qsort(at, n, sizeof *at, cmp64);
+  size_t best = 0;
+  for (size_t lo = 0, hi = 0; hi < n; hi++) {
+    while (at[hi] - at[lo] >= 100) lo++;
+    if (hi - lo + 1 > best) best = hi - lo + 1;
+  }
+  free(at);
+  return (double)best / CLIENTS;
+}
+
+static void test_storm_jitter_spreads_and_exponential_synchronises(void **state) {
+  const cvg_backoff_strategy_t spread[] = {CVG_BACKOFF_FULL, CVG_BACKOFF_EQUAL,
+                                           CVG_BACKOFF_DECORRELATED};
+  for (size_t i = 0; i < 3; i++) {
+    double share = storm(spread[i], 0, 0); /* defaults: 250 ms, cap 10 s */
+    printf("  %-12s busiest 100 ms holds %5.1f%% of the clients\n", cvg_backoff_name(spread[i]),
+           100 * share);
+    assert_true(share <= 0.15);
+  }
+  /* The reconnect-storm post-mortem's clients: 250 ms, cap 30 s, 0-100 ms. */
+  const cvg_backoff_strategy_t waves[] = {CVG_BACKOFF_EXPONENTIAL, CVG_BACKOFF_ADDITIVE};
+  for (size_t i = 0; i < 2; i++) {
+    double share = storm(waves[i], 30000, 100);
+    printf("  %-12s busiest 100 ms holds %5.1f%% of the clients\n", cvg_backoff_name(waves[i]),
+           100 * share);
+    assert_true(share > 0.50);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_constructor_errors),
+      cmocka_unit_test(test_hello_carries_watermarks_and_delivers_in_order),
+      cmocka_unit_test(test_gap_sends_one_sync_and_replay_fills_it),
+      cmocka_unit_test(test_reconnect_waits_backoff_and_avoids_failed_url),
+      cmocka_unit_test(test_hint_is_a_floor_and_welcome_resets),
+      cmocka_unit_test(test_unacknowledged_sends_resent_with_same_id),
+      cmocka_unit_test(test_drain_is_make_before_break),
+      cmocka_unit_test(test_failed_migration_keeps_the_old_connection),
+      cmocka_unit_test(test_connect_and_idle_timeouts),
+      cmocka_unit_test(test_bad_frames_are_counted_and_ignored),
+      cmocka_unit_test(test_unauthorized_stops_for_good),
+      cmocka_unit_test(test_ended_subscription_left_out_of_hello),
+      cmocka_unit_test(test_storm_jitter_spreads_and_exponential_synchronises),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
