@@ -39,35 +39,6 @@ struct ws_s {
   int close_sent;
 };
 
-static const char ws_guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
-
-void ws_accept_key(const char *key, char out[29]) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int mdlen = 0;
-  char buf[256];
-  int n = snprintf(buf, sizeof buf, "%s%s", key, ws_guid);
-  if (n < 0 || (size_t)n >= sizeof buf) n = 0;
-  EVP_Digest(buf, (size_t)n, md, &mdlen, EVP_sha1(), NULL);
-  EVP_EncodeBlock((unsigned char *)out, md, (int)mdlen);
-  out[28] = '\0';
-}
-
-/* 1 when the comma-separated header value contains `token` (case-insensitive). */
-static int has_token(const char *value, const char *token) {
-  size_t tl = strlen(token);
-  const char *p = value;
-  while (p && *p) {
-    while (*p == ' ' || *p == '\t' || *p == ',') p++;
-    const char *end = p;
-    while (*end && *end != ',') end++;
-    const char *e = end;
-    while (e > p && (e[-1] == ' ' || e[-1] == '\t')) e--;
-    if ((size_t)(e - p) == tl && strncasecmp(p, token, tl) == 0) return 1;
-    p = end;
-  }
-  return 0;
-}
-
 static int key_valid(const char *key) {
   unsigned char raw[32];
   size_t n = strlen(key);
@@ -81,11 +52,11 @@ int ws_check_upgrade(const http_request_t *req, const char **why) {
     *why = "WebSocket upgrade must use GET";
     return 405;
   }
-  if (!req->upgrade || !has_token(req->upgrade, "websocket")) {
+  if (!req->upgrade || !ws_has_token(req->upgrade, "websocket")) {
     *why = "missing Upgrade: websocket";
     return 400;
   }
-  if (!req->connection || !has_token(req->connection, "upgrade")) {
+  if (!req->connection || !ws_has_token(req->connection, "upgrade")) {
     *why = "missing Connection: Upgrade";
     return 400;
   }
@@ -97,7 +68,7 @@ int ws_check_upgrade(const http_request_t *req, const char **why) {
     *why = "unsupported Sec-WebSocket-Version (want 13)";
     return 400;
   }
-  if (req->ws_protocol && !has_token(req->ws_protocol, WS_SUBPROTOCOL)) {
+  if (req->ws_protocol && !ws_has_token(req->ws_protocol, WS_SUBPROTOCOL)) {
     *why = "subprotocol converger.v1 not offered";
     return 400;
   }

@@ -18,6 +18,7 @@
 
 #include "net/conn.h"
 #include "net/http.h"
+#include "net/wskey.h"
 
 #define WS_SUBPROTOCOL "converger.v1"
 
@@ -33,10 +34,6 @@ enum {
   WS_CLOSE_SERVICE_RESTART = 1012,
   WS_CLOSE_TRY_AGAIN_LATER = 1013,
 };
-
-/* Sec-WebSocket-Accept for `key` (RFC 6455 section 4.2.2: base64 of the
- * SHA-1 of key + GUID). `out` gets 28 characters and a NUL. */
-void ws_accept_key(const char *key, char out[29]);
 
 /* Validate an upgrade request (GET, Upgrade: websocket, Connection:
  * upgrade, a 16-byte base64 Sec-WebSocket-Key, version 13, and when

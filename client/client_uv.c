@@ -1,0 +1,708 @@
+/*
+ * client_uv.c: the libconverger-client core driven over TCP on a libuv loop
+ * (see include/converger/client.h).
+ *
+ * A client owns its core, one timer (the core's) and the transports the
+ * core asked for. A transport goes
+ *   RESOLVING (uv_getaddrinfo; skipped for IP literals) -> CONNECTING ->
+ *   UPGRADING (the GET with a random Sec-WebSocket-Key is written; the
+ *   answer is read with llhttp in response mode) -> OPEN (wslay in client
+ *   mode, masks from OpenSSL's CSPRNG) -> closed.
+ * The 101 must carry Upgrade: websocket, Connection: upgrade, the right
+ * Sec-WebSocket-Accept (RFC 6455 section 4.1) and the subprotocol
+ * converger.v1; anything else fails the attempt. A 503 answer is given to
+ * the core as close 1013 with Retry-After as the hint.
+ *
+ * wslay glue as in the node (net/ws.c): callbacks only move bytes between
+ * wslay and our buffers and say WOULDBLOCK when the input is used up;
+ * proceed() writes what wslay has queued.
+ *
+ * Every event goes to the core, then pump() carries out the core's actions
+ * until there are none. pump() does not nest: an event raised while it runs
+ * (a connect that fails at once) is handled by the running loop.
+ *
+ * Lifetime: a transport is freed in its handle's close callback, once its
+ * getaddrinfo request (if any) has also called back (`refs`). The client is
+ * freed in the close callback of the last of its handles after
+ * cvg_client_close. Loop thread only.
+ */
+#include <arpa/inet.h>
+#include <llhttp.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <wslay/wslay.h>
+
+#include "converger/client.h"
+#include "net/wskey.h"
+
+#define SUBPROTOCOL      "converger.v1"
+#define MAX_FRAME_BYTES  (16u << 20) /* a server frame larger than this fails the transport */
+#define MAX_QUEUED_BYTES (8u << 20)  /* unwritten output beyond this fails the transport */
+
+typedef enum { X_RESOLVING, X_CONNECTING, X_UPGRADING, X_OPEN, X_CLOSING } xstate_t;
+
+typedef struct xport_s xport_t;
+
+struct cvg_client_s {
+  uv_loop_t *loop;
+  cvg_core_t *core;
+  uv_timer_t timer;
+  xport_t *xports; /* every transport whose handle is not closed yet */
+  int handles;     /* open handles: the timer and each transport */
+  int pumping;
+  int closing;
+  int started;
+  void (*on_closed)(void *ud);
+  void *closed_ud;
+};
+
+struct xport_s {
+  xport_t *next;
+  cvg_client_t *c;
+  uint32_t id;
+  xstate_t st;
+  int refs;      /* the tcp handle, plus one while getaddrinfo runs */
+  int forgotten; /* the core no longer knows it: report nothing */
+  uv_tcp_t tcp;
+  uv_connect_t creq;
+  uv_getaddrinfo_t gai;
+  char host[256], port[8], path[1024];
+  char accept[29]; /* the Sec-WebSocket-Accept we expect */
+  llhttp_t http;
+  char hfield[32]; /* the header being read: its name (truncated) */
+  int hwhich;      /* 1 Upgrade, 2 Connection, 3 Accept, 4 Protocol, 5 Retry-After */
+  char hval[6][128];
+  int headers_done;
+  wslay_event_context_ptr ws;
+  const uint8_t *rbuf;
+  size_t rlen;
+  char *out; /* bytes wslay produced, not yet handed to uv_write */
+  size_t olen, ocap;
+  size_t queued;  /* bytes in uv_write requests not completed */
+  int close_code; /* of the server's close frame */
+  char close_reason[123];
+  size_t close_rlen;
+  int close_after_write;
+};
+
+typedef struct {
+  uv_write_t req;
+  xport_t *x;
+  size_t len;
+  char data[];
+} wreq_t;
+
+static void pump(cvg_client_t *c);
+static void xport_close(xport_t *x);
+
+/* ---- reporting to the core -------------------------------------------------------- */
+
+static int64_t now_ms(cvg_client_t *c) { return (int64_t)uv_now(c->loop); }
+
+/* The transport failed or ended: tell the core (once) and close it. */
+static void xport_lost(xport_t *x, int code, const char *reason) {
+  if (!x->forgotten) {
+    x->forgotten = 1;
+    cvg_core_closed(x->c->core, x->id, code, reason, strlen(reason), now_ms(x->c));
+  }
+  xport_close(x);
+  pump(x->c);
+}
+
+static void free_xport(xport_t *x) {
+  cvg_client_t *c = x->c;
+  for (xport_t **l = &c->xports; *l; l = &(*l)->next)
+    if (*l == x) {
+      *l = x->next;
+      break;
+    }
+  if (x->ws) wslay_event_context_free(x->ws);
+  free(x->out);
+  free(x);
+}
+
+static void client_maybe_free(cvg_client_t *c) {
+  if (!c->closing || c->handles > 0) return;
+  void (*cb)(void *) = c->on_closed;
+  void *ud = c->closed_ud;
+  cvg_core_free(c->core);
+  free(c);
+  if (cb) cb(ud);
+}
+
+static void on_xport_closed(uv_handle_t *h) {
+  xport_t *x = h->data;
+  cvg_client_t *c = x->c;
+  c->handles--;
+  if (--x->refs == 0) free_xport(x);
+  client_maybe_free(c);
+}
+
+static void xport_close(xport_t *x) {
+  if (x->st == X_CLOSING) return;
+  x->st = X_CLOSING;
+  if (x->refs > 1) uv_cancel((uv_req_t *)&x->gai);
+  uv_close((uv_handle_t *)&x->tcp, on_xport_closed);
+}
+
+/* ---- writing ---------------------------------------------------------------------- */
+
+static void on_written(uv_write_t *req, int status) {
+  wreq_t *w = (wreq_t *)req; /* req is the first member */
+  xport_t *x = w->x;
+  x->queued -= w->len;
+  free(w);
+  if (x->st == X_CLOSING) return;
+  if (status < 0) {
+    char why[128];
+    snprintf(why, sizeof why, "write: %s", uv_strerror(status));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  if (x->close_after_write && x->queued == 0 && x->olen == 0) xport_close(x);
+}
+
+/* Hand the bytes gathered in x->out to libuv. */
+static void flush_out(xport_t *x) {
+  if (x->olen == 0 || x->st == X_CLOSING) return;
+  if (x->queued + x->olen > MAX_QUEUED_BYTES) {
+    x->olen = 0;
+    xport_lost(x, CVG_CLOSE_ABORT, "the server does not read: output over 8 MiB");
+    return;
+  }
+  wreq_t *w = malloc(sizeof *w + x->olen);
+  if (!w) {
+    xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
+    return;
+  }
+  w->x = x;
+  w->len = x->olen;
+  memcpy(w->data, x->out, x->olen);
+  x->olen = 0;
+  uv_buf_t b = uv_buf_init(w->data, (unsigned)w->len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&x->tcp, &b, 1, on_written);
+  if (rc < 0) {
+    free(w);
+    char why[128];
+    snprintf(why, sizeof why, "write: %s", uv_strerror(rc));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  x->queued += w->len;
+}
+
+static int out_append(xport_t *x, const void *data, size_t len) {
+  if (x->olen + len > x->ocap) {
+    size_t cap = x->ocap ? x->ocap : 4096;
+    while (cap < x->olen + len) cap *= 2;
+    char *o = realloc(x->out, cap);
+    if (!o) return -1;
+    x->out = o;
+    x->ocap = cap;
+  }
+  memcpy(x->out + x->olen, data, len);
+  x->olen += len;
+  return 0;
+}
+
+/* ---- wslay glue ------------------------------------------------------------------- */
+
+static ssize_t ws_recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags,
+                          void *user) {
+  xport_t *x = user;
+  if (x->rlen == 0) {
+    wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
+    return -1;
+  }
+  size_t n = len < x->rlen ? len : x->rlen;
+  memcpy(buf, x->rbuf, n);
+  x->rbuf += n;
+  x->rlen -= n;
+  return (ssize_t)n;
+}
+
+static ssize_t ws_send_cb(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
+                          void *user) {
+  xport_t *x = user;
+  if (out_append(x, data, len) != 0) {
+    wslay_event_set_error(ctx, WSLAY_ERR_NOMEM);
+    return -1;
+  }
+  return (ssize_t)len;
+}
+
+static int ws_genmask_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, void *user) {
+  return RAND_bytes(buf, (int)len) == 1 ? 0 : -1; /* RFC 6455 section 5.3: unpredictable */
+}
+
+static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
+                      void *user) {
+  xport_t *x = user;
+  if (x->forgotten) return;
+  cvg_core_t *core = x->c->core;
+  switch (arg->opcode) {
+  case WSLAY_TEXT_FRAME:
+    cvg_core_text(core, x->id, (const char *)arg->msg, arg->msg_length, now_ms(x->c));
+    break;
+  case WSLAY_PING: /* wslay queues the pong */
+  case WSLAY_PONG:
+    cvg_core_alive(core, x->id, now_ms(x->c));
+    break;
+  case WSLAY_CONNECTION_CLOSE: /* keep code and reason for proceed() */
+    x->close_code = arg->status_code ? arg->status_code : 1005;
+    x->close_rlen = arg->msg_length > 2 ? arg->msg_length - 2 : 0;
+    if (x->close_rlen > sizeof x->close_reason) x->close_rlen = sizeof x->close_reason;
+    memcpy(x->close_reason, arg->msg + 2, x->close_rlen);
+    break;
+  default: /* binary frames are not part of the protocol */
+    break;
+  }
+}
+
+static const struct wslay_event_callbacks ws_callbacks = {
+    ws_recv_cb, ws_send_cb, ws_genmask_cb, NULL, NULL, NULL, ws_msg_cb,
+};
+
+/* Write what wslay queued, and end the transport when the close handshake
+ * is over or the server broke the framing. */
+static void proceed(xport_t *x) {
+  if (x->st != X_OPEN) return;
+  if (wslay_event_want_write(x->ws) && wslay_event_send(x->ws) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
+    return;
+  }
+  flush_out(x);
+  if (x->st != X_OPEN) return;
+  if (wslay_event_get_close_received(x->ws)) {
+    /* The server closed; our answering close frame went out above. */
+    x->close_after_write = 1;
+    if (x->queued == 0) xport_close(x);
+    if (!x->forgotten) {
+      x->forgotten = 1;
+      cvg_core_closed(x->c->core, x->id, x->close_code, x->close_reason, x->close_rlen,
+                      now_ms(x->c));
+      pump(x->c);
+    }
+  }
+}
+
+/* ---- the upgrade answer ----------------------------------------------------------- */
+
+enum { H_NONE, H_UPGRADE, H_CONNECTION, H_ACCEPT, H_PROTOCOL, H_RETRY_AFTER };
+
+static int on_hfield(llhttp_t *p, const char *at, size_t len) {
+  xport_t *x = p->data;
+  size_t have = strlen(x->hfield);
+  size_t n = len < sizeof x->hfield - 1 - have ? len : sizeof x->hfield - 1 - have;
+  memcpy(x->hfield + have, at, n);
+  x->hfield[have + n] = '\0';
+  return 0;
+}
+
+static int on_hfield_done(llhttp_t *p) {
+  xport_t *x = p->data;
+  static const char *const names[] = {
+      NULL,         "upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol",
+      "retry-after"};
+  x->hwhich = H_NONE;
+  for (int i = 1; i <= H_RETRY_AFTER; i++)
+    if (strcasecmp(x->hfield, names[i]) == 0) x->hwhich = i;
+  x->hfield[0] = '\0';
+  return 0;
+}
+
+static int on_hvalue(llhttp_t *p, const char *at, size_t len) {
+  xport_t *x = p->data;
+  if (x->hwhich == H_NONE) return 0;
+  char *v = x->hval[x->hwhich];
+  size_t have = strlen(v);
+  size_t n = len < sizeof x->hval[0] - 1 - have ? len : sizeof x->hval[0] - 1 - have;
+  memcpy(v + have, at, n);
+  v[have + n] = '\0';
+  return 0;
+}
+
+static int on_headers_done(llhttp_t *p) {
+  ((xport_t *)p->data)->headers_done = 1;
+  return 0;
+}
+
+static llhttp_settings_t http_settings;
+
+/* The answer's headers are in: open the WebSocket, or fail the attempt.
+ * `rest` are the bytes after the answer (already WebSocket frames). */
+static void upgrade_answer(xport_t *x, const char *rest, size_t rest_len) {
+  int status = llhttp_get_status_code(&x->http);
+  char why[300];
+  if (status == 503) {
+    /* Overload: Retry-After (seconds) becomes the hint of a 1013. */
+    long s = strtol(x->hval[H_RETRY_AFTER], NULL, 10);
+    if (s < 0 || s > 3600) s = 0;
+    snprintf(why, sizeof why, "{\"retryAfterMs\":%ld}", s * 1000);
+    xport_lost(x, 1013, why);
+    return;
+  }
+  const char *bad = NULL;
+  if (status != 101)
+    bad = "not 101";
+  else if (!ws_has_token(x->hval[H_UPGRADE], "websocket"))
+    bad = "no Upgrade: websocket";
+  else if (!ws_has_token(x->hval[H_CONNECTION], "upgrade"))
+    bad = "no Connection: upgrade";
+  else if (strcmp(x->hval[H_ACCEPT], x->accept) != 0)
+    bad = "wrong Sec-WebSocket-Accept";
+  else if (strcmp(x->hval[H_PROTOCOL], SUBPROTOCOL) != 0)
+    bad = "subprotocol converger.v1 not chosen";
+  if (bad) {
+    snprintf(why, sizeof why, "upgrade refused: HTTP %d (%s)", status, bad);
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  if (wslay_event_context_client_init(&x->ws, &ws_callbacks, x) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
+    return;
+  }
+  wslay_event_config_set_max_recv_msg_length(x->ws, MAX_FRAME_BYTES);
+  x->st = X_OPEN;
+  cvg_core_opened(x->c->core, x->id, now_ms(x->c));
+  pump(x->c);
+  if (x->st != X_OPEN || rest_len == 0) return;
+  x->rbuf = (const uint8_t *)rest;
+  x->rlen = rest_len;
+  if (wslay_event_recv(x->ws) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
+    return;
+  }
+  proceed(x);
+}
+
+/* ---- reading ---------------------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  static _Thread_local char rbuf[65536]; /* consumed before the next read */
+  *buf = uv_buf_init(rbuf, sizeof rbuf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  xport_t *x = s->data;
+  if (x->st == X_CLOSING || nread == 0) return;
+  if (nread < 0) {
+    char why[128];
+    snprintf(why, sizeof why, "%s",
+             nread == UV_EOF ? "the server closed the TCP connection" : uv_strerror((int)nread));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  if (x->st == X_UPGRADING) {
+    llhttp_errno_t e = llhttp_execute(&x->http, buf->base, (size_t)nread);
+    if (e == HPE_PAUSED_UPGRADE ||
+        (e == HPE_OK && x->headers_done && llhttp_get_status_code(&x->http) != 101)) {
+      size_t used = e == HPE_PAUSED_UPGRADE ? (size_t)(llhttp_get_error_pos(&x->http) - buf->base)
+                                            : (size_t)nread;
+      upgrade_answer(x, buf->base + used, (size_t)nread - used);
+    } else if (e != HPE_OK) {
+      char why[200];
+      snprintf(why, sizeof why, "bad HTTP answer to the upgrade: %s",
+               llhttp_get_error_reason(&x->http));
+      xport_lost(x, CVG_CLOSE_ABORT, why);
+    }
+    return;
+  }
+  if (x->st != X_OPEN) return;
+  x->rbuf = (const uint8_t *)buf->base;
+  x->rlen = (size_t)nread;
+  if (wslay_event_recv(x->ws) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
+    return;
+  }
+  proceed(x);
+}
+
+/* ---- connecting ------------------------------------------------------------------- */
+
+static void on_connect(uv_connect_t *req, int status) {
+  xport_t *x = req->data;
+  if (x->st == X_CLOSING) return;
+  if (status < 0) {
+    char why[300];
+    snprintf(why, sizeof why, "connect to %s:%s: %s", x->host, x->port, uv_strerror(status));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  uv_tcp_nodelay(&x->tcp, 1);
+  unsigned char raw[16];
+  char key[25];
+  if (RAND_bytes(raw, sizeof raw) != 1) {
+    xport_lost(x, CVG_CLOSE_ABORT, "no randomness for Sec-WebSocket-Key");
+    return;
+  }
+  EVP_EncodeBlock((unsigned char *)key, raw, sizeof raw);
+  ws_accept_key(key, x->accept);
+  char req_text[2048];
+  int n = snprintf(req_text, sizeof req_text,
+                   "GET %s HTTP/1.1\r\nHost: %s:%s\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                   "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " SUBPROTOCOL "\r\n"
+                   "User-Agent: libconverger-client\r\n\r\n",
+                   x->path, x->host, x->port, key);
+  if (n < 0 || (size_t)n >= sizeof req_text || out_append(x, req_text, (size_t)n) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "upgrade request too long");
+    return;
+  }
+  llhttp_init(&x->http, HTTP_RESPONSE, &http_settings);
+  x->http.data = x;
+  x->st = X_UPGRADING;
+  int rc = uv_read_start((uv_stream_t *)&x->tcp, on_alloc, on_read);
+  if (rc < 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, uv_strerror(rc));
+    return;
+  }
+  flush_out(x);
+}
+
+static void start_connect(xport_t *x, const struct sockaddr *addr) {
+  x->st = X_CONNECTING;
+  x->creq.data = x;
+  int rc = uv_tcp_connect(&x->creq, &x->tcp, addr, on_connect);
+  if (rc < 0) {
+    char why[300];
+    snprintf(why, sizeof why, "connect to %s:%s: %s", x->host, x->port, uv_strerror(rc));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+  }
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  xport_t *x = req->data;
+  cvg_client_t *c = x->c;
+  x->refs--;
+  c->handles--; /* the request counted as one */
+  if (x->st == X_CLOSING) {
+    uv_freeaddrinfo(res);
+    if (x->refs == 0) free_xport(x);
+    client_maybe_free(c);
+    return;
+  }
+  if (status < 0 || !res) {
+    char why[300];
+    snprintf(why, sizeof why, "resolve %s: %s", x->host, uv_strerror(status));
+    uv_freeaddrinfo(res);
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  start_connect(x, res->ai_addr);
+  uv_freeaddrinfo(res);
+}
+
+/* Split ws://host[:port][/path] (checked by the core); IPv6 literals in []. */
+static int split_url(xport_t *x, const char *url) {
+  const char *h = url + 5, *end = h + strcspn(h, "/?#");
+  const char *colon = NULL;
+  if (*h == '[') {
+    const char *rb = memchr(h, ']', (size_t)(end - h));
+    if (!rb) return -1;
+    if (rb + 1 < end && rb[1] == ':') colon = rb + 1;
+    snprintf(x->host, sizeof x->host, "%.*s", (int)(rb - h - 1), h + 1);
+  } else {
+    colon = memchr(h, ':', (size_t)(end - h));
+    snprintf(x->host, sizeof x->host, "%.*s", (int)((colon ? colon : end) - h), h);
+  }
+  if (colon) {
+    char *e;
+    long port = strtol(colon + 1, &e, 10);
+    if (e != end || port < 1 || port > 65535) return -1;
+    snprintf(x->port, sizeof x->port, "%ld", port);
+  } else {
+    snprintf(x->port, sizeof x->port, "80");
+  }
+  snprintf(x->path, sizeof x->path, "%s", *end == '/' ? end : "/v1/ws");
+  return x->host[0] ? 0 : -1;
+}
+
+static void xport_open(cvg_client_t *c, uint32_t id, const char *url) {
+  xport_t *x = calloc(1, sizeof *x);
+  if (!x) {
+    cvg_core_closed(c->core, id, CVG_CLOSE_ABORT, "out of memory", 13, now_ms(c));
+    return;
+  }
+  x->c = c;
+  x->id = id;
+  x->refs = 1;
+  uv_tcp_init(c->loop, &x->tcp);
+  x->tcp.data = x;
+  c->handles++;
+  x->next = c->xports;
+  c->xports = x;
+  if (split_url(x, url) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "bad URL");
+    return;
+  }
+  struct sockaddr_storage ss;
+  if (uv_ip4_addr(x->host, atoi(x->port), (struct sockaddr_in *)&ss) == 0 ||
+      uv_ip6_addr(x->host, atoi(x->port), (struct sockaddr_in6 *)&ss) == 0) {
+    start_connect(x, (struct sockaddr *)&ss);
+    return;
+  }
+  x->st = X_RESOLVING;
+  x->gai.data = x;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  x->refs++;
+  c->handles++;
+  int rc = uv_getaddrinfo(c->loop, &x->gai, on_resolved, x->host, x->port, &hints);
+  if (rc < 0) {
+    x->refs--;
+    c->handles--;
+    char why[300];
+    snprintf(why, sizeof why, "resolve %s: %s", x->host, uv_strerror(rc));
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+  }
+}
+
+/* ---- actions ---------------------------------------------------------------------- */
+
+static xport_t *find_xport(cvg_client_t *c, uint32_t id) {
+  for (xport_t *x = c->xports; x; x = x->next)
+    if (x->id == id && !x->forgotten) return x;
+  return NULL;
+}
+
+static void on_timer(uv_timer_t *t) {
+  cvg_client_t *c = t->data;
+  cvg_core_timer(c->core, now_ms(c));
+  pump(c);
+}
+
+static void do_close(cvg_client_t *c, uint32_t id, int code, const char *reason) {
+  xport_t *x = find_xport(c, id);
+  if (!x) return;
+  x->forgotten = 1;
+  if (x->st != X_OPEN || code == CVG_CLOSE_ABORT) {
+    xport_close(x);
+    return;
+  }
+  size_t rl = strlen(reason);
+  wslay_event_queue_close(x->ws, (uint16_t)code, (const uint8_t *)reason, rl > 123 ? 123 : rl);
+  x->close_after_write = 1;
+  proceed(x);
+  if (x->st == X_OPEN && x->queued == 0 && x->olen == 0) xport_close(x);
+}
+
+static void do_send(cvg_client_t *c, uint32_t id, const char *data, size_t len) {
+  xport_t *x = find_xport(c, id);
+  if (!x || x->st != X_OPEN) return;
+  struct wslay_event_msg m = {WSLAY_TEXT_FRAME, (const uint8_t *)data, len};
+  if (wslay_event_queue_msg(x->ws, &m) != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "cannot queue a frame");
+    return;
+  }
+  proceed(x);
+}
+
+/* Carry out the core's actions until there are none. */
+static void pump(cvg_client_t *c) {
+  if (c->pumping) return;
+  c->pumping = 1;
+  cvg_action_t a;
+  while (cvg_core_next_action(c->core, &a)) {
+    switch (a.type) {
+    case CVG_ACT_OPEN:
+      xport_open(c, a.transport, a.url);
+      break;
+    case CVG_ACT_SEND:
+      do_send(c, a.transport, a.data, a.len);
+      break;
+    case CVG_ACT_CLOSE:
+      do_close(c, a.transport, a.code, a.reason);
+      break;
+    case CVG_ACT_TIMER:
+      if (c->closing) break;
+      if (a.at_ms < 0) {
+        uv_timer_stop(&c->timer);
+      } else {
+        int64_t d = a.at_ms - now_ms(c);
+        uv_timer_start(&c->timer, on_timer, d > 0 ? (uint64_t)d : 0, 0);
+      }
+      break;
+    }
+  }
+  c->pumping = 0;
+}
+
+/* ---- public API ------------------------------------------------------------------- */
+
+int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out, char *err,
+                   size_t errlen) {
+  *out = NULL;
+  if (!loop) {
+    if (err && errlen) snprintf(err, errlen, "no loop");
+    return CVG_EINVAL;
+  }
+  if (!http_settings.on_header_field) {
+    llhttp_settings_init(&http_settings);
+    http_settings.on_header_field = on_hfield;
+    http_settings.on_header_field_complete = on_hfield_done;
+    http_settings.on_header_value = on_hvalue;
+    http_settings.on_headers_complete = on_headers_done;
+  }
+  cvg_client_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    if (err && errlen) snprintf(err, errlen, "out of memory");
+    return CVG_ENOMEM;
+  }
+  int rc = cvg_core_new(opt, &c->core, err, errlen);
+  if (rc != 0) {
+    free(c);
+    return rc;
+  }
+  c->loop = loop;
+  uv_timer_init(loop, &c->timer);
+  c->timer.data = c;
+  c->handles = 1;
+  *out = c;
+  return 0;
+}
+
+int cvg_client_start(cvg_client_t *c) {
+  if (c->started || c->closing) return CVG_ESTATE;
+  c->started = 1;
+  uv_update_time(c->loop);
+  cvg_core_start(c->core, now_ms(c));
+  pump(c);
+  return 0;
+}
+
+int cvg_send(cvg_client_t *c, const char *conv, const char *id, const char *body, cvg_sent_cb cb,
+             void *ud) {
+  if (c->closing) return CVG_ESTATE;
+  int rc = cvg_core_send(c->core, conv, id, body, cb, ud, now_ms(c));
+  if (rc == 0) pump(c);
+  return rc;
+}
+
+void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out) {
+  cvg_core_stats(c->core, (int64_t)uv_now(c->loop), out);
+}
+
+int64_t cvg_client_watermark(const cvg_client_t *c, const char *conv) {
+  return cvg_core_watermark(c->core, conv);
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  cvg_client_t *c = h->data;
+  c->handles--;
+  client_maybe_free(c);
+}
+
+void cvg_client_close(cvg_client_t *c, void (*on_closed)(void *ud), void *ud) {
+  if (c->closing) return;
+  c->closing = 1;
+  c->on_closed = on_closed;
+  c->closed_ud = ud;
+  uv_timer_stop(&c->timer);
+  cvg_core_stop(c->core, now_ms(c));
+  pump(c);
+  uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}

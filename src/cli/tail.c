@@ -1,0 +1,172 @@
+/*
+ * tail.c: `converger tail`, a subscriber on the client library. Prints each
+ * message once, in order, as the JSON line the node sent; reconnects for
+ * ever with the library's backoff; says every state change on stderr.
+ * Main thread only.
+ */
+#include "cli/tail.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "cli/args.h"
+#include "converger/client.h"
+
+#define MAX_URLS 16
+
+static void usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: converger tail --url WS_URL [--url WS_URL ...] --token JWT --conv C [--conv C ...]\n"
+      "                      [--watermark N] [--backoff STRATEGY] [--max-messages N]\n\n"
+      "Subscribes to the conversations and prints each message once and in order, one JSON\n"
+      "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
+      "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
+      "10 s) and never before the node's retry hint; migrates on drain. State changes go\n"
+      "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n\n"
+      "  --url WS_URL        ws://host:port/v1/ws of a node; repeat for several\n"
+      "  --token JWT         a client token (or the environment variable CONVERGER_TOKEN)\n"
+      "  --conv C            a conversation id; repeat for several\n"
+      "  --watermark N       the last seq already seen; default: none (start at the head);\n"
+      "                      0 prints the whole history\n"
+      "  --backoff S         decorrelated (default), full, equal, exponential, additive,\n"
+      "                      proportional\n"
+      "  --max-messages N    exit 0 after N messages (default: never)\n");
+}
+
+typedef struct {
+  uv_loop_t loop;
+  uv_signal_t sigint, sigterm;
+  cvg_client_t *client;
+  long long max_messages, printed;
+  int exit_code;
+  int ending;
+} tail_t;
+
+static void on_closed(void *ud) { (void)ud; }
+
+static void end(tail_t *t, int code) {
+  if (t->ending) return;
+  t->ending = 1;
+  t->exit_code = code;
+  cvg_stats_t st;
+  cvg_client_stats(t->client, &st);
+  fprintf(stderr,
+          "converger tail: %lld message(s); attempts %llu, welcomes %llu, duplicates dropped "
+          "%llu, gaps filled %llu, unavailable %llu, bad frames %llu, offline %lld ms\n",
+          t->printed, (unsigned long long)st.attempts, (unsigned long long)st.welcomes,
+          (unsigned long long)st.duplicates, (unsigned long long)st.gaps_filled,
+          (unsigned long long)st.unavailable, (unsigned long long)st.bad_frames,
+          (long long)st.offline_ms);
+  cvg_client_close(t->client, on_closed, NULL);
+  uv_close((uv_handle_t *)&t->sigint, NULL);
+  uv_close((uv_handle_t *)&t->sigterm, NULL);
+}
+
+static void on_message(void *ud, const cvg_message_t *m) {
+  tail_t *t = ud;
+  if (t->ending) return;
+  fwrite(m->frame, 1, m->frame_len, stdout);
+  fputc('\n', stdout);
+  fflush(stdout);
+  if (++t->printed == t->max_messages) end(t, 0);
+}
+
+static void on_state(void *ud, cvg_state_t s, const char *detail) {
+  tail_t *t = ud;
+  fprintf(stderr, "converger tail: %s: %s\n", cvg_state_name(s), detail);
+  if (s == CVG_STATE_FAILED) end(t, 1);
+}
+
+static void on_error(void *ud, const char *code, const char *message, const char *conv) {
+  fprintf(stderr, "converger tail: server error %s%s%s: %s\n", code, conv ? " on " : "",
+          conv ? conv : "", message);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  tail_t *t = s->data;
+  fprintf(stderr, "converger tail: %s, closing\n", signum == SIGINT ? "SIGINT" : "SIGTERM");
+  end(t, 0);
+}
+
+int tail_main(int argc, char **argv) {
+  const char *urls[MAX_URLS];
+  size_t nurls = 0;
+  cvg_sub_t subs[100];
+  size_t nsubs = 0;
+  const char *token = getenv("CONVERGER_TOKEN");
+  long long watermark = CVG_WATERMARK_NONE, max_messages = -1;
+  cvg_options_t o;
+  cvg_options_init(&o);
+  for (int i = 0; i < argc; i++) {
+    const char *v, *flag = argv[i];
+    int missing = 0;
+    if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if ((v = cli_flag_value(argc, argv, &i, "--url", &missing))) {
+      if (nurls == MAX_URLS) return cli_usage_error("tail", "at most 16 --url");
+      urls[nurls++] = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--token", &missing))) {
+      token = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--conv", &missing))) {
+      if (nsubs == 100) return cli_usage_error("tail", "at most 100 --conv");
+      subs[nsubs++].conv = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--watermark", &missing))) {
+      if (cli_parse_ll(v, 0, INT64_MAX, &watermark) != 0)
+        return cli_usage_error("tail", "--watermark must be an integer >= 0");
+    } else if ((v = cli_flag_value(argc, argv, &i, "--max-messages", &missing))) {
+      if (cli_parse_ll(v, 1, INT64_MAX, &max_messages) != 0)
+        return cli_usage_error("tail", "--max-messages must be an integer >= 1");
+    } else if ((v = cli_flag_value(argc, argv, &i, "--backoff", &missing))) {
+      if (cvg_backoff_parse(v, &o.backoff) != 0)
+        return cli_usage_error("tail", "--backoff: decorrelated, full, equal, exponential, "
+                                       "additive or proportional");
+    } else if (!missing) {
+      fprintf(stderr, "converger tail: unknown argument '%s' (see --help)\n", flag);
+      return 2;
+    }
+    if (missing) {
+      fprintf(stderr, "converger tail: %s needs a value\n", flag);
+      return 2;
+    }
+  }
+  if (nurls == 0) return cli_usage_error("tail", "--url is required");
+  if (!token || !*token) return cli_usage_error("tail", "--token (or CONVERGER_TOKEN) is required");
+  if (nsubs == 0) return cli_usage_error("tail", "--conv is required");
+  for (size_t i = 0; i < nsubs; i++) subs[i].watermark = watermark;
+
+  tail_t t = {.max_messages = max_messages};
+  o.urls = urls;
+  o.nurls = nurls;
+  o.token = token;
+  o.subs = subs;
+  o.nsubs = nsubs;
+  o.client_name = "converger-tail";
+  o.cb.on_message = on_message;
+  o.cb.on_state = on_state;
+  o.cb.on_error = on_error;
+  o.userdata = &t;
+  char err[300];
+  uv_loop_init(&t.loop);
+  if (cvg_client_new(&t.loop, &o, &t.client, err, sizeof err) != 0) {
+    fprintf(stderr, "converger tail: %s\n", err);
+    uv_loop_close(&t.loop);
+    return 2;
+  }
+  uv_signal_init(&t.loop, &t.sigint);
+  uv_signal_init(&t.loop, &t.sigterm);
+  t.sigint.data = t.sigterm.data = &t;
+  uv_signal_start(&t.sigint, on_signal, SIGINT);
+  uv_signal_start(&t.sigterm, on_signal, SIGTERM);
+  signal(SIGPIPE, SIG_IGN);
+  cvg_client_start(t.client);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&t.loop) != 0) fprintf(stderr, "converger tail: handles left open\n");
+  return t.exit_code;
+}

@@ -1,0 +1,9 @@
+#ifndef CONVERGER_CLI_TAIL_H
+#define CONVERGER_CLI_TAIL_H
+
+/* `converger tail` (see its --help): prints the messages of conversations as
+ * JSON lines and reconnects for ever. Returns the exit status: 0 after a
+ * signal or --max-messages, 1 when the token is refused, 2 on a usage error. */
+int tail_main(int argc, char **argv);
+
+#endif
