@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "cli/send.h"
+#include "cli/tail.h"
 #include "cli/token.h"
 #include "serve.h"
 
@@ -15,6 +17,8 @@ static void usage(FILE *out) {
           "commands:\n"
           "  serve    run a gateway node (see converger serve --help)\n"
           "  token    print a client token signed with the node's secret\n"
+          "  send     send one message over REST, with retries (see converger send --help)\n"
+          "  tail     print the messages of conversations as they come (see converger tail --help)\n"
           "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
           "  version  print the version\n",
           CONVERGER_VERSION);
@@ -28,6 +32,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "serve") == 0) return serve_main(argc - 2, argv + 2);
   if (strcmp(cmd, "token") == 0) return token_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "send") == 0) return send_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "tail") == 0) return tail_main(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("converger %s\n", CONVERGER_VERSION);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/auth.h"
+#include "cli/args.h"
 #include "core/config.h"
 #include "core/util.h"
 
@@ -17,21 +18,6 @@ static void usage(FILE *out) {
           "secret the node stored in the data directory of CONVERGER_DATABASE_URL (default\n"
           "data/, relative to the working directory: run it where the node runs).\n"
           "--convs '*' covers every conversation. Default ttl 3600 seconds.\n");
-}
-
-/* "--name value" or "--name=value": returns the value and advances *i, or
- * NULL when argv[*i] is not this flag. *missing is set when the value is. */
-static const char *flag_value(int argc, char **argv, int *i, const char *name, int *missing) {
-  size_t n = strlen(name);
-  const char *a = argv[*i];
-  if (strncmp(a, name, n) != 0) return NULL;
-  if (a[n] == '=') return a + n + 1;
-  if (a[n] != '\0') return NULL;
-  if (*i + 1 >= argc) {
-    *missing = 1;
-    return NULL;
-  }
-  return argv[++*i];
 }
 
 int token_main(int argc, char **argv) {
@@ -47,11 +33,11 @@ int token_main(int argc, char **argv) {
       free(rest);
       return 0;
     }
-    if ((v = flag_value(argc, argv, &i, "--sub", &missing)))
+    if ((v = cli_flag_value(argc, argv, &i, "--sub", &missing)))
       sub = v;
-    else if ((v = flag_value(argc, argv, &i, "--convs", &missing)))
+    else if ((v = cli_flag_value(argc, argv, &i, "--convs", &missing)))
       convs = v;
-    else if ((v = flag_value(argc, argv, &i, "--ttl", &missing)))
+    else if ((v = cli_flag_value(argc, argv, &i, "--ttl", &missing)))
       ttl_s = v;
     else if (!missing)
       rest[nrest++] = argv[i];

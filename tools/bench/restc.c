@@ -4,122 +4,49 @@
  */
 #include "bench/restc.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include "bench/run.h"
 #include "core/util.h"
+#include "net/httpc.h"
 
-/* ---- blocking HTTP client (setup and checks; no loop running) --------------------- */
+#define RESTC_TIMEOUT_MS 10000 /* connect + send + receive of one blocking call */
 
-typedef struct {
-  int done;
-  char *body;
-  size_t len, cap;
-} sync_resp_t;
+/* ---- blocking calls (setup and checks; no loop running) --------------------------- */
 
-static int sync_on_body(llhttp_t *p, const char *at, size_t len) {
-  sync_resp_t *r = p->data;
-  size_t room = r->cap > r->len + 1 ? r->cap - r->len - 1 : 0;
-  size_t n = len < room ? len : room;
-  memcpy(r->body + r->len, at, n);
-  r->len += n;
-  r->body[r->len] = '\0';
-  return 0;
-}
-
-static int sync_on_complete(llhttp_t *p) {
-  ((sync_resp_t *)p->data)->done = 1;
-  return HPE_PAUSED;
-}
-
-/* One request on a fresh connection (Connection: close), bounded by 10 s.
- * Returns the HTTP status with the body in `out` (truncated to out_cap - 1
- * bytes), or -1 with the reason in b->http_err. */
+/* One request through net/httpc on a fresh connection, bounded by 10 s in
+ * all. Returns the HTTP status with the body in `out` (truncated to
+ * out_cap - 1 bytes), or -1 with the reason in b->http_err. */
 int restc_call(bench_t *b, const char *method, const char *path, const char *body,
                const char *extra_headers, char *out, size_t out_cap) {
-  static llhttp_settings_t settings;
-  static int settings_ready;
-  if (!settings_ready) {
-    llhttp_settings_init(&settings);
-    settings.on_body = sync_on_body;
-    settings.on_message_complete = sync_on_complete;
-    settings_ready = 1;
-  }
   out[0] = '\0';
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    snprintf(b->http_err, sizeof b->http_err, "socket: %s", strerror(errno));
+  char *headers = run_str_printf("Authorization: Bearer %s\r\n%s", b->api_key,
+                                 extra_headers ? extra_headers : "");
+  if (!headers) {
+    snprintf(b->http_err, sizeof b->http_err, "out of memory");
     return -1;
   }
-  struct timeval tv = {10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)b->port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  size_t blen = body ? strlen(body) : 0;
-  char *req = NULL;
-  int status = -1;
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-    snprintf(b->http_err, sizeof b->http_err, "connect: %s", strerror(errno));
-    goto out;
-  }
-  req = run_str_printf("%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
-                       "Content-Type: application/json\r\n%sContent-Length: %zu\r\n"
-                       "Connection: close\r\n\r\n%s",
-                       method, path, b->port, b->api_key, extra_headers ? extra_headers : "", blen,
-                       body ? body : "");
-  if (!req) {
-    snprintf(b->http_err, sizeof b->http_err, "out of memory");
-    goto out;
-  }
-  for (size_t off = 0, len = strlen(req); off < len;) {
-    ssize_t k = send(fd, req + off, len - off, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR && !run_interrupted) continue;
-    if (k <= 0) {
-      snprintf(b->http_err, sizeof b->http_err, "send: %s", strerror(errno));
-      goto out;
-    }
-    off += (size_t)k;
-  }
-  llhttp_t parser;
-  llhttp_init(&parser, HTTP_RESPONSE, &settings);
-  sync_resp_t resp = {0, out, 0, out_cap};
-  parser.data = &resp;
-  char buf[16384];
-  while (!resp.done) {
-    ssize_t k = recv(fd, buf, sizeof buf, 0);
-    if (k < 0 && errno == EINTR && !run_interrupted) continue;
-    if (k < 0) {
-      snprintf(b->http_err, sizeof b->http_err, "recv: %s",
-               errno == EAGAIN ? "no answer within 10 s" : strerror(errno));
-      goto out;
-    }
-    if (k == 0) {
-      snprintf(b->http_err, sizeof b->http_err, "the node closed the connection early");
-      goto out;
-    }
-    llhttp_errno_t e = llhttp_execute(&parser, buf, (size_t)k);
-    if (e != HPE_OK && e != HPE_PAUSED) {
-      snprintf(b->http_err, sizeof b->http_err, "bad HTTP answer: %s",
-               llhttp_get_error_reason(&parser));
-      goto out;
-    }
-  }
-  status = llhttp_get_status_code(&parser);
-out:
-  free(req);
-  close(fd);
-  return status;
+  httpc_request_t req = {.host = "127.0.0.1",
+                         .port = b->port,
+                         .method = method,
+                         .path = path,
+                         .headers = headers,
+                         .body = body,
+                         .timeout_ms = RESTC_TIMEOUT_MS,
+                         .interrupted = &run_interrupted};
+  httpc_response_t resp;
+  int st = httpc_request(&req, &resp, b->http_err, sizeof b->http_err);
+  free(headers);
+  if (st < 0) return -1;
+  size_t n = resp.body_len < out_cap - 1 ? resp.body_len : out_cap - 1;
+  memcpy(out, resp.body, n);
+  out[n] = '\0';
+  httpc_response_free(&resp);
+  return st;
 }
 
 /* A call that must answer `want`; otherwise fails the bench. */

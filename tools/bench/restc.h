@@ -3,8 +3,9 @@
  *
  * Blocking calls (restc_call, restc_expect, restc_setup) for setup and
  * checks, made while no loop runs: one request per fresh connection
- * (Connection: close) to 127.0.0.1:b->port, authorized with b->api_key,
- * bounded by 10 s.
+ * (Connection: close, through net/httpc.h) to 127.0.0.1:b->port, authorized
+ * with b->api_key, bounded by 10 s in all, cut short when run_interrupted
+ * is set.
  *
  * The appenders of the delivery phase (restc_begin, restc_end): --rest-conns
  * keep-alive connections in the bench's loop, on which the phase writes

@@ -1,0 +1,534 @@
+/*
+ * httpc.c: blocking HTTP/1.1 client (see net/httpc.h).
+ *
+ * The socket is non-blocking and every wait is a poll() bounded by what is
+ * left of the request's deadline, so connect, send and receive together
+ * never take longer than timeout_ms. The answer goes through llhttp in
+ * HTTP_RESPONSE mode; the parser pauses at the end of the first final
+ * (non-1xx) answer. The llhttp settings live on the stack of each call:
+ * nothing is shared between calls or threads.
+ */
+#include "net/httpc.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <llhttp.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/util.h"
+
+#define FIELD_MAX 16 /* longest header name we look at ("Retry-After") */
+#define VALUE_MAX 24 /* longest Retry-After value we parse */
+
+static int fail(char *err, size_t err_len, int e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t err_len, int e, const char *fmt, ...) {
+  if (err && err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return e;
+}
+
+/* ---- waiting under the deadline -------------------------------------------------- */
+
+/* Wait until fd is ready for `events`. 0, -ETIMEDOUT, -EINTR or -errno. */
+static int wait_fd(int fd, short events, uint64_t deadline, volatile sig_atomic_t *interrupted) {
+  for (;;) {
+    uint64_t now = util_mono_ms();
+    if (now >= deadline) return -ETIMEDOUT;
+    uint64_t left = deadline - now;
+    struct pollfd p = {.fd = fd, .events = events};
+    int n = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+    if (n > 0) return 0; /* POLLERR/POLLHUP too: the next call says what happened */
+    if (n == 0) return -ETIMEDOUT;
+    if (errno != EINTR) return -errno;
+    if (interrupted && *interrupted) return -EINTR;
+  }
+}
+
+/* ---- connecting ------------------------------------------------------------------- */
+
+/* "host:port", or "[v6]:port" when host is an IPv6 literal. */
+static void host_port(const char *host, int port, char *out, size_t len) {
+  snprintf(out, len, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+}
+
+static int connect_one(const struct addrinfo *ai, uint64_t deadline,
+                       volatile sig_atomic_t *interrupted, int *fd_out) {
+  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+  if (fd < 0) return -errno;
+  int e = 0;
+  if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    e = -errno;
+    if (e == -EINPROGRESS || (e == -EINTR && !(interrupted && *interrupted))) {
+      e = wait_fd(fd, POLLOUT, deadline, interrupted);
+      if (e == 0) {
+        int so = 0;
+        socklen_t sl = sizeof so;
+        e = getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0 ? -errno : -so;
+      }
+    }
+  }
+  if (e != 0) {
+    close(fd);
+    return e;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+/* Resolve and connect to the first address that accepts. Returns the fd
+ * (>= 0) or a negative errno with err set. */
+static int connect_host(const httpc_request_t *req, uint64_t deadline, char *err, size_t err_len) {
+  char hp[HTTPC_HOST_MAX + 16], port_s[8];
+  host_port(req->host, req->port, hp, sizeof hp);
+  snprintf(port_s, sizeof port_s, "%d", req->port);
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res = NULL;
+  int g = getaddrinfo(req->host, port_s, &hints, &res);
+  if (g != 0) {
+    int e = g == EAI_AGAIN    ? -EAGAIN
+            : g == EAI_MEMORY ? -ENOMEM
+            : g == EAI_SYSTEM ? -errno
+                              : -ENOENT;
+    if (e == 0) e = -ENOENT;
+    return fail(err, err_len, e, "cannot resolve \"%s\": %s", req->host,
+                g == EAI_SYSTEM ? strerror(-e) : gai_strerror(g));
+  }
+  int e = -ECONNREFUSED, fd = -1;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    e = connect_one(ai, deadline, req->interrupted, &fd);
+    if (e == 0 || e == -ETIMEDOUT || e == -EINTR) break;
+  }
+  freeaddrinfo(res);
+  if (e == 0) return fd;
+  if (e == -ETIMEDOUT)
+    return fail(err, err_len, e, "connect to %s: no answer within %d ms", hp, req->timeout_ms);
+  if (e == -EINTR) return fail(err, err_len, e, "connect to %s: interrupted", hp);
+  return fail(err, err_len, e, "connect to %s: %s", hp, strerror(-e));
+}
+
+/* ---- reading the answer ----------------------------------------------------------- */
+
+typedef struct {
+  httpc_response_t *resp;
+  size_t cap, max;
+  int done, too_large, nomem, head;
+  char field[FIELD_MAX + 1];
+  size_t field_len;
+  int field_long, in_retry_after;
+  char value[VALUE_MAX + 1];
+  size_t value_len;
+  int value_long;
+} reader_t;
+
+static int on_message_begin(llhttp_t *p) {
+  reader_t *r = p->data;
+  r->resp->body_len = 0;
+  r->resp->retry_after_s = -1;
+  r->field_len = 0;
+  r->field_long = 0;
+  return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len) {
+  reader_t *r = p->data;
+  if (r->field_len + len > FIELD_MAX) {
+    r->field_long = 1;
+    return 0;
+  }
+  memcpy(r->field + r->field_len, at, len);
+  r->field_len += len;
+  return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p) {
+  reader_t *r = p->data;
+  r->field[r->field_len] = '\0';
+  r->in_retry_after = !r->field_long && strcasecmp(r->field, "Retry-After") == 0;
+  r->field_len = 0;
+  r->field_long = 0;
+  r->value_len = 0;
+  r->value_long = 0;
+  return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len) {
+  reader_t *r = p->data;
+  if (!r->in_retry_after) return 0;
+  if (r->value_len + len > VALUE_MAX) {
+    r->value_long = 1;
+    return 0;
+  }
+  memcpy(r->value + r->value_len, at, len);
+  r->value_len += len;
+  return 0;
+}
+
+/* Retry-After: delta-seconds only (an HTTP-date counts as absent). */
+static int on_header_value_complete(llhttp_t *p) {
+  reader_t *r = p->data;
+  if (!r->in_retry_after) return 0;
+  r->in_retry_after = 0;
+  if (r->value_long) return 0;
+  r->value[r->value_len] = '\0';
+  const char *v = r->value;
+  while (*v == ' ' || *v == '\t') v++;
+  long s = 0;
+  int digits = 0;
+  for (; *v >= '0' && *v <= '9' && digits < 9; v++, digits++) s = s * 10 + (*v - '0');
+  while (*v == ' ' || *v == '\t') v++;
+  if (digits > 0 && *v == '\0') r->resp->retry_after_s = s;
+  return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+  return ((reader_t *)p->data)->head ? 1 : 0; /* 1: an answer to HEAD has no body */
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len) {
+  reader_t *r = p->data;
+  httpc_response_t *resp = r->resp;
+  if (len > r->max - resp->body_len) {
+    r->too_large = 1;
+    return -1;
+  }
+  if (resp->body_len + len + 1 > r->cap) {
+    size_t cap = r->cap ? r->cap : 1024;
+    while (cap < resp->body_len + len + 1) cap *= 2;
+    char *b = realloc(resp->body, cap);
+    if (!b) {
+      r->nomem = 1;
+      return -1;
+    }
+    resp->body = b;
+    r->cap = cap;
+  }
+  memcpy(resp->body + resp->body_len, at, len);
+  resp->body_len += len;
+  resp->body[resp->body_len] = '\0';
+  return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+  reader_t *r = p->data;
+  int st = llhttp_get_status_code(p);
+  if (st >= 100 && st < 200 && st != 101) return 0; /* interim answer: read on */
+  r->done = 1;
+  return HPE_PAUSED;
+}
+
+/* Feed `len` bytes (len 0: end of stream). 0 or a negative errno. */
+static int feed(llhttp_t *p, reader_t *r, const char *buf, size_t len, char *err, size_t err_len) {
+  llhttp_errno_t e = len ? llhttp_execute(p, buf, len) : llhttp_finish(p);
+  if (r->done) return 0;
+  if (r->too_large)
+    return fail(err, err_len, -EMSGSIZE, "the answer's body is larger than %zu bytes", r->max);
+  if (r->nomem) return fail(err, err_len, -ENOMEM, "out of memory");
+  if (len == 0)
+    return fail(err, err_len, -EPIPE, "the server closed the connection before a complete answer");
+  if (e != HPE_OK && e != HPE_PAUSED)
+    return fail(err, err_len, -EPROTO, "bad HTTP answer: %s", llhttp_get_error_reason(p));
+  return 0;
+}
+
+static int read_answer(int fd, const httpc_request_t *req, uint64_t deadline,
+                       httpc_response_t *resp, char *err, size_t err_len) {
+  llhttp_settings_t settings;
+  llhttp_settings_init(&settings);
+  settings.on_message_begin = on_message_begin;
+  settings.on_header_field = on_header_field;
+  settings.on_header_field_complete = on_header_field_complete;
+  settings.on_header_value = on_header_value;
+  settings.on_header_value_complete = on_header_value_complete;
+  settings.on_headers_complete = on_headers_complete;
+  settings.on_body = on_body;
+  settings.on_message_complete = on_message_complete;
+  llhttp_t parser;
+  llhttp_init(&parser, HTTP_RESPONSE, &settings);
+  reader_t r = {.resp = resp, .max = req->max_body ? req->max_body : HTTPC_MAX_BODY_BYTES};
+  r.head = strcmp(req->method, "HEAD") == 0;
+  parser.data = &r;
+  char buf[16384];
+  while (!r.done) {
+    ssize_t k = recv(fd, buf, sizeof buf, 0);
+    if (k < 0) {
+      int e = -errno;
+      if (e == -EAGAIN || e == -EWOULDBLOCK)
+        e = wait_fd(fd, POLLIN, deadline, req->interrupted);
+      else if (e == -EINTR && !(req->interrupted && *req->interrupted))
+        e = 0;
+      if (e == 0) continue;
+      if (e == -ETIMEDOUT)
+        return fail(err, err_len, e, "no complete answer within %d ms", req->timeout_ms);
+      if (e == -ECONNRESET) return fail(err, err_len, e, "connection reset by the server");
+      if (e == -EINTR) return fail(err, err_len, e, "interrupted");
+      return fail(err, err_len, e, "recv: %s", strerror(-e));
+    }
+    int e = feed(&parser, &r, buf, (size_t)k, err, err_len); /* k == 0: end of stream */
+    if (e != 0) return e;
+  }
+  resp->status = llhttp_get_status_code(&parser);
+  if (!resp->body && !(resp->body = calloc(1, 1)))
+    return fail(err, err_len, -ENOMEM, "out of memory");
+  return resp->status;
+}
+
+/* ---- the request ------------------------------------------------------------------ */
+
+static int is_tchar(int c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* Extra headers: "" or complete "Name: value\r\n" lines, no blank line. */
+static int headers_ok(const char *h) {
+  if (!h || !*h) return 1;
+  size_t n = strlen(h);
+  if (n < 2 || h[n - 2] != '\r' || h[n - 1] != '\n') return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (h[i] == '\r' && h[i + 1] != '\n') return 0;
+    if (h[i] == '\n' && (i == 0 || h[i - 1] != '\r')) return 0;
+    if (h[i] == '\n' && i + 1 < n && (h[i + 1] == '\r' || h[i + 1] == ' ' || h[i + 1] == '\t'))
+      return 0; /* blank line or obsolete folding */
+  }
+  return h[0] != '\r' && h[0] != ' ' && h[0] != '\t';
+}
+
+static int validate(const httpc_request_t *req, char *err, size_t err_len) {
+  if (!req->host || !*req->host || strlen(req->host) > HTTPC_HOST_MAX ||
+      strpbrk(req->host, " \t\r\n/"))
+    return fail(err, err_len, -EINVAL, "bad host");
+  if (req->port < 1 || req->port > 65535)
+    return fail(err, err_len, -EINVAL, "port %d is outside 1..65535", req->port);
+  if (!req->method || !*req->method) return fail(err, err_len, -EINVAL, "no method");
+  for (const char *m = req->method; *m; m++)
+    if (!is_tchar((unsigned char)*m)) return fail(err, err_len, -EINVAL, "bad method");
+  if (!req->path || req->path[0] != '/')
+    return fail(err, err_len, -EINVAL, "path must start with /");
+  for (const unsigned char *s = (const unsigned char *)req->path; *s; s++)
+    if (*s <= 0x20 || *s == 0x7f)
+      return fail(err, err_len, -EINVAL, "path contains a space or control character");
+  if (!headers_ok(req->headers))
+    return fail(err, err_len, -EINVAL, "extra headers must be \"Name: value\\r\\n\" lines");
+  if (req->timeout_ms <= 0) return fail(err, err_len, -EINVAL, "timeout_ms must be > 0");
+  return 0;
+}
+
+/* Write all of buf. 0 or a negative errno (err set). */
+static int send_all(int fd, const char *buf, size_t len, const httpc_request_t *req,
+                    uint64_t deadline, char *err, size_t err_len) {
+  for (size_t off = 0; off < len;) {
+    ssize_t k = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+    if (k >= 0) {
+      off += (size_t)k;
+      continue;
+    }
+    int e = -errno;
+    if (e == -EAGAIN || e == -EWOULDBLOCK)
+      e = wait_fd(fd, POLLOUT, deadline, req->interrupted);
+    else if (e == -EINTR && !(req->interrupted && *req->interrupted))
+      e = 0;
+    if (e == 0) continue;
+    if (e == -ETIMEDOUT)
+      return fail(err, err_len, e, "could not send the request within %d ms", req->timeout_ms);
+    if (e == -EINTR) return fail(err, err_len, e, "interrupted");
+    if (e == -ECONNRESET) return fail(err, err_len, e, "connection reset by the server");
+    if (e == -EPIPE)
+      return fail(err, err_len, e, "the server closed the connection during the request");
+    return fail(err, err_len, e, "send: %s", strerror(-e));
+  }
+  return 0;
+}
+
+int httpc_request(const httpc_request_t *req, httpc_response_t *resp, char *err, size_t err_len) {
+  *resp = (httpc_response_t){.status = 0, .body = NULL, .body_len = 0, .retry_after_s = -1};
+  if (err && err_len) err[0] = '\0';
+  int e = validate(req, err, err_len);
+  if (e != 0) return e;
+  uint64_t deadline = util_mono_ms() + (uint64_t)req->timeout_ms;
+
+  char hp[HTTPC_HOST_MAX + 16];
+  host_port(req->host, req->port, hp, sizeof hp);
+  size_t blen = req->body ? strlen(req->body) : 0;
+  const char *ctype = req->body ? "Content-Type: application/json\r\n" : "";
+  const char *extra = req->headers ? req->headers : "";
+  const char *fmt = "%s %s HTTP/1.1\r\nHost: %s\r\n%s%sContent-Length: %zu\r\n"
+                    "Connection: close\r\n\r\n";
+  int hlen = snprintf(NULL, 0, fmt, req->method, req->path, hp, extra, ctype, blen);
+  char *msg = hlen < 0 ? NULL : malloc((size_t)hlen + blen + 1);
+  if (!msg) return fail(err, err_len, -ENOMEM, "out of memory");
+  snprintf(msg, (size_t)hlen + 1, fmt, req->method, req->path, hp, extra, ctype, blen);
+  if (blen) memcpy(msg + hlen, req->body, blen);
+
+  int fd = connect_host(req, deadline, err, err_len);
+  if (fd < 0) {
+    free(msg);
+    return fd;
+  }
+  /* After a failed send the server may still have answered (an early 413,
+   * say): read what is there, and report the send error if there is none. */
+  char send_err[160] = "";
+  e = send_all(fd, msg, (size_t)hlen + blen, req, deadline, send_err, sizeof send_err);
+  free(msg);
+  if (e == 0) {
+    e = read_answer(fd, req, deadline, resp, err, err_len);
+  } else {
+    int st = e == -EPIPE || e == -ECONNRESET ? read_answer(fd, req, deadline, resp, NULL, 0) : e;
+    if (st >= 0)
+      e = st;
+    else
+      fail(err, err_len, e, "%s", send_err);
+  }
+  close(fd);
+  if (e < 0) {
+    httpc_response_free(resp);
+    resp->status = 0;
+    resp->retry_after_s = -1;
+  }
+  return e;
+}
+
+void httpc_response_free(httpc_response_t *resp) {
+  if (!resp) return;
+  free(resp->body);
+  resp->body = NULL;
+  resp->body_len = 0;
+}
+
+int httpc_retryable(int e) {
+  switch (e) {
+  case -ECONNREFUSED:
+  case -ECONNRESET:
+  case -ECONNABORTED:
+  case -EPIPE:
+  case -ETIMEDOUT:
+  case -EAGAIN:
+  case -ENETUNREACH:
+  case -EHOSTUNREACH:
+  case -ENETDOWN:
+  case -EHOSTDOWN:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* ---- URLs ------------------------------------------------------------------------- */
+
+#define URL_SHAPE "want http://host:port[/prefix]"
+
+static int path_char_ok(int c) {
+  /* RFC 3986 pchar (unreserved, sub-delims, ':', '@', pct-encoded) and '/' */
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         (c && strchr("-._~!$&'()*+,;=:@%/", c));
+}
+
+int httpc_parse_url(const char *url, httpc_url_t *out, char *err, size_t err_len) {
+  if (!url || !*url) return fail(err, err_len, -EINVAL, "empty URL: " URL_SHAPE);
+  for (const unsigned char *s = (const unsigned char *)url; *s; s++)
+    if (*s <= 0x20 || *s >= 0x7f)
+      return fail(err, err_len, -EINVAL,
+                  "the URL contains a space, a control or a non-ASCII character");
+  const char *sep = strstr(url, "://");
+  if (!sep) return fail(err, err_len, -EINVAL, "\"%s\" is not a URL: " URL_SHAPE, url);
+  size_t slen = (size_t)(sep - url);
+  if (slen == 5 && strncasecmp(url, "https", 5) == 0)
+    return fail(err, err_len, -EINVAL,
+                "https is not supported (no TLS here): use http:// and put a TLS-terminating "
+                "proxy in front of the node");
+  if (slen != 4 || strncasecmp(url, "http", 4) != 0)
+    return fail(err, err_len, -EINVAL, "unsupported URL scheme \"%.*s\": " URL_SHAPE, (int)slen,
+                url);
+
+  const char *auth = sep + 3;
+  size_t alen = strcspn(auth, "/?#");
+  if (memchr(auth, '@', alen))
+    return fail(err, err_len, -EINVAL, "user info (user@host) is not allowed in the URL");
+  const char *host = auth, *after;
+  size_t hlen;
+  if (auth[0] == '[') {
+    const char *close = memchr(auth, ']', alen);
+    if (!close) return fail(err, err_len, -EINVAL, "unterminated IPv6 address in \"%s\"", url);
+    host = auth + 1;
+    hlen = (size_t)(close - host);
+    char v6[INET6_ADDRSTRLEN + 1];
+    struct in6_addr a6;
+    if (hlen == 0 || hlen >= sizeof v6)
+      return fail(err, err_len, -EINVAL, "bad IPv6 address in \"%s\"", url);
+    memcpy(v6, host, hlen);
+    v6[hlen] = '\0';
+    if (inet_pton(AF_INET6, v6, &a6) != 1)
+      return fail(err, err_len, -EINVAL, "bad IPv6 address \"%s\" in \"%s\"", v6, url);
+    after = close + 1;
+  } else {
+    size_t colons = 0;
+    for (size_t i = 0; i < alen; i++) colons += auth[i] == ':';
+    if (colons > 1)
+      return fail(err, err_len, -EINVAL,
+                  "an IPv6 address in a URL needs brackets, as in http://[::1]:8080");
+    hlen = strcspn(auth, ":");
+    if (hlen > alen) hlen = alen;
+    after = auth + hlen;
+    if (hlen == 0) return fail(err, err_len, -EINVAL, "no host in \"%s\": " URL_SHAPE, url);
+    for (size_t i = 0; i < hlen; i++) {
+      char c = host[i];
+      if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+            c == '.' || c == '-' || c == '_'))
+        return fail(err, err_len, -EINVAL, "bad character '%c' in the host of \"%s\"", c, url);
+    }
+  }
+  if (hlen > HTTPC_HOST_MAX) return fail(err, err_len, -EINVAL, "host name too long");
+  memcpy(out->host, host, hlen);
+  out->host[hlen] = '\0';
+
+  out->port = HTTPC_DEFAULT_PORT;
+  const char *end = auth + alen;
+  if (after < end) {
+    if (*after != ':')
+      return fail(err, err_len, -EINVAL, "unexpected \"%.*s\" after the host in \"%s\"",
+                  (int)(end - after), after, url);
+    const char *d = after + 1;
+    long port = 0;
+    if (d == end) return fail(err, err_len, -EINVAL, "empty port in \"%s\"", url);
+    for (; d < end; d++) {
+      if (*d < '0' || *d > '9' || port > 65535)
+        return fail(err, err_len, -EINVAL, "bad port \"%.*s\" in \"%s\": want 1..65535",
+                    (int)(end - after - 1), after + 1, url);
+      port = port * 10 + (*d - '0');
+    }
+    if (port < 1 || port > 65535)
+      return fail(err, err_len, -EINVAL, "bad port \"%.*s\" in \"%s\": want 1..65535",
+                  (int)(end - after - 1), after + 1, url);
+    out->port = (int)port;
+  }
+
+  const char *path = end;
+  if (strchr(path, '?'))
+    return fail(err, err_len, -EINVAL, "a query string (?...) is not allowed in the URL");
+  if (strchr(path, '#'))
+    return fail(err, err_len, -EINVAL, "a fragment (#...) is not allowed in the URL");
+  size_t plen = strlen(path);
+  for (size_t i = 0; i < plen; i++)
+    if (!path_char_ok((unsigned char)path[i]))
+      return fail(err, err_len, -EINVAL, "bad character '%c' in the path of \"%s\"", path[i], url);
+  while (plen > 0 && path[plen - 1] == '/') plen--;
+  if (plen > HTTPC_PREFIX_MAX) return fail(err, err_len, -EINVAL, "URL path prefix too long");
+  memcpy(out->prefix, path, plen);
+  out->prefix[plen] = '\0';
+  return 0;
+}
