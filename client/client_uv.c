@@ -83,9 +83,11 @@ struct xport_s {
   char *out; /* bytes wslay produced, not yet handed to uv_write */
   size_t olen, ocap;
   size_t queued;  /* bytes in uv_write requests not completed */
-  int close_code; /* of the server's close frame */
-  char close_reason[123];
-  size_t close_rlen;
+  int in_close;   /* the frame being read is a close frame */
+  int close_seen; /* the server's close frame is complete (1), and answered (2) */
+  int close_code; /* its code (1005: none) */
+  uint8_t close_buf[125];
+  size_t close_len;
   int close_after_write;
 };
 
@@ -252,42 +254,80 @@ static void ws_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_m
   case WSLAY_PONG:
     cvg_core_alive(core, x->id, now_ms(x->c));
     break;
-  case WSLAY_CONNECTION_CLOSE: /* keep code and reason for proceed() */
-    x->close_code = arg->status_code ? arg->status_code : 1005;
-    x->close_rlen = arg->msg_length > 2 ? arg->msg_length - 2 : 0;
-    if (x->close_rlen > sizeof x->close_reason) x->close_rlen = sizeof x->close_reason;
-    memcpy(x->close_reason, arg->msg + 2, x->close_rlen);
-    break;
-  default: /* binary frames are not part of the protocol */
+  default: /* binary frames are not part of the protocol; close: see on_frame_end */
     break;
   }
 }
 
+/* The server's close frame is read here rather than from wslay, which
+ * answers 1012 and 1013 (RFC 6455 section 7.4 and the IANA registry; the
+ * codes of a restart and of overload) as a protocol error: wslay 1.1 knows
+ * 1000-1011 only. */
+static void on_frame_start(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_start_arg *arg, void *user) {
+  xport_t *x = user;
+  x->in_close = arg->opcode == WSLAY_CONNECTION_CLOSE;
+  x->close_len = 0;
+}
+
+static void on_frame_chunk(wslay_event_context_ptr ctx,
+                           const struct wslay_event_on_frame_recv_chunk_arg *arg, void *user) {
+  xport_t *x = user;
+  if (!x->in_close) return;
+  size_t room = sizeof x->close_buf - x->close_len;
+  size_t n = arg->data_length < room ? arg->data_length : room;
+  memcpy(x->close_buf + x->close_len, arg->data, n);
+  x->close_len += n;
+}
+
+static void on_frame_end(wslay_event_context_ptr ctx, void *user) {
+  xport_t *x = user;
+  if (!x->in_close) return;
+  x->in_close = 0;
+  x->close_seen = 1;
+  x->close_code = x->close_len >= 2 ? x->close_buf[0] << 8 | x->close_buf[1] : 1005;
+}
+
 static const struct wslay_event_callbacks ws_callbacks = {
-    ws_recv_cb, ws_send_cb, ws_genmask_cb, NULL, NULL, NULL, ws_msg_cb,
+    ws_recv_cb, ws_send_cb, ws_genmask_cb, on_frame_start, on_frame_chunk, on_frame_end, ws_msg_cb,
 };
 
-/* Write what wslay queued, and end the transport when the close handshake
- * is over or the server broke the framing. */
+/* Answer the server's close frame with the same code (RFC 6455 section
+ * 5.5.1), masked, without wslay (see on_frame_start). */
+static void echo_close(xport_t *x) {
+  uint8_t f[2 + 4 + 2] = {0x88, 0x80};
+  size_t plen = x->close_code == 1005 ? 0 : 2;
+  f[1] |= (uint8_t)plen;
+  if (RAND_bytes(f + 2, 4) != 1) memset(f + 2, 0x5a, 4);
+  uint8_t code[2] = {(uint8_t)(x->close_code >> 8), (uint8_t)x->close_code};
+  for (size_t i = 0; i < plen; i++) f[6 + i] = code[i] ^ f[2 + i];
+  if (out_append(x, f, 6 + plen) != 0) x->olen = 0;
+}
+
+/* Write what wslay queued; end the transport when the server closed. */
 static void proceed(xport_t *x) {
-  if (x->st != X_OPEN) return;
+  if (x->st != X_OPEN || x->close_seen == 2) return;
+  if (x->close_seen) {
+    x->close_seen = 2;                 /* handled */
+    wslay_event_shutdown_write(x->ws); /* what it queued after the close stays unsent */
+    echo_close(x);
+    x->close_after_write = 1;
+    flush_out(x);
+    if (x->st == X_OPEN && x->queued == 0) xport_close(x);
+    if (!x->forgotten) {
+      x->forgotten = 1;
+      cvg_core_closed(x->c->core, x->id, x->close_code,
+                      x->close_len > 2 ? (const char *)x->close_buf + 2 : "",
+                      x->close_len > 2 ? x->close_len - 2 : 0, now_ms(x->c));
+      pump(x->c);
+    }
+    return;
+  }
   if (wslay_event_want_write(x->ws) && wslay_event_send(x->ws) != 0) {
     xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
     return;
   }
   flush_out(x);
-  if (x->st != X_OPEN) return;
-  if (wslay_event_get_close_received(x->ws)) {
-    /* The server closed; our answering close frame went out above. */
-    x->close_after_write = 1;
-    if (x->queued == 0) xport_close(x);
-    if (!x->forgotten) {
-      x->forgotten = 1;
-      cvg_core_closed(x->c->core, x->id, x->close_code, x->close_reason, x->close_rlen,
-                      now_ms(x->c));
-      pump(x->c);
-    }
-  }
 }
 
 /* ---- the upgrade answer ----------------------------------------------------------- */
@@ -412,7 +452,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     return;
   }
-  if (x->st != X_OPEN) return;
+  if (x->st != X_OPEN || x->close_seen) return; /* nothing counts after a close */
   x->rbuf = (const uint8_t *)buf->base;
   x->rlen = (size_t)nread;
   if (wslay_event_recv(x->ws) != 0) {
