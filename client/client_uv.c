@@ -330,6 +330,21 @@ static void proceed(xport_t *x) {
   flush_out(x);
 }
 
+/* Give `len` bytes of WebSocket frames to wslay. The frames become core
+ * events in ws_msg_cb; their actions are carried out once wslay returns,
+ * not from inside its callback. */
+static void feed(xport_t *x, const char *data, size_t len) {
+  x->rbuf = (const uint8_t *)data;
+  x->rlen = len;
+  int rc = wslay_event_recv(x->ws);
+  pump(x->c);
+  if (rc != 0 && !x->close_seen) {
+    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
+    return;
+  }
+  proceed(x);
+}
+
 /* ---- the upgrade answer ----------------------------------------------------------- */
 
 enum { H_NONE, H_UPGRADE, H_CONNECTION, H_ACCEPT, H_PROTOCOL, H_RETRY_AFTER };
@@ -410,14 +425,7 @@ static void upgrade_answer(xport_t *x, const char *rest, size_t rest_len) {
   x->st = X_OPEN;
   cvg_core_opened(x->c->core, x->id, now_ms(x->c));
   pump(x->c);
-  if (x->st != X_OPEN || rest_len == 0) return;
-  x->rbuf = (const uint8_t *)rest;
-  x->rlen = rest_len;
-  if (wslay_event_recv(x->ws) != 0) {
-    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
-    return;
-  }
-  proceed(x);
+  if (x->st == X_OPEN && rest_len > 0) feed(x, rest, rest_len);
 }
 
 /* ---- reading ---------------------------------------------------------------------- */
@@ -453,13 +461,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (x->st != X_OPEN || x->close_seen) return; /* nothing counts after a close */
-  x->rbuf = (const uint8_t *)buf->base;
-  x->rlen = (size_t)nread;
-  if (wslay_event_recv(x->ws) != 0) {
-    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
-    return;
-  }
-  proceed(x);
+  feed(x, buf->base, (size_t)nread);
 }
 
 /* ---- connecting ------------------------------------------------------------------- */
@@ -634,8 +636,10 @@ static void do_send(cvg_client_t *c, uint32_t id, const char *data, size_t len) 
   xport_t *x = find_xport(c, id);
   if (!x || x->st != X_OPEN) return;
   struct wslay_event_msg m = {WSLAY_TEXT_FRAME, (const uint8_t *)data, len};
-  if (wslay_event_queue_msg(x->ws, &m) != 0) {
-    xport_lost(x, CVG_CLOSE_ABORT, "cannot queue a frame");
+  int rc = wslay_event_queue_msg(x->ws, &m);
+  if (rc == WSLAY_ERR_NO_MORE_MSG) return; /* a close is under way: its event follows */
+  if (rc != 0) {
+    xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
     return;
   }
   proceed(x);

@@ -44,8 +44,11 @@ struct srv_s {
   int hellos;       /* hello frames received, masked and well formed */
   int unmasked;     /* client frames without a mask (must stay 0) */
   char hello[4096]; /* the last hello */
-  int close_after;  /* S_OK: end with close 1012 */
+  int close_after;  /* S_OK: answer the sync with close 1012 */
   int client_close; /* code of the client's close frame, 0: none */
+  char sync[256];   /* the last sync frame */
+  int sends;        /* send frames received */
+  int pongs;        /* pong frames received */
 };
 
 static void on_sconn_closed(uv_handle_t *h) { free(h->data); }
@@ -83,10 +86,8 @@ static void play(sconn_t *c) {
   sframe(c, 9, "", 0);         /* a ping: the client answers */
   stext(c, "{\"type\":\"msg\",\"conv\":\"c1\",\"seq\":2,\"id\":\"b\",\"sender\":\"u\","
            "\"ts\":\"2026-11-29T00:00:00.000Z\",\"body\":[true]}");
-  if (c->s->close_after) {
-    const char reason[] = "\x03\xf4{\"retryAfterMs\":1500}"; /* 1012 */
-    sframe(c, 8, reason, sizeof reason - 1);
-  }
+  stext(c, "{\"type\":\"msg\",\"conv\":\"c1\",\"seq\":4,\"id\":\"d\",\"sender\":\"u\","
+           "\"ts\":\"2026-11-29T00:00:00.000Z\",\"body\":0}"); /* 3 is missing: a gap */
 }
 
 /* Parse client frames in c->in: each must be masked. */
@@ -111,7 +112,16 @@ static void client_frames(sconn_t *c) {
     for (size_t i = 0; i < n; i++) text[i] = (char)(masked ? data[i] ^ key[i % 4] : data[i]);
     text[n] = '\0';
     int opcode = p[0] & 0x0f;
+    if (opcode == 10) c->s->pongs++;
     if (opcode == 8) c->s->client_close = n >= 2 ? (uint8_t)text[0] << 8 | (uint8_t)text[1] : 1005;
+    if (opcode == 1 && strstr(text, "\"type\":\"sync\"")) {
+      snprintf(c->s->sync, sizeof c->s->sync, "%s", text);
+      if (c->s->close_after) { /* a restart: close 1012 with a hint */
+        const char reason[] = "\x03\xf4{\"retryAfterMs\":1500}";
+        sframe(c, 8, reason, sizeof reason - 1);
+      }
+    }
+    if (opcode == 1 && strstr(text, "\"type\":\"send\"")) c->s->sends++;
     if (opcode == 1 && strstr(text, "\"type\":\"hello\"")) {
       c->s->hellos++;
       snprintf(c->s->hello, sizeof c->s->hello, "%s", text);
@@ -289,6 +299,10 @@ static void finish(uv_loop_t *loop, app_t *a, srv_t *s) {
   assert_int_equal(uv_loop_close(loop), 0);
 }
 
+static int got_sync(app_t *a) { return a->srv->sync[0] != '\0'; }
+
+static int got_send(app_t *a) { return a->srv->sends > 0; }
+
 static int close_echoed(app_t *a) { return a->srv->client_close != 0; }
 
 static long next_delay(app_t *a) {
@@ -357,10 +371,14 @@ static void test_scripted_session(void **state) {
   assert_int_equal(a.seqs[0], 1);
   assert_string_equal(a.bodies[0], "{\"x\":1}");
   assert_string_equal(a.bodies[1], "[true]");
+  /* the gap was answered at once with a sync from the watermark */
+  run_until(&loop, got_sync, &a);
+  assert_string_equal(s.sync, "{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":2}");
   assert_true(next_delay(&a) >= 1500);
   assert_non_null(strstr(a.waiting_detail, "1012"));
   run_until(&loop, close_echoed, &a);
   assert_int_equal(s.client_close, 1012); /* the close is answered with its own code */
+  assert_int_equal(s.pongs, 1);           /* and the ping with a pong, before it */
   cvg_stats_t st;
   cvg_client_stats(a.client, &st);
   assert_int_equal(st.bad_frames, 1);
@@ -386,6 +404,9 @@ static void test_close_completes_pending_sends(void **state) {
   uint64_t deadline = uv_now(&loop) + 10000;
   while (a.nmsg < 2 && uv_now(&loop) < deadline) uv_run(&loop, UV_RUN_ONCE);
   assert_int_equal(a.nmsg, 2);
+  /* the send made before the welcome went out after it */
+  run_until(&loop, got_send, &a);
+  assert_int_equal(s.sends, 1);
   /* the scripted server never answers `sent`: closing completes the send */
   cvg_client_close(a.client, on_closed, &a);
   assert_int_equal(a.sent_seq, -1);
