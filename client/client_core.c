@@ -534,7 +534,7 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     const char *conv = json_string_value(json_object_get(it, "conv"));
     json_t *head = json_object_get(it, "head");
     csub_t *s = conv ? find_sub(core, conv) : NULL;
-    if (s && json_is_integer(head) && s->wm == CVG_WATERMARK_NONE)
+    if (s && json_is_integer(head) && json_integer_value(head) >= 0 && s->wm == CVG_WATERMARK_NONE)
       s->wm = (int64_t)json_integer_value(head); /* started live: the head is the watermark */
   }
   t->st = T_WELCOMED;
@@ -630,7 +630,7 @@ static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j) {
 static void on_sent(cvg_core_t *core, json_t *j) {
   const char *id = json_string_value(json_object_get(j, "id"));
   json_t *seq = json_object_get(j, "seq");
-  if (!id || !json_is_integer(seq)) {
+  if (!id || !json_is_integer(seq) || json_integer_value(seq) < 1) {
     core->st.bad_frames++;
     return;
   }
