@@ -46,7 +46,7 @@ struct srv_s {
   char hello[4096]; /* the last hello */
   int close_after;  /* S_OK: answer the sync with close 1012 */
   int client_close; /* code of the client's close frame, 0: none */
-  char sync[256];   /* the last sync frame */
+  char sync[4096];  /* the last sync frame */
   int sends;        /* send frames received */
   int pongs;        /* pong frames received */
 };
