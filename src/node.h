@@ -16,6 +16,7 @@
 typedef struct conn_s conn_t;
 typedef struct bus_s bus_t;
 typedef struct auth_s auth_t;
+typedef struct admission_s admission_t;
 
 typedef struct node_s {
   uv_loop_t *loop;
@@ -23,12 +24,14 @@ typedef struct node_s {
   pool_t *pool;
   bus_t *bus;
   auth_t *auth;
+  admission_t *admission; /* hello and sync store work (gate/admission.h) */
   jitter_rng_t rng;
 
   uv_tcp_t listener;
   uv_check_t flush_check; /* writes queued in one loop turn go out together */
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint;
+  uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
 
   conn_t *conns; /* every connection (doubly linked) */
   conn_t *dirty; /* connections with queued output */

@@ -20,6 +20,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "gate/admission.h"
 #include "net/conn.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -63,11 +64,30 @@ static void signal_cb(uv_signal_t *sig, int signum) {
 
 static void check_cb(uv_check_t *h) { conn_flush_all(h->data); }
 
+static void admission_timer_cb(uv_timer_t *t) {
+  node_t *node = t->data;
+  admission_expire(node->admission, util_mono_ms());
+}
+
+/* The admission queue asks for one timer, at its oldest waiter's deadline. */
+static void admission_arm(void *ud, int64_t at_ms) {
+  node_t *node = ud;
+  if (uv_is_closing((uv_handle_t *)&node->admission_timer)) return;
+  if (at_ms < 0) {
+    uv_timer_stop(&node->admission_timer);
+    return;
+  }
+  int64_t d = at_ms - (int64_t)util_mono_ms();
+  uv_timer_start(&node->admission_timer, admission_timer_cb, d > 0 ? (uint64_t)d : 0, 0);
+}
+
 static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
   session_flush_metrics();
+  metrics_set("converger_admission_in_use", NULL, admission_in_use(node->admission));
+  metrics_set("converger_admission_waiting", NULL, admission_waiting(node->admission));
   conn_flush_all(node);
   switch (phase) {
   case RUNNING:
@@ -93,6 +113,7 @@ static void tick_cb(uv_timer_t *t) {
     uv_close((uv_handle_t *)&node->sigterm, NULL);
     uv_close((uv_handle_t *)&node->sigint, NULL);
     uv_close((uv_handle_t *)&node->tick, NULL);
+    uv_close((uv_handle_t *)&node->admission_timer, NULL);
     phase = DONE;
     log_info("stopped");
     return;
@@ -147,7 +168,12 @@ int serve_main(int argc, char **argv) {
       .busy_timeout_ms = 5000,
   };
   int status = 1;
-  if (!node->auth || !node->bus) goto out;
+  uv_timer_init(node->loop, &node->admission_timer);
+  node->admission_timer.data = node;
+  int slots = admission_default_slots(cfg.handshake_concurrency, cfg.pool_size);
+  node->admission = admission_new(slots, (uint64_t)cfg.handshake_queue_ms, cfg.handshake_queue_max,
+                                  admission_arm, node);
+  if (!node->auth || !node->bus || !node->admission) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", cfg.database_url, cv_strerror(r));
     goto out;
@@ -167,9 +193,10 @@ int serve_main(int argc, char **argv) {
   uv_signal_start(&node->sigint, signal_cb, SIGINT);
   rest_start_revocation_refresh(node);
   node->ready = 1;
-  log_info(
-      "converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, pool %d",
-      CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url, cfg.pool_size);
+  log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
+           "pool %d, admission %d slot(s), queue %d for %d ms",
+           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url, cfg.pool_size,
+           slots, cfg.handshake_queue_max, cfg.handshake_queue_ms);
   if (key_from_file) log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
   uv_run(node->loop, UV_RUN_DEFAULT);
   status = 0;
@@ -182,6 +209,7 @@ out:
   }
   if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
   auth_free(node->auth);
+  if (node->admission) admission_free(node->admission);
   free(node);
   ws_encoder_free();
   metrics_reset();

@@ -47,6 +47,18 @@ static family_t families[] = {
      NULL},
     {"converger_pool_jobs_in_flight", M_GAUGE, "Store jobs queued or running.", NULL},
     {"converger_subscriptions", M_GAUGE, "Live subscriptions on this node.", NULL},
+    {"converger_protocol_admission_wait_ms", M_HISTOGRAM,
+     "Time a hello or sync waited in the admission queue (ms), by result.", NULL},
+    {"converger_admission_in_use", M_GAUGE, "Admission slots held (handshake and sync work).",
+     NULL},
+    {"converger_admission_waiting", M_GAUGE, "Hellos and syncs waiting for an admission slot.",
+     NULL},
+    {"converger_pool_dropped_total", M_COUNTER,
+     "Store jobs dropped by the pool's queue-delay rule, by kind.", NULL},
+    {"converger_accept_refused_total", M_COUNTER,
+     "WebSocket upgrades refused by the accept rate limit.", NULL},
+    {"converger_replay_queries_total", M_COUNTER,
+     "Replay reads of the store, by kind (hello, fill).", NULL},
 };
 
 static pthread_mutex_t hist_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -82,11 +94,13 @@ void metrics_set(const char *name, const char *labels, double value) {
   if (s) s->value = value;
 }
 
-void metrics_observe(const char *name, double v) {
+void metrics_observe(const char *name, double v) { metrics_observe_labels(name, NULL, v); }
+
+void metrics_observe_labels(const char *name, const char *labels, double v) {
   family_t *f = family(name);
   if (!f) return;
   pthread_mutex_lock(&hist_mu);
-  series_t *s = series(f, NULL);
+  series_t *s = series(f, labels);
   if (s) {
     size_t i = 0;
     while (i < NBUCKETS && v > buckets[i]) i++;
@@ -132,16 +146,24 @@ char *metrics_render(size_t *len) {
     family_t *f = &families[i];
     put(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, tnames[f->type]);
     if (f->type == M_HISTOGRAM) {
-      series_t empty = {0};
-      series_t *s = f->series ? f->series : &empty;
-      uint64_t cum = 0;
-      for (size_t k = 0; k < NBUCKETS; k++) {
-        cum += s->counts[k];
-        put(&b, "%s_bucket{le=\"%g\"} %llu\n", f->name, buckets[k], (unsigned long long)cum);
+      series_t empty = {.labels = ""};
+      for (series_t *s = f->series ? f->series : &empty; s; s = s->next) {
+        const char *l = s->labels, *comma = l[0] ? "," : "";
+        uint64_t cum = 0;
+        for (size_t k = 0; k < NBUCKETS; k++) {
+          cum += s->counts[k];
+          put(&b, "%s_bucket{%s%sle=\"%g\"} %llu\n", f->name, l, comma, buckets[k],
+              (unsigned long long)cum);
+        }
+        put(&b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", f->name, l, comma,
+            (unsigned long long)s->count);
+        if (l[0])
+          put(&b, "%s_sum{%s} %.3f\n%s_count{%s} %llu\n", f->name, l, s->sum, f->name, l,
+              (unsigned long long)s->count);
+        else
+          put(&b, "%s_sum %.3f\n%s_count %llu\n", f->name, s->sum, f->name,
+              (unsigned long long)s->count);
       }
-      put(&b, "%s_bucket{le=\"+Inf\"} %llu\n", f->name, (unsigned long long)s->count);
-      put(&b, "%s_sum %.3f\n%s_count %llu\n", f->name, s->sum, f->name,
-          (unsigned long long)s->count);
       continue;
     }
     if (!f->series) put(&b, "%s 0\n", f->name);

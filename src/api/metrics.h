@@ -23,6 +23,9 @@ void metrics_set(const char *family, const char *labels, double value);
 /* Record one observation (ms) in a histogram family. Any thread. */
 void metrics_observe(const char *family, double value_ms);
 
+/* The same in the series of `labels` (e.g. `result="ok"`; copied). */
+void metrics_observe_labels(const char *family, const char *labels, double value_ms);
+
 /* Render every family into a heap buffer (caller frees). *len is set to
  * its length in bytes. Loop thread. */
 char *metrics_render(size_t *len);

@@ -31,6 +31,13 @@ typedef struct {
   int revocation_refresh_ms; /* revocation cache refresh period, ms */
   int retry_after_min_ms;    /* retry hint range, ms */
   int retry_after_max_ms;
+  int handshake_concurrency;  /* admission slots; 0: half the pool (gate/admission.h) */
+  int handshake_queue_ms;     /* longest admission wait, ms */
+  int handshake_queue_max;    /* admission waiters allowed */
+  int pool_queue_target_ms;   /* pool queue-delay target, ms (store/pool.h) */
+  int pool_queue_interval_ms; /* pool queue-delay interval, ms */
+  int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
+  int test_store_delay_ms;    /* tests only: sleep before each store job, ms */
 } config_t;
 
 /* Print the settings table (flag, environment variable, default, meaning)

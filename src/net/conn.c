@@ -52,6 +52,7 @@ static void close_cb(uv_handle_t *h) {
 void conn_close(conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
+  session_on_close(c->session);
   /* The session leaves the bus now so no more frames are queued for it. */
   uv_close((uv_handle_t *)&c->tcp, close_cb);
 }

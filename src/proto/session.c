@@ -32,6 +32,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "gate/admission.h"
 #include "net/ws.h"
 #include "proto/frames.h"
 
@@ -43,6 +44,8 @@
 
 typedef struct sub_s {
   bus_sub_t bus;
+  admission_waiter_t adm; /* a sync waiting for, or holding, an admission slot */
+  int64_t adm_watermark;  /* that sync's watermark */
   struct sub_s *next;
   session_t *session;
   char conv[STORE_ID_MAX + 1];
@@ -60,7 +63,11 @@ typedef struct sub_s {
   size_t pending_bytes; /* frame bytes held in pending */
 } sub_t;
 
+struct hello_job_s;
+
 struct session_s {
+  admission_waiter_t adm;    /* the hello waiting for, or holding, an admission slot */
+  struct hello_job_s *hello; /* the hello job waiting for its slot */
   conn_t *conn;
   node_t *node;
   uint64_t id;
@@ -148,6 +155,7 @@ static void remove_sub(session_t *s, sub_t *sub) {
       *p = sub->next;
       break;
     }
+  admission_release(s->node->admission, &sub->adm, util_mono_ms());
   bus_unsubscribe(s->node->bus, &sub->bus);
   clear_pending(sub);
   free(sub->pending);
@@ -266,6 +274,8 @@ typedef struct {
   char conv[STORE_ID_MAX + 1];
   int64_t after, upto;
   int synced;
+  int admitted; /* the first job of a sync: its subscription holds an admission slot */
+  int replayed; /* a replay query was made (worker thread; read in done) */
   int status;
   store_msg_t *msgs;
   size_t n;
@@ -279,6 +289,7 @@ static void fill_work(pool_job_t *job, store_t *db) {
     f->upto = info.head;
   }
   if (f->after >= f->upto) return;
+  f->replayed = 1;
   f->status = store_replay(db, f->conv, f->after, f->upto, STORE_REPLAY_PAGE_MAX, PAGE_BYTES,
                            &f->msgs, &f->n);
 }
@@ -307,6 +318,11 @@ static void replay_failed(sub_t *sub, const char *message) {
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
   if (job->canceled) f->status = -CV_ECANCELED;
+  if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
+  if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
+    sub_t *sub = find_sub(f->conn->session, f->conv);
+    if (sub) admission_release(f->conn->session->node->admission, &sub->adm, util_mono_ms());
+  }
   if (conn_unref(f->conn)) {
     session_t *s = f->conn->session;
     sub_t *sub = s ? find_sub(s, f->conv) : NULL;
@@ -338,10 +354,18 @@ out:
   free(f);
 }
 
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted);
+
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
+  fill_submit(sub, after, upto, synced, 0);
+}
+
+/* fill_start for the first job of a sync that holds an admission slot:
+ * never deferred (the slot is released when the job returns). */
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted) {
   conn_t *c = sub->session->conn;
   sub->filling = 1;
-  if (conn_pending_bytes(c) > OUT_HIGH_WATER) {
+  if (!admitted && conn_pending_bytes(c) > OUT_HIGH_WATER) {
     /* Let the client read what it has first: session_on_writable resumes. */
     sub->deferred = 1;
     sub->deferred_after = after;
@@ -359,6 +383,7 @@ static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
   f->after = after;
   f->upto = upto;
   f->synced = synced;
+  f->admitted = admitted;
   conn_ref(c);
   pool_submit(c->node->pool, &f->job, fill_work, fill_done);
 }
@@ -369,12 +394,13 @@ typedef struct {
   char conv[STORE_ID_MAX + 1];
   int64_t watermark;
   int status;
+  int replayed; /* a replay query was made (worker thread; read in done) */
   store_conv_t info;
   store_msg_t *msgs;
   size_t n;
 } hello_item_t;
 
-typedef struct {
+typedef struct hello_job_s {
   pool_job_t job;
   conn_t *conn;
   uint64_t deact_gen; /* deactivations seen when the job was submitted */
@@ -406,6 +432,7 @@ static void hello_work(pool_job_t *job, store_t *db) {
     /* The replay is skipped at the head; past the budget the rest of the
      * replay comes in paced fill pages. */
     if (it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
+      it->replayed = 1;
       it->status = store_replay(db, it->conv, it->watermark, it->info.head, STORE_REPLAY_PAGE_MAX,
                                 budget < PAGE_BYTES ? budget : PAGE_BYTES, &it->msgs, &it->n);
       for (size_t k = 0; k < it->n; k++) {
@@ -421,6 +448,10 @@ static void hello_done(pool_job_t *job) {
   hello_job_t *h = container_of(job, hello_job_t, job);
   if (job->canceled)
     for (size_t i = 0; i < h->n; i++) h->items[i].status = -CV_ECANCELED;
+  for (size_t i = 0; i < h->n; i++)
+    if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
+  if (h->conn->session) /* the store work is done: the slot goes to the next handshake */
+    admission_release(h->conn->node->admission, &h->conn->session->adm, util_mono_ms());
   if (conn_unref(h->conn) && h->conn->session) {
     conn_t *c = h->conn;
     session_t *s = c->session;
@@ -484,6 +515,68 @@ out:
   free(h);
 }
 
+/* The hello has its admission slot: subscribe (before the head is read,
+ * so anything committed from now on arrives live and waits in `pending`)
+ * and run the handshake's one pool job. */
+static void hello_submit(session_t *s) {
+  hello_job_t *h = s->hello;
+  conn_t *c = s->conn;
+  s->hello = NULL;
+  for (size_t i = 0; i < h->n; i++) {
+    sub_t *sub = calloc(1, sizeof *sub);
+    if (!sub) {
+      free(h);
+      admission_release(s->node->admission, &s->adm, util_mono_ms());
+      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+      return;
+    }
+    sub->session = s;
+    strcpy(sub->conv, h->items[i].conv);
+    sub->bus.conv = sub->conv;
+    sub->bus.deliver = deliver_cb;
+    sub->filling = 1; /* until the handshake job returns */
+    sub->next = s->subs;
+    s->subs = sub;
+    bus_subscribe(s->node->bus, &sub->bus);
+  }
+  h->deact_gen = chan_gen;
+  conn_ref(c);
+  pool_submit(s->node->pool, &h->job, hello_work, hello_done);
+}
+
+static void observe_admission(const char *result, uint64_t waited_ms) {
+  char labels[32];
+  snprintf(labels, sizeof labels, "result=\"%s\"", result);
+  metrics_observe_labels("converger_protocol_admission_wait_ms", labels, (double)waited_ms);
+}
+
+/* No slot for the hello: the refusal clients already know from a
+ * saturated pool, unavailable then 1013, both with a jittered hint. */
+static void hello_overloaded(session_t *s, const char *message, uint64_t waited_ms) {
+  free(s->hello);
+  s->hello = NULL;
+  observe_admission("overloaded", waited_ms);
+  count_handshake("overloaded");
+  refuse_unavailable(s->conn, message, NULL, NULL);
+}
+
+static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
+  session_t *s = container_of(w, session_t, adm);
+  if (s->conn->closing) { /* never: session_on_close leaves the queue first */
+    admission_release(s->node->admission, w, util_mono_ms());
+    return;
+  }
+  if (status != 0) {
+    char message[96];
+    snprintf(message, sizeof message, "no handshake slot within %d ms; reconnect later",
+             s->node->cfg->handshake_queue_ms);
+    hello_overloaded(s, message, waited_ms);
+    return;
+  }
+  observe_admission("ok", waited_ms);
+  hello_submit(s);
+}
+
 static void handle_hello(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   const char *why = NULL;
@@ -503,35 +596,27 @@ static void handle_hello(session_t *s, frame_client_t *f) {
     return;
   }
   h->conn = c;
-  h->deact_gen = chan_gen;
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
     if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
       send_error(c, "forbidden", "the token does not cover this conversation", conv, 0, NULL);
       continue;
     }
-    sub_t *sub = calloc(1, sizeof *sub);
-    if (!sub) {
-      free(h);
-      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
-      return;
-    }
-    sub->session = s;
-    strcpy(sub->conv, conv);
-    sub->bus.conv = sub->conv;
-    sub->bus.deliver = deliver_cb;
-    sub->filling = 1; /* until the handshake job returns */
-    sub->next = s->subs;
-    s->subs = sub;
-    /* Subscribe before the head is read: anything committed from now on
-     * arrives live and waits in `pending`. */
-    bus_subscribe(s->node->bus, &sub->bus);
     hello_item_t *it = &h->items[h->n++];
     strcpy(it->conv, conv);
     it->watermark = f->subs[i].watermark;
   }
-  conn_ref(c);
-  pool_submit(s->node->pool, &h->job, hello_work, hello_done);
+  /* The store work of a handshake waits for an admission slot (the
+   * admission-queue decision record): a burst queues here, in order,
+   * instead of piling into the pool. */
+  s->hello = h;
+  int r = admission_acquire(s->node->admission, &s->adm, util_mono_ms(), hello_admitted);
+  if (r == ADMISSION_GRANTED) {
+    observe_admission("ok", 0);
+    hello_submit(s);
+  } else if (r != ADMISSION_QUEUED) {
+    hello_overloaded(s, "the handshake queue is full; reconnect later", 0);
+  }
 }
 
 /* ---- send ------------------------------------------------------------------- */
@@ -608,6 +693,51 @@ static void handle_send(session_t *s, frame_client_t *f) {
   pool_submit(s->node->pool, &j->job, send_work, send_done);
 }
 
+/* ---- sync ------------------------------------------------------------------- */
+
+/* A sync's replay holds an admission slot for its first store job, like a
+ * hello (the admission-queue decision record); gap fills do not. */
+static void sync_begin(sub_t *sub) {
+  sub->delivered = sub->adm_watermark;
+  fill_submit(sub, sub->adm_watermark, -1, 1, 1);
+}
+
+/* No slot: replay_unavailable with the watermark asked for; the
+ * connection stays and live delivery goes on. */
+static void sync_refused(sub_t *sub, const char *message, uint64_t waited_ms) {
+  session_t *s = sub->session;
+  observe_admission("overloaded", waited_ms);
+  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->adm_watermark);
+  send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
+  clear_pending(sub);
+  sub->filling = 0;
+  sub->sync_pending = sub->overflow = 0;
+}
+
+static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
+  sub_t *sub = container_of(w, sub_t, adm);
+  if (status != 0) {
+    sync_refused(sub, "no replay slot in time; sync again later", waited_ms);
+    return;
+  }
+  observe_admission("ok", waited_ms);
+  sync_begin(sub);
+}
+
+static void sync_acquire(sub_t *sub, int64_t watermark) {
+  node_t *node = sub->session->node;
+  sub->adm_watermark = watermark;
+  int r = admission_acquire(node->admission, &sub->adm, util_mono_ms(), sync_admitted);
+  if (r == ADMISSION_GRANTED) {
+    observe_admission("ok", 0);
+    sync_begin(sub);
+  } else if (r == ADMISSION_QUEUED) {
+    sub->filling = 1; /* live messages wait in `pending` meanwhile */
+  } else {
+    sync_refused(sub, "the replay queue is full; sync again later", 0);
+  }
+}
+
 /* ---- dispatch --------------------------------------------------------------- */
 
 int session_start(conn_t *c) {
@@ -660,8 +790,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
         sub->sync_watermark = f.watermark;
       sub->sync_pending = 1;
     } else {
-      sub->delivered = f.watermark;
-      fill_start(sub, f.watermark, -1, 1);
+      sync_acquire(sub, f.watermark);
     }
     break;
   }
@@ -712,8 +841,24 @@ void session_flush_metrics(void) {
   }
 }
 
+void session_on_close(session_t *s) {
+  if (!s) return;
+  uint64_t now = util_mono_ms();
+  /* Waiters leave first, so that a slot given back below does not go to
+   * another waiter of this same connection. */
+  for (int pass = 0; pass < 2; pass++) {
+    int state = pass == 0 ? ADMISSION_WAITING : ADMISSION_HOLDING;
+    if (s->adm.state == state) admission_release(s->node->admission, &s->adm, now);
+    for (sub_t *sub = s->subs; sub; sub = sub->next)
+      if (sub->adm.state == state) admission_release(s->node->admission, &sub->adm, now);
+  }
+  free(s->hello); /* a hello that was still waiting for its slot */
+  s->hello = NULL;
+}
+
 void session_free(session_t *s) {
   if (!s) return;
+  session_on_close(s);
   while (s->subs) remove_sub(s, s->subs);
   auth_token_clear(&s->token);
   free(s);

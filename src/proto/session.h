@@ -35,6 +35,11 @@ void session_on_writable(conn_t *c);
  * a plain integer). */
 void session_flush_metrics(void);
 
+/* The connection is closing: give back its admission slots at once, for a
+ * hello or a sync waiting or running (their store jobs may still run; their
+ * results are dropped). conn_close calls it. */
+void session_on_close(session_t *s);
+
 /* The connection is going away: leave the bus index and free. */
 void session_free(session_t *s);
 
