@@ -178,6 +178,11 @@ int serve_main(int argc, char **argv) {
     log_error("cannot start the store (%s): %s", cfg.database_url, cv_strerror(r));
     goto out;
   }
+  pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
+  if (cfg.test_store_delay_ms > 0) {
+    log_warn("test-only store delay of %d ms per store job is on", cfg.test_store_delay_ms);
+    pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
+  }
   if (conn_listen(node) != 0) goto out;
   uv_check_init(node->loop, &node->flush_check);
   node->flush_check.data = node;

@@ -96,6 +96,11 @@ static void set_error(rest_job_t *j, int r) {
     j->code = "channel_inactive";
     j->message = "the conversation's channel is inactive";
     break;
+  case -CV_EBUSY:
+    j->status = 503;
+    j->code = "unavailable";
+    j->message = "store overloaded; retry after the hint";
+    break;
   default:
     j->status = 503;
     j->code = "unavailable";
@@ -175,6 +180,7 @@ static void job_done(pool_job_t *job) {
   rest_job_t *j = container_of(job, rest_job_t, job);
   node_t *node = j->node;
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
+  if (job->dropped) set_error(j, -CV_EBUSY);      /* 503: the pool is overloaded */
   /* Effects on live sockets happen whether or not the caller is still here. */
   if (j->kind == J_CHANNEL_PATCH && j->status == 200) {
     if (j->flag)
@@ -216,6 +222,7 @@ static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
 
 static void job_submit(rest_job_t *j) {
   conn_ref(j->conn);
+  j->job.kind = "rest";
   pool_submit(j->node->pool, &j->job, job_work, job_done);
 }
 
@@ -687,6 +694,7 @@ static void refresh_cb(uv_timer_t *t) {
   if (!r) return;
   r->node = node;
   refresh_running = 1;
+  r->job.kind = "revocations";
   pool_submit(node->pool, &r->job, refresh_work, refresh_done);
 }
 

@@ -318,6 +318,7 @@ static void replay_failed(sub_t *sub, const char *message) {
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
   if (job->canceled) f->status = -CV_ECANCELED;
+  if (job->dropped) f->status = -CV_EBUSY; /* the pool is overloaded */
   if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
     sub_t *sub = find_sub(f->conn->session, f->conv);
@@ -384,6 +385,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->upto = upto;
   f->synced = synced;
   f->admitted = admitted;
+  f->job.kind = admitted ? "sync" : "fill";
   conn_ref(c);
   pool_submit(c->node->pool, &f->job, fill_work, fill_done);
 }
@@ -446,8 +448,8 @@ static void hello_work(pool_job_t *job, store_t *db) {
 
 static void hello_done(pool_job_t *job) {
   hello_job_t *h = container_of(job, hello_job_t, job);
-  if (job->canceled)
-    for (size_t i = 0; i < h->n; i++) h->items[i].status = -CV_ECANCELED;
+  if (job->canceled || job->dropped) /* stopping, or the pool is overloaded */
+    for (size_t i = 0; i < h->n; i++) h->items[i].status = job->dropped ? -CV_EBUSY : -CV_ECANCELED;
   for (size_t i = 0; i < h->n; i++)
     if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
   if (h->conn->session) /* the store work is done: the slot goes to the next handshake */
@@ -458,10 +460,14 @@ static void hello_done(pool_job_t *job) {
     for (size_t i = 0; i < h->n; i++) {
       int st = h->items[i].status;
       if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) {
-        /* The store failed: the handshake cannot be served now. */
+        /* The store failed or the pool dropped the job: the handshake
+         * cannot be served now. */
         log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
-        count_handshake("unavailable");
-        refuse_unavailable(c, "store unavailable; reconnect later", NULL, NULL);
+        count_handshake(st == -CV_EBUSY ? "overloaded" : "unavailable");
+        refuse_unavailable(c,
+                           st == -CV_EBUSY ? "store overloaded; reconnect later"
+                                           : "store unavailable; reconnect later",
+                           NULL, NULL);
         goto out;
       }
     }
@@ -540,6 +546,7 @@ static void hello_submit(session_t *s) {
     bus_subscribe(s->node->bus, &sub->bus);
   }
   h->deact_gen = chan_gen;
+  h->job.kind = "hello";
   conn_ref(c);
   pool_submit(s->node->pool, &h->job, hello_work, hello_done);
 }
@@ -643,6 +650,7 @@ static void send_work(pool_job_t *job, store_t *db) {
 static void send_done(pool_job_t *job) {
   send_job_t *j = container_of(job, send_job_t, job);
   if (job->canceled) j->status = -CV_ECANCELED;
+  if (job->dropped) j->status = -CV_EBUSY; /* the pool is overloaded */
   if (conn_unref(j->conn)) {
     conn_t *c = j->conn;
     json_t *details = json_pack("{s:s}", "id", j->id);
@@ -689,6 +697,7 @@ static void handle_send(session_t *s, frame_client_t *f) {
   strcpy(j->conv, f->conv);
   strcpy(j->id, f->id);
   strcpy(j->sender, s->token.sub);
+  j->job.kind = "ws_send";
   conn_ref(c);
   pool_submit(s->node->pool, &j->job, send_work, send_done);
 }

@@ -14,6 +14,7 @@
  */
 #include "store/pool.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,12 @@ struct pool_s {
   uv_thread_t *threads;
   store_t **stores;
   int started;
+  /* the queue-delay rule (under mu) */
+  uint64_t target_ms, interval_ms;
+  uint64_t interval_end; /* monotonic ms: the current interval ends */
+  uint64_t interval_min; /* least wait of the jobs taken in it */
+  int slow;              /* the last interval had no wait under the target */
+  int test_delay_ms;
 };
 
 typedef struct {
@@ -54,6 +61,21 @@ static void push(pool_job_t **head, pool_job_t **tail, pool_job_t *job) {
   else
     *head = job;
   *tail = job;
+}
+
+/* The queue-delay rule, for a job taken at `now` after waiting `wait` ms.
+ * Under mu. */
+static int should_drop(pool_t *pool, uint64_t now, uint64_t wait) {
+  if (now >= pool->interval_end) {
+    /* An interval with no job under the target (or none at all, when
+     * nothing waits either) makes the next one slow. */
+    pool->slow = pool->interval_min > pool->target_ms;
+    pool->interval_end = now + pool->interval_ms;
+    pool->interval_min = UINT64_MAX;
+  }
+  if (pool->slow && wait > 2 * pool->target_ms) return 1;
+  if (wait < pool->interval_min) pool->interval_min = wait;
+  return 0;
 }
 
 static void worker_main(void *arg) {
@@ -75,12 +97,16 @@ static void worker_main(void *arg) {
     }
     pool->todo_head = job->next;
     if (!pool->todo_head) pool->todo_tail = NULL;
-    uv_mutex_unlock(&pool->mu);
-
     uint64_t now = util_mono_ms();
     job->wait_ms = now - job->submit_ms;
+    job->dropped = should_drop(pool, now, job->wait_ms);
+    uv_mutex_unlock(&pool->mu);
+
     metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
-    job->work(job, db);
+    if (!job->dropped) {
+      if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
+      job->work(job, db);
+    }
 
     uv_mutex_lock(&pool->mu);
     push(&pool->done_head, &pool->done_tail, job);
@@ -98,6 +124,11 @@ static void async_cb(uv_async_t *handle) {
   while (job) {
     pool_job_t *next = job->next;
     pool->in_flight--;
+    if (job->dropped) {
+      char labels[64];
+      snprintf(labels, sizeof labels, "kind=\"%s\"", job->kind ? job->kind : "other");
+      metrics_add("converger_pool_dropped_total", labels, 1);
+    }
     job->done(job);
     job = next;
   }
@@ -153,6 +184,9 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
   pool->size = size;
+  pool->target_ms = 50;
+  pool->interval_ms = 1000;
+  pool->interval_min = UINT64_MAX;
   pool->threads = calloc((size_t)size, sizeof *pool->threads);
   pool->stores = calloc((size_t)size, sizeof *pool->stores);
   uv_mutex_init(&pool->mu);
@@ -199,6 +233,7 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
   job->work = work;
   job->done = done;
   job->canceled = 0;
+  job->dropped = 0;
   job->submit_ms = util_mono_ms();
   pool->in_flight++;
   uv_mutex_lock(&pool->mu);
@@ -213,6 +248,15 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
 }
 
 int pool_in_flight(const pool_t *pool) { return pool->in_flight; }
+
+void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms) {
+  uv_mutex_lock(&pool->mu);
+  pool->target_ms = target_ms > 0 ? (uint64_t)target_ms : 50;
+  pool->interval_ms = interval_ms > 0 ? (uint64_t)interval_ms : 1000;
+  uv_mutex_unlock(&pool->mu);
+}
+
+void pool_set_test_delay(pool_t *pool, int ms) { pool->test_delay_ms = ms; }
 
 void pool_close(pool_t *pool) {
   if (pool->closing) return;

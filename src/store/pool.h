@@ -10,6 +10,14 @@
  *
  * Jobs are embedded in the caller's struct (container_of); the pool never
  * allocates or frees them. Jobs start in submission order.
+ *
+ * Overload: the queue-delay rule of DBConnection (queue_target and
+ * queue_interval), which the admission-queue decision record's pool used.
+ * When no job taken during the last interval waited less than the target,
+ * the pool is slow, and while it is slow a job that waited more than twice
+ * the target is dropped: `work` never runs and `done` sees job->dropped.
+ * Callers answer with a retryable refusal (503, unavailable,
+ * replay_unavailable). A pool that keeps up never drops anything.
  */
 #ifndef CONVERGER_STORE_POOL_H
 #define CONVERGER_STORE_POOL_H
@@ -31,9 +39,11 @@ typedef void (*pool_done_cb)(pool_job_t *job);
 struct pool_job_s {
   pool_work_cb work;
   pool_done_cb done;
+  const char *kind;   /* label of converger_pool_dropped_total (static string); NULL: "other" */
   uint64_t submit_ms; /* monotonic ms, set by pool_submit */
   uint64_t wait_ms;   /* time spent queued before a worker took it */
   int canceled;       /* set when pool_close dropped it before `work` ran */
+  int dropped;        /* set when the queue-delay rule dropped it before `work` ran */
   pool_job_t *next;
 };
 
@@ -44,6 +54,14 @@ struct pool_job_s {
  * left running). Loop thread. */
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
                pool_t **out);
+
+/* The queue-delay rule: target and interval in ms (defaults 50 and 1000).
+ * Loop thread, before jobs are submitted. */
+void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms);
+
+/* Tests only: every job sleeps `ms` on its worker before `work` (a slow
+ * store). Loop thread, before jobs are submitted. */
+void pool_set_test_delay(pool_t *pool, int ms);
 
 /* Queue `job`: `work` runs on a worker, then `done` on the loop. Never fails
  * and never calls `done` synchronously; after pool_close has begun, the job
