@@ -38,6 +38,8 @@
 #define DEFAULT_CONNECT_TIMEOUT_MS 15000
 #define DEFAULT_MAX_PENDING_SENDS  10000
 #define MAX_SUBS                   100
+#define MAX_HINT_MS                3600000 /* server durations (hints, afterMs, heartbeatMs): at most 1 h */
+#define DEFAULT_MAX_MESSAGE_BYTES  65536
 #define NT                         2 /* transports at once: the active one and the one opening */
 
 typedef enum { T_FREE = 0, T_OPENING, T_HELLO, T_WELCOMED } tstate_t;
@@ -60,6 +62,7 @@ typedef struct {
   int64_t wm;       /* watermark; CVG_WATERMARK_NONE until the first welcome */
   int ended;        /* forbidden, not found or inactive: left out of hellos */
   int sync_pending; /* a gap sync is in flight on the active transport */
+  int64_t retry_at; /* replay_unavailable: sync again at this time; -1 none */
 } csub_t;
 
 typedef struct psend_s {
@@ -70,6 +73,7 @@ typedef struct psend_s {
   cvg_sent_cb cb;
   void *ud;
   uint32_t sent_on; /* transport id it was last sent on; 0: never sent */
+  size_t frame_len; /* bytes of its send frame */
 } psend_t;
 
 typedef struct {
@@ -202,15 +206,41 @@ static int url_ok(const char *u, char *err, size_t errlen) {
       set_err(err, errlen, "URL '%s': must start with ws://", u ? u : "(null)");
     return 0;
   }
-  const char *h = u + 5;
-  size_t hl = strcspn(h, "/?#");
-  if (hl == 0 || h[0] == ':') {
-    set_err(err, errlen, "URL '%s': no host", u);
-    return 0;
-  }
+  const char *h = u + 5, *end = h + strcspn(h, "/?#"), *port = NULL;
   if (strlen(u) > 1024) {
     set_err(err, errlen, "URL is longer than 1024 bytes");
     return 0;
+  }
+  if (memchr(h, '@', (size_t)(end - h))) {
+    set_err(err, errlen, "URL '%s': user information is not supported", u);
+    return 0;
+  }
+  size_t hl;
+  if (*h == '[') { /* an IPv6 literal */
+    const char *rb = memchr(h, ']', (size_t)(end - h));
+    if (!rb || rb == h + 1 || (rb + 1 < end && rb[1] != ':')) {
+      set_err(err, errlen, "URL '%s': bad IPv6 literal (want [addr]:port)", u);
+      return 0;
+    }
+    hl = (size_t)(rb - h - 1);
+    if (rb + 1 < end) port = rb + 2;
+  } else {
+    const char *colon = memchr(h, ':', (size_t)(end - h));
+    hl = (size_t)((colon ? colon : end) - h);
+    if (colon) port = colon + 1;
+  }
+  if (hl == 0 || hl > 255) {
+    set_err(err, errlen, "URL '%s': no host, or a host longer than 255 bytes", u);
+    return 0;
+  }
+  if (port) {
+    long v = 0;
+    const char *p = port;
+    for (; p < end && *p >= '0' && *p <= '9' && v <= 65535; p++) v = v * 10 + (*p - '0');
+    if (p != end || p == port || v < 1 || v > 65535) {
+      set_err(err, errlen, "URL '%s': the port must be 1-65535", u);
+      return 0;
+    }
   }
   return 1;
 }
@@ -282,6 +312,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   core->sends_tail = &core->sends;
   if (!core->opt.connect_timeout_ms) core->opt.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
   if (!core->opt.max_pending_sends) core->opt.max_pending_sends = DEFAULT_MAX_PENDING_SENDS;
+  if (!core->opt.max_message_bytes) core->opt.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES;
   core->urls = calloc(opt->nurls, sizeof *core->urls);
   core->subs = calloc(opt->nsubs ? opt->nsubs : 1, sizeof *core->subs);
   core->token = strdup(opt->token);
@@ -298,6 +329,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   for (; core->nsubs < opt->nsubs; core->nsubs++) {
     csub_t *s = &core->subs[core->nsubs];
     s->wm = opt->subs[core->nsubs].watermark;
+    s->retry_at = -1;
     if (!(s->conv = strdup(opt->subs[core->nsubs].conv))) {
       cvg_core_free(core);
       goto nomem;
@@ -364,6 +396,8 @@ static void finish(cvg_core_t *core) {
   if ((x) >= 0 && (at < 0 || (x) < at)) at = (x)
   EARLIER(core->reconnect_at);
   EARLIER(core->migrate_at);
+  for (size_t i = 0; i < core->nsubs && core->active >= 0; i++)
+    if (!core->subs[i].ended) EARLIER(core->subs[i].retry_at);
   for (int i = 0; i < NT; i++)
     if (core->t[i].st != T_FREE) EARLIER(core->t[i].deadline);
 #undef EARLIER
@@ -425,7 +459,9 @@ static void fail_sends(cvg_core_t *core, const char *error) {
 
 /* Stop for good (the token was refused, or no subscription is left);
  * pending sends complete with `error`. */
-static void fail(cvg_core_t *core, const char *why, const char *error) {
+static void fail(cvg_core_t *core, const char *why, const char *error, int64_t now) {
+  if (core->active >= 0 && core->offline_since < 0) core->offline_since = now;
+  core->st.node[0] = '\0';
   for (int i = 0; i < NT; i++)
     if (core->t[i].st != T_FREE) {
       push_close(core, core->t[i].id, 1000, why);
@@ -443,7 +479,22 @@ static int64_t reason_hint(const char *reason, size_t len) {
   json_t *h = json_object_get(j, "retryAfterMs");
   int64_t v = json_is_integer(h) ? (int64_t)json_integer_value(h) : 0;
   json_decref(j);
-  return v > 0 && v < 3600000 ? v : 0;
+  return v > 0 ? (v < MAX_HINT_MS ? v : MAX_HINT_MS) : 0;
+}
+
+/* A duration from the server, in ms, within [0, MAX_HINT_MS]. */
+static int64_t clamp_ms(json_int_t v) {
+  return v < 0 ? 0 : v > MAX_HINT_MS ? MAX_HINT_MS : (int64_t)v;
+}
+
+/* A 1009 close: the server refused a frame as too large. The largest send
+ * in flight on that transport is the one at fault; it completes with
+ * too_large instead of going out again after every reconnect. */
+static void fail_largest_send(cvg_core_t *core, uint32_t id) {
+  psend_t **worst = NULL;
+  for (psend_t **l = &core->sends; *l; l = &(*l)->next)
+    if ((*l)->sent_on == id && (!worst || (*l)->frame_len > (*worst)->frame_len)) worst = l;
+  if (worst) complete_send(core, worst, 0, "too_large");
 }
 
 /* Transport `t` is gone (the server closed it, the TCP connection ended, or
@@ -458,20 +509,24 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
   if (code == 1012 || code == 1013) hint = max64(hint, reason_hint(reason, len));
   if (code == 1013 && !t->unavailable) core->st.unavailable++;
   int unauthorized = t->unauthorized;
+  if (code == 1009) fail_largest_send(core, t->id);
   t->st = T_FREE;
   char why[300];
   snprintf(why, sizeof why, "connection closed (%d %.*s)", code, (int)(len > 200 ? 200 : len),
            reason ? reason : "");
-  if (unauthorized) {
-    fail(core, "the server refused the token (unauthorized)", "unauthorized");
-    return;
-  }
-  core->hint_ms = max64(core->hint_ms, hint);
   if (was_active) {
     core->active = -1;
     core->offline_since = now;
     core->st.node[0] = '\0';
     core->migrate_at = -1;
+  }
+  if (unauthorized && !(was_migration && core->active >= 0)) {
+    /* (a refusal on a drain's new connection keeps the old one) */
+    fail(core, "the server refused the token (unauthorized)", "unauthorized", now);
+    return;
+  }
+  core->hint_ms = max64(core->hint_ms, hint);
+  if (was_active) {
     if (live_count(core) > 0) { /* the migration's connection takes over */
       set_state(core, CVG_STATE_CONNECTING, "%s; waiting for the new connection", why);
       return;
@@ -515,10 +570,23 @@ static char *send_frame(const psend_t *p) {
 static void transmit(cvg_core_t *core, psend_t *p, ctrans_t *t) {
   if (p->sent_on) core->st.resent++;
   p->sent_on = t->id;
-  push_send(core, t->id, send_frame(p));
+  char *frame = send_frame(p);
+  p->frame_len = frame ? strlen(frame) : 0;
+  push_send(core, t->id, frame);
 }
 
 /* ---- server frames ---------------------------------------------------------------- */
+
+/* Every subscription ended (forbidden, not found, inactive): no hello can
+ * be made any more, so the client stops now rather than after the next
+ * loss. Returns 1 when it failed. */
+static int no_subscription_left(cvg_core_t *core, int64_t now) {
+  for (size_t i = 0; i < core->nsubs; i++)
+    if (!core->subs[i].ended) return 0;
+  fail(core, "every subscription has ended (forbidden, not found or inactive)", "no_subscription",
+       now);
+  return 1;
+}
 
 static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   json_t *subs = json_object_get(j, "subs");
@@ -538,7 +606,8 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
       s->wm = (int64_t)json_integer_value(head); /* started live: the head is the watermark */
   }
   t->st = T_WELCOMED;
-  t->idle_ms = hb ? 2 * (int64_t)json_integer_value(hb) + json_integer_value(hb) / 2 : 0;
+  int64_t hb_ms = hb ? clamp_ms(json_integer_value(hb)) : 0;
+  t->idle_ms = 2 * hb_ms + hb_ms / 2;
   t->deadline = t->idle_ms > 0 ? now + t->idle_ms : -1;
   snprintf(t->node, sizeof t->node, "%s", node ? node : "");
   core->st.welcomes++;
@@ -558,15 +627,23 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     core->offline_since = -1;
   }
   memcpy(core->st.node, t->node, sizeof t->node);
-  for (size_t k = 0; k < core->nsubs; k++) core->subs[k].sync_pending = 0;
+  for (size_t k = 0; k < core->nsubs; k++) { /* the hello's watermarks cover any gap */
+    core->subs[k].sync_pending = 0;
+    core->subs[k].retry_at = -1;
+  }
   /* Sends not answered on an earlier connection go again, same id. */
   for (psend_t *p = core->sends; p; p = p->next) transmit(core, p, t);
   set_state(core, CVG_STATE_CONNECTED, "%s node %s", migrated ? "migrated to" : "welcomed by",
             t->node);
+  no_subscription_left(core, now);
 }
 
-static void request_sync(cvg_core_t *core, csub_t *s) {
-  if (s->sync_pending || core->active < 0) return;
+/* One sync from the watermark on the active connection, unless one is in
+ * flight or the server asked to wait (replay_unavailable's hint). */
+static void request_sync(cvg_core_t *core, csub_t *s, int64_t now) {
+  if (s->sync_pending || core->active < 0 || s->wm < 0) return;
+  if (s->retry_at >= 0 && now < s->retry_at) return; /* the timer sends it */
+  s->retry_at = -1;
   s->sync_pending = 1;
   core->st.gaps++;
   push_send(core, core->t[core->active].id,
@@ -574,7 +651,8 @@ static void request_sync(cvg_core_t *core, csub_t *s) {
                            (json_int_t)s->wm)));
 }
 
-static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, size_t len) {
+static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, size_t len,
+                   int64_t now) {
   const char *conv = json_string_value(json_object_get(j, "conv"));
   json_t *seqv = json_object_get(j, "seq");
   const char *id = json_string_value(json_object_get(j, "id"));
@@ -589,14 +667,14 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
   }
   int64_t seq = (int64_t)json_integer_value(seqv);
   if (s->ended) return;
-  if (s->wm != CVG_WATERMARK_NONE && seq <= s->wm) {
+  if (s->wm == CVG_WATERMARK_NONE) /* started live and the welcome named no head: */
+    s->wm = seq - 1;               /* the first live message is the start */
+  if (seq <= s->wm) {
     core->st.duplicates++;
     return;
   }
-  if (s->wm == CVG_WATERMARK_NONE || seq > s->wm + 1) {
-    /* A gap (or no watermark yet, which a welcome always sets): the
-     * message comes again from the replay. */
-    request_sync(core, s);
+  if (seq > s->wm + 1) { /* a gap: the message comes again from the replay */
+    request_sync(core, s, now);
     return;
   }
   s->wm = seq;
@@ -608,7 +686,7 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
   free(text);
 }
 
-static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j) {
+static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   const char *conv = json_string_value(json_object_get(j, "conv"));
   json_t *head = json_object_get(j, "head");
   csub_t *s = conv ? find_sub(core, conv) : NULL;
@@ -624,24 +702,31 @@ static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j) {
    * the way (dropped as a gap while this replay ran); ask again. */
   if (!s->ended && slot_of(core, t) == core->active && s->wm >= 0 &&
       s->wm < (int64_t)json_integer_value(head))
-    request_sync(core, s);
+    request_sync(core, s, now);
+}
+
+/* The pending send of `conv` with `id` (an id is unique within its
+ * conversation only), or NULL. */
+static psend_t **find_send(cvg_core_t *core, const char *conv, const char *id) {
+  for (psend_t **l = &core->sends; *l; l = &(*l)->next)
+    if (strcmp((*l)->id, id) == 0 && strcmp((*l)->conv, conv) == 0) return l;
+  return NULL;
 }
 
 static void on_sent(cvg_core_t *core, json_t *j) {
+  const char *conv = json_string_value(json_object_get(j, "conv"));
   const char *id = json_string_value(json_object_get(j, "id"));
   json_t *seq = json_object_get(j, "seq");
-  if (!id || !json_is_integer(seq) || json_integer_value(seq) < 1) {
+  if (!conv || !id || !json_is_integer(seq) || json_integer_value(seq) < 1) {
     core->st.bad_frames++;
     return;
   }
-  for (psend_t **l = &core->sends; *l; l = &(*l)->next)
-    if (strcmp((*l)->id, id) == 0) {
-      complete_send(core, l, (int64_t)json_integer_value(seq), NULL);
-      return;
-    } /* an answer to a send already completed (a resend): nothing to do */
+  psend_t **l = find_send(core, conv, id);
+  if (l) complete_send(core, l, (int64_t)json_integer_value(seq), NULL);
+  /* else: the answer to a resend of a send already completed */
 }
 
-static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j) {
+static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   const char *code = json_string_value(json_object_get(j, "code"));
   const char *message = json_string_value(json_object_get(j, "message"));
   const char *conv = json_string_value(json_object_get(j, "conv"));
@@ -651,27 +736,34 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j) {
     core->st.bad_frames++;
     return;
   }
-  if (ra && json_integer_value(ra) > 0) t->hint_ms = max64(t->hint_ms, json_integer_value(ra));
-  if (strcmp(code, "unavailable") == 0 && !t->unavailable) {
+  int64_t hint = ra ? clamp_ms(json_integer_value(ra)) : 0;
+  int ended = 0;
+  if (strcmp(code, "unavailable") == 0) {
+    /* its close (1013) follows: the hint is the floor of the next attempt */
+    t->hint_ms = max64(t->hint_ms, hint);
+    if (!t->unavailable) core->st.unavailable++;
     t->unavailable = 1;
-    core->st.unavailable++;
   } else if (strcmp(code, "unauthorized") == 0) {
     t->unauthorized = 1;
   } else if (send_id) { /* a send refused for good */
-    for (psend_t **l = &core->sends; *l; l = &(*l)->next)
-      if (strcmp((*l)->id, send_id) == 0) {
-        complete_send(core, l, 0, code);
-        break;
-      }
+    psend_t **l = conv ? find_send(core, conv, send_id) : NULL;
+    if (l) complete_send(core, l, 0, code);
   } else if (conv) {
     csub_t *s = find_sub(core, conv);
-    if (s && (strcmp(code, "forbidden") == 0 || strcmp(code, "not_found") == 0 ||
-              strcmp(code, "channel_inactive") == 0))
-      s->ended = 1;
-    if (s && strcmp(code, "replay_unavailable") == 0) s->sync_pending = 0;
+    if (s && !s->ended &&
+        (strcmp(code, "forbidden") == 0 || strcmp(code, "not_found") == 0 ||
+         strcmp(code, "channel_inactive") == 0))
+      s->ended = ended = 1;
+    if (s && strcmp(code, "replay_unavailable") == 0) {
+      /* sync again after the hint (or the first backoff step) */
+      s->sync_pending = 0;
+      s->retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+    }
   }
   if (core->opt.cb.on_error)
     core->opt.cb.on_error(core->opt.userdata, code, message ? message : "", conv);
+  if (ended && core->state != CVG_STATE_CLOSED && core->state != CVG_STATE_FAILED)
+    no_subscription_left(core, now);
 }
 
 static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
@@ -688,7 +780,7 @@ static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   const char *url = json_string_value(to);
   free(core->migrate_url);
   core->migrate_url = url && url_ok(url, NULL, 0) ? strdup(url) : NULL;
-  core->migrate_at = now + (int64_t)json_integer_value(after);
+  core->migrate_at = now + clamp_ms(json_integer_value(after));
   core->last_url = t->url;
 }
 
@@ -704,11 +796,7 @@ void cvg_core_start(cvg_core_t *core, int64_t now) {
 void cvg_core_opened(cvg_core_t *core, uint32_t id, int64_t now) {
   ctrans_t *t = find_t(core, id);
   if (!t || t->st != T_OPENING) return;
-  size_t live = 0;
-  for (size_t i = 0; i < core->nsubs; i++) live += !core->subs[i].ended;
-  if (live == 0) {
-    fail(core, "every subscription has ended (forbidden, not found or inactive)",
-         "no_subscription");
+  if (no_subscription_left(core, now)) {
     finish(core);
     return;
   }
@@ -726,15 +814,15 @@ void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, 
   if (!type)
     core->st.bad_frames++;
   else if (strcmp(type, "msg") == 0)
-    on_msg(core, t, j, data, len);
+    on_msg(core, t, j, data, len, now);
   else if (strcmp(type, "welcome") == 0)
     on_welcome(core, t, j, now);
   else if (strcmp(type, "synced") == 0)
-    on_synced(core, t, j);
+    on_synced(core, t, j, now);
   else if (strcmp(type, "sent") == 0)
     on_sent(core, j);
   else if (strcmp(type, "error") == 0)
-    on_error(core, t, j);
+    on_error(core, t, j, now);
   else if (strcmp(type, "drain") == 0)
     on_drain(core, t, j, now);
   else if (strcmp(type, "pong") != 0)
@@ -768,6 +856,10 @@ void cvg_core_timer(cvg_core_t *core, int64_t now) {
   if (core->reconnect_at >= 0 && core->reconnect_at <= now) {
     core->reconnect_at = -1;
     if (live_count(core) == 0) open_transport(core, pick_url(core, core->last_url), NULL, 0, now);
+  }
+  for (size_t i = 0; i < core->nsubs; i++) { /* syncs refused with a hint */
+    csub_t *s = &core->subs[i];
+    if (s->retry_at >= 0 && s->retry_at <= now && !s->ended) request_sync(core, s, now);
   }
   if (core->migrate_at >= 0 && core->migrate_at <= now) {
     core->migrate_at = -1;
@@ -814,6 +906,15 @@ int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char
   else
     make_uuid(core, p->id);
   p->body = b;
+  char *frame = send_frame(p);
+  p->frame_len = frame ? strlen(frame) : 0;
+  free(frame);
+  if (!frame || p->frame_len > core->opt.max_message_bytes) {
+    free(p->conv);
+    json_decref(b);
+    free(p);
+    return frame ? CVG_E2BIG : CVG_ENOMEM;
+  }
   p->cb = cb;
   p->ud = ud;
   *core->sends_tail = p;

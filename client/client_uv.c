@@ -42,6 +42,7 @@
 #define SUBPROTOCOL      "converger.v1"
 #define MAX_FRAME_BYTES  (16u << 20) /* a server frame larger than this fails the transport */
 #define MAX_QUEUED_BYTES (8u << 20)  /* unwritten output beyond this fails the transport */
+#define CLOSE_LINGER_MS  2000        /* a closing transport's output may take this long */
 
 typedef enum { X_RESOLVING, X_CONNECTING, X_UPGRADING, X_OPEN, X_CLOSING } xstate_t;
 
@@ -65,8 +66,12 @@ struct xport_s {
   cvg_client_t *c;
   uint32_t id;
   xstate_t st;
-  int refs;      /* the tcp handle, plus one while getaddrinfo runs */
-  int forgotten; /* the core no longer knows it: report nothing */
+  int refs;                   /* the tcp handle, one while getaddrinfo runs, one for close_timer */
+  int gai_active;             /* the getaddrinfo request has not called back */
+  int timer_on;               /* close_timer is initialised and not closed */
+  uv_timer_t close_timer;     /* bounds the wait for the output of a closing transport */
+  llhttp_settings_t settings; /* per transport: clients on several loops share nothing */
+  int forgotten;              /* the core no longer knows it: report nothing */
   uv_tcp_t tcp;
   uv_connect_t creq;
   uv_getaddrinfo_t gai;
@@ -144,11 +149,40 @@ static void on_xport_closed(uv_handle_t *h) {
   client_maybe_free(c);
 }
 
+static void on_close_timer_closed(uv_handle_t *h) {
+  xport_t *x = h->data;
+  cvg_client_t *c = x->c;
+  c->handles--;
+  if (--x->refs == 0) free_xport(x);
+  client_maybe_free(c);
+}
+
 static void xport_close(xport_t *x) {
   if (x->st == X_CLOSING) return;
   x->st = X_CLOSING;
-  if (x->refs > 1) uv_cancel((uv_req_t *)&x->gai);
+  if (x->gai_active) uv_cancel((uv_req_t *)&x->gai);
+  if (x->timer_on) {
+    x->timer_on = 0;
+    uv_close((uv_handle_t *)&x->close_timer, on_close_timer_closed);
+  }
   uv_close((uv_handle_t *)&x->tcp, on_xport_closed);
+}
+
+static void on_close_timer(uv_timer_t *t) {
+  xport_close(t->data); /* the peer does not take what we still owe it */
+}
+
+/* After a close frame: the TCP connection ends once the output is written,
+ * or after CLOSE_LINGER_MS if the peer stops reading. */
+static void linger(xport_t *x) {
+  x->close_after_write = 1;
+  if (x->timer_on || x->st == X_CLOSING) return;
+  uv_timer_init(x->c->loop, &x->close_timer);
+  x->close_timer.data = x;
+  x->timer_on = 1;
+  x->refs++;
+  x->c->handles++;
+  uv_timer_start(&x->close_timer, on_close_timer, CLOSE_LINGER_MS, 0);
 }
 
 /* ---- writing ---------------------------------------------------------------------- */
@@ -311,7 +345,7 @@ static void proceed(xport_t *x) {
     x->close_seen = 2;                 /* handled */
     wslay_event_shutdown_write(x->ws); /* what it queued after the close stays unsent */
     echo_close(x);
-    x->close_after_write = 1;
+    linger(x);
     flush_out(x);
     if (x->st == X_OPEN && x->queued == 0) xport_close(x);
     if (!x->forgotten) {
@@ -338,8 +372,13 @@ static void feed(xport_t *x, const char *data, size_t len) {
   x->rlen = len;
   int rc = wslay_event_recv(x->ws);
   pump(x->c);
-  if (rc != 0 && !x->close_seen) {
-    xport_lost(x, CVG_CLOSE_ABORT, "bad WebSocket framing from the server");
+  if (x->st != X_OPEN) return;
+  if (!x->close_seen && (rc != 0 || !wslay_event_get_read_enabled(x->ws))) {
+    /* wslay refused a frame (bad framing, a masked or oversized frame,
+     * invalid UTF-8) and queued its close: send it, then end. */
+    if (wslay_event_want_write(x->ws)) wslay_event_send(x->ws);
+    flush_out(x);
+    xport_lost(x, CVG_CLOSE_ABORT, "the server broke the WebSocket framing");
     return;
   }
   proceed(x);
@@ -385,8 +424,6 @@ static int on_headers_done(llhttp_t *p) {
   ((xport_t *)p->data)->headers_done = 1;
   return 0;
 }
-
-static llhttp_settings_t http_settings;
 
 /* The answer's headers are in: open the WebSocket, or fail the attempt.
  * `rest` are the bytes after the answer (already WebSocket frames). */
@@ -484,18 +521,25 @@ static void on_connect(uv_connect_t *req, int status) {
   }
   EVP_EncodeBlock((unsigned char *)key, raw, sizeof raw);
   ws_accept_key(key, x->accept);
+  char host[300]; /* an IPv6 literal goes in brackets (RFC 7230 section 5.4) */
+  snprintf(host, sizeof host, strchr(x->host, ':') ? "[%s]" : "%s", x->host);
   char req_text[2048];
   int n = snprintf(req_text, sizeof req_text,
                    "GET %s HTTP/1.1\r\nHost: %s:%s\r\nUpgrade: websocket\r\n"
                    "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " SUBPROTOCOL "\r\n"
                    "User-Agent: libconverger-client\r\n\r\n",
-                   x->path, x->host, x->port, key);
+                   x->path, host, x->port, key);
   if (n < 0 || (size_t)n >= sizeof req_text || out_append(x, req_text, (size_t)n) != 0) {
     xport_lost(x, CVG_CLOSE_ABORT, "upgrade request too long");
     return;
   }
-  llhttp_init(&x->http, HTTP_RESPONSE, &http_settings);
+  llhttp_settings_init(&x->settings);
+  x->settings.on_header_field = on_hfield;
+  x->settings.on_header_field_complete = on_hfield_done;
+  x->settings.on_header_value = on_hvalue;
+  x->settings.on_headers_complete = on_headers_done;
+  llhttp_init(&x->http, HTTP_RESPONSE, &x->settings);
   x->http.data = x;
   x->st = X_UPGRADING;
   int rc = uv_read_start((uv_stream_t *)&x->tcp, on_alloc, on_read);
@@ -521,6 +565,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   xport_t *x = req->data;
   cvg_client_t *c = x->c;
   x->refs--;
+  x->gai_active = 0;
   c->handles--; /* the request counted as one */
   if (x->st == X_CLOSING) {
     uv_freeaddrinfo(res);
@@ -592,10 +637,12 @@ static void xport_open(cvg_client_t *c, uint32_t id, const char *url) {
   x->gai.data = x;
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
   x->refs++;
+  x->gai_active = 1;
   c->handles++;
   int rc = uv_getaddrinfo(c->loop, &x->gai, on_resolved, x->host, x->port, &hints);
   if (rc < 0) {
     x->refs--;
+    x->gai_active = 0;
     c->handles--;
     char why[300];
     snprintf(why, sizeof why, "resolve %s: %s", x->host, uv_strerror(rc));
@@ -627,7 +674,7 @@ static void do_close(cvg_client_t *c, uint32_t id, int code, const char *reason)
   }
   size_t rl = strlen(reason);
   wslay_event_queue_close(x->ws, (uint16_t)code, (const uint8_t *)reason, rl > 123 ? 123 : rl);
-  x->close_after_write = 1;
+  linger(x);
   proceed(x);
   if (x->st == X_OPEN && x->queued == 0 && x->olen == 0) xport_close(x);
 }
@@ -683,13 +730,6 @@ int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out
   if (!loop) {
     if (err && errlen) snprintf(err, errlen, "no loop");
     return CVG_EINVAL;
-  }
-  if (!http_settings.on_header_field) {
-    llhttp_settings_init(&http_settings);
-    http_settings.on_header_field = on_hfield;
-    http_settings.on_header_field_complete = on_hfield_done;
-    http_settings.on_header_value = on_hvalue;
-    http_settings.on_headers_complete = on_headers_done;
   }
   cvg_client_t *c = calloc(1, sizeof *c);
   if (!c) {

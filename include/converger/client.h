@@ -57,6 +57,7 @@ extern "C" {
 #define CVG_ENOMEM (-12) /* out of memory */
 #define CVG_ESTATE (-3)  /* not possible in the client's state (closed, failed) */
 #define CVG_EBUSY  (-16) /* too many sends waiting for their `sent` */
+#define CVG_E2BIG  (-7)  /* a send frame larger than max_message_bytes */
 
 /* A subscription's watermark meaning "no history: start live at the head"
  * (hello's `"watermark": null`). 0 means "everything from seq 1". */
@@ -145,6 +146,7 @@ typedef struct {
   int64_t connect_timeout_ms; /* from the attempt to the welcome; 0: 15 000 */
   int migrate_on_drain;       /* 1 (cvg_options_init): make-before-break on `drain` */
   size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
+  size_t max_message_bytes;   /* largest send frame, bytes; 0: 65 536 (the node's default) */
   uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
   cvg_callbacks_t cb;
   void *userdata;
@@ -233,9 +235,11 @@ CVG_API void cvg_core_stop(cvg_core_t *core, int64_t now_ms);
 
 /* Send `body` (JSON text) to `conv` with message id `id` (NULL: a random
  * UUID). `cb` (may be NULL) is called once with the outcome. Returns 0, or
- * CVG_EINVAL (bad conv or id, body not JSON), CVG_EBUSY (max_pending_sends
- * waiting), CVG_ESTATE (stopped or failed), CVG_ENOMEM; then `cb` is not
- * called. */
+ * CVG_EINVAL (bad conv or id, body not JSON), CVG_E2BIG (the frame would be
+ * over max_message_bytes), CVG_EBUSY (max_pending_sends waiting),
+ * CVG_ESTATE (stopped or failed), CVG_ENOMEM; then `cb` is not called. A
+ * send the server still refuses as too large (close 1009) completes with
+ * "too_large" and is not sent again. */
 CVG_API int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char *body,
                           cvg_sent_cb cb, void *ud, int64_t now_ms);
 

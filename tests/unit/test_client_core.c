@@ -630,6 +630,193 @@ static void test_ended_subscription_left_out_of_hello(void **state) {
   destroy(&h);
 }
 
+static void test_too_large_send_is_failed_not_resent(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  char big[3000];
+  memset(big, 'x', sizeof big);
+  big[0] = '"';
+  big[sizeof big - 2] = '"';
+  big[sizeof big - 1] = '\0';
+  assert_int_equal(cvg_core_send(h.core, "c1", "small", "1", on_sent, &h, h.now), 0);
+  assert_int_equal(cvg_core_send(h.core, "c1", "big", big, on_sent, &h, h.now), 0);
+  take(&h);
+  /* the server's limit is lower than ours: it closes with 1009 */
+  cvg_core_closed(h.core, t, 1009, "message too big", 15, h.now);
+  take(&h);
+  assert_int_equal(h.nsent, 1);
+  assert_string_equal(h.sent_id, "big");
+  assert_string_equal(h.sent_err, "too_large");
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  take(&h);
+  clear_acts(&h);
+  text(&h, t, "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"subs\":[]}");
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1); /* only the small one goes again */
+  assert_non_null(strstr(h.acts[0].data, "\"id\":\"small\""));
+  /* above max_message_bytes (64 KiB by default): refused at once */
+  char *huge = malloc(70000);
+  memset(huge, 'y', 70000);
+  huge[0] = '"';
+  huge[69998] = '"';
+  huge[69999] = '\0';
+  assert_int_equal(cvg_core_send(h.core, "c1", NULL, huge, on_sent, &h, h.now), CVG_E2BIG);
+  free(huge);
+  destroy(&h);
+}
+
+static void test_replay_unavailable_is_retried_after_its_hint(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 1}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 1);
+  clear_acts(&h);
+  msg(&h, t, "c1", 3); /* 2 is missing */
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"replay_unavailable\",\"message\":\"busy\",\"conv\":\"c1\","
+       "\"retryAfterMs\":2000,\"details\":{\"watermark\":1}}");
+  msg(&h, t, "c1", 4); /* another gap: no sync before the hint */
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_int_equal(h.timer_at, h.now + 2000);
+  fire(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 2);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":1}");
+  /* that hint was for the replay: it is no floor for a reconnect */
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"replay_unavailable\",\"message\":\"busy\",\"conv\":\"c1\","
+       "\"retryAfterMs\":9000,\"details\":{\"watermark\":1}}");
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "", 0, h.now);
+  take(&h);
+  assert_true(h.timer_at - h.now <= 750); /* decorrelated, first step: [250, 750] */
+  destroy(&h);
+}
+
+static void test_no_subscription_left_fails_at_once(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_send(h.core, "c1", "s", "1", on_sent, &h, h.now), 0);
+  clear_acts(&h);
+  h.now += 10;
+  text(&h, t, "{\"type\":\"error\",\"code\":\"not_found\",\"message\":\"gone\",\"conv\":\"c1\"}");
+  assert_int_equal(h.state, CVG_STATE_FAILED);
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, t)->code, 1000);
+  assert_string_equal(h.sent_err, "no_subscription");
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now + 500, &st);
+  assert_string_equal(st.node, "");
+  assert_int_equal(st.offline_ms, 500); /* offline since the failure */
+  destroy(&h);
+}
+
+static void test_sent_matches_conversation_and_id(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c2", 0}};
+  make(&h, subs, 2, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_send(h.core, "c1", "k1", "1", on_sent, &h, h.now), 0);
+  assert_int_equal(cvg_core_send(h.core, "c2", "k1", "2", on_sent, &h, h.now), 0);
+  text(&h, t, "{\"type\":\"sent\",\"conv\":\"c2\",\"id\":\"k1\",\"seq\":9}");
+  assert_int_equal(h.nsent, 1);
+  assert_int_equal(h.sent_seq, 9);
+  text(&h, t, "{\"type\":\"sent\",\"id\":\"k1\",\"seq\":3}"); /* no conv: a bad frame */
+  assert_int_equal(h.nsent, 1);
+  text(&h, t, "{\"type\":\"sent\",\"conv\":\"c1\",\"id\":\"k1\",\"seq\":3}");
+  assert_int_equal(h.nsent, 2);
+  assert_int_equal(h.sent_seq, 3);
+  destroy(&h);
+}
+
+static void test_refused_token_on_the_new_connection_keeps_the_old(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":1000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, nt, h.now);
+  text(&h, nt, "{\"type\":\"error\",\"code\":\"unauthorized\",\"message\":\"token expired\"}");
+  clear_acts(&h);
+  cvg_core_closed(h.core, nt, 1008, "unauthorized", 12, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  assert_null(last(&h, CVG_ACT_CLOSE, old));
+  msg(&h, old, "c1", 1);
+  assert_int_equal(h.ngot, 1);
+  destroy(&h);
+}
+
+static void test_server_durations_are_capped(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 0);
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":9000000000000000000,"
+       "\"subs\":[]}");
+  assert_true(h.timer_at > 0 && h.timer_at <= 3 * 3600000);
+  text(
+      &h, t,
+      "{\"type\":\"drain\",\"afterMs\":9000000000000000000,\"reconnectTo\":null,\"deadlineMs\":1}");
+  assert_true(h.timer_at > 0 && h.timer_at <= 3 * 3600000);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"m\","
+       "\"retryAfterMs\":9000000000000000000}");
+  cvg_core_closed(h.core, t, 1013, "{\"retryAfterMs\":9000000000000000000}", 36, 10);
+  take(&h);
+  assert_int_equal(h.timer_at, 10 + 3600000); /* the hint, at most one hour */
+  destroy(&h);
+}
+
+static void test_constructor_rejects_unusable_urls(void **state) {
+  const char *bad[] = {"ws://h:99999/v1/ws",
+                       "ws://h:abc/v1/ws",
+                       "ws://[::1/v1/ws",
+                       "ws://u@h:1/v1/ws",
+                       "ws://h:/v1/ws",
+                       "ws://[]:80/v1/ws",
+                       NULL};
+  cvg_sub_t sub = {"c1", 0};
+  for (int i = 0; bad[i]; i++) {
+    cvg_options_t o;
+    cvg_options_init(&o);
+    const char *u[] = {bad[i]};
+    o.urls = u;
+    o.nurls = 1;
+    o.token = "t";
+    o.subs = &sub;
+    o.nsubs = 1;
+    cvg_core_t *core;
+    char err[200] = "";
+    assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+    assert_non_null(strstr(err, bad[i]));
+  }
+  const char *good[] = {"ws://[::1]:8080/v1/ws", "ws://localhost/v1/ws", "ws://10.0.0.1:1", NULL};
+  for (int i = 0; good[i]; i++) {
+    cvg_options_t o;
+    cvg_options_init(&o);
+    const char *u[] = {good[i]};
+    o.urls = u;
+    o.nurls = 1;
+    o.token = "t";
+    o.subs = &sub;
+    o.nsubs = 1;
+    cvg_core_t *core;
+    assert_int_equal(cvg_core_new(&o, &core, NULL, 0), 0);
+    cvg_core_free(core);
+  }
+}
+
 /* ---- the storm --------------------------------------------------------------------- */
 
 #define CLIENTS  10000
@@ -728,6 +915,13 @@ int main(void) {
       cmocka_unit_test(test_bad_frames_are_counted_and_ignored),
       cmocka_unit_test(test_unauthorized_stops_for_good),
       cmocka_unit_test(test_ended_subscription_left_out_of_hello),
+      cmocka_unit_test(test_too_large_send_is_failed_not_resent),
+      cmocka_unit_test(test_replay_unavailable_is_retried_after_its_hint),
+      cmocka_unit_test(test_no_subscription_left_fails_at_once),
+      cmocka_unit_test(test_sent_matches_conversation_and_id),
+      cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),
+      cmocka_unit_test(test_server_durations_are_capped),
+      cmocka_unit_test(test_constructor_rejects_unusable_urls),
       cmocka_unit_test(test_storm_jitter_spreads_and_exponential_synchronises),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,8 @@ typedef enum {
   S_BAD_ACCEPT,  /* 101 with a wrong Sec-WebSocket-Accept */
   S_NO_PROTOCOL, /* 101 without the subprotocol */
   S_503,         /* 503 with Retry-After: 2 */
+  S_STALL,       /* welcome, then it stops reading */
+  S_MASKED,      /* welcome, then a masked frame (clients mask, servers never do) */
 } scenario_t;
 
 typedef struct srv_s srv_t;
@@ -125,7 +127,16 @@ static void client_frames(sconn_t *c) {
     if (opcode == 1 && strstr(text, "\"type\":\"hello\"")) {
       c->s->hellos++;
       snprintf(c->s->hello, sizeof c->s->hello, "%s", text);
-      play(c);
+      if (c->s->scenario == S_OK) {
+        play(c);
+      } else {
+        stext(c, "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"subs\":[]}");
+        if (c->s->scenario == S_STALL) uv_read_stop((uv_stream_t *)&c->tcp);
+        if (c->s->scenario == S_MASKED) {
+          const uint8_t masked[] = {0x81, 0x82, 1, 2, 3, 4, 'h' ^ 1, 'i' ^ 2};
+          swrite(c, masked, sizeof masked);
+        }
+      }
     }
     memmove(c->in, c->in + need, c->inlen - need);
     c->inlen -= need;
@@ -154,6 +165,8 @@ static void upgrade(sconn_t *c) {
     accept[3] ^= 1;
     /* fall through */
   case S_OK:
+  case S_STALL:
+  case S_MASKED:
   case S_NO_PROTOCOL:
     snprintf(resp, sizeof resp,
              "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -453,6 +466,54 @@ static void test_many_clients_share_one_loop(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+static int is_welcomed(app_t *a) { return a->welcomed > 0; }
+
+/* A server that stops reading cannot hold cvg_client_close up: the close
+ * frame waits behind megabytes of sends, and the connection is dropped
+ * after a short linger. */
+static void test_close_does_not_wait_for_a_stalled_server(void **state) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  srv_t s;
+  srv_start(&s, &loop, S_STALL);
+  app_t a;
+  make_client(&a, &loop, &s);
+  run_until(&loop, is_welcomed, &a);
+  char *body = malloc(60000);
+  memset(body, 'z', 60000);
+  body[0] = '"';
+  body[59998] = '"';
+  body[59999] = '\0';
+  for (int i = 0; i < 100; i++)
+    assert_int_equal(cvg_send(a.client, "c1", NULL, body, NULL, NULL), 0);
+  free(body);
+  for (int i = 0; i < 20; i++) uv_run(&loop, UV_RUN_NOWAIT); /* fill the socket buffers */
+  uint64_t t0 = uv_now(&loop);
+  cvg_client_close(a.client, on_closed, &a);
+  run_until(&loop, is_closed, &a);
+  uv_update_time(&loop);
+  assert_true(uv_now(&loop) - t0 < 5000);
+  uv_close((uv_handle_t *)&s.listener, NULL);
+  uv_walk(&loop, close_walk, &s);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+/* A frame wslay refuses (here a masked one) ends the connection; the
+ * client reconnects instead of sitting on a connection that reads nothing. */
+static void test_refused_framing_ends_the_connection(void **state) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  srv_t s;
+  srv_start(&s, &loop, S_MASKED);
+  app_t a;
+  make_client(&a, &loop, &s);
+  run_until(&loop, is_waiting, &a);
+  assert_int_equal(a.welcomed, 1);
+  assert_non_null(strstr(a.waiting_detail, "broke the WebSocket framing"));
+  finish(&loop, &a, &s);
+}
+
 static void test_new_rejects_bad_options(void **state) {
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -481,6 +542,8 @@ int main(void) {
       cmocka_unit_test(test_scripted_session),
       cmocka_unit_test(test_close_completes_pending_sends),
       cmocka_unit_test(test_many_clients_share_one_loop),
+      cmocka_unit_test(test_close_does_not_wait_for_a_stalled_server),
+      cmocka_unit_test(test_refused_framing_ends_the_connection),
       cmocka_unit_test(test_new_rejects_bad_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
