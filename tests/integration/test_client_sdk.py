@@ -207,6 +207,15 @@ class ClientSdk(NodeCase):
         self.assertIn("server error unauthorized", err)
         self.assertIn("failed: the server refused the token", err)
 
+    def test_no_such_conversation_ends_with_exit_1(self):
+        n = self.node_start()
+        tail = self.start_tail(["--url", n.ws_url, "--token", mint_token("u", ["*"]), "--conv", "no-such-conv"])
+        rc = tail.wait_exit(20)
+        err = tail.stderr_text()
+        self.assertEqual(rc, 1, err)
+        self.assertIn("server error not_found on no-such-conv", err)
+        self.assertIn("every subscription has ended", err)
+
     def test_bad_arguments_exit_2(self):
         url = "ws://127.0.0.1:1/v1/ws"
         cases = [
