@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "core/jitter.h"
+#include "gate/limiter.h"
 #include "store/pool.h"
 
 typedef struct conn_s conn_t;
@@ -25,6 +26,7 @@ typedef struct node_s {
   bus_t *bus;
   auth_t *auth;
   admission_t *admission; /* hello and sync store work (gate/admission.h) */
+  limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;
 
   uv_tcp_t listener;

@@ -179,6 +179,8 @@ int serve_main(int argc, char **argv) {
     goto out;
   }
   pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
+  if (cfg.accept_rate > 0) /* a second's worth of upgrades may come at once */
+    limiter_init(&node->accept, cfg.accept_rate, cfg.accept_rate, util_mono_ms());
   if (cfg.test_store_delay_ms > 0) {
     log_warn("test-only store delay of %d ms per store job is on", cfg.test_store_delay_ms);
     pool_set_test_delay(node->pool, cfg.test_store_delay_ms);

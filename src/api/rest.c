@@ -24,6 +24,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "gate/limiter.h"
 #include "net/ws.h"
 #include "proto/frames.h"
 #include "proto/session.h"
@@ -552,6 +553,11 @@ void rest_handle(conn_t *c, http_request_t *req) {
                         "Sec-WebSocket-Version: 13\r\n");
     } else if (node->stopping) {
       http_respond_error(c, 503, "unavailable", "node is shutting down", node_retry_hint(node));
+    } else if (node->cfg->accept_rate > 0 && !limiter_take(&node->accept, util_mono_ms())) {
+      /* The accept limiter: refused before any WebSocket work. */
+      metrics_add("converger_accept_refused_total", NULL, 1);
+      http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
+                         node_retry_hint(node));
     } else {
       ws_upgrade(c, req);
     }

@@ -43,9 +43,10 @@ struct pool_s {
   int started;
   /* the queue-delay rule (under mu) */
   uint64_t target_ms, interval_ms;
-  uint64_t interval_end; /* monotonic ms: the current interval ends */
-  uint64_t interval_min; /* least wait of the jobs taken in it */
-  int slow;              /* the last interval had no wait under the target */
+  uint64_t interval_end;  /* monotonic ms: the current interval ends */
+  uint64_t interval_min;  /* least wait of the jobs run in it */
+  uint64_t interval_jobs; /* jobs taken in it, run or dropped */
+  int slow;               /* the last interval had no wait under the target */
   int test_delay_ms;
 };
 
@@ -67,12 +68,14 @@ static void push(pool_job_t **head, pool_job_t **tail, pool_job_t *job) {
  * Under mu. */
 static int should_drop(pool_t *pool, uint64_t now, uint64_t wait) {
   if (now >= pool->interval_end) {
-    /* An interval with no job under the target (or none at all, when
-     * nothing waits either) makes the next one slow. */
-    pool->slow = pool->interval_min > pool->target_ms;
+    /* An interval in which jobs were taken but none had waited less than
+     * the target makes the next one slow; an idle one does not. */
+    pool->slow = pool->interval_jobs > 0 && pool->interval_min > pool->target_ms;
     pool->interval_end = now + pool->interval_ms;
     pool->interval_min = UINT64_MAX;
+    pool->interval_jobs = 0;
   }
+  pool->interval_jobs++;
   if (pool->slow && wait > 2 * pool->target_ms) return 1;
   if (wait < pool->interval_min) pool->interval_min = wait;
   return 0;

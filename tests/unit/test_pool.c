@@ -1,7 +1,8 @@
 /* Unit tests for store/pool: jobs run on workers with their own store and
  * come back on the loop in one piece; a burst is woken once per loop turn;
  * pool_close cancels what has not started, also jobs submitted by done
- * callbacks while closing; the loop ends with no handle left open. */
+ * callbacks while closing; the queue-delay rule drops the jobs of a slow
+ * pool and nothing else; the loop ends with no handle left open. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -157,6 +158,54 @@ static void test_close_cancels_queued_jobs(void **state) {
   uv_sem_destroy(&gate);
 }
 
+/* The queue-delay rule: one worker, every job takes 20 ms, target 5 ms,
+ * interval 20 ms. The first jobs run; once an interval has passed in which
+ * no job waited less than the target, jobs that waited more than twice the
+ * target are dropped without running. A job submitted to the idle pool
+ * afterwards runs. */
+static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  pool_set_queue_rule(pool, 5, 20);
+  pool_set_test_delay(pool, 20);
+  enum { N = 30 };
+  job_t jobs[N + 1];
+  memset(jobs, 0, sizeof jobs);
+  int order[N + 1], ndone = 0;
+  for (int i = 0; i <= N; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+  }
+  for (int i = 0; i < N; i++) pool_submit(pool, &jobs[i].job, work_cb, done_cb);
+  while (ndone < N) uv_run(&loop, UV_RUN_ONCE);
+  int dropped = 0;
+  for (int i = 0; i < N; i++) {
+    assert_false(jobs[i].job.canceled);
+    if (jobs[i].job.dropped) {
+      dropped++;
+      assert_int_equal(jobs[i].status, -1); /* work never ran */
+      assert_true(jobs[i].job.wait_ms > 10);
+    } else {
+      assert_int_equal(jobs[i].status, 0);
+    }
+  }
+  assert_false(jobs[0].job.dropped);
+  assert_true(dropped >= N / 2);
+  usleep(60 * 1000); /* idle intervals */
+  pool_submit(pool, &jobs[N].job, work_cb, done_cb);
+  while (ndone < N + 1) uv_run(&loop, UV_RUN_ONCE);
+  assert_false(jobs[N].job.dropped);
+  assert_int_equal(jobs[N].status, 0);
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void test_start_failure_leaves_nothing(void **state) {
   uv_loop_t loop;
   pool_t *pool = NULL;
@@ -172,6 +221,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_jobs_run_on_workers_and_come_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_close_cancels_queued_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_queue_delay_rule_drops_jobs_of_a_slow_pool, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_start_failure_leaves_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
