@@ -1,0 +1,266 @@
+"""Admission and pool pressure against real nodes with a tiny pool and a
+slowed store (CONVERGER_TEST_STORE_DELAY_MS): a hello and a sync without a
+slot get their retryable answers; a burst of 500 hellos waits and is
+welcomed; a hello at the head reads no replay; REST sends succeed during a
+handshake burst; 1000 refusals carry spread-out retry hints; the accept
+limiter refuses upgrades over its rate with 503."""
+
+import asyncio
+import collections
+import http.client
+import json
+import os
+import re
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import NodeCase, WsClient, open_client, mint_token  # noqa: E402
+
+
+def metric(node, name, labels=""):
+    """The value of one series in /metrics (0 when absent)."""
+    text = node.get_text("/metrics")[2]
+    want = name + ("{%s}" % labels if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class Admission(NodeCase):
+    def slow_node(self, delay_ms, **env):
+        """A node with a pool of 2 (one admission slot), conversations made
+        first at full speed, then restarted with the slowed store."""
+        n = self.node_start(dict({"CONVERGER_POOL_SIZE": "2"}, **env))
+        convs = [n.new_conv() for _ in range(2)]
+        for i in range(5):
+            n.send(convs[0], {"i": i})
+        n.overrides["CONVERGER_TEST_STORE_DELAY_MS"] = str(delay_ms)
+        n.restart()
+        return n, convs
+
+    def test_hello_without_a_slot_gets_unavailable_then_1013(self):
+        n, (conv, _) = self.slow_node(1500, WS_HANDSHAKE_QUEUE_MAX="0")
+
+        async def run():
+            holder = await WsClient.connect(n)
+            await holder.send_json({"type": "hello", "token": mint_token("a", [conv]),
+                                    "subs": [{"conv": conv, "watermark": 0}]})
+            await asyncio.sleep(0.3)  # its store job holds the only slot
+            refused = await WsClient.connect(n)
+            await refused.send_json({"type": "hello", "token": mint_token("b", [conv]),
+                                     "subs": [{"conv": conv, "watermark": None}]})
+            code, reason, frames = await refused.wait_closed(5)
+            w = await holder.recv_json(10)
+            await holder.close()
+            return code, reason, frames, w
+
+        code, reason, frames, w = self.arun(run())
+        self.assertEqual(w["type"], "welcome")
+        self.assertEqual(len(frames), 1, frames)
+        err = frames[0]
+        self.assertEqual((err["type"], err["code"]), ("error", "unavailable"), err)
+        self.assertIn("queue is full", err["message"])
+        self.assertTrue(1000 <= err["retryAfterMs"] <= 6000, err)
+        self.assertEqual(code, 1013)
+        self.assertEqual(json.loads(reason), {"retryAfterMs": err["retryAfterMs"]})
+        self.assertGreaterEqual(metric(n, "converger_protocol_admission_wait_ms_count",
+                                       'result="overloaded"'), 1)
+
+    def test_hello_that_waits_too_long_gets_unavailable(self):
+        n, (conv, _) = self.slow_node(1500, WS_HANDSHAKE_QUEUE_MS="200")
+
+        async def run():
+            holder = await WsClient.connect(n)
+            await holder.send_json({"type": "hello", "token": mint_token("a", [conv]),
+                                    "subs": [{"conv": conv, "watermark": None}]})
+            await asyncio.sleep(0.2)
+            waiter = await WsClient.connect(n)
+            t0 = time.monotonic()
+            await waiter.send_json({"type": "hello", "token": mint_token("b", [conv]),
+                                    "subs": [{"conv": conv, "watermark": None}]})
+            code, reason, frames = await waiter.wait_closed(5)
+            waited = time.monotonic() - t0
+            await holder.close()
+            return code, frames, waited
+
+        code, frames, waited = self.arun(run())
+        self.assertEqual(code, 1013)
+        self.assertEqual(frames[0]["code"], "unavailable")
+        self.assertIn("within 200 ms", frames[0]["message"])
+        self.assertGreaterEqual(waited, 0.15)
+        self.assertLess(waited, 1.4)  # refused by the queue, not after the holder's job
+
+    def test_sync_without_a_slot_gets_replay_unavailable_and_stays(self):
+        n, (conv, other) = self.slow_node(1500, WS_HANDSHAKE_QUEUE_MAX="0")
+
+        async def run():
+            # welcomed first (pays the delay once), at the head
+            c, _ = await open_client(n, mint_token("a", [conv]), [{"conv": conv, "watermark": 5}], timeout=10)
+            await c.until_synced(conv, 10)
+            holder = await WsClient.connect(n)
+            await holder.send_json({"type": "hello", "token": mint_token("b", [other]),
+                                    "subs": [{"conv": other, "watermark": None}]})
+            await asyncio.sleep(0.3)  # the only slot is taken
+            await c.send_json({"type": "sync", "conv": conv, "watermark": 2})
+            err = await c.recv_json(5)
+            await c.send_json({"type": "ping"})  # the connection stays
+            pong = await c.recv_json(5)
+            await holder.close()
+            await c.close()
+            return err, pong
+
+        err, pong = self.arun(run(), timeout=40)
+        self.assertEqual((err["type"], err["code"], err["conv"]), ("error", "replay_unavailable", conv), err)
+        self.assertEqual(err["details"], {"watermark": 2})
+        self.assertTrue(1000 <= err["retryAfterMs"] <= 6000, err)
+        self.assertEqual(pong["type"], "pong")
+
+    def test_burst_of_500_hellos_waits_and_is_welcomed(self):
+        n, (conv, _) = self.slow_node(2)
+        tok = mint_token("burst", [conv])
+
+        async def one(i):
+            c = await WsClient.connect(n, timeout=20)
+            try:
+                await c.send_json({"type": "hello", "token": tok, "subs": [{"conv": conv, "watermark": 5}]})
+                m = await c.recv_json(30)
+                return m.get("type"), m.get("code")
+            finally:
+                await c.close()
+
+        async def run():
+            results = []
+            for start in range(0, 500, 250):  # two waves of 250 at once
+                results += await asyncio.gather(*(one(i) for i in range(start, start + 250)))
+            return results
+
+        results = self.arun(run(), timeout=120)
+        counts = collections.Counter(r[0] for r in results)
+        self.assertEqual(counts["welcome"], 500, collections.Counter(results))
+        self.assertGreaterEqual(metric(n, "converger_protocol_admission_wait_ms_count", 'result="ok"'), 500)
+        self.assertEqual(metric(n, "converger_protocol_admission_wait_ms_count", 'result="overloaded"'), 0)
+        self.assertEqual(metric(n, "converger_admission_in_use"), 0)
+
+    def test_hello_at_the_head_reads_no_replay(self):
+        n = self.node_start()
+        conv = n.new_conv()
+        for i in range(5):
+            n.send(conv, {"i": i})
+
+        async def hello(wm):
+            c, _ = await open_client(n, mint_token("a", [conv]), [{"conv": conv, "watermark": wm}])
+            msgs, synced = await c.until_synced(conv)
+            await c.close()
+            return msgs, synced
+
+        msgs, synced = self.arun(hello(5))
+        self.assertEqual((msgs, synced["head"]), ([], 5))
+        self.assertEqual(metric(n, "converger_replay_queries_total", 'kind="hello"'), 0)
+        self.assertEqual(metric(n, "converger_replay_queries_total", 'kind="fill"'), 0)
+        msgs, _ = self.arun(hello(3))
+        self.assertEqual([m["seq"] for m in msgs], [4, 5])
+        self.assertEqual(metric(n, "converger_replay_queries_total", 'kind="hello"'), 1)
+
+    def test_rest_sends_succeed_during_a_handshake_burst(self):
+        n = self.node_start({"CONVERGER_POOL_SIZE": "4"})
+        conv = n.new_conv()
+        n.overrides["CONVERGER_TEST_STORE_DELAY_MS"] = "20"
+        n.restart()
+        tok = mint_token("burst", [conv])
+        statuses = []
+
+        def rest_sender():
+            for i in range(40):
+                c = http.client.HTTPConnection("127.0.0.1", n.port, timeout=20)
+                c.request("POST", "/v1/conversations/%s/messages" % conv,
+                          json.dumps({"sender": "rest", "body": {"i": i}}),
+                          {"Authorization": "Bearer " + harness.API_KEY, "Idempotency-Key": "r-%d" % i})
+                r = c.getresponse()
+                r.read()
+                statuses.append(r.status)
+                c.close()
+
+        async def one():
+            c = await WsClient.connect(n, timeout=20)
+            try:
+                await c.send_json({"type": "hello", "token": tok, "subs": [{"conv": conv, "watermark": None}]})
+                return (await c.recv_json(60)).get("type")
+            finally:
+                await c.close()
+
+        async def run():
+            th = threading.Thread(target=rest_sender)
+            burst = asyncio.gather(*(one() for _ in range(200)))
+            await asyncio.sleep(0.05)
+            th.start()
+            out = await burst
+            await asyncio.get_running_loop().run_in_executor(None, th.join, 60)
+            return out
+
+        types = self.arun(run(), timeout=120)
+        self.assertEqual(collections.Counter(types)["welcome"], 200)
+        self.assertEqual(statuses, [201] * 40)
+        self.assertEqual(metric(n, "converger_pool_dropped_total", 'kind="rest"'), 0)
+
+    def test_refusal_hints_spread_over_their_range(self):
+        n, (conv, _) = self.slow_node(8000, WS_HANDSHAKE_QUEUE_MAX="0")
+
+        async def refused(tok):
+            c = await WsClient.connect(n, timeout=20)
+            try:
+                await c.send_json({"type": "hello", "token": tok, "subs": [{"conv": conv, "watermark": None}]})
+                m = await c.recv_json(10)
+                return m.get("retryAfterMs") if m.get("code") == "unavailable" else None
+            finally:
+                await c.close()
+
+        async def run():
+            holder = await WsClient.connect(n)
+            await holder.send_json({"type": "hello", "token": mint_token("h", [conv]),
+                                    "subs": [{"conv": conv, "watermark": None}]})
+            await asyncio.sleep(0.3)
+            tok = mint_token("r", [conv])
+            hints = []
+            for start in range(0, 1000, 250):
+                hints += await asyncio.gather(*(refused(tok) for _ in range(250)))
+            await holder.close()
+            return hints
+
+        hints = self.arun(run(), timeout=120)
+        self.assertEqual(len(hints), 1000)
+        self.assertNotIn(None, hints)
+        self.assertTrue(all(1000 <= h <= 6000 for h in hints))
+        most = collections.Counter(hints).most_common(1)[0][1]
+        self.assertLessEqual(most, 10, "one hint value for more than 1% of the burst")
+        self.assertGreater(max(hints) - min(hints), 4000)
+
+    def test_accept_limiter_refuses_upgrades_over_the_rate(self):
+        n = self.node_start({"CONVERGER_ACCEPT_RATE": "5"})
+
+        def upgrade():
+            s = harness.raw_connect(n.port)
+            s.sendall(b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            st, headers, body = harness.HttpReader(s).read_response()
+            s.close()
+            return st, headers, body
+
+        answers = [upgrade() for _ in range(12)]
+        statuses = [a[0] for a in answers]
+        self.assertEqual(statuses[:5], [101] * 5)  # the burst: a second's worth
+        refused = [a for a in answers if a[0] == 503]
+        self.assertGreaterEqual(len(refused), 5)
+        st, headers, body = refused[0]
+        js = json.loads(body)
+        self.assertEqual(js["error"]["code"], "unavailable")
+        self.assertTrue(1000 <= js["error"]["retryAfterMs"] <= 6000, js)
+        self.assertIn("retry-after", {k.lower() for k in headers})
+        self.assertGreaterEqual(metric(n, "converger_accept_refused_total"), 5)
+
+
+if __name__ == "__main__":
+    harness.main()
