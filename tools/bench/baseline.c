@@ -463,9 +463,11 @@ out:
   return status;
 }
 
-/* The dispatcher lives here while baseline is the only benchmark. */
+/* The dispatcher of every benchmark (bench/bench.h). */
 int bench_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "baseline") == 0) return bench_baseline_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "admission") == 0)
+    return bench_admission_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -475,6 +477,9 @@ int bench_main(int argc, char **argv) {
   fprintf(out, "usage: converger bench <benchmark> [options]\n\n"
                "benchmarks:\n"
                "  baseline  memory per idle connection, handshakes/s, deliveries/s of one node\n"
-               "            (converger bench baseline --help)\n");
+               "            (converger bench baseline --help)\n"
+               "  admission the admission queue's acquire/release throughput, and a burst of\n"
+               "            simultaneous hellos with admission on and off\n"
+               "            (converger bench admission --help)\n");
   return out == stdout ? 0 : 2;
 }

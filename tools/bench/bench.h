@@ -12,6 +12,10 @@
  *             parts: run.h the run's state and loop driver, node.h the
  *             child node, restc.h the REST client, wsclient.h the
  *             WebSocket client connections)
+ *   admission the admission queue's acquire/release throughput on one core,
+ *             and a burst of simultaneous hellos with admission on and off
+ *             (tools/bench/admission.c, docs/benchmarks/admission.md; one
+ *             burst is bench/burst.h's, with libconverger-client clients)
  *
  * Main thread only; a benchmark owns the process while it runs (it raises
  * RLIMIT_NOFILE, pins itself to a CPU and handles SIGINT/SIGTERM).
@@ -26,5 +30,8 @@ int bench_main(int argc, char **argv);
 
 /* `converger bench baseline`; argv excludes "baseline". Same statuses. */
 int bench_baseline_main(int argc, char **argv);
+
+/* `converger bench admission`; argv excludes "admission". Same statuses. */
+int bench_admission_main(int argc, char **argv);
 
 #endif

@@ -72,17 +72,31 @@ static int free_port(void) {
   return port;
 }
 
-/* The child's environment: ours without CONVERGER_* settings, plus the
- * bench's. NULL-terminated; free each string and the array. */
-static char **node_env(bench_t *b) {
+/* 1 when the inherited `var` ("NAME=value") is a setting the bench decides:
+ * CONVERGER_*, WS_HANDSHAKE_*, or a name that `extra` sets. */
+static int env_replaced(const char *var, const char *const *extra) {
+  if (strncmp(var, "CONVERGER_", 10) == 0 || strncmp(var, "WS_HANDSHAKE_", 13) == 0) return 1;
+  for (size_t i = 0; extra && extra[i]; i++) {
+    const char *eq = strchr(extra[i], '=');
+    size_t nl = eq ? (size_t)(eq - extra[i]) : strlen(extra[i]);
+    if (strncmp(var, extra[i], nl) == 0 && var[nl] == '=') return 1;
+  }
+  return 0;
+}
+
+/* The child's environment: ours without CONVERGER_* and WS_HANDSHAKE_*
+ * settings, plus the bench's, then `extra` (which wins). NULL-terminated;
+ * free each string and the array. */
+static char **node_env(bench_t *b, const char *const *extra) {
   extern char **environ;
-  size_t n = 0;
+  size_t n = 0, nextra = 0;
   while (environ[n]) n++;
-  char **env = calloc(n + 16, sizeof *env);
+  while (extra && extra[nextra]) nextra++;
+  char **env = calloc(n + nextra + 16, sizeof *env);
   if (!env) return NULL;
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
-    if (strncmp(environ[i], "CONVERGER_", 10) != 0) env[k++] = strdup(environ[i]);
+    if (!env_replaced(environ[i], extra)) env[k++] = strdup(environ[i]);
   env[k++] = run_str_printf("CONVERGER_LISTEN=127.0.0.1:%d", b->port);
   env[k++] = run_str_printf("CONVERGER_DATABASE_URL=sqlite:%s/c.db", b->dir);
   env[k++] = run_str_printf("CONVERGER_API_KEY=%s", b->api_key);
@@ -91,6 +105,7 @@ static char **node_env(bench_t *b) {
   env[k++] = strdup("CONVERGER_HEARTBEAT_MS=3600000");    /* no pings while measuring */
   env[k++] = strdup("CONVERGER_HELLO_TIMEOUT_MS=600000"); /* upgraded sockets wait for hello */
   env[k++] = strdup("CONVERGER_NODE_ID=bench");
+  for (size_t i = 0; i < nextra; i++) env[k++] = strdup(extra[i]);
   for (size_t i = 0; i < k; i++)
     if (!env[i]) {
       for (size_t j = 0; j < k; j++) free(env[j]);
@@ -105,7 +120,9 @@ static void env_free(char **env) {
   free(env);
 }
 
-int bnode_start(bench_t *b) {
+int bnode_start(bench_t *b) { return bnode_start_env(b, NULL); }
+
+int bnode_start_env(bench_t *b, const char *const *extra_env) {
   ssize_t n = readlink("/proc/self/exe", b->exe, sizeof b->exe - 1);
   if (n <= 0) {
     run_fail(b, "cannot read /proc/self/exe: %s", strerror(errno));
@@ -132,7 +149,7 @@ int bnode_start(bench_t *b) {
   snprintf(log_path, sizeof log_path, "%s/node.log", b->dir);
   int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  char **env = node_env(b);
+  char **env = node_env(b, extra_env);
   if (log_fd < 0 || null_fd < 0 || !env) {
     run_fail(b, "cannot prepare the node's log, stdin or environment: %s", strerror(errno));
     if (log_fd >= 0) close(log_fd);
@@ -142,6 +159,16 @@ int bnode_start(bench_t *b) {
   }
   pid_t parent = getpid();
   fflush(NULL);
+  /* Block the bench's stop signals across fork: one that arrived in the
+   * child before it resets its handlers would run the bench's handler
+   * there and be lost, and the node would run on until the SIGKILL
+   * fallback. The child unblocks them after resetting the handlers. */
+  sigset_t stop_sigs, old_mask;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGINT);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGHUP);
+  sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
   pid_t pid = fork();
   if (pid == 0) {
     /* Child: its own process group (a terminal's Ctrl-C reaches the bench
@@ -171,6 +198,7 @@ int bnode_start(bench_t *b) {
     _exit(127);
   }
   int fork_errno = errno;
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
   close(log_fd);
   close(null_fd);
   env_free(env);

@@ -2,8 +2,9 @@
  * node: the child `converger serve` a bench run measures. It is this
  * executable, started on a free loopback port with a fresh temporary data
  * directory (its SQLite database and node.log), a random API key and token
- * secret, heartbeats and the hello timeout pushed out of the way, and
- * pinned to --node-cpu. It runs in its own process group and gets SIGKILL
+ * secret, none of the caller's CONVERGER_* or WS_HANDSHAKE_* settings,
+ * heartbeats and the hello timeout pushed out of the way, and pinned to
+ * --node-cpu. It runs in its own process group and gets SIGKILL
  * if the bench dies.
  *
  * What it owns: the child process (b->pid, reaped by bnode_gone or
@@ -35,6 +36,13 @@ typedef struct {
  * to be ready (bnode_wait_ready). Returns 0 or -1 (b->err set; b->dir may
  * exist and is left for bnode_remove_dir). */
 int bnode_start(bench_t *b);
+
+/* bnode_start with `extra_env`: NULL or a NULL-terminated array of
+ * "NAME=value" strings (copied) set in the node's environment after the
+ * bench's own settings, so they win; an inherited variable of the same name
+ * is dropped. Inherited CONVERGER_* and WS_HANDSHAKE_* settings never reach
+ * the node. Same returns as bnode_start. */
+int bnode_start_env(bench_t *b, const char *const *extra_env);
 
 /* Poll GET /readyz every 20 ms until it answers 200. Returns 0, or -1 when
  * the node exits, a signal arrives or 30 s pass (b->err set). */
