@@ -2,8 +2,9 @@
 slowed store (CONVERGER_TEST_STORE_DELAY_MS): a hello and a sync without a
 slot get their retryable answers; a burst of 500 hellos waits and is
 welcomed; a hello at the head reads no replay; REST sends succeed during a
-handshake burst; 1000 refusals carry spread-out retry hints; the accept
-limiter refuses upgrades over its rate with 503."""
+handshake burst; a slow pool drops REST sends with 503 and stores none of
+them; 1000 refusals carry spread-out retry hints; the accept limiter refuses
+upgrades over its rate with 503."""
 
 import asyncio
 import collections
@@ -237,6 +238,46 @@ class Admission(NodeCase):
         most = collections.Counter(hints).most_common(1)[0][1]
         self.assertLessEqual(most, 10, "one hint value for more than 1% of the burst")
         self.assertGreater(max(hints) - min(hints), 4000)
+
+    def test_slow_pool_drops_rest_sends_with_503(self):
+        # one worker, 100 ms per job, target 5 ms over 50 ms intervals: a
+        # burst of REST sends makes the pool slow and the late ones are dropped
+        n = self.node_start({"CONVERGER_POOL_SIZE": "1", "CONVERGER_POOL_QUEUE_TARGET_MS": "5",
+                             "CONVERGER_POOL_QUEUE_INTERVAL_MS": "50"})
+        conv = n.new_conv()
+        n.overrides["CONVERGER_TEST_STORE_DELAY_MS"] = "100"
+        n.restart()
+        answers = []
+
+        def post(i):
+            c = http.client.HTTPConnection("127.0.0.1", n.port, timeout=30)
+            c.request("POST", "/v1/conversations/%s/messages" % conv,
+                      json.dumps({"sender": "rest", "body": {"i": i}}),
+                      {"Authorization": "Bearer " + harness.API_KEY, "Idempotency-Key": "d-%d" % i})
+            r = c.getresponse()
+            answers.append((r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())))
+            c.close()
+
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        statuses = collections.Counter(a[0] for a in answers)
+        self.assertEqual(len(answers), 20)
+        self.assertGreater(statuses[201], 0, statuses)
+        self.assertGreater(statuses[503], 0, statuses)
+        self.assertEqual(statuses[201] + statuses[503], 20, statuses)
+        st, headers, body = next(a for a in answers if a[0] == 503)
+        self.assertEqual(body["error"]["code"], "unavailable")
+        self.assertTrue(1000 <= body["error"]["retryAfterMs"] <= 6000, body)
+        self.assertIn("retry-after", headers)
+        self.assertEqual(metric(n, "converger_pool_dropped_total", 'kind="rest"'), statuses[503])
+        # what was dropped was not stored; what was acknowledged was
+        n.overrides["CONVERGER_TEST_STORE_DELAY_MS"] = "0"
+        n.restart()
+        stored, head = n.all_messages(conv)
+        self.assertEqual(head, statuses[201])
 
     def test_accept_limiter_refuses_upgrades_over_the_rate(self):
         n = self.node_start({"CONVERGER_ACCEPT_RATE": "5"})
