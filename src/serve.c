@@ -216,7 +216,14 @@ out:
   }
   if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
   auth_free(node->auth);
-  if (node->admission) admission_free(node->admission);
+  if (node->admission) {
+    /* Every connection is gone: a slot still counted is a leak (tests
+     * look for "BUG:" in node logs). */
+    if (admission_in_use(node->admission) || admission_waiting(node->admission))
+      log_error("BUG: admission slots leaked at exit: %d in use, %d waiting",
+                admission_in_use(node->admission), admission_waiting(node->admission));
+    admission_free(node->admission);
+  }
   free(node);
   ws_encoder_free();
   metrics_reset();

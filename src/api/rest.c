@@ -24,6 +24,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "gate/admission.h"
 #include "gate/limiter.h"
 #include "net/ws.h"
 #include "proto/frames.h"
@@ -589,6 +590,9 @@ void rest_handle(conn_t *c, http_request_t *req) {
     req->route = "/metrics";
     if (!IS(GET)) return method_not_allowed(c, "GET");
     size_t len;
+    /* gauges read now, not at the last tick */
+    metrics_set("converger_admission_in_use", NULL, admission_in_use(node->admission));
+    metrics_set("converger_admission_waiting", NULL, admission_waiting(node->admission));
     char *text = metrics_render(&len);
     if (!text) return http_respond_error(c, 503, "unavailable", "out of memory", 1000);
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
@@ -701,6 +705,7 @@ static void refresh_cb(uv_timer_t *t) {
   r->node = node;
   refresh_running = 1;
   r->job.kind = "revocations";
+  r->job.no_drop = 1; /* revocations must take effect under overload too */
   pool_submit(node->pool, &r->job, refresh_work, refresh_done);
 }
 

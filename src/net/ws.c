@@ -303,6 +303,7 @@ void ws_send_frame(conn_t *c, const char *frame, size_t len) {
 void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
+  session_on_close(c->session); /* nothing more is admitted for it */
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
   if (ensure_ctx(ws) != 0) return;

@@ -44,8 +44,9 @@
 
 typedef struct sub_s {
   bus_sub_t bus;
-  admission_waiter_t adm; /* a sync waiting for, or holding, an admission slot */
-  int64_t adm_watermark;  /* that sync's watermark */
+  admission_waiter_t adm;      /* a sync waiting for, or holding, an admission slot */
+  int64_t adm_watermark;       /* that sync's watermark */
+  struct fill_job_s *sync_job; /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
   char conv[STORE_ID_MAX + 1];
@@ -66,8 +67,9 @@ typedef struct sub_s {
 struct hello_job_s;
 
 struct session_s {
-  admission_waiter_t adm;    /* the hello waiting for, or holding, an admission slot */
-  struct hello_job_s *hello; /* the hello job waiting for its slot */
+  admission_waiter_t adm;            /* the hello waiting for, or holding, an admission slot */
+  struct hello_job_s *hello;         /* the hello job waiting for its slot */
+  struct hello_job_s *hello_running; /* the hello job in the pool */
   conn_t *conn;
   node_t *node;
   uint64_t id;
@@ -199,6 +201,7 @@ static void send_live(sub_t *sub, bus_msg_t *m) {
 }
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
+static void sync_acquire(sub_t *sub, int64_t watermark);
 
 /* The fill reached its target: send synced if asked, then what waited. */
 static void fill_finish(sub_t *sub, int64_t head, int synced) {
@@ -206,10 +209,9 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
   if (synced) send_text_owned(c, frame_synced(sub->conv, head));
   sub->filling = 0;
   if (c->closing) return;
-  if (sub->sync_pending) {
+  if (sub->sync_pending) { /* a sync that came during the fill: it queues like any sync */
     sub->sync_pending = 0;
-    sub->delivered = sub->sync_watermark;
-    fill_start(sub, sub->delivered, -1, 1);
+    sync_acquire(sub, sub->sync_watermark);
     return;
   }
   if (sub->overflow) {
@@ -268,7 +270,7 @@ static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
 
 /* ---- fill job: replay pages, sync, gap fill -------------------------------- */
 
-typedef struct {
+typedef struct fill_job_s {
   pool_job_t job;
   conn_t *conn;
   char conv[STORE_ID_MAX + 1];
@@ -310,9 +312,10 @@ static void replay_failed(sub_t *sub, const char *message) {
   session_t *s = sub->session;
   json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
   send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
-  clear_pending(sub);
-  sub->filling = 0;
-  sub->sync_pending = sub->overflow = 0;
+  /* Live delivery goes on: what waited in `pending` goes out now (or is
+   * filled from the store past an overflow), as after any fill. */
+  sub->sync_pending = 0;
+  fill_finish(sub, 0, 0);
 }
 
 static void fill_done(pool_job_t *job) {
@@ -322,7 +325,10 @@ static void fill_done(pool_job_t *job) {
   if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
     sub_t *sub = find_sub(f->conn->session, f->conv);
-    if (sub) admission_release(f->conn->session->node->admission, &sub->adm, util_mono_ms());
+    if (sub && sub->sync_job == f) {
+      sub->sync_job = NULL;
+      admission_release(f->conn->session->node->admission, &sub->adm, util_mono_ms());
+    }
   }
   if (conn_unref(f->conn)) {
     session_t *s = f->conn->session;
@@ -376,6 +382,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   }
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
+    if (admitted) admission_release(c->node->admission, &sub->adm, util_mono_ms());
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return;
   }
@@ -385,6 +392,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->upto = upto;
   f->synced = synced;
   f->admitted = admitted;
+  if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
   conn_ref(c);
   pool_submit(c->node->pool, &f->job, fill_work, fill_done);
@@ -452,8 +460,11 @@ static void hello_done(pool_job_t *job) {
     for (size_t i = 0; i < h->n; i++) h->items[i].status = job->dropped ? -CV_EBUSY : -CV_ECANCELED;
   for (size_t i = 0; i < h->n; i++)
     if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
-  if (h->conn->session) /* the store work is done: the slot goes to the next handshake */
+  if (h->conn->session && h->conn->session->hello_running == h) {
+    /* the store work is done: the slot goes to the next handshake */
+    h->conn->session->hello_running = NULL;
     admission_release(h->conn->node->admission, &h->conn->session->adm, util_mono_ms());
+  }
   if (conn_unref(h->conn) && h->conn->session) {
     conn_t *c = h->conn;
     session_t *s = c->session;
@@ -547,6 +558,7 @@ static void hello_submit(session_t *s) {
   }
   h->deact_gen = chan_gen;
   h->job.kind = "hello";
+  s->hello_running = h;
   conn_ref(c);
   pool_submit(s->node->pool, &h->job, hello_work, hello_done);
 }
@@ -718,9 +730,10 @@ static void sync_refused(sub_t *sub, const char *message, uint64_t waited_ms) {
   observe_admission("overloaded", waited_ms);
   json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->adm_watermark);
   send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
-  clear_pending(sub);
-  sub->filling = 0;
-  sub->sync_pending = sub->overflow = 0;
+  /* Live delivery goes on: what waited in `pending` goes out now (or is
+   * filled from the store past an overflow), as after any fill. */
+  sub->sync_pending = 0;
+  fill_finish(sub, 0, 0);
 }
 
 static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
@@ -852,17 +865,26 @@ void session_flush_metrics(void) {
 
 void session_on_close(session_t *s) {
   if (!s) return;
+  node_t *node = s->node;
   uint64_t now = util_mono_ms();
-  /* Waiters leave first, so that a slot given back below does not go to
-   * another waiter of this same connection. */
-  for (int pass = 0; pass < 2; pass++) {
-    int state = pass == 0 ? ADMISSION_WAITING : ADMISSION_HOLDING;
-    if (s->adm.state == state) admission_release(s->node->admission, &s->adm, now);
-    for (sub_t *sub = s->subs; sub; sub = sub->next)
-      if (sub->adm.state == state) admission_release(s->node->admission, &sub->adm, now);
-  }
+  /* Waiters leave the queue. */
+  if (s->adm.state == ADMISSION_WAITING) admission_release(node->admission, &s->adm, now);
+  for (sub_t *sub = s->subs; sub; sub = sub->next)
+    if (sub->adm.state == ADMISSION_WAITING) admission_release(node->admission, &sub->adm, now);
   free(s->hello); /* a hello that was still waiting for its slot */
   s->hello = NULL;
+  /* A holder whose job has not started takes it back and frees its slot
+   * now; one whose job runs frees it when the job returns (its done
+   * callback), so that jobs in the pool never outnumber the slots. */
+  if (s->hello_running && node->pool && pool_cancel(node->pool, &s->hello_running->job)) {
+    s->hello_running = NULL;
+    admission_release(node->admission, &s->adm, now);
+  }
+  for (sub_t *sub = s->subs; sub; sub = sub->next)
+    if (sub->sync_job && node->pool && pool_cancel(node->pool, &sub->sync_job->job)) {
+      sub->sync_job = NULL;
+      admission_release(node->admission, &sub->adm, now);
+    }
 }
 
 void session_free(session_t *s) {

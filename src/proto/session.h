@@ -35,9 +35,11 @@ void session_on_writable(conn_t *c);
  * a plain integer). */
 void session_flush_metrics(void);
 
-/* The connection is closing: give back its admission slots at once, for a
- * hello or a sync waiting or running (their store jobs may still run; their
- * results are dropped). conn_close calls it. */
+/* The connection is ending (its close frame is queued, or its socket is
+ * closing): a hello or sync waiting for an admission slot leaves the queue,
+ * and a held slot whose store job has not started is given back with the
+ * job; a slot whose job runs is given back when the job returns. Idempotent.
+ * ws_close and conn_close call it. */
 void session_on_close(session_t *s);
 
 /* The connection is going away: leave the bus index and free. */

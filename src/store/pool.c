@@ -29,7 +29,8 @@ struct pool_s {
   uv_prepare_t kick; /* wakes workers for the jobs submitted this turn */
   int unsignaled;    /* jobs queued since the last kick (loop thread) */
   int idle;          /* workers waiting on `cond` (under mu) */
-  int handles_open;  /* async + kick, until their close callbacks ran */
+  int handles_open;  /* async, kick and sweep, until their close callbacks ran */
+  uv_timer_t sweep;  /* drops stale jobs of a slow pool (sweep_cb) */
   uv_mutex_t mu;
   uv_cond_t cond;
   pool_job_t *todo_head, *todo_tail;
@@ -64,21 +65,67 @@ static void push(pool_job_t **head, pool_job_t **tail, pool_job_t *job) {
   *tail = job;
 }
 
-/* The queue-delay rule, for a job taken at `now` after waiting `wait` ms.
- * Under mu. */
-static int should_drop(pool_t *pool, uint64_t now, uint64_t wait) {
-  if (now >= pool->interval_end) {
-    /* An interval in which jobs were taken but none had waited less than
-     * the target makes the next one slow; an idle one does not. */
-    pool->slow = pool->interval_jobs > 0 && pool->interval_min > pool->target_ms;
-    pool->interval_end = now + pool->interval_ms;
-    pool->interval_min = UINT64_MAX;
-    pool->interval_jobs = 0;
-  }
+/* Start a new interval of the queue-delay rule when the current one is
+ * over. The next one is slow when, in the last one, jobs were taken and
+ * none had waited less than the target, or none was taken at all while the
+ * oldest waiting job has waited longer than the target (every worker
+ * stuck). Under mu. */
+static void roll_interval(pool_t *pool, uint64_t now) {
+  if (now < pool->interval_end) return;
+  if (pool->interval_jobs > 0)
+    pool->slow = pool->interval_min > pool->target_ms;
+  else
+    pool->slow = pool->todo_head && now - pool->todo_head->submit_ms > pool->target_ms;
+  pool->interval_end = now + pool->interval_ms;
+  pool->interval_min = UINT64_MAX;
+  pool->interval_jobs = 0;
+}
+
+/* The queue is empty: the pool kept up, and the next burst starts afresh
+ * (DBConnection resets its state when its queue empties). Under mu. */
+static void drained(pool_t *pool, uint64_t now) {
+  pool->slow = 0;
+  pool->interval_end = now + pool->interval_ms;
+  pool->interval_min = UINT64_MAX;
+  pool->interval_jobs = 0;
+}
+
+/* The queue-delay rule for a job taken at `now` after waiting `wait` ms:
+ * 1 to drop it. A queue that has drained is not slow any more (the next
+ * burst starts afresh, as in DBConnection). Under mu. */
+static int should_drop(pool_t *pool, pool_job_t *job, uint64_t now, uint64_t wait) {
+  roll_interval(pool, now);
   pool->interval_jobs++;
-  if (pool->slow && wait > 2 * pool->target_ms) return 1;
-  if (wait < pool->interval_min) pool->interval_min = wait;
-  return 0;
+  int drop = pool->slow && !job->no_drop && wait > 2 * pool->target_ms;
+  if (!drop && wait < pool->interval_min) pool->interval_min = wait;
+  if (!pool->todo_head) drained(pool, now);
+  return drop;
+}
+
+/* Every `target` ms on the loop: while the pool is slow, the jobs at the
+ * head of the queue that waited more than twice the target are dropped
+ * now, not when a worker frees up (a store stuck in a busy wait would
+ * otherwise delay every refusal by that wait). */
+static void sweep_cb(uv_timer_t *t) {
+  pool_t *pool = t->data;
+  uint64_t now = util_mono_ms();
+  int dropped = 0;
+  uv_mutex_lock(&pool->mu);
+  roll_interval(pool, now);
+  while (pool->slow && pool->todo_head && !pool->todo_head->no_drop &&
+         now - pool->todo_head->submit_ms > 2 * pool->target_ms) {
+    pool_job_t *job = pool->todo_head;
+    pool->todo_head = job->next;
+    if (!pool->todo_head) pool->todo_tail = NULL;
+    job->wait_ms = now - job->submit_ms;
+    job->dropped = 1;
+    pool->interval_jobs++;
+    push(&pool->done_head, &pool->done_tail, job);
+    dropped++;
+  }
+  if (dropped && !pool->todo_head) drained(pool, now);
+  uv_mutex_unlock(&pool->mu);
+  if (dropped) uv_async_send(&pool->async);
 }
 
 static void worker_main(void *arg) {
@@ -102,7 +149,7 @@ static void worker_main(void *arg) {
     if (!pool->todo_head) pool->todo_tail = NULL;
     uint64_t now = util_mono_ms();
     job->wait_ms = now - job->submit_ms;
-    job->dropped = should_drop(pool, now, job->wait_ms);
+    job->dropped = should_drop(pool, job, now, job->wait_ms);
     uv_mutex_unlock(&pool->mu);
 
     metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
@@ -226,8 +273,11 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   uv_prepare_init(loop, &pool->kick);
   uv_prepare_start(&pool->kick, kick_cb);
   uv_unref((uv_handle_t *)&pool->kick); /* the async handle keeps the loop alive */
-  pool->async.data = pool->kick.data = pool;
-  pool->handles_open = 2;
+  uv_timer_init(loop, &pool->sweep);
+  uv_unref((uv_handle_t *)&pool->sweep);
+  pool->async.data = pool->kick.data = pool->sweep.data = pool;
+  uv_timer_start(&pool->sweep, sweep_cb, pool->target_ms, pool->target_ms);
+  pool->handles_open = 3;
   *out = pool;
   return 0;
 }
@@ -236,7 +286,7 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
   job->work = work;
   job->done = done;
   job->canceled = 0;
-  job->dropped = 0;
+  job->dropped = 0; /* (no_drop and kind are the caller's, set before) */
   job->submit_ms = util_mono_ms();
   pool->in_flight++;
   uv_mutex_lock(&pool->mu);
@@ -257,6 +307,24 @@ void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms) {
   pool->target_ms = target_ms > 0 ? (uint64_t)target_ms : 50;
   pool->interval_ms = interval_ms > 0 ? (uint64_t)interval_ms : 1000;
   uv_mutex_unlock(&pool->mu);
+  uv_timer_start(&pool->sweep, sweep_cb, pool->target_ms, pool->target_ms);
+}
+
+int pool_cancel(pool_t *pool, pool_job_t *job) {
+  int found = 0;
+  uv_mutex_lock(&pool->mu);
+  for (pool_job_t **l = &pool->todo_head, *prev = NULL; *l; prev = *l, l = &(*l)->next)
+    if (*l == job) {
+      *l = job->next;
+      if (pool->todo_tail == job) pool->todo_tail = prev;
+      job->canceled = 1;
+      push(&pool->done_head, &pool->done_tail, job);
+      found = 1;
+      break;
+    }
+  uv_mutex_unlock(&pool->mu);
+  if (found) uv_async_send(&pool->async);
+  return found;
 }
 
 void pool_set_test_delay(pool_t *pool, int ms) { pool->test_delay_ms = ms; }
@@ -269,5 +337,6 @@ void pool_close(pool_t *pool) {
     async_cb(&pool->async); /* their done callbacks, and any
                                 job those submit (canceled) */
   uv_close((uv_handle_t *)&pool->kick, closed_cb);
+  uv_close((uv_handle_t *)&pool->sweep, closed_cb);
   uv_close((uv_handle_t *)&pool->async, closed_cb);
 }

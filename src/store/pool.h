@@ -16,6 +16,9 @@
  * When no job taken during the last interval waited less than the target,
  * the pool is slow, and while it is slow a job that waited more than twice
  * the target is dropped: `work` never runs and `done` sees job->dropped.
+ * Jobs are checked when a worker takes them and, every `target` ms, at the
+ * head of the queue, so refusals come fast even when every worker is stuck.
+ * A queue that drains is no longer slow.
  * Callers answer with a retryable refusal (503, unavailable,
  * replay_unavailable). A pool that keeps up never drops anything.
  */
@@ -44,6 +47,7 @@ struct pool_job_s {
   uint64_t wait_ms;   /* time spent queued before a worker took it */
   int canceled;       /* set when pool_close dropped it before `work` ran */
   int dropped;        /* set when the queue-delay rule dropped it before `work` ran */
+  int no_drop;        /* set by the caller: never dropped (e.g. the revocation refresh) */
   pool_job_t *next;
 };
 
@@ -67,6 +71,11 @@ void pool_set_test_delay(pool_t *pool, int ms);
  * and never calls `done` synchronously; after pool_close has begun, the job
  * still runs (shutdown finishes in-flight work). Loop thread. */
 void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done);
+
+/* Take `job` back if no worker has started it: its `done` then runs later
+ * (never synchronously) with job->canceled set and `work` never runs.
+ * Returns 1 when it was taken back, 0 when it runs or ran. Loop thread. */
+int pool_cancel(pool_t *pool, pool_job_t *job);
 
 /* Jobs submitted whose `done` has not run yet. Loop thread. */
 int pool_in_flight(const pool_t *pool);

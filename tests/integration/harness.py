@@ -266,7 +266,8 @@ class Node:
                 self._hard_kill()
 
     SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
-                         "WARNING: ThreadSanitizer", "AddressSanitizer:DEADLYSIGNAL")
+                         "WARNING: ThreadSanitizer", "AddressSanitizer:DEADLYSIGNAL",
+                         "BUG:")  # the node's own invariant checks at exit
 
     def finish(self):
         """Stops the node (SIGTERM) if it runs and raises AssertionError if
@@ -279,7 +280,7 @@ class Node:
             problems.append("exit code %r after SIGTERM (want 0)" % rc)
         log = self.log_text()
         if any(m in log for m in self.SANITIZER_MARKERS):
-            problems.append("sanitizer report in the node log")
+            problems.append("sanitizer report or BUG line in the node log")
         if problems:
             raise AssertionError("node %s: %s; log:\n%s" % (self.node_id, "; ".join(problems), self.log_tail(200)))
 
