@@ -167,6 +167,8 @@ int serve_main(int argc, char **argv) {
                                                        : STORE_SYNC_FULL,
       .busy_timeout_ms = 5000,
   };
+  char db_shown[512]; /* the URL without its password, for logs */
+  store_url_redact(cfg.database_url, db_shown, sizeof db_shown);
   int status = 1;
   uv_timer_init(node->loop, &node->admission_timer);
   node->admission_timer.data = node;
@@ -175,7 +177,7 @@ int serve_main(int argc, char **argv) {
                                   admission_arm, node);
   if (!node->auth || !node->bus || !node->admission) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
-    log_error("cannot start the store (%s): %s", cfg.database_url, cv_strerror(r));
+    log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
     goto out;
   }
   pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
@@ -202,8 +204,8 @@ int serve_main(int argc, char **argv) {
   node->ready = 1;
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms",
-           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, cfg.database_url, cfg.pool_size,
-           slots, cfg.handshake_queue_max, cfg.handshake_queue_ms);
+           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,
+           cfg.handshake_queue_max, cfg.handshake_queue_ms);
   if (key_from_file) log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
   uv_run(node->loop, UV_RUN_DEFAULT);
   status = 0;

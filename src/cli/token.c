@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "core/config.h"
 #include "core/util.h"
+#include "store/store.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -77,10 +78,12 @@ int token_main(int argc, char **argv) {
   if (!cfg.api_key) cfg.api_key = strdup("unused"); /* signing needs only the secret */
   int from_file;
   if (config_load_secrets(&cfg, 0, &from_file) != 0) {
+    char db_shown[512];
+    store_url_redact(cfg.database_url, db_shown, sizeof db_shown);
     fprintf(stderr,
             "converger token: no token secret: set CONVERGER_TOKEN_SECRET, or run this where the "
             "node runs (its data directory is %s, from CONVERGER_DATABASE_URL %s)\n",
-            cfg.data_dir, cfg.database_url);
+            cfg.data_dir, db_shown);
     config_free(&cfg);
     return 1;
   }

@@ -19,6 +19,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "store/store.h"
 
 typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL } kind_t;
 
@@ -40,7 +41,9 @@ static const setting_t settings[] = {
     S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
       "address and port for HTTP, WebSocket, health and metrics"),
     S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url, "sqlite:data/converger.db",
-      0, 0, NULL, "store: sqlite:PATH"),
+      0, 0, NULL,
+      "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"
+      " (host=... dbname=...)"),
     S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
       "REST/admin bearer key (unset: generated, stored in the data directory)"),
     S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, 0, 0, NULL,
@@ -161,11 +164,13 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     }
     break;
   case K_DBURL:
-    if (strncmp(v, "sqlite:", 7) != 0 || v[7] == '\0') {
+    if (store_backend_name(v) == NULL) {
+      char shown[512];
+      store_url_redact(v, shown, sizeof shown);
       fprintf(stderr,
-              "converger: invalid %s (%s) \"%s\": want sqlite:PATH "
-              "(PostgreSQL is not supported yet)\n",
-              s->env, src, v);
+              "converger: invalid %s (%s) \"%s\": want sqlite:PATH, "
+              "postgres://USER@HOST:PORT/DB or a libpq keyword string (host=... dbname=...)\n",
+              s->env, src, shown);
       return -CV_EINVAL;
     }
     break;
@@ -232,12 +237,19 @@ int config_parse(config_t *cfg, int argc, char **argv) {
             cfg->retry_after_min_ms, cfg->retry_after_max_ms);
     return -CV_EINVAL;
   }
-  const char *path = cfg->database_url + 7;
-  const char *slash = strrchr(path, '/');
-  cfg->data_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
-  if (cfg->data_dir[0] == '\0') {
-    free(cfg->data_dir);
-    cfg->data_dir = strdup("/");
+  /* The data directory holds the generated secrets: SQLite's is the
+   * database file's directory; with PostgreSQL it is data/ under the
+   * current directory (nodes started from one directory share it). */
+  if (strcmp(store_backend_name(cfg->database_url), "sqlite") == 0) {
+    const char *path = cfg->database_url + 7;
+    const char *slash = strrchr(path, '/');
+    cfg->data_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+    if (cfg->data_dir[0] == '\0') {
+      free(cfg->data_dir);
+      cfg->data_dir = strdup("/");
+    }
+  } else {
+    cfg->data_dir = strdup("data");
   }
   if (!cfg->node_id) {
     char host[256];

@@ -14,8 +14,8 @@ typedef struct {
   char *listen;              /* "host:port" */
   char *listen_host;         /* derived from listen */
   int listen_port;           /* derived from listen */
-  char *database_url;        /* "sqlite:PATH" */
-  char *data_dir;            /* directory of the SQLite file */
+  char *database_url;        /* "sqlite:PATH", "postgres://..." or libpq keywords */
+  char *data_dir;            /* secrets: the SQLite file's directory; PostgreSQL: "data" */
   char *api_key;             /* NULL: generated/stored by config_load_secrets */
   char *token_secret;        /* NULL: generated/stored by config_load_secrets */
   char *node_id;             /* default hostname:port */

@@ -244,8 +244,11 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   int r = 0;
   if (!pool->threads || !pool->stores) r = -CV_ENOMEM;
   for (int i = 0; r == 0 && i < size; i++) {
-    if ((r = store_open(url, opt, &pool->stores[i])) != 0)
-      log_error("store: cannot open %s: %s", url, cv_strerror(r));
+    if ((r = store_open(url, opt, &pool->stores[i])) != 0) {
+      char shown[512]; /* without a password */
+      store_url_redact(url, shown, sizeof shown);
+      log_error("store: cannot open %s: %s", shown, cv_strerror(r));
+    }
     else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
       log_error("store: migration failed: %s", cv_strerror(r));
   }

@@ -1,5 +1,6 @@
 /*
- * sqlite: the SQLite backend of store.h ("sqlite:PATH").
+ * sqlite: the SQLite backend of store.h ("sqlite:PATH"); store.c dispatches
+ * here through store_sqlite_ops with arguments already checked (backend.h).
  *
  * Owns: one sqlite3 connection per store_t and the prepared statements
  * cached on it (prepared on first use with SQLITE_PREPARE_PERSISTENT; the
@@ -34,9 +35,9 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "store/backend.h"
 
-#define URL_PREFIX              "sqlite:"
-#define BUSY_TIMEOUT_DEFAULT_MS 5000
+#define URL_PREFIX "sqlite:"
 
 /* Migrations, oldest first: migrations[i] brings the schema to version i+1.
  * Append only; never edit one that has shipped. Each runs with the
@@ -129,16 +130,19 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_REVOCATIONS] = "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
 };
 
-struct store_s {
+typedef struct {
+  store_t base; /* first: ops */
   sqlite3 *db;
   sqlite3_stmt *stmt[ST_COUNT_];
-};
+} sq_t;
+
+static sq_t *sq(store_t *base) { return container_of(base, sq_t, base); }
 
 /* ---- errors and statements ------------------------------------------ */
 
 /* Map a SQLite result code to -CV_E...; log the database's own message for
  * anything that becomes -CV_ESTORE. Call before the statement is reset. */
-static int db_error(store_t *s, int rc, const char *what) {
+static int db_error(sq_t *s, int rc, const char *what) {
   switch (rc & 0xff) {
   case SQLITE_BUSY:
   case SQLITE_LOCKED:
@@ -158,7 +162,7 @@ static int is_unique_violation(int rc) {
   return rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE;
 }
 
-static int stmt_get(store_t *s, enum stmt_id id, sqlite3_stmt **out) {
+static int stmt_get(sq_t *s, enum stmt_id id, sqlite3_stmt **out) {
   if (s->stmt[id] == NULL) {
     int rc =
         sqlite3_prepare_v3(s->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[id], NULL);
@@ -184,13 +188,13 @@ static int bind_text(sqlite3_stmt *st, int i, const char *v) {
 }
 
 /* Run a statement that returns no rows (or whose rows are ignored). */
-static int exec_sql(store_t *s, const char *sql, const char *what) {
+static int exec_sql(sq_t *s, const char *sql, const char *what) {
   int rc = sqlite3_exec(s->db, sql, NULL, NULL, NULL);
   return rc == SQLITE_OK ? 0 : db_error(s, rc, what);
 }
 
 /* One-off query returning a single integer (not cached: migration paths). */
-static int query_int(store_t *s, const char *sql, int64_t *out) {
+static int query_int(sq_t *s, const char *sql, int64_t *out) {
   sqlite3_stmt *st = NULL;
   int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
   int err = 0;
@@ -203,7 +207,7 @@ static int query_int(store_t *s, const char *sql, int64_t *out) {
   return err;
 }
 
-static int tx_step(store_t *s, enum stmt_id id, const char *what) {
+static int tx_step(sq_t *s, enum stmt_id id, const char *what) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, id, &st);
   if (err) return err;
@@ -213,23 +217,21 @@ static int tx_step(store_t *s, enum stmt_id id, const char *what) {
   return err;
 }
 
-static int tx_begin(store_t *s) { return tx_step(s, ST_BEGIN, "begin"); }
+static int tx_begin(sq_t *s) { return tx_step(s, ST_BEGIN, "begin"); }
 
-int store_read_begin(store_t *s) {
-  if (s == NULL) return -CV_EINVAL;
-  return tx_step(s, ST_BEGIN_READ, "begin read");
-}
+static int op_read_begin(store_t *base) { return tx_step(sq(base), ST_BEGIN_READ, "begin read"); }
 
-void store_read_end(store_t *s) {
+static void op_read_end(store_t *base) {
+  sq_t *s = sq(base);
   /* Nothing was written: a rollback ends it whatever happened inside. */
-  if (s != NULL && !sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_ROLLBACK, "end read");
+  if (!sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_ROLLBACK, "end read");
 }
-static int tx_commit(store_t *s) { return tx_step(s, ST_COMMIT, "commit"); }
+static int tx_commit(sq_t *s) { return tx_step(s, ST_COMMIT, "commit"); }
 
 /* Roll back whatever is still open and return `err`, the first failure.
  * SQLite rolls back by itself after some errors (I/O, full disk); then
  * autocommit is already on and there is nothing to do. */
-static int tx_rollback(store_t *s, int err) {
+static int tx_rollback(sq_t *s, int err) {
   if (!sqlite3_get_autocommit(s->db)) (void)tx_step(s, ST_ROLLBACK, "rollback");
   return err;
 }
@@ -302,7 +304,7 @@ static void conv_fill(sqlite3_stmt *st, store_conv_t *v) {
  * does not call the busy handler for that upgrade: when several workers open
  * a new database at once, some get SQLITE_BUSY at once. Retry here, within
  * the same busy timeout. */
-static int set_wal(store_t *s, const char *path, int busy_ms) {
+static int set_wal(sq_t *s, const char *path, int busy_ms) {
   sqlite3_stmt *st = NULL;
   int rc, err = 0, nap_ms = 1;
   uint64_t deadline = util_mono_ms() + (uint64_t)busy_ms;
@@ -328,24 +330,20 @@ static int set_wal(store_t *s, const char *path, int busy_ms) {
   return err;
 }
 
-int store_open(const char *url, const store_options_t *opt, store_t **out) {
+static void op_close(store_t *base);
+
+static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   static const char *const sync_sql[] = {
       [STORE_SYNC_OFF] = "PRAGMA synchronous=OFF",
       [STORE_SYNC_NORMAL] = "PRAGMA synchronous=NORMAL",
       [STORE_SYNC_FULL] = "PRAGMA synchronous=FULL",
   };
-  const size_t plen = sizeof URL_PREFIX - 1;
-  if (out != NULL) *out = NULL;
-  if (url == NULL || out == NULL || strncmp(url, URL_PREFIX, plen) != 0 || url[plen] == '\0')
-    return -CV_EINVAL;
-  const char *path = url + plen;
-  int sync = opt != NULL ? (int)opt->sync : STORE_SYNC_FULL;
-  int busy_ms = opt != NULL ? opt->busy_timeout_ms : 0;
-  if (sync < STORE_SYNC_OFF || sync > STORE_SYNC_FULL || busy_ms < 0) return -CV_EINVAL;
-  if (busy_ms == 0) busy_ms = BUSY_TIMEOUT_DEFAULT_MS;
+  const char *path = url + sizeof URL_PREFIX - 1;
+  int busy_ms = opt->busy_timeout_ms;
 
-  store_t *s = calloc(1, sizeof *s);
+  sq_t *s = calloc(1, sizeof *s);
   if (s == NULL) return -CV_ENOMEM;
+  s->base.ops = &store_sqlite_ops;
   int rc = sqlite3_open_v2(path, &s->db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
   if (s->db == NULL) {
@@ -363,22 +361,22 @@ int store_open(const char *url, const store_options_t *opt, store_t **out) {
     sqlite3_busy_timeout(s->db, busy_ms);
     err = set_wal(s, path, busy_ms);
   }
-  if (!err) err = exec_sql(s, sync_sql[sync], "synchronous");
+  if (!err) err = exec_sql(s, sync_sql[opt->sync], "synchronous");
   if (!err) err = exec_sql(s, "PRAGMA foreign_keys=ON", "foreign_keys");
   for (int i = 0; !err && i < ST_EAGER_END_; i++) {
     sqlite3_stmt *st = NULL;
     err = stmt_get(s, (enum stmt_id)i, &st);
   }
   if (err) {
-    store_close(s);
+    op_close(&s->base);
     return err;
   }
-  *out = s;
+  *out = &s->base;
   return 0;
 }
 
-void store_close(store_t *s) {
-  if (s == NULL) return;
+static void op_close(store_t *base) {
+  sq_t *s = sq(base);
   for (int i = 0; i < ST_COUNT_; i++) sqlite3_finalize(s->stmt[i]);
   /* Closing rolls back an open transaction; the last connection on the file
    * checkpoints and removes the WAL. */
@@ -387,8 +385,8 @@ void store_close(store_t *s) {
   free(s);
 }
 
-int store_migrate(store_t *s) {
-  if (s == NULL) return -CV_EINVAL;
+static int op_migrate(store_t *base) {
+  sq_t *s = sq(base);
   int64_t cur = 0;
   int err = tx_begin(s);
   if (err) return err;
@@ -424,8 +422,8 @@ int store_migrate(store_t *s) {
   return 0;
 }
 
-int store_schema_version(store_t *s) {
-  if (s == NULL) return -CV_EINVAL;
+static int op_schema_version(store_t *base) {
+  sq_t *s = sq(base);
   int64_t n = 0;
   int err = query_int(s,
                       "SELECT count(*) FROM sqlite_schema"
@@ -436,8 +434,8 @@ int store_schema_version(store_t *s) {
   return err ? err : (int)n;
 }
 
-int store_ping(store_t *s) {
-  if (s == NULL) return -CV_EINVAL;
+static int op_ping(store_t *base) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_PING, &st);
   if (err) return err;
@@ -449,11 +447,9 @@ int store_ping(store_t *s) {
 
 /* ---- channels --------------------------------------------------------- */
 
-int store_channel_create(store_t *s, const char *id, const char *name, int presence,
-                         store_channel_t *out) {
-  if (s == NULL || !util_id_valid(id) || name == NULL ||
-      strnlen(name, STORE_NAME_MAX + 1) > STORE_NAME_MAX)
-    return -CV_EINVAL;
+static int op_channel_create(store_t *base, const char *id, const char *name, int presence,
+                             store_channel_t *out) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CHANNEL_INSERT, &st);
   if (err) return err;
@@ -476,8 +472,8 @@ int store_channel_create(store_t *s, const char *id, const char *name, int prese
   return err;
 }
 
-int store_channel_get(store_t *s, const char *id, store_channel_t *out) {
-  if (s == NULL || !util_id_valid(id)) return -CV_EINVAL;
+static int op_channel_get(store_t *base, const char *id, store_channel_t *out) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CHANNEL_GET, &st);
   if (err) return err;
@@ -492,8 +488,8 @@ int store_channel_get(store_t *s, const char *id, store_channel_t *out) {
   return err;
 }
 
-int store_channel_set_active(store_t *s, const char *id, int active, store_channel_t *out) {
-  if (s == NULL || !util_id_valid(id)) return -CV_EINVAL;
+static int op_channel_set_active(store_t *base, const char *id, int active, store_channel_t *out) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CHANNEL_SET_ACTIVE, &st);
   if (err) return err;
@@ -515,8 +511,8 @@ int store_channel_set_active(store_t *s, const char *id, int active, store_chann
 
 /* ---- conversations ---------------------------------------------------- */
 
-int store_conv_create(store_t *s, const char *id, const char *channel, store_conv_t *out) {
-  if (s == NULL || !util_id_valid(id) || !util_id_valid(channel)) return -CV_EINVAL;
+static int op_conv_create(store_t *base, const char *id, const char *channel, store_conv_t *out) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int active = 0, presence = 0;
   int err = tx_begin(s);
@@ -560,8 +556,8 @@ int store_conv_create(store_t *s, const char *id, const char *channel, store_con
   return 0;
 }
 
-int store_conv_get(store_t *s, const char *id, store_conv_t *out) {
-  if (s == NULL || !util_id_valid(id)) return -CV_EINVAL;
+static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CONV_GET, &st);
   if (err) return err;
@@ -580,7 +576,7 @@ int store_conv_get(store_t *s, const char *id, store_conv_t *out) {
 
 /* Inside the append transaction: the message already stored under (conv, id)
  * into *out (return 1), none (0), or a negative error. */
-static int append_find(store_t *s, const char *conv, const char *id, store_msg_t *out) {
+static int append_find(sq_t *s, const char *conv, const char *id, store_msg_t *out) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_MSG_BY_ID, &st);
   if (err) return err;
@@ -597,7 +593,7 @@ static int append_find(store_t *s, const char *conv, const char *id, store_msg_t
 
 /* Inside the append transaction: 0 when the conversation exists and its
  * channel is active. */
-static int append_check_conv(store_t *s, const char *conv) {
+static int append_check_conv(sq_t *s, const char *conv) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CONV_GET, &st);
   if (err) return err;
@@ -612,7 +608,7 @@ static int append_check_conv(store_t *s, const char *conv) {
 }
 
 /* Inside the append transaction: head = head + 1, the new head in *seq. */
-static int append_bump_head(store_t *s, const char *conv, int64_t *seq) {
+static int append_bump_head(sq_t *s, const char *conv, int64_t *seq) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_HEAD_BUMP, &st);
   if (err) return err;
@@ -629,8 +625,8 @@ static int append_bump_head(store_t *s, const char *conv, int64_t *seq) {
   return err;
 }
 
-static int append_insert(store_t *s, const char *conv, int64_t seq, const char *id,
-                         const char *sender, const char *body, int64_t ts_ms) {
+static int append_insert(sq_t *s, const char *conv, int64_t seq, const char *id, const char *sender,
+                         const char *body, int64_t ts_ms) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_MSG_INSERT, &st);
   if (err) return err;
@@ -646,14 +642,9 @@ static int append_insert(store_t *s, const char *conv, int64_t seq, const char *
   return err;
 }
 
-int store_append(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
-                 int64_t ts_ms, store_msg_t *out, int *created) {
-  if (out != NULL) memset(out, 0, sizeof *out);
-  if (created != NULL) *created = 0;
-  if (s == NULL || !util_id_valid(conv) || !util_id_valid(id) || sender == NULL || body == NULL ||
-      out == NULL || created == NULL)
-    return -CV_EINVAL;
-
+static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
+                     const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
+  sq_t *s = sq(base);
   int64_t seq = 0;
   int err = tx_begin(s);
   if (err) return err;
@@ -691,7 +682,7 @@ int store_append(store_t *s, const char *conv, const char *id, const char *sende
   return 0;
 }
 
-static int conv_exists(store_t *s, const char *conv) {
+static int conv_exists(sq_t *s, const char *conv) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CONV_EXISTS, &st);
   if (err) return err;
@@ -702,15 +693,9 @@ static int conv_exists(store_t *s, const char *conv) {
   return err;
 }
 
-int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
-                 size_t max_bytes, store_msg_t **msgs, size_t *n) {
-  if (msgs != NULL) *msgs = NULL;
-  if (n != NULL) *n = 0;
-  if (s == NULL || !util_id_valid(conv) || msgs == NULL || n == NULL) return -CV_EINVAL;
-  if (limit < 1) limit = 1;
-  if (limit > STORE_REPLAY_PAGE_MAX) limit = STORE_REPLAY_PAGE_MAX;
-  if (upto < 0) upto = INT64_MAX;
-
+static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upto, int limit,
+                     size_t max_bytes, store_msg_t **msgs, size_t *n) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_REPLAY, &st);
   if (err) return err;
@@ -756,23 +741,10 @@ int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int 
   return 0;
 }
 
-void store_msg_clear(store_msg_t *m) {
-  if (m == NULL) return;
-  free(m->sender);
-  free(m->body);
-  memset(m, 0, sizeof *m);
-}
-
-void store_msgs_free(store_msg_t *msgs, size_t n) {
-  if (msgs == NULL) return;
-  for (size_t i = 0; i < n; i++) store_msg_clear(&msgs[i]);
-  free(msgs);
-}
-
 /* ---- revocations ------------------------------------------------------ */
 
-int store_revoke(store_t *s, const char *jti, int64_t exp_s) {
-  if (s == NULL || jti == NULL || jti[0] == '\0') return -CV_EINVAL;
+static int op_revoke(store_t *base, const char *jti, int64_t exp_s) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_REVOKE, &st);
   if (err) return err;
@@ -784,10 +756,8 @@ int store_revoke(store_t *s, const char *jti, int64_t exp_s) {
   return err;
 }
 
-int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n) {
-  if (jtis != NULL) *jtis = NULL;
-  if (n != NULL) *n = 0;
-  if (s == NULL || jtis == NULL || n == NULL) return -CV_EINVAL;
+static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n) {
+  sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_REVOCATIONS, &st);
   if (err) return err;
@@ -825,8 +795,22 @@ int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n) {
   return 0;
 }
 
-void store_strings_free(char **v, size_t n) {
-  if (v == NULL) return;
-  for (size_t i = 0; i < n; i++) free(v[i]);
-  free(v);
-}
+const store_ops_t store_sqlite_ops = {
+    .name = "sqlite",
+    .open = op_open,
+    .close = op_close,
+    .migrate = op_migrate,
+    .schema_version = op_schema_version,
+    .read_begin = op_read_begin,
+    .read_end = op_read_end,
+    .ping = op_ping,
+    .channel_create = op_channel_create,
+    .channel_get = op_channel_get,
+    .channel_set_active = op_channel_set_active,
+    .conv_create = op_conv_create,
+    .conv_get = op_conv_get,
+    .append = op_append,
+    .replay = op_replay,
+    .revoke = op_revoke,
+    .revocations = op_revocations,
+};

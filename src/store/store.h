@@ -3,8 +3,14 @@
  *
  * A store_t is one database connection. It is owned by exactly one pool
  * worker thread (see pool.h) and must only be used from that thread; all
- * functions here block. Backends: SQLite (sqlite.c, "sqlite:PATH" URLs);
- * PostgreSQL comes later behind the same interface.
+ * functions here block. store_open picks the backend from the URL:
+ *   "sqlite:PATH"                          SQLite (sqlite.c), one machine
+ *   "postgres://..." or "postgresql://..." PostgreSQL (postgres.c, libpq),
+ *   or a libpq keyword string              shared by every node of a cluster
+ *   ("host=... dbname=...")
+ * Every other function dispatches to the backend of its store (store.c
+ * checks the arguments once, the backends do the database work; see
+ * backend.h).
  *
  * Semantics every backend must keep (DESIGN.md, "Delivery guarantees"):
  *  - per conversation, seq starts at 1 and is gapless, also under concurrent
@@ -16,7 +22,8 @@
  *
  * Errors: 0 on success, -CV_ENOTFOUND, -CV_EEXISTS, -CV_EINACTIVE,
  * -CV_EINVAL, -CV_EBUSY (lock not obtained in time), -CV_ESTORE (anything
- * else; the backend logs the database's own message).
+ * else, including a database that cannot be reached; the backend logs the
+ * database's own message).
  */
 #ifndef CONVERGER_STORE_STORE_H
 #define CONVERGER_STORE_STORE_H
@@ -37,8 +44,9 @@ typedef enum {
 } store_sync_t;
 
 typedef struct {
-  store_sync_t sync;   /* SQLite PRAGMA synchronous */
-  int busy_timeout_ms; /* how long to wait for a write lock; 0 = 5000 */
+  store_sync_t sync;   /* SQLite PRAGMA synchronous (PostgreSQL: ignored) */
+  int busy_timeout_ms; /* how long to wait for a lock (SQLite busy timeout,
+                          PostgreSQL lock_timeout); 0 = 5000 */
 } store_options_t;
 
 typedef struct {
@@ -67,11 +75,26 @@ typedef struct {
   int64_t ts_ms; /* commit time, ms since the Unix epoch, UTC */
 } store_msg_t;
 
-/* Open a connection for `url` ("sqlite:PATH"; PATH relative to the current
- * directory; its directory must exist). Sets WAL mode, the synchronous level
- * and the busy timeout from `opt` (NULL = defaults: FULL, 5000 ms). On
- * success *out is a new store the caller closes with store_close. Does not
- * migrate. Returns -CV_EINVAL for an unsupported URL scheme. */
+/* The backend `url` selects: "sqlite", "postgres", or NULL when it is none
+ * of the forms above. Checks the form only, not that it can connect. */
+const char *store_backend_name(const char *url);
+
+/* Copy `url` into `out` (`cap` bytes, always terminated, truncated if need
+ * be) with any password replaced by "***": the userinfo password of a URL
+ * and every password=VALUE (URL query or keyword string), whatever the
+ * scheme. For logs and error messages. */
+void store_url_redact(const char *url, char *out, size_t cap);
+
+/* Open a connection for `url` (see above). SQLite: PATH is relative to the
+ * current directory and its directory must exist; sets WAL mode, the
+ * synchronous level and the busy timeout from `opt`. PostgreSQL: connects
+ * within the URL's connect_timeout (seconds; default 1 s), with TCP
+ * keepalives, and sets lock_timeout from `opt`; a connection found broken
+ * later is re-established by the next call (outside a read transaction).
+ * `opt` NULL = defaults: FULL, 5000 ms. On success *out is a new store the
+ * caller closes with store_close. Does not migrate. Returns -CV_EINVAL for
+ * an unsupported URL or bad options, -CV_ESTORE when the database cannot
+ * be opened or reached. */
 int store_open(const char *url, const store_options_t *opt, store_t **out);
 
 /* Close and free. NULL is allowed. */

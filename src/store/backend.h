@@ -1,0 +1,62 @@
+/*
+ * backend: what a store backend provides to store.c. Internal to src/store;
+ * callers use store.h only.
+ *
+ * Every store_t begins with a `struct store_s` whose `ops` points at its
+ * backend's table; a backend embeds it as the first member of its own
+ * struct and gets back with container_of. store.c's store_* functions check
+ * their arguments (ids, NULLs, option ranges), reset the out-parameters,
+ * normalize what store.h allows loosely (replay limit clamped to
+ * 1..STORE_REPLAY_PAGE_MAX, upto < 0 -> INT64_MAX, busy timeout 0 -> 5000)
+ * and only then call the backend. So an op may assume:
+ *  - `s` is its own store, non-NULL;
+ *  - ids satisfy util_id_valid, names fit STORE_NAME_MAX, strings are
+ *    non-NULL, out-pointers documented as required are non-NULL and zeroed;
+ *  - `opt` of open is non-NULL and valid.
+ * Ops return what store.h documents for the corresponding store_* function.
+ */
+#ifndef CONVERGER_STORE_BACKEND_H
+#define CONVERGER_STORE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+typedef struct store_ops_s store_ops_t;
+
+struct store_s {
+  const store_ops_t *ops;
+};
+
+struct store_ops_s {
+  const char *name; /* "sqlite", "postgres" */
+  /* `url` is the whole URL as given to store_open. */
+  int (*open)(const char *url, const store_options_t *opt, store_t **out);
+  void (*close)(store_t *s);
+  int (*migrate)(store_t *s);
+  int (*schema_version)(store_t *s);
+  int (*read_begin)(store_t *s);
+  void (*read_end)(store_t *s);
+  int (*ping)(store_t *s);
+  int (*channel_create)(store_t *s, const char *id, const char *name, int presence,
+                        store_channel_t *out);
+  int (*channel_get)(store_t *s, const char *id, store_channel_t *out);
+  int (*channel_set_active)(store_t *s, const char *id, int active, store_channel_t *out);
+  int (*conv_create)(store_t *s, const char *id, const char *channel, store_conv_t *out);
+  int (*conv_get)(store_t *s, const char *id, store_conv_t *out);
+  /* `out` and `created` non-NULL, zeroed. */
+  int (*append)(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
+                int64_t ts_ms, store_msg_t *out, int *created);
+  /* `limit` in 1..STORE_REPLAY_PAGE_MAX, `upto` >= 0; *msgs NULL, *n 0. */
+  int (*replay)(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
+                size_t max_bytes, store_msg_t **msgs, size_t *n);
+  int (*revoke)(store_t *s, const char *jti, int64_t exp_s);
+  /* *jtis NULL, *n 0. */
+  int (*revocations)(store_t *s, int64_t now_s, char ***jtis, size_t *n);
+};
+
+extern const store_ops_t store_sqlite_ops;
+extern const store_ops_t store_postgres_ops;
+
+#endif

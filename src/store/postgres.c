@@ -1,0 +1,813 @@
+/*
+ * postgres: the PostgreSQL backend of store.h, on libpq ("postgres://...",
+ * "postgresql://..." or a libpq keyword string "host=... dbname=..."). One
+ * database serves every node of a cluster; store.c dispatches here through
+ * store_postgres_ops with arguments already checked (backend.h).
+ *
+ * Owns: one PGconn per store_t and a copy of the URL, to connect again.
+ *
+ * Thread: the one pool worker that opened it. libpq is thread-safe, but a
+ * PGconn is not shared: one connection, one thread, one query at a time.
+ *
+ * Connecting fails fast. PQconnectStartParams + PQconnectPoll run under our
+ * own deadline: the URL's connect_timeout (seconds) or CONNECT_TIMEOUT_MS.
+ * (libpq's blocking connect has a 2 s floor and counts it per address; a
+ * server that accepts TCP but never answers would otherwise hold a worker
+ * for good.) Defaults the URL may override come before it in the keyword
+ * list: TCP keepalives and tcp_user_timeout, so a peer that vanished
+ * mid-query is noticed in seconds rather than after the kernel's two hours,
+ * and the application name. client_encoding comes after it: the store
+ * speaks UTF-8 whatever the URL says. Each session then gets lock_timeout
+ * (the store's busy timeout: a row lock not obtained in time is -CV_EBUSY),
+ * statement_timeout and idle_in_transaction_session_timeout, so nothing
+ * waits without bound and no stuck peer keeps a conversation locked.
+ *
+ * Reconnecting: every op first checks its connection (conn_ready). One the
+ * server closed while it was idle (PostgreSQL restarted, backend
+ * terminated) is noticed with a zero-timeout poll() before anything is sent
+ * and replaced, so the op runs on a fresh one. An op whose connection
+ * breaks under it fails with -CV_ESTORE; a COMMIT that breaks may or may
+ * not have committed, which is what idempotency keys are for: the caller
+ * retries the append with the same id. Never inside a read transaction:
+ * that would silently leave its snapshot, so those ops fail instead.
+ *
+ * Invariants:
+ *  - every value is a parameter of PQexecParams (text format); SQL text is
+ *    constant (migrations are the only multi-statement scripts, run with
+ *    PQexec and no data);
+ *  - seq is gapless across connections and nodes: the append transaction
+ *    locks the conversation's row before it reads anything, then bumps the
+ *    head and inserts under that lock and commits (see op_append);
+ *  - no op returns with a transaction open, except store_read_begin: every
+ *    failure after BEGIN goes through tx_rollback;
+ *  - errors map by SQLSTATE (result_error): unique violation -CV_EEXISTS,
+ *    foreign key -CV_ENOTFOUND, lock/statement timeout, serialization
+ *    failure or deadlock -CV_EBUSY, bad data (class 22) -CV_EINVAL, the rest
+ *    (including a lost connection) -CV_ESTORE with the server's message
+ *    logged on one line.
+ */
+#include "store/store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "store/backend.h"
+
+#define CONNECT_TIMEOUT_MS    1000  /* unless the URL sets connect_timeout */
+#define STATEMENT_TIMEOUT_MS  30000 /* any one statement, lock waits included */
+#define IDLE_IN_TX_TIMEOUT_MS 10000 /* a transaction left open by a stuck peer */
+/* pg_advisory_xact_lock key serializing store_migrate across nodes
+ * ("converge" in ASCII). */
+#define MIGRATE_LOCK_KEY "7164779185366738789"
+
+/* Migrations, oldest first: migrations[i] brings the schema to version i+1,
+ * the same numbers as sqlite.c's, for the same tables. Append only; never
+ * edit one that has shipped. Each runs with its schema_version insert in
+ * store_migrate's transaction. Ids are COLLATE "C": compared and indexed
+ * bytewise, as SQLite does, whatever the database's locale. */
+static const char *const migrations[] = {
+    /* 1: initial schema. messages' primary key (conv, seq) is the replay
+     * order; (conv, id) is the idempotency key. */
+    "CREATE TABLE channels ("
+    " id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " name TEXT NOT NULL,"
+    " presence INTEGER NOT NULL DEFAULT 0 CHECK (presence IN (0, 1)),"
+    " active INTEGER NOT NULL DEFAULT 1 CHECK (active IN (0, 1)),"
+    " created_ms BIGINT NOT NULL);"
+    "CREATE TABLE conversations ("
+    " id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " channel TEXT COLLATE \"C\" NOT NULL REFERENCES channels (id),"
+    " head BIGINT NOT NULL DEFAULT 0,"
+    " created_ms BIGINT NOT NULL);"
+    "CREATE INDEX conversations_channel ON conversations (channel);"
+    "CREATE TABLE messages ("
+    " conv TEXT COLLATE \"C\" NOT NULL REFERENCES conversations (id),"
+    " seq BIGINT NOT NULL,"
+    " id TEXT COLLATE \"C\" NOT NULL,"
+    " sender TEXT NOT NULL,"
+    " body TEXT NOT NULL,"
+    " ts_ms BIGINT NOT NULL,"
+    " PRIMARY KEY (conv, seq),"
+    " UNIQUE (conv, id));"
+    "CREATE TABLE revocations ("
+    " jti TEXT COLLATE \"C\" PRIMARY KEY,"
+    " exp_s BIGINT NOT NULL);"
+    "CREATE INDEX revocations_exp ON revocations (exp_s);",
+};
+
+#define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
+
+/* Parameters in SELECT lists and INSERT ... SELECT have no type to infer
+ * from their context: those carry explicit casts. */
+#define SQL_CHANNEL_INSERT                                                                         \
+  "INSERT INTO channels (id, name, presence, active, created_ms)"                                  \
+  " VALUES ($1, $2, $3, 1, $4)"
+#define SQL_CHANNEL_GET "SELECT id, name, presence, active FROM channels WHERE id = $1"
+#define SQL_CHANNEL_SET_ACTIVE                                                                     \
+  "UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active"
+/* One statement: no row comes back when the channel is missing; a taken id
+ * is a unique violation. The channel's flags come from the same snapshot. */
+#define SQL_CONV_INSERT                                                                            \
+  "WITH ch AS (SELECT id, presence, active FROM channels WHERE id = $2),"                          \
+  " ins AS (INSERT INTO conversations (id, channel, head, created_ms)"                             \
+  " SELECT $1::text, id, 0, $3::bigint FROM ch RETURNING channel)"                                 \
+  " SELECT ch.presence, ch.active FROM ch JOIN ins ON ins.channel = ch.id"
+#define SQL_CONV_GET                                                                               \
+  "SELECT v.id, v.channel, v.head, c.active, c.presence"                                           \
+  " FROM conversations v JOIN channels c ON c.id = v.channel WHERE v.id = $1"
+#define SQL_CONV_EXISTS "SELECT 1 FROM conversations WHERE id = $1"
+/* The append's lock. FOR NO KEY UPDATE is the row lock the head UPDATE
+ * takes anyway, taken first: it excludes every other appender of this
+ * conversation, on any node, until COMMIT, yet not the foreign-key checks
+ * of messages (FOR KEY SHARE). In READ COMMITTED, a waiter that gets the
+ * lock sees the row as its holder committed it, and each later statement
+ * takes a new snapshot, so it sees that holder's message too. */
+#define SQL_APPEND_LOCK                                                                            \
+  "SELECT c.active FROM conversations v JOIN channels c ON c.id = v.channel"                       \
+  " WHERE v.id = $1 FOR NO KEY UPDATE OF v"
+#define SQL_MSG_BY_ID                                                                              \
+  "SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2"
+/* seq = head + 1 and the insert in one statement (one round trip), under
+ * the lock above. */
+#define SQL_APPEND_INSERT                                                                          \
+  "WITH h AS (UPDATE conversations SET head = head + 1 WHERE id = $1 RETURNING head)"              \
+  " INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"                                     \
+  " SELECT $1::text, head, $2::text, $3::text, $4::text, $5::bigint FROM h RETURNING seq"
+/* A page bounded by count ($4) and bytes ($5): `before` is what the rows
+ * ahead of this one in the page weigh (bodies and senders, as sqlite.c
+ * counts them), so a row is kept while the page is not yet full and the
+ * first row always is. The server drops the rest: a page of large bodies
+ * never crosses the network whole. */
+#define SQL_REPLAY                                                                                 \
+  "SELECT seq, id, sender, body, ts_ms FROM ("                                                     \
+  " SELECT seq, id, sender, body, ts_ms,"                                                          \
+  " sum(octet_length(body) + octet_length(sender)) OVER (ORDER BY seq"                             \
+  " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"                                   \
+  " FROM messages WHERE conv = $1 AND seq > $2 AND seq <= $3"                                      \
+  " ORDER BY seq LIMIT $4) page"                                                                   \
+  " WHERE coalesce(before, 0) < $5 ORDER BY seq"
+#define SQL_REVOKE                                                                                 \
+  "INSERT INTO revocations (jti, exp_s) VALUES ($1, $2)"                                           \
+  " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"
+#define SQL_REVOCATIONS "SELECT jti FROM revocations WHERE exp_s >= $1 ORDER BY jti"
+
+typedef struct {
+  store_t base; /* first: ops */
+  PGconn *conn; /* NULL after a failed reconnect */
+  char *url;    /* as given to store_open, for reconnects */
+  int connect_timeout_ms;
+  int lock_timeout_ms;
+  int in_read; /* between store_read_begin and store_read_end */
+} pg_t;
+
+static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
+
+/* ---- messages and errors --------------------------------------------- */
+
+/* libpq's messages span lines ("...failed: Connection refused\n\tIs the
+ * server running...?\n"); a log line is one line. */
+static const char *one_line(const char *msg, char *buf, size_t cap) {
+  size_t n = 0;
+  for (const char *p = msg != NULL ? msg : ""; *p != '\0' && n + 1 < cap; p++) {
+    char c = (*p == '\n' || *p == '\t' || *p == '\r') ? ' ' : *p;
+    if (c == ' ' && (n == 0 || buf[n - 1] == ' ')) continue;
+    buf[n++] = c;
+  }
+  while (n > 0 && buf[n - 1] == ' ') n--;
+  buf[n] = '\0';
+  return buf;
+}
+
+static void notice_cb(void *arg, const char *msg) {
+  char line[512];
+  (void)arg;
+  log_debug("store: postgres: %s", one_line(msg, line, sizeof line));
+}
+
+/* Map a failed result (NULL: libpq could not even make one) to -CV_E...,
+ * logging the server's message for what becomes -CV_ESTORE or -CV_EINVAL. */
+static int result_error(pg_t *s, const PGresult *r, const char *what) {
+  const char *state = r != NULL ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+  const char *msg = r != NULL ? PQresultErrorMessage(r) : "";
+  char line[512];
+  if (msg[0] == '\0') msg = PQerrorMessage(s->conn);
+  if (state != NULL) {
+    if (strcmp(state, "23505") == 0) return -CV_EEXISTS;   /* unique_violation */
+    if (strcmp(state, "23503") == 0) return -CV_ENOTFOUND; /* foreign_key_violation */
+    if (strcmp(state, "55P03") == 0 ||                     /* lock_not_available */
+        strcmp(state, "57014") == 0 ||                     /* query_canceled (timeout) */
+        strcmp(state, "40001") == 0 ||                     /* serialization_failure */
+        strcmp(state, "40P01") == 0) {                     /* deadlock_detected */
+      log_debug("store: %s: %s", what, one_line(msg, line, sizeof line));
+      return -CV_EBUSY;
+    }
+    if (strcmp(state, "53200") == 0) return -CV_ENOMEM; /* out_of_memory */
+    if (strncmp(state, "22", 2) == 0) {                 /* data_exception: bad UTF-8, ... */
+      log_warn("store: %s: %s", what, one_line(msg, line, sizeof line));
+      return -CV_EINVAL;
+    }
+  }
+  log_error("store: %s: %s", what, one_line(msg, line, sizeof line));
+  return -CV_ESTORE;
+}
+
+/* Run one statement with `n` text parameters. 0 with the result in *out
+ * (caller PQclears; out NULL: discarded), or a -CV_E... (logged). */
+static int run(pg_t *s, const char *what, const char *sql, int n, const char *const *params,
+               PGresult **out) {
+  if (out != NULL) *out = NULL;
+  PGresult *r = PQexecParams(s->conn, sql, n, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = PQresultStatus(r);
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+    if (out != NULL)
+      *out = r;
+    else
+      PQclear(r);
+    return 0;
+  }
+  int err = result_error(s, r, what);
+  PQclear(r);
+  return err;
+}
+
+/* A migration script: constant SQL, several statements, no parameters. */
+static int run_script(pg_t *s, const char *what, const char *sql) {
+  PGresult *r = PQexec(s->conn, sql);
+  int err = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : result_error(s, r, what);
+  PQclear(r);
+  return err;
+}
+
+static void fmt_i64(char buf[24], int64_t v) { snprintf(buf, 24, "%" PRId64, v); }
+
+static int64_t get_i64(const PGresult *r, int row, int col) {
+  return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+/* ---- connection ------------------------------------------------------- */
+
+static int connect_db(pg_t *s) {
+  /* Before dbname: defaults the URL may override. After it: ours. */
+  static const char *const kw[] = {
+      "fallback_application_name",
+      "keepalives",
+      "keepalives_idle",
+      "keepalives_interval",
+      "keepalives_count",
+      "tcp_user_timeout",
+      "dbname",
+      "client_encoding",
+      NULL,
+  };
+  const char *val[] = {"converger", "1", "10", "5", "3", "10000", s->url, "UTF8", NULL};
+  char line[512], url[512];
+
+  PGconn *c = PQconnectStartParams(kw, val, 1);
+  if (c == NULL) return -CV_ENOMEM;
+  /* Not called PQconnectPoll yet: as if it had said "writing". */
+  PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+  uint64_t deadline = util_mono_ms() + (uint64_t)s->connect_timeout_ms;
+  int timed_out = 0;
+  while (PQstatus(c) != CONNECTION_BAD && st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+    uint64_t now = util_mono_ms();
+    if (now >= deadline) {
+      timed_out = 1;
+      break;
+    }
+    /* PQsocket may change between calls (one address after another). */
+    struct pollfd p = {.fd = PQsocket(c), .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
+    int r = poll(&p, 1, (int)(deadline - now));
+    if (r < 0 && errno != EINTR) break;
+    if (r > 0) st = PQconnectPoll(c);
+  }
+  if (st != PGRES_POLLING_OK || PQstatus(c) != CONNECTION_OK) {
+    store_url_redact(s->url, url, sizeof url);
+    if (timed_out)
+      log_error("store: cannot connect to %s: no answer within %d ms", url, s->connect_timeout_ms);
+    else
+      log_error("store: cannot connect to %s: %s", url,
+                one_line(PQerrorMessage(c), line, sizeof line));
+    PQfinish(c);
+    return -CV_ESTORE;
+  }
+  PQsetNoticeProcessor(c, notice_cb, NULL);
+  s->conn = c;
+
+  char lock[24], stmt[24], idle[24];
+  const char *const params[] = {lock, stmt, idle};
+  fmt_i64(lock, s->lock_timeout_ms);
+  fmt_i64(stmt, STATEMENT_TIMEOUT_MS > s->lock_timeout_ms ? STATEMENT_TIMEOUT_MS
+                                                          : (int64_t)s->lock_timeout_ms + 1000);
+  fmt_i64(idle, IDLE_IN_TX_TIMEOUT_MS);
+  int err = run(s, "session settings",
+                "SELECT set_config('lock_timeout', $1, false),"
+                " set_config('statement_timeout', $2, false),"
+                " set_config('idle_in_transaction_session_timeout', $3, false)",
+                3, params, NULL);
+  if (err) {
+    PQfinish(s->conn);
+    s->conn = NULL;
+  }
+  return err;
+}
+
+/* Before every op: a usable connection, or an error. See the header. */
+static int conn_ready(pg_t *s) {
+  char line[512];
+  if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK) {
+    if (PQtransactionStatus(s->conn) != PQTRANS_IDLE) return 0;
+    /* Idle, so the server has nothing to say unless it is saying goodbye
+     * (or a notice): only then is there anything to read. A goodbye is an
+     * error message (libpq hands it to notice_cb) and then the end of the
+     * stream, which libpq notices on a later read: read while readable, a
+     * few times at most. */
+    for (int i = 0; i < 4; i++) {
+      struct pollfd p = {.fd = PQsocket(s->conn), .events = POLLIN};
+      if (poll(&p, 1, 0) <= 0) return 0;
+      if (!PQconsumeInput(s->conn) || PQstatus(s->conn) != CONNECTION_OK) break;
+    }
+    if (PQstatus(s->conn) == CONNECTION_OK) return 0;
+    log_warn("store: connection lost: %s", one_line(PQerrorMessage(s->conn), line, sizeof line));
+  }
+  if (s->in_read) {
+    log_error("store: connection lost inside a read transaction");
+    return -CV_ESTORE;
+  }
+  PQfinish(s->conn);
+  s->conn = NULL;
+  return connect_db(s);
+}
+
+/* ---- transactions ----------------------------------------------------- */
+
+static int tx_begin(pg_t *s, const char *sql) {
+  if (PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
+    log_error("store: %s: a transaction is already open", sql);
+    return -CV_ESTORE;
+  }
+  return run(s, "begin", sql, 0, NULL, NULL);
+}
+
+static int tx_commit(pg_t *s) {
+  PGresult *r = NULL;
+  int err = run(s, "commit", "COMMIT", 0, NULL, &r);
+  if (err) return err;
+  /* COMMIT of a transaction that failed answers "ROLLBACK", not an error:
+   * never report that as committed. */
+  if (strcmp(PQcmdStatus(r), "COMMIT") != 0) {
+    log_error("store: commit: the transaction was rolled back");
+    err = -CV_ESTORE;
+  }
+  PQclear(r);
+  return err;
+}
+
+/* Roll back whatever is still open and return `err`, the first failure. A
+ * broken connection has nothing to roll back: the server did it. */
+static int tx_rollback(pg_t *s, int err) {
+  PGTransactionStatusType t = PQtransactionStatus(s->conn);
+  if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR)
+    (void)run(s, "rollback", "ROLLBACK", 0, NULL, NULL);
+  return err;
+}
+
+/* ---- row copies ------------------------------------------------------- */
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap) n = cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* Columns: seq, id, sender, body, ts_ms. */
+static int msg_fill(const PGresult *r, int row, store_msg_t *m) {
+  m->seq = get_i64(r, row, 0);
+  copy_str(m->id, sizeof m->id, PQgetvalue(r, row, 1));
+  m->sender = strdup(PQgetvalue(r, row, 2));
+  m->body = strdup(PQgetvalue(r, row, 3));
+  m->ts_ms = get_i64(r, row, 4);
+  if (m->sender == NULL || m->body == NULL) {
+    store_msg_clear(m);
+    return -CV_ENOMEM;
+  }
+  return 0;
+}
+
+/* Columns: id, name, presence, active. */
+static void channel_fill(const PGresult *r, store_channel_t *c) {
+  copy_str(c->id, sizeof c->id, PQgetvalue(r, 0, 0));
+  copy_str(c->name, sizeof c->name, PQgetvalue(r, 0, 1));
+  c->presence = get_i64(r, 0, 2) != 0;
+  c->active = get_i64(r, 0, 3) != 0;
+}
+
+/* Columns: id, channel, head, active, presence. */
+static void conv_fill(const PGresult *r, store_conv_t *v) {
+  copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, 0));
+  copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, 1));
+  v->head = get_i64(r, 0, 2);
+  v->channel_active = get_i64(r, 0, 3) != 0;
+  v->presence = get_i64(r, 0, 4) != 0;
+}
+
+/* ---- open, close, schema --------------------------------------------- */
+
+static void op_close(store_t *base) {
+  pg_t *s = pg(base);
+  PQfinish(s->conn); /* NULL is fine */
+  free(s->url);
+  free(s);
+}
+
+/* The URL's connect_timeout in ms, or CONNECT_TIMEOUT_MS; -CV_EINVAL when
+ * libpq cannot parse the URL at all. */
+static int parse_url(const char *url, int *timeout_ms) {
+  char *msg = NULL, line[512], red[512];
+  PQconninfoOption *info = PQconninfoParse(url, &msg);
+  if (info == NULL) {
+    store_url_redact(url, red, sizeof red);
+    if (msg == NULL) return -CV_ENOMEM;
+    log_error("store: %s: %s", red, one_line(msg, line, sizeof line));
+    PQfreemem(msg);
+    return -CV_EINVAL;
+  }
+  *timeout_ms = CONNECT_TIMEOUT_MS;
+  for (const PQconninfoOption *o = info; o->keyword != NULL; o++) {
+    if (strcmp(o->keyword, "connect_timeout") != 0 || o->val == NULL) continue;
+    char *end = NULL;
+    long v = strtol(o->val, &end, 10);
+    /* libpq reads 0 or less as "wait forever": that is what we avoid. */
+    if (end != o->val && *end == '\0' && v > 0 && v <= 3600) *timeout_ms = (int)v * 1000;
+  }
+  PQconninfoFree(info);
+  return 0;
+}
+
+static int op_open(const char *url, const store_options_t *opt, store_t **out) {
+  int timeout_ms = 0;
+  int err = parse_url(url, &timeout_ms);
+  if (err) return err;
+  pg_t *s = calloc(1, sizeof *s);
+  if (s == NULL) return -CV_ENOMEM;
+  s->base.ops = &store_postgres_ops;
+  s->connect_timeout_ms = timeout_ms;
+  s->lock_timeout_ms = opt->busy_timeout_ms;
+  s->url = strdup(url);
+  err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
+  if (err) {
+    op_close(&s->base);
+    return err;
+  }
+  *out = &s->base;
+  return 0;
+}
+
+static int op_migrate(store_t *base) {
+  pg_t *s = pg(base);
+  int err = conn_ready(s);
+  if (err) return err;
+  if ((err = tx_begin(s, "BEGIN")) != 0) return err;
+
+  PGresult *r = NULL;
+  int64_t cur = 0;
+  const char *key = MIGRATE_LOCK_KEY;
+  /* One migrator at a time across every node: the others wait here (up to
+   * lock_timeout), then find every step applied. Released at COMMIT or
+   * ROLLBACK. Taken before CREATE TABLE IF NOT EXISTS, which is not safe
+   * against a concurrent twin on its own. */
+  err = run(s, "migrate", "SELECT pg_advisory_xact_lock($1)", 1, &key, NULL);
+  if (!err)
+    err = run(s, "migrate",
+              "CREATE TABLE IF NOT EXISTS schema_version ("
+              " version INTEGER PRIMARY KEY,"
+              " applied_at TEXT NOT NULL DEFAULT (to_char(clock_timestamp() AT TIME ZONE 'UTC',"
+              " 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')))",
+              0, NULL, NULL);
+  if (!err)
+    err = run(s, "migrate", "SELECT coalesce(max(version), 0) FROM schema_version", 0, NULL, &r);
+  if (!err) {
+    cur = get_i64(r, 0, 0);
+    PQclear(r);
+  }
+  if (!err && cur > SCHEMA_VERSION) {
+    log_error("store: schema version %lld is newer than this build's %d", (long long)cur,
+              SCHEMA_VERSION);
+    err = -CV_ESTORE;
+  }
+  for (int64_t v = cur + 1; !err && v <= SCHEMA_VERSION; v++) {
+    char ver[24];
+    const char *p = ver;
+    fmt_i64(ver, v);
+    err = run_script(s, "migrate", migrations[v - 1]);
+    if (!err)
+      err = run(s, "migrate", "INSERT INTO schema_version (version) VALUES ($1)", 1, &p, NULL);
+  }
+  if (!err) err = tx_commit(s);
+  if (err) return tx_rollback(s, err);
+  if (cur < SCHEMA_VERSION)
+    log_info("store: schema migrated from version %lld to %d", (long long)cur, SCHEMA_VERSION);
+  return 0;
+}
+
+static int op_schema_version(store_t *base) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err)
+    err = run(s, "schema version", "SELECT to_regclass('schema_version') IS NOT NULL", 0, NULL, &r);
+  if (err) return err;
+  int exists = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  PQclear(r);
+  if (!exists) return 0; /* never migrated: version 0 */
+  err = run(s, "schema version", "SELECT count(*) FROM schema_version", 0, NULL, &r);
+  if (err) return err;
+  int n = (int)get_i64(r, 0, 0);
+  PQclear(r);
+  return n;
+}
+
+static int op_read_begin(store_t *base) {
+  pg_t *s = pg(base);
+  int err = conn_ready(s);
+  /* One snapshot for every read until store_read_end; READ ONLY makes an
+   * append inside it fail rather than write. */
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  if (!err) s->in_read = 1;
+  return err;
+}
+
+static void op_read_end(store_t *base) {
+  pg_t *s = pg(base);
+  s->in_read = 0;
+  if (s->conn != NULL) (void)tx_rollback(s, 0); /* nothing was written */
+}
+
+static int op_ping(store_t *base) {
+  pg_t *s = pg(base);
+  int err = conn_ready(s);
+  return err ? err : run(s, "ping", "SELECT 1", 0, NULL, NULL);
+}
+
+/* ---- channels --------------------------------------------------------- */
+
+static int op_channel_create(store_t *base, const char *id, const char *name, int presence,
+                             store_channel_t *out) {
+  pg_t *s = pg(base);
+  char now[24];
+  const char *const p[] = {id, name, presence ? "1" : "0", now};
+  fmt_i64(now, util_now_ms());
+  int err = conn_ready(s);
+  if (!err) err = run(s, "channel create", SQL_CHANNEL_INSERT, 4, p, NULL);
+  if (!err && out != NULL) {
+    copy_str(out->id, sizeof out->id, id);
+    copy_str(out->name, sizeof out->name, name);
+    out->presence = presence;
+    out->active = 1;
+  }
+  return err;
+}
+
+/* A statement returning at most one channel row: -CV_ENOTFOUND for none. */
+static int channel_row(pg_t *s, const char *what, const char *sql, int n, const char *const *p,
+                       store_channel_t *out) {
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err) err = run(s, what, sql, n, p, &r);
+  if (err) return err;
+  if (PQntuples(r) == 0)
+    err = -CV_ENOTFOUND;
+  else if (out != NULL)
+    channel_fill(r, out);
+  PQclear(r);
+  return err;
+}
+
+static int op_channel_get(store_t *base, const char *id, store_channel_t *out) {
+  return channel_row(pg(base), "channel get", SQL_CHANNEL_GET, 1, &id, out);
+}
+
+static int op_channel_set_active(store_t *base, const char *id, int active, store_channel_t *out) {
+  const char *const p[] = {id, active ? "1" : "0"};
+  return channel_row(pg(base), "channel set_active", SQL_CHANNEL_SET_ACTIVE, 2, p, out);
+}
+
+/* ---- conversations ---------------------------------------------------- */
+
+static int op_conv_create(store_t *base, const char *id, const char *channel, store_conv_t *out) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char now[24];
+  const char *const p[] = {id, channel, now};
+  fmt_i64(now, util_now_ms());
+  int err = conn_ready(s);
+  if (!err) err = run(s, "conv create", SQL_CONV_INSERT, 3, p, &r);
+  if (err) return err;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return -CV_ENOTFOUND; /* no such channel */
+  }
+  if (out != NULL) {
+    copy_str(out->id, sizeof out->id, id);
+    copy_str(out->channel, sizeof out->channel, channel);
+    out->head = 0;
+    out->presence = get_i64(r, 0, 0) != 0;
+    out->channel_active = get_i64(r, 0, 1) != 0;
+  }
+  PQclear(r);
+  return 0;
+}
+
+static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err) err = run(s, "conv get", SQL_CONV_GET, 1, &id, &r);
+  if (err) return err;
+  if (PQntuples(r) == 0)
+    err = -CV_ENOTFOUND;
+  else if (out != NULL)
+    conv_fill(r, out);
+  PQclear(r);
+  return err;
+}
+
+/* ---- messages --------------------------------------------------------- */
+
+/* One transaction (READ COMMITTED): lock the conversation's row; a message
+ * already stored under (conv, id) is the answer (a retry; looked up after
+ * the lock, so a twin append that just committed is seen); else the
+ * channel must be active, and head + 1 and the insert go in one statement.
+ * Lock first, look up second: looking up before locking would miss a twin
+ * committing in between and end in a unique violation instead of its
+ * answer. */
+static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
+                     const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err) err = tx_begin(s, "BEGIN");
+  if (err) return err;
+
+  int active = 0;
+  err = run(s, "append lock", SQL_APPEND_LOCK, 1, &conv, &r);
+  if (!err) {
+    if (PQntuples(r) == 0)
+      err = -CV_ENOTFOUND;
+    else
+      active = get_i64(r, 0, 0) != 0;
+    PQclear(r);
+  }
+  if (!err) {
+    const char *const p[] = {conv, id};
+    err = run(s, "append", SQL_MSG_BY_ID, 2, p, &r);
+  }
+  if (!err) {
+    int found = PQntuples(r) > 0;
+    if (found) err = msg_fill(r, 0, out);
+    PQclear(r);
+    if (found && !err) {
+      /* A retry: the first message with this id, unchanged (even if the
+       * channel has been deactivated since). */
+      err = tx_commit(s);
+      if (err) {
+        store_msg_clear(out);
+        return tx_rollback(s, err);
+      }
+      return 0;
+    }
+  }
+  if (!err && !active) err = -CV_EINACTIVE;
+
+  int64_t seq = 0;
+  if (!err) {
+    char ts[24];
+    const char *const p[] = {conv, id, sender, body, ts};
+    fmt_i64(ts, ts_ms);
+    err = run(s, "append insert", SQL_APPEND_INSERT, 5, p, &r);
+    if (!err) {
+      if (PQntuples(r) == 1)
+        seq = get_i64(r, 0, 0);
+      else
+        err = -CV_ESTORE; /* the row was there a moment ago, under our lock */
+      PQclear(r);
+    }
+  }
+  /* Copy before the commit, so running out of memory is still a rollback
+   * and never an acknowledged-but-unreported message. */
+  if (!err) {
+    out->sender = strdup(sender);
+    out->body = strdup(body);
+    if (out->sender == NULL || out->body == NULL) err = -CV_ENOMEM;
+  }
+  if (!err) err = tx_commit(s);
+  if (err) {
+    store_msg_clear(out);
+    return tx_rollback(s, err);
+  }
+  out->seq = seq;
+  copy_str(out->id, sizeof out->id, id);
+  out->ts_ms = ts_ms;
+  *created = 1;
+  return 0;
+}
+
+static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upto, int limit,
+                     size_t max_bytes, store_msg_t **msgs, size_t *n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char a[24], u[24], l[24], b[24];
+  const char *const p[] = {conv, a, u, l, b};
+  fmt_i64(a, after);
+  fmt_i64(u, upto);
+  fmt_i64(l, limit);
+  fmt_i64(b, max_bytes == 0 || max_bytes > (size_t)INT64_MAX ? INT64_MAX : (int64_t)max_bytes);
+  int err = conn_ready(s);
+  if (!err) err = run(s, "replay", SQL_REPLAY, 5, p, &r);
+  if (err) return err;
+
+  size_t len = (size_t)PQntuples(r);
+  store_msg_t *v = NULL;
+  if (len > 0 && (v = calloc(len, sizeof *v)) == NULL) err = -CV_ENOMEM;
+  for (size_t i = 0; !err && i < len; i++) err = msg_fill(r, (int)i, &v[i]);
+  PQclear(r);
+  /* An empty page is either "nothing new" or "no such conversation". */
+  if (!err && len == 0) {
+    err = run(s, "replay", SQL_CONV_EXISTS, 1, &conv, &r);
+    if (!err) {
+      if (PQntuples(r) == 0) err = -CV_ENOTFOUND;
+      PQclear(r);
+    }
+  }
+  if (err) {
+    store_msgs_free(v, len); /* calloc'd: unfilled entries are empty */
+    return err;
+  }
+  *msgs = v;
+  *n = len;
+  return 0;
+}
+
+/* ---- revocations ------------------------------------------------------ */
+
+static int op_revoke(store_t *base, const char *jti, int64_t exp_s) {
+  pg_t *s = pg(base);
+  char e[24];
+  const char *const p[] = {jti, e};
+  fmt_i64(e, exp_s);
+  int err = conn_ready(s);
+  return err ? err : run(s, "revoke", SQL_REVOKE, 2, p, NULL);
+}
+
+static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char now[24];
+  const char *p = now;
+  fmt_i64(now, now_s);
+  int err = conn_ready(s);
+  if (!err) err = run(s, "revocations", SQL_REVOCATIONS, 1, &p, &r);
+  if (err) return err;
+  size_t len = (size_t)PQntuples(r);
+  char **v = NULL;
+  if (len > 0 && (v = calloc(len, sizeof *v)) == NULL) err = -CV_ENOMEM;
+  for (size_t i = 0; !err && i < len; i++)
+    if ((v[i] = strdup(PQgetvalue(r, (int)i, 0))) == NULL) err = -CV_ENOMEM;
+  PQclear(r);
+  if (err) {
+    store_strings_free(v, len); /* calloc'd: the rest are NULL */
+    return err;
+  }
+  *jtis = v;
+  *n = len;
+  return 0;
+}
+
+const store_ops_t store_postgres_ops = {
+    .name = "postgres",
+    .open = op_open,
+    .close = op_close,
+    .migrate = op_migrate,
+    .schema_version = op_schema_version,
+    .read_begin = op_read_begin,
+    .read_end = op_read_end,
+    .ping = op_ping,
+    .channel_create = op_channel_create,
+    .channel_get = op_channel_get,
+    .channel_set_active = op_channel_set_active,
+    .conv_create = op_conv_create,
+    .conv_get = op_conv_get,
+    .append = op_append,
+    .replay = op_replay,
+    .revoke = op_revoke,
+    .revocations = op_revocations,
+};

@@ -1,0 +1,184 @@
+"""scripts/pg-tmp: throwaway PostgreSQL clusters side by side, each found again
+by its directory, stopped by its pid, removed; clear failures (port taken, a
+directory that is not ours) and a watchdog that stops a cluster whose owner
+died. The server is checked with a real connection (psql from the same
+PostgreSQL). Every cluster started here is stopped in the test's cleanup."""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PG_TMP = os.path.join(ROOT, "scripts", "pg-tmp")
+
+
+def psql():
+    """psql next to the initdb pg-tmp uses: the newest Debian version."""
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                  key=lambda d: int(os.path.basename(os.path.dirname(d))))
+    for d in reversed(dirs):
+        if os.access(os.path.join(d, "psql"), os.X_OK):
+            return os.path.join(d, "psql")
+    return shutil.which("psql")
+
+
+def alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def state_of(d):
+    out = {}
+    with open(os.path.join(d, "pg-tmp.state")) as f:
+        for line in f:
+            k, _, v = line.rstrip("\n").partition("=")
+            out[k] = v.strip("'")
+    return out
+
+
+class PgTmp(unittest.TestCase):
+    def pg_tmp(self, *args, env=None, timeout=60):
+        e = dict(os.environ)
+        e.update(env or {})
+        return subprocess.run([PG_TMP] + list(args), env=e, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def new_dir(self):
+        d = tempfile.mkdtemp(prefix="pg-tmp-test-")
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
+
+    def start(self, d, *args, env=None):
+        env = dict(env or {}, PG_TMP_DIR=d)
+        r = self.pg_tmp("start", *args, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.addCleanup(self.pg_tmp, "stop", env={"PG_TMP_DIR": d})
+        return r.stdout.strip()
+
+    def query(self, url, sql):
+        r = subprocess.run([psql(), "-X", "-At", "-d", url, "-c", sql], capture_output=True,
+                           text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.strip()
+
+    def test_help_and_usage(self):
+        r = self.pg_tmp("--help")
+        self.assertEqual(r.returncode, 0)
+        for word in ("start", "stop", "url", "run", "PG_TMP_DIR", "--owner"):
+            self.assertIn(word, r.stdout)
+        self.assertEqual(self.pg_tmp("frobnicate").returncode, 2)
+        self.assertEqual(self.pg_tmp().returncode, 2)
+
+    def test_two_clusters_side_by_side(self):
+        self.assertIsNotNone(psql(), "psql not found (package postgresql)")
+        a, b = self.new_dir(), self.new_dir()
+        # Started in parallel: neither waits for the other, no shared state.
+        procs = [subprocess.Popen([PG_TMP, "start"], env=dict(os.environ, PG_TMP_DIR=d),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for d in (a, b)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        for d in (a, b):
+            self.addCleanup(self.pg_tmp, "stop", env={"PG_TMP_DIR": d})
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err)
+        url_a, url_b = outs[0][0].strip(), outs[1][0].strip()
+        self.assertRegex(url_a, r"^postgres://postgres@127\.0\.0\.1:\d+/converger$")
+        self.assertNotEqual(url_a, url_b)
+        self.assertEqual(self.pg_tmp("url", env={"PG_TMP_DIR": a}).stdout.strip(), url_a)
+        self.assertEqual(self.pg_tmp("url", env={"PG_TMP_DIR": b}).stdout.strip(), url_b)
+        self.assertEqual(self.query(url_a, "SELECT current_user || ' ' || current_database()"),
+                         "postgres converger")
+        self.assertEqual(self.query(url_a, "SHOW fsync"), "off")
+        pid = int(state_of(a)["PID"])
+        self.assertTrue(alive(pid))
+        if os.getuid() == 0:  # the server never runs as root
+            self.assertNotEqual(os.stat("/proc/%d" % pid).st_uid, 0)
+        # The unix socket in the directory works too.
+        port = url_a.rsplit(":", 1)[1].split("/")[0]
+        self.assertTrue(os.path.exists(os.path.join(a, ".s.PGSQL.%s" % port)))
+
+        # A second start in the same directory is refused; the first is untouched.
+        r = self.pg_tmp("start", env={"PG_TMP_DIR": a})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("already running", r.stderr)
+        # The port taken by a: a clear error, nothing left behind.
+        c = self.new_dir()
+        os.rmdir(c)
+        r = self.pg_tmp("start", env={"PG_TMP_DIR": c, "PG_TMP_PORT": port})
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("port %s" % port, r.stderr)
+        self.assertIn("taken", r.stderr)
+        self.assertFalse(os.path.exists(c))
+
+        # stop: by pid, the directory gone, b still serving; twice is fine.
+        pid_a = int(state_of(a)["PID"])
+        r = self.pg_tmp("stop", env={"PG_TMP_DIR": a})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(alive(pid_a))
+        self.assertFalse(os.path.exists(a))
+        self.assertEqual(self.pg_tmp("stop", env={"PG_TMP_DIR": a}).returncode, 0)
+        r = self.pg_tmp("url", env={"PG_TMP_DIR": a})
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(self.query(url_b, "SELECT 1"), "1")
+
+    def test_foreign_directory_is_left_alone(self):
+        d = self.new_dir()
+        keep = os.path.join(d, "precious")
+        with open(keep, "w") as f:
+            f.write("x")
+        r = self.pg_tmp("start", env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not empty", r.stderr)
+        self.assertEqual(self.pg_tmp("stop", env={"PG_TMP_DIR": d}).returncode, 0)
+        self.assertTrue(os.path.exists(keep))
+
+    def test_missing_initdb(self):
+        d = self.new_dir()
+        r = self.pg_tmp("start", env={"PG_TMP_DIR": d, "PG_TMP_BINDIR": d})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("initdb", r.stderr)
+
+    def test_owner_watchdog_stops_an_orphan(self):
+        d = self.new_dir()
+        owner = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(owner.wait)
+        self.addCleanup(owner.kill)
+        self.start(d, "--owner", str(owner.pid))
+        pid = int(state_of(d)["PID"])
+        self.assertTrue(alive(pid))
+        owner.kill()
+        owner.wait()
+        deadline = time.time() + 15
+        while time.time() < deadline and (alive(pid) or os.path.exists(d)):
+            time.sleep(0.2)
+        self.assertFalse(alive(pid), "the server outlived its owner")
+        self.assertFalse(os.path.exists(d))
+
+    def test_run_stops_on_failure(self):
+        d = self.new_dir()
+        os.rmdir(d)
+        r = self.pg_tmp("run", "--", "sh", "-c",
+                        'echo "$PG_TMP_URL"; cat "$PG_TMP_DIR/pg-tmp.state"; exit 7',
+                        env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertRegex(r.stdout, r"postgres://postgres@127\.0\.0\.1:\d+/converger")
+        pid = int([l for l in r.stdout.splitlines() if l.startswith("PID=")][0][4:])
+        self.assertFalse(alive(pid))
+        self.assertFalse(os.path.exists(d))
+
+
+if __name__ == "__main__":
+    harness.main()
