@@ -130,10 +130,14 @@ static const char *const migrations[] = {
  * conversation, on any node, until COMMIT, yet not the foreign-key checks
  * of messages (FOR KEY SHARE). In READ COMMITTED, a waiter that gets the
  * lock sees the row as its holder committed it, and each later statement
- * takes a new snapshot, so it sees that holder's message too. */
+ * takes a new snapshot, so it sees that holder's message too. The channel
+ * row is share-locked as well: a deactivation committed while this waited
+ * is then seen (the re-check after a lock wait would otherwise reuse the
+ * channel row's old version), and one that comes later waits for COMMIT,
+ * as SQLite's single writer orders them. */
 #define SQL_APPEND_LOCK                                                                            \
   "SELECT c.active FROM conversations v JOIN channels c ON c.id = v.channel"                       \
-  " WHERE v.id = $1 FOR NO KEY UPDATE OF v"
+  " WHERE v.id = $1 FOR NO KEY UPDATE OF v FOR SHARE OF c"
 #define SQL_MSG_BY_ID                                                                              \
   "SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2"
 /* seq = head + 1 and the insert in one statement (one round trip), under
@@ -476,7 +480,16 @@ static int op_migrate(store_t *base) {
   pg_t *s = pg(base);
   int err = conn_ready(s);
   if (err) return err;
-  if ((err = tx_begin(s, "BEGIN")) != 0) return err;
+  /* Bodies and names are UTF-8 and byte budgets count UTF-8 bytes: a
+   * database in another encoding would refuse valid messages. */
+  const char *enc = PQparameterStatus(s->conn, "server_encoding");
+  if (!enc || strcmp(enc, "UTF8") != 0) {
+    log_error("store: the database's encoding is %s; converger needs UTF8 "
+              "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)",
+              enc ? enc : "unknown");
+    return -CV_EINVAL;
+  }
+  if ((err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED")) != 0) return err;
 
   PGresult *r = NULL;
   int64_t cur = 0;
@@ -655,7 +668,9 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
   pg_t *s = pg(base);
   PGresult *r = NULL;
   int err = conn_ready(s);
-  if (!err) err = tx_begin(s, "BEGIN");
+  /* READ COMMITTED whatever the database's default: the lock below then
+   * gives each later statement a snapshot that includes its holder's work */
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
   if (err) return err;
 
   int active = 0;

@@ -60,31 +60,59 @@ static void put(sbuf_t *b, const char *s, size_t n) {
 
 static void put_str(sbuf_t *b, const char *s) { put(b, s, strlen(s)); }
 
+/* 1 when the key of `n` bytes at `k`, percent-decoded, names a secret
+ * libpq reads (password, sslpassword). */
+static int hexval(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+static int secret_key(const char *k, size_t n) {
+  char key[32];
+  size_t len = 0;
+  for (size_t i = 0; i < n && len + 1 < sizeof key; i++) {
+    int hi = i + 2 < n ? hexval(k[i + 1]) : -1, lo = i + 2 < n ? hexval(k[i + 2]) : -1;
+    if (k[i] == '%' && hi >= 0 && lo >= 0) {
+      key[len++] = (char)(hi * 16 + lo);
+      i += 2;
+    } else {
+      key[len++] = k[i];
+    }
+  }
+  key[len] = '\0';
+  return strcmp(key, "password") == 0 || strcmp(key, "sslpassword") == 0;
+}
+
 /* URL form: scheme://[user[:password]@]host.../db?param=value&... (any
- * scheme: a URL we refuse is echoed back in the error). */
+ * scheme: a URL we refuse is echoed back in the error). As in libpq, the
+ * user information ends at the last '@' before the first '/', so a '?' or
+ * '#' in a password stays in the part that is hidden. */
 static void redact_url(sbuf_t *b, const char *url) {
   const char *auth = strstr(url, "://") + 3;
-  size_t alen = strcspn(auth, "/?");
+  size_t alen = strcspn(auth, "/");
   const char *at = memrchr(auth, '@', alen);
   const char *colon = at != NULL ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+  const char *rest = at != NULL ? at + 1 : auth;
   if (colon != NULL) {
     put(b, url, (size_t)(colon + 1 - url));
-    put_str(b, "***");
-    put(b, at, (size_t)(auth + alen - at));
+    put_str(b, "***@");
   } else {
-    put(b, url, (size_t)(auth + alen - url));
+    put(b, url, (size_t)(rest - url));
   }
-  const char *p = auth + alen;
-  const char *q = strchr(p, '?');
+  const char *q = strchr(rest, '?');
   if (q == NULL) {
-    put_str(b, p);
+    put_str(b, rest);
     return;
   }
-  put(b, p, (size_t)(q + 1 - p));
-  for (p = q + 1; *p != '\0';) {
+  put(b, rest, (size_t)(q + 1 - rest));
+  for (const char *p = q + 1; *p != '\0';) {
     size_t n = strcspn(p, "&");
-    if (has_prefix(p, "password=")) {
-      put_str(b, "password=***");
+    size_t klen = strcspn(p, "=&");
+    if (p[klen] == '=' && secret_key(p, klen)) {
+      put(b, p, klen + 1);
+      put_str(b, "***");
     } else {
       put(b, p, n);
     }
@@ -100,7 +128,7 @@ static void redact_keywords(sbuf_t *b, const char *s) {
     put(b, s, n);
     s += n;
     n = strcspn(s, " \t\r\n=");
-    int secret = n == 8 && strncmp(s, "password", 8) == 0;
+    int secret = secret_key(s, n);
     put(b, s, n);
     s += n;
     n = strspn(s, " \t\r\n");

@@ -303,6 +303,13 @@ static void test_url_forms(void **state) {
   assert_string_equal(out, "sqlite:data/x.db");
   store_url_redact("postgres://alice:s3cret@db.example:5432/cv", out, 12);
   assert_string_equal(out, "postgres://");
+  /* a '?' in the password is still the password (libpq reads it so) */
+  store_url_redact("postgres://user:s3cr?et@db.example/cv", out, sizeof out);
+  assert_string_equal(out, "postgres://user:***@db.example/cv");
+  store_url_redact("postgres://u@h?sslpassword=k3y&%70assword=pw&sslmode=require", out, sizeof out);
+  assert_string_equal(out, "postgres://u@h?sslpassword=***&%70assword=***&sslmode=require");
+  store_url_redact("host=h sslpassword=k3y", out, sizeof out);
+  assert_string_equal(out, "host=h sslpassword=***");
 }
 
 static void test_open_defaults(void **state) {
@@ -1049,6 +1056,89 @@ static void test_pg_row_lock_per_conversation(void **state) {
   store_close(s2);
 }
 
+/* A deactivation that commits while an append waits for the conversation's
+ * lock is seen by that append: it is refused as inactive, never stored
+ * after the deactivation (SQLite's single writer orders them the same way). */
+typedef struct {
+  store_t *s;
+  int rc;
+} waiter_t;
+
+static void *append_waiter(void *arg) {
+  waiter_t *w = arg;
+  store_msg_t m;
+  int created = 0;
+  w->rc = store_append(w->s, "c1", "late", "a", "{}", 1, &m, &created);
+  if (w->rc == 0) store_msg_clear(&m);
+  return NULL;
+}
+
+static void test_pg_deactivation_during_append_wait(void **state) {
+  fx_t *f = *state;
+  mk_conv(f->s, "ch", "c1");
+  store_t *s2 = NULL;
+  assert_int_equal(store_open(f->url, &test_opt, &s2), 0);
+  raw_t holder = raw_open(f), admin = raw_open(f);
+  raw_exec(&holder, "BEGIN; SELECT head FROM conversations WHERE id = 'c1' FOR UPDATE");
+  waiter_t w = {s2, 1};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, append_waiter, &w), 0);
+  usleep(200 * 1000); /* the append now waits for the row lock */
+  raw_exec(&admin, "UPDATE channels SET active = 0 WHERE id = 'ch'"); /* commits at once */
+  raw_exec(&holder, "COMMIT");
+  pthread_join(th, NULL);
+  assert_int_equal(w.rc, -CV_EINACTIVE);
+  assert_int_equal(head_of(f->s, "c1"), 0);
+  raw_close(&holder);
+  raw_close(&admin);
+  store_close(s2);
+}
+
+/* The database's default isolation does not matter: appends and
+ * migrations name READ COMMITTED themselves (under SERIALIZABLE, concurrent
+ * appenders would otherwise fail with serialization errors). */
+typedef struct {
+  store_t *s;
+  int index, failed;
+} iso_writer_t;
+
+static void *iso_writer(void *arg) {
+  iso_writer_t *w = arg;
+  for (int k = 0; k < 25; k++) {
+    char id[32];
+    snprintf(id, sizeof id, "m-%d-%d", w->index, k);
+    store_msg_t m;
+    int created = 0;
+    if (store_append(w->s, "c1", id, "a", "{}", 1, &m, &created) != 0)
+      w->failed++;
+    else
+      store_msg_clear(&m);
+  }
+  return NULL;
+}
+
+static void test_pg_default_isolation_does_not_matter(void **state) {
+  fx_t *f = *state;
+  mk_conv(f->s, "ch", "c1");
+  raw_t admin = raw_open(f);
+  raw_exec(&admin, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET "
+                   "default_transaction_isolation = serializable', current_database()); END $$");
+  raw_close(&admin);
+  enum { N = 4 };
+  iso_writer_t w[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    w[i] = (iso_writer_t){NULL, i, 0};
+    assert_int_equal(store_open(f->url, &test_opt, &w[i].s), 0);
+  }
+  for (int i = 0; i < N; i++) assert_int_equal(pthread_create(&th[i], NULL, iso_writer, &w[i]), 0);
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < N; i++) assert_int_equal(w[i].failed, 0);
+  assert_int_equal(head_of(f->s, "c1"), N * 25);
+  assert_int_equal(store_migrate(w[0].s), 0);
+  for (int i = 0; i < N; i++) store_close(w[i].s);
+}
+
 /* A port nobody listens on: an error at once, not a hang. */
 static void test_pg_closed_port_fails_fast(void **state) {
   (void)state;
@@ -1211,6 +1301,8 @@ int main(int argc, char **argv) {
   };
   const struct CMUnitTest pg_tests[] = {
       cmocka_unit_test_setup_teardown(test_pg_row_lock_per_conversation, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pg_deactivation_during_append_wait, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pg_default_isolation_does_not_matter, setup, teardown),
       cmocka_unit_test(test_pg_closed_port_fails_fast),
       cmocka_unit_test(test_pg_silent_server_times_out),
       cmocka_unit_test_setup_teardown(test_pg_reconnect, setup, teardown),
