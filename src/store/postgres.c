@@ -65,6 +65,8 @@
 #define CONNECT_TIMEOUT_MS    1000  /* unless the URL sets connect_timeout */
 #define STATEMENT_TIMEOUT_MS  30000 /* any one statement, lock waits included */
 #define IDLE_IN_TX_TIMEOUT_MS 10000 /* a transaction left open by a stuck peer */
+#define ANSWER_MARGIN_MS      2000  /* beyond statement_timeout, the client stops waiting */
+#define RECONNECT_PAUSE_MS    500   /* after a failed connect, calls fail at once this long */
 /* pg_advisory_xact_lock key serializing store_migrate across nodes
  * ("converge" in ASCII). */
 #define MIGRATE_LOCK_KEY "7164779185366738789"
@@ -170,7 +172,9 @@ typedef struct {
   char *url;    /* as given to store_open, for reconnects */
   int connect_timeout_ms;
   int lock_timeout_ms;
-  int in_read; /* between store_read_begin and store_read_end */
+  int stmt_timeout_ms;  /* the session's statement_timeout */
+  uint64_t retry_after; /* monotonic ms: no reconnect attempt before (after a failure) */
+  int in_read;          /* between store_read_begin and store_read_end */
 } pg_t;
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
@@ -224,12 +228,44 @@ static int result_error(pg_t *s, const PGresult *r, const char *what) {
   return -CV_ESTORE;
 }
 
+/* The answer to the statement sent last, waited for at most until
+ * `deadline` (monotonic ms): the server's statement_timeout ends any
+ * statement it runs, but not a server that is stopped or a network that
+ * drops everything; this bounds those too. On expiry the connection is
+ * closed (the next call reconnects) and NULL is returned. */
+static PGresult *wait_result(pg_t *s, uint64_t deadline) {
+  PGresult *last = NULL;
+  for (;;) {
+    while (!PQisBusy(s->conn)) {
+      PGresult *r = PQgetResult(s->conn);
+      if (r == NULL) return last; /* every result read */
+      PQclear(last);
+      last = r;
+    }
+    uint64_t now = util_mono_ms();
+    if (now >= deadline) break;
+    struct pollfd p = {.fd = PQsocket(s->conn), .events = POLLIN};
+    int k = poll(&p, 1, (int)(deadline - now));
+    if (k < 0 && errno != EINTR) break;
+    if (k > 0 && !PQconsumeInput(s->conn)) break; /* the connection failed */
+  }
+  PQclear(last);
+  log_error("store: no answer from the database within %d ms; reconnecting",
+            s->stmt_timeout_ms + ANSWER_MARGIN_MS);
+  PQfinish(s->conn);
+  s->conn = NULL;
+  return NULL;
+}
+
 /* Run one statement with `n` text parameters. 0 with the result in *out
  * (caller PQclears; out NULL: discarded), or a -CV_E... (logged). */
 static int run(pg_t *s, const char *what, const char *sql, int n, const char *const *params,
                PGresult **out) {
   if (out != NULL) *out = NULL;
-  PGresult *r = PQexecParams(s->conn, sql, n, NULL, params, NULL, NULL, 0);
+  PGresult *r = NULL;
+  if (PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0))
+    r = wait_result(s, util_mono_ms() + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS);
+  if (s->conn == NULL) return -CV_ESTORE; /* no answer in time: closed above */
   ExecStatusType st = PQresultStatus(r);
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
     if (out != NULL)
@@ -309,8 +345,9 @@ static int connect_db(pg_t *s) {
   char lock[24], stmt[24], idle[24];
   const char *const params[] = {lock, stmt, idle};
   fmt_i64(lock, s->lock_timeout_ms);
-  fmt_i64(stmt, STATEMENT_TIMEOUT_MS > s->lock_timeout_ms ? STATEMENT_TIMEOUT_MS
-                                                          : (int64_t)s->lock_timeout_ms + 1000);
+  s->stmt_timeout_ms =
+      STATEMENT_TIMEOUT_MS > s->lock_timeout_ms ? STATEMENT_TIMEOUT_MS : s->lock_timeout_ms + 1000;
+  fmt_i64(stmt, s->stmt_timeout_ms);
   fmt_i64(idle, IDLE_IN_TX_TIMEOUT_MS);
   int err = run(s, "session settings",
                 "SELECT set_config('lock_timeout', $1, false),"
@@ -348,7 +385,13 @@ static int conn_ready(pg_t *s) {
   }
   PQfinish(s->conn);
   s->conn = NULL;
-  return connect_db(s);
+  /* A database that just refused or did not answer is not asked again at
+   * once by every call: each would pay the connect timeout. */
+  uint64_t now = util_mono_ms();
+  if (now < s->retry_after) return -CV_ESTORE;
+  int err = connect_db(s);
+  if (err) s->retry_after = now + RECONNECT_PAUSE_MS;
+  return err;
 }
 
 /* ---- transactions ----------------------------------------------------- */
