@@ -74,55 +74,13 @@ static void usage(FILE *out) {
 
 /* Returns 0, 1 after --help, or -1 after printing why (exit status 2). */
 static int parse_options(options_t *o, int argc, char **argv) {
-  struct {
-    const char *name;
-    long long *value;
-    long long min, max;
-  } opts[] = {
+  const run_int_opt_t opts[] = {
       {"clients", &o->clients, 1, 1000000},   {"pool", &o->pool, 1, 512},
       {"ops", &o->ops, 1000, 100000000000LL}, {"runs", &o->runs, 1, 100},
       {"timeout", &o->timeout_s, 1, 86400},
   };
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      return 1;
-    }
-    size_t k = 0;
-    const char *value = NULL;
-    for (; k < CV_ARRAY_SIZE(opts); k++) {
-      size_t nl = strlen(opts[k].name);
-      if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, opts[k].name, nl) != 0) continue;
-      if (a[2 + nl] == '=') {
-        value = a + 3 + nl;
-        break;
-      }
-      if (a[2 + nl] == '\0') {
-        if (i + 1 >= argc) {
-          fprintf(stderr, "converger bench admission: %s needs a value\n", a);
-          return -1;
-        }
-        value = argv[++i];
-        break;
-      }
-    }
-    if (k == CV_ARRAY_SIZE(opts)) {
-      fprintf(stderr, "converger bench admission: unknown option \"%s\" (see --help)\n", a);
-      return -1;
-    }
-    char *end;
-    errno = 0;
-    long long v = strtoll(value, &end, 10);
-    if (errno || *value == '\0' || *end || v < opts[k].min || v > opts[k].max) {
-      fprintf(stderr,
-              "converger bench admission: invalid --%s \"%s\": want an integer in [%lld, %lld]\n",
-              opts[k].name, value, opts[k].min, opts[k].max);
-      return -1;
-    }
-    *opts[k].value = v;
-  }
-  return 0;
+  return run_parse_int_options("converger bench admission", argc, argv, opts, CV_ARRAY_SIZE(opts),
+                               usage);
 }
 
 /* ---- medians -------------------------------------------------------------------- */

@@ -82,59 +82,30 @@ static void usage(FILE *out) {
 
 /* Returns 0, 1 after --help, or -1 after printing why (exit status 2). */
 static int parse_options(bench_t *b, int argc, char **argv, const cpu_set_t *allowed) {
-  struct {
-    const char *name;
-    int *value;
-    long min, max;
-  } opts[] = {
-      {"conns", &b->conns, 1, 1000000},
-      {"handshakes", &b->handshakes, 1, 1000000},
-      {"subs", &b->subs, 1, 1000000},
-      {"messages", &b->messages, 1, 1000000},
-      {"rest-conns", &b->rest_conns, 1, 1000},
-      {"node-cpu", &b->node_cpu, -1, CPU_SETSIZE - 1},
-      {"client-cpu", &b->client_cpu, -1, CPU_SETSIZE - 1},
-      {"timeout", &b->timeout_s, 1, 86400},
+  long long conns = b->conns, handshakes = b->handshakes, subs = b->subs, messages = b->messages,
+            rest_conns = b->rest_conns, node_cpu = b->node_cpu, client_cpu = b->client_cpu,
+            timeout_s = b->timeout_s;
+  const run_int_opt_t opts[] = {
+      {"conns", &conns, 1, 1000000},
+      {"handshakes", &handshakes, 1, 1000000},
+      {"subs", &subs, 1, 1000000},
+      {"messages", &messages, 1, 1000000},
+      {"rest-conns", &rest_conns, 1, 1000},
+      {"node-cpu", &node_cpu, -1, CPU_SETSIZE - 1},
+      {"client-cpu", &client_cpu, -1, CPU_SETSIZE - 1},
+      {"timeout", &timeout_s, 1, 86400},
   };
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      return 1;
-    }
-    size_t k = 0;
-    const char *value = NULL;
-    for (; k < CV_ARRAY_SIZE(opts); k++) {
-      size_t nl = strlen(opts[k].name);
-      if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, opts[k].name, nl) != 0) continue;
-      if (a[2 + nl] == '=') {
-        value = a + 3 + nl;
-        break;
-      }
-      if (a[2 + nl] == '\0') {
-        if (i + 1 >= argc) {
-          fprintf(stderr, "converger bench baseline: %s needs a value\n", a);
-          return -1;
-        }
-        value = argv[++i];
-        break;
-      }
-    }
-    if (k == CV_ARRAY_SIZE(opts)) {
-      fprintf(stderr, "converger bench baseline: unknown option \"%s\" (see --help)\n", a);
-      return -1;
-    }
-    char *end;
-    errno = 0;
-    long v = strtol(value, &end, 10);
-    if (errno || *value == '\0' || *end || v < opts[k].min || v > opts[k].max) {
-      fprintf(stderr,
-              "converger bench baseline: invalid --%s \"%s\": want an integer in [%ld, %ld]\n",
-              opts[k].name, value, opts[k].min, opts[k].max);
-      return -1;
-    }
-    *opts[k].value = (int)v;
-  }
+  int r = run_parse_int_options("converger bench baseline", argc, argv, opts, CV_ARRAY_SIZE(opts),
+                                usage);
+  if (r != 0) return r;
+  b->conns = (int)conns;
+  b->handshakes = (int)handshakes;
+  b->subs = (int)subs;
+  b->messages = (int)messages;
+  b->rest_conns = (int)rest_conns;
+  b->node_cpu = (int)node_cpu;
+  b->client_cpu = (int)client_cpu;
+  b->timeout_s = (int)timeout_s;
   int cpus[2] = {b->node_cpu, b->client_cpu};
   for (int i = 0; i < 2; i++)
     if (cpus[i] >= 0 && !CPU_ISSET(cpus[i], allowed)) {

@@ -4,6 +4,7 @@
  */
 #include "bench/run.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,4 +166,47 @@ int run_send(bench_t *b, uv_stream_t *s, const char *data, size_t len) {
     run_fail(b, "%s: write: %s", b->phase, uv_strerror(r));
   }
   return r;
+}
+
+int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_opt_t *opts,
+                          size_t n, void (*usage)(FILE *out)) {
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      return 1;
+    }
+    size_t k = 0;
+    const char *value = NULL;
+    for (; k < n; k++) {
+      size_t nl = strlen(opts[k].name);
+      if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, opts[k].name, nl) != 0) continue;
+      if (a[2 + nl] == '=') {
+        value = a + 3 + nl;
+        break;
+      }
+      if (a[2 + nl] == '\0') {
+        if (i + 1 >= argc) {
+          fprintf(stderr, "%s: %s needs a value\n", cmd, a);
+          return -1;
+        }
+        value = argv[++i];
+        break;
+      }
+    }
+    if (k == n) {
+      fprintf(stderr, "%s: unknown option \"%s\" (see --help)\n", cmd, a);
+      return -1;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(value, &end, 10);
+    if (errno || *value == '\0' || *end || v < opts[k].min || v > opts[k].max) {
+      fprintf(stderr, "%s: invalid --%s \"%s\": want an integer in [%lld, %lld]\n", cmd,
+              opts[k].name, value, opts[k].min, opts[k].max);
+      return -1;
+    }
+    *opts[k].value = v;
+  }
+  return 0;
 }

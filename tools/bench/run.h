@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -88,6 +89,21 @@ struct bench_s {
 
   char read_buf[RUN_READ_BUF_BYTES]; /* every read of every connection lands here */
 };
+
+/* One integer option of a bench: --name VALUE or --name=VALUE. */
+typedef struct {
+  const char *name; /* without the leading "--" */
+  long long *value; /* set when the option is given */
+  long long min, max;
+} run_int_opt_t;
+
+/* Parse argv (the bench's own arguments) against `n` integer options;
+ * --help or -h prints usage(stdout). Returns 0, 1 after --help, or -1 after
+ * printing one line, prefixed with `cmd` ("converger bench NAME"), naming
+ * the unknown option, the missing value or the value out of [min, max].
+ * Main thread. */
+int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_opt_t *opts,
+                          size_t n, void (*usage)(FILE *out));
 
 /* The monotonic clock (uv_hrtime), in nanoseconds. */
 uint64_t run_now_ns(void);
