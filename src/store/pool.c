@@ -248,8 +248,7 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
       char shown[512]; /* without a password */
       store_url_redact(url, shown, sizeof shown);
       log_error("store: cannot open %s: %s", shown, cv_strerror(r));
-    }
-    else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
+    } else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
       log_error("store: migration failed: %s", cv_strerror(r));
   }
   for (int i = 0; r == 0 && i < size; i++) {

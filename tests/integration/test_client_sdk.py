@@ -133,10 +133,17 @@ class ClientSdk(NodeCase):
 
         th = threading.Thread(target=sender, daemon=True)
         th.start()
+        def welcomes():
+            with tail.cond:
+                return sum(1 for l in tail.err if ": connected: " in l)
+
         try:
-            for k in kills_at:
+            for round_, k in enumerate(kills_at):
                 with progress:
                     self.assertTrue(progress.wait_for(lambda: len(acks) >= k, 60), len(acks))
+                # the subscriber is back on the node before each kill, so that
+                # both restarts happen under a connected subscriber
+                self.assertTrue(tail.wait_for(lambda: welcomes() >= round_ + 1, 30), tail.stderr_text())
                 n.kill9()
                 self.assertEqual(n.exit_codes[-1], -9)
                 time.sleep(0.3)  # the subscriber and the sender see the node gone
