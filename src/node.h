@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "cluster/membership.h"
 #include "core/config.h"
 #include "core/jitter.h"
 #include "gate/limiter.h"
@@ -34,6 +35,7 @@ typedef struct node_s {
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint;
   uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
+  membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
 
   conn_t *conns; /* every connection (doubly linked) */
   conn_t *dirty; /* connections with queued output */

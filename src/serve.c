@@ -4,7 +4,8 @@
  *   running -> stopping (listener closed, sockets closed with 1001, HTTP
  *   answers in flight finish) -> all connections gone and no pool job in
  *   flight, or the stop deadline passed -> pool joined -> bus and timers
- *   closed -> the loop ends.
+ *   closed -> the loop ends. The heartbeat timer stops when stopping begins
+ *   (cluster/membership.h); the node's row then ages out.
  */
 #include "serve.h"
 
@@ -17,6 +18,7 @@
 #include "api/metrics.h"
 #include "api/rest.h"
 #include "bus/bus.h"
+#include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -44,6 +46,7 @@ static void begin_stop(node_t *node, const char *why) {
   uv_timer_start(&node->tick, tick_cb, 20, 20); /* finish promptly */
   conn_stop_listening(node);
   rest_stop(node);
+  membership_stop(node); /* one last beat says "draining" (when the pool is idle) */
   session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
   for (conn_t *c = node->conns; c; c = c->next)
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
@@ -201,11 +204,12 @@ int serve_main(int argc, char **argv) {
   uv_signal_start(&node->sigterm, signal_cb, SIGTERM);
   uv_signal_start(&node->sigint, signal_cb, SIGINT);
   rest_start_revocation_refresh(node);
+  membership_start(node);
   node->ready = 1;
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
-           "pool %d, admission %d slot(s), queue %d for %d ms",
+           "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
            CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,
-           cfg.handshake_queue_max, cfg.handshake_queue_ms);
+           cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
   if (key_from_file) log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
   uv_run(node->loop, UV_RUN_DEFAULT);
   status = 0;

@@ -21,6 +21,7 @@
 #include "api/auth.h"
 #include "api/metrics.h"
 #include "bus/bus.h"
+#include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -43,6 +44,7 @@ typedef enum {
   J_MSG_APPEND,
   J_MSG_LIST,
   J_REVOKE,
+  J_CLUSTER,
 } job_kind_t;
 
 typedef struct {
@@ -79,6 +81,14 @@ static json_t *msg_json(const char *conv, const store_msg_t *m) {
   json_t *body = json_loads(m->body, JSON_DECODE_ANY, NULL);
   return json_pack("{s:s, s:I, s:s, s:s, s:s, s:o}", "conv", conv, "seq", (json_int_t)m->seq, "id",
                    m->id, "sender", m->sender, "ts", ts, "body", body ? body : json_null());
+}
+
+static json_t *node_json(const store_node_t *nd) {
+  char ts[25];
+  util_format_ts(nd->updated_ms, ts);
+  return json_pack("{s:s, s:s, s:s, s:I, s:I, s:s}", "id", nd->id, "publicUrl", nd->public_url,
+                   "state", nd->state, "connections", (json_int_t)nd->connections, "waiters",
+                   (json_int_t)nd->waiters, "updatedAt", ts);
 }
 
 static void set_error(rest_job_t *j, int r) {
@@ -174,6 +184,17 @@ static void job_work(pool_job_t *job, store_t *db) {
   case J_REVOKE:
     if ((r = store_revoke(db, j->id, j->exp_s)) == 0) j->status = 204;
     break;
+  case J_CLUSTER: {
+    store_node_t *nodes = NULL;
+    size_t n = 0;
+    if ((r = store_nodes_live(db, util_now_ms(), MEMBERSHIP_MAX_AGE_MS, &nodes, &n)) != 0) break;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, node_json(&nodes[i]));
+    store_nodes_free(nodes);
+    j->status = 200;
+    j->answer = json_pack("{s:o}", "nodes", arr);
+    break;
+  }
   }
   if (r != 0) set_error(j, r);
 }
@@ -604,6 +625,14 @@ void rest_handle(conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     if (require_key(c, req) != 0) return;
     return handle_status(c);
+  }
+  if (strcmp(path, "/admin/cluster") == 0) {
+    req->route = "/admin/cluster";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    if (require_key(c, req) != 0) return;
+    rest_job_t *j = job_new(c, J_CLUSTER);
+    if (j) job_submit(j);
+    return;
   }
 
   int n = split_path(path, seg);

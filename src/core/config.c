@@ -21,7 +21,7 @@
 #include "core/util.h"
 #include "store/store.h"
 
-typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL } kind_t;
+typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL, K_WSURL } kind_t;
 
 typedef struct {
   const char *env;
@@ -50,6 +50,9 @@ static const setting_t settings[] = {
       "HS256 secret for client tokens (unset: generated, stored in the data directory)"),
     S("CONVERGER_NODE_ID", "node-id", K_STR, node_id, NULL, 0, 0, NULL,
       "this node's name in welcome frames and metrics (default hostname:port)"),
+    S("CONVERGER_PUBLIC_URL", "public-url", K_WSURL, public_url, NULL, 0, 0, NULL,
+      "ws:// or wss:// URL clients should use for this node, as listed by /admin/cluster"
+      " (default ws://LISTEN/v1/ws)"),
     S("CONVERGER_POOL_SIZE", "pool-size", K_INT, pool_size, "20", 1, 512, NULL,
       "store worker threads, one database connection each"),
     S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes, "65536", 256,
@@ -174,6 +177,19 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
       return -CV_EINVAL;
     }
     break;
+  case K_WSURL:
+    if ((strncmp(v, "ws://", 5) != 0 || v[5] == '\0') &&
+        (strncmp(v, "wss://", 6) != 0 || v[6] == '\0')) {
+      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want ws://HOST... or wss://HOST...\n",
+              s->env, src, v);
+      return -CV_EINVAL;
+    }
+    if (strlen(v) > STORE_URL_MAX) {
+      fprintf(stderr, "converger: invalid %s (%s): longer than %d bytes\n", s->env, src,
+              STORE_URL_MAX);
+      return -CV_EINVAL;
+    }
+    break;
   case K_STR:
     if (*v == '\0') {
       fprintf(stderr, "converger: invalid %s (%s): empty\n", s->env, src);
@@ -258,6 +274,12 @@ int config_parse(config_t *cfg, int argc, char **argv) {
     char buf[300];
     snprintf(buf, sizeof buf, "%s:%d", host, cfg->listen_port);
     cfg->node_id = strdup(buf);
+  }
+  if (!cfg->public_url) {
+    size_t len = strlen("ws://") + strlen(cfg->listen) + strlen("/v1/ws") + 1;
+    cfg->public_url = malloc(len);
+    if (!cfg->public_url) return -CV_ENOMEM;
+    snprintf(cfg->public_url, len, "ws://%s/v1/ws", cfg->listen);
   }
   return 0;
 }

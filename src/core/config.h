@@ -19,6 +19,7 @@ typedef struct {
   char *api_key;             /* NULL: generated/stored by config_load_secrets */
   char *token_secret;        /* NULL: generated/stored by config_load_secrets */
   char *node_id;             /* default hostname:port */
+  char *public_url;          /* ws URL for clients (default ws://LISTEN/v1/ws) */
   char *web_dir;             /* demo page directory */
   char *sqlite_sync;         /* off | normal | full */
   char *log_level;           /* debug | info | warn | error */

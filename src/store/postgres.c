@@ -104,6 +104,15 @@ static const char *const migrations[] = {
     " jti TEXT COLLATE \"C\" PRIMARY KEY,"
     " exp_s BIGINT NOT NULL);"
     "CREATE INDEX revocations_exp ON revocations (exp_s);",
+    /* 2: cluster membership, one row per node, replaced by its heartbeat
+     * (store_node_beat); a row not updated lately is a node that is gone. */
+    "CREATE TABLE nodes ("
+    " id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " public_url TEXT NOT NULL,"
+    " state TEXT NOT NULL CHECK (state IN ('ready', 'draining')),"
+    " connections BIGINT NOT NULL,"
+    " waiters BIGINT NOT NULL,"
+    " updated_ms BIGINT NOT NULL);",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -165,6 +174,15 @@ static const char *const migrations[] = {
   "INSERT INTO revocations (jti, exp_s) VALUES ($1, $2)"                                           \
   " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"
 #define SQL_REVOCATIONS "SELECT jti FROM revocations WHERE exp_s >= $1 ORDER BY jti"
+#define SQL_NODE_BEAT                                                                              \
+  "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms)"                    \
+  " VALUES ($1, $2, $3, $4, $5, $6)"                                                               \
+  " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url, state = excluded.state,"      \
+  " connections = excluded.connections, waiters = excluded.waiters,"                               \
+  " updated_ms = excluded.updated_ms"
+#define SQL_NODES_LIVE                                                                             \
+  "SELECT id, public_url, state, connections, waiters, updated_ms"                                 \
+  " FROM nodes WHERE updated_ms >= $1 ORDER BY id"
 
 typedef struct {
   store_t base; /* first: ops */
@@ -850,6 +868,50 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
   return 0;
 }
 
+/* ---- membership ------------------------------------------------------- */
+
+static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
+                        int64_t connections, int64_t waiters, int64_t now_ms) {
+  pg_t *s = pg(base);
+  char c[24], w[24], t[24];
+  const char *const p[] = {id, public_url, state, c, w, t};
+  fmt_i64(c, connections);
+  fmt_i64(w, waiters);
+  fmt_i64(t, now_ms);
+  int err = conn_ready(s);
+  return err ? err : run(s, "node beat", SQL_NODE_BEAT, 6, p, NULL);
+}
+
+static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, size_t *n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char since[24];
+  const char *p = since;
+  fmt_i64(since, since_ms);
+  int err = conn_ready(s);
+  if (!err) err = run(s, "nodes live", SQL_NODES_LIVE, 1, &p, &r);
+  if (err) return err;
+  size_t len = (size_t)PQntuples(r);
+  store_node_t *v = NULL;
+  if (len > 0 && (v = calloc(len, sizeof *v)) == NULL) {
+    PQclear(r);
+    return -CV_ENOMEM;
+  }
+  for (size_t i = 0; i < len; i++) {
+    int row = (int)i;
+    copy_str(v[i].id, sizeof v[i].id, PQgetvalue(r, row, 0));
+    copy_str(v[i].public_url, sizeof v[i].public_url, PQgetvalue(r, row, 1));
+    copy_str(v[i].state, sizeof v[i].state, PQgetvalue(r, row, 2));
+    v[i].connections = get_i64(r, row, 3);
+    v[i].waiters = get_i64(r, row, 4);
+    v[i].updated_ms = get_i64(r, row, 5);
+  }
+  PQclear(r);
+  *out = v;
+  *n = len;
+  return 0;
+}
+
 const store_ops_t store_postgres_ops = {
     .name = "postgres",
     .open = op_open,
@@ -868,4 +930,6 @@ const store_ops_t store_postgres_ops = {
     .replay = op_replay,
     .revoke = op_revoke,
     .revocations = op_revocations,
+    .node_beat = op_node_beat,
+    .nodes_live = op_nodes_live,
 };

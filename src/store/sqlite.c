@@ -70,6 +70,15 @@ static const char *const migrations[] = {
     " jti TEXT PRIMARY KEY NOT NULL,"
     " exp_s INTEGER NOT NULL);"
     "CREATE INDEX revocations_exp ON revocations (exp_s);",
+    /* 2: cluster membership, one row per node, replaced by its heartbeat
+     * (store_node_beat); a row not updated lately is a node that is gone. */
+    "CREATE TABLE nodes ("
+    " id TEXT PRIMARY KEY NOT NULL,"
+    " public_url TEXT NOT NULL,"
+    " state TEXT NOT NULL CHECK (state IN ('ready', 'draining')),"
+    " connections INTEGER NOT NULL,"
+    " waiters INTEGER NOT NULL,"
+    " updated_ms INTEGER NOT NULL) WITHOUT ROWID;",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -94,6 +103,8 @@ enum stmt_id {
   ST_REPLAY,
   ST_REVOKE,
   ST_REVOCATIONS,
+  ST_NODE_BEAT,
+  ST_NODES_LIVE,
   ST_COUNT_
 };
 #define ST_EAGER_END_ ST_CHANNEL_INSERT
@@ -128,6 +139,13 @@ static const char *const stmt_sql[ST_COUNT_] = {
                   " ON CONFLICT (jti) DO UPDATE"
                   " SET exp_s = max(exp_s, excluded.exp_s)",
     [ST_REVOCATIONS] = "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
+    [ST_NODE_BEAT] = "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms)"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                     " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url,"
+                     " state = excluded.state, connections = excluded.connections,"
+                     " waiters = excluded.waiters, updated_ms = excluded.updated_ms",
+    [ST_NODES_LIVE] = "SELECT id, public_url, state, connections, waiters, updated_ms"
+                      " FROM nodes WHERE updated_ms >= ?1 ORDER BY id",
 };
 
 typedef struct {
@@ -795,6 +813,66 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
   return 0;
 }
 
+/* ---- membership ------------------------------------------------------- */
+
+static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
+                        int64_t connections, int64_t waiters, int64_t now_ms) {
+  sq_t *s = sq(base);
+  sqlite3_stmt *st = NULL;
+  int err = stmt_get(s, ST_NODE_BEAT, &st);
+  if (err) return err;
+  int rc = bind_text(st, 1, id);
+  if (rc == SQLITE_OK) rc = bind_text(st, 2, public_url);
+  if (rc == SQLITE_OK) rc = bind_text(st, 3, state);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 4, connections);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 5, waiters);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 6, now_ms);
+  if (rc == SQLITE_OK) rc = sqlite3_step(st);
+  if (rc != SQLITE_DONE) err = db_error(s, rc, "node beat");
+  stmt_done(st);
+  return err;
+}
+
+static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, size_t *n) {
+  sq_t *s = sq(base);
+  sqlite3_stmt *st = NULL;
+  int err = stmt_get(s, ST_NODES_LIVE, &st);
+  if (err) return err;
+  store_node_t *v = NULL;
+  size_t len = 0, cap = 0;
+  int rc = sqlite3_bind_int64(st, 1, since_ms);
+  while (rc == SQLITE_OK || rc == SQLITE_ROW) {
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) break;
+    if (len == cap) {
+      size_t ncap = cap == 0 ? 8 : cap * 2;
+      store_node_t *nv = realloc(v, ncap * sizeof *nv);
+      if (nv == NULL) {
+        err = -CV_ENOMEM;
+        break;
+      }
+      v = nv;
+      cap = ncap;
+    }
+    store_node_t *r = &v[len++];
+    col_copy(st, 0, r->id, sizeof r->id);
+    col_copy(st, 1, r->public_url, sizeof r->public_url);
+    col_copy(st, 2, r->state, sizeof r->state);
+    r->connections = sqlite3_column_int64(st, 3);
+    r->waiters = sqlite3_column_int64(st, 4);
+    r->updated_ms = sqlite3_column_int64(st, 5);
+  }
+  if (!err && rc != SQLITE_DONE) err = db_error(s, rc, "nodes live");
+  stmt_done(st);
+  if (err) {
+    store_nodes_free(v);
+    return err;
+  }
+  *out = v;
+  *n = len;
+  return 0;
+}
+
 const store_ops_t store_sqlite_ops = {
     .name = "sqlite",
     .open = op_open,
@@ -813,4 +891,6 @@ const store_ops_t store_sqlite_ops = {
     .replay = op_replay,
     .revoke = op_revoke,
     .revocations = op_revocations,
+    .node_beat = op_node_beat,
+    .nodes_live = op_nodes_live,
 };

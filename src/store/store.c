@@ -259,6 +259,29 @@ int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n) {
   return s->ops->revocations(s, now_s, jtis, n);
 }
 
+static int node_state_valid(const char *state) {
+  return state != NULL && (strcmp(state, "ready") == 0 || strcmp(state, "draining") == 0);
+}
+
+int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
+                    int64_t connections, int64_t waiters, int64_t now_ms) {
+  if (s == NULL || id == NULL || id[0] == '\0' || strnlen(id, STORE_ID_MAX + 1) > STORE_ID_MAX ||
+      public_url == NULL || public_url[0] == '\0' ||
+      strnlen(public_url, STORE_URL_MAX + 1) > STORE_URL_MAX || !node_state_valid(state) ||
+      connections < 0 || waiters < 0)
+    return -CV_EINVAL;
+  return s->ops->node_beat(s, id, public_url, state, connections, waiters, now_ms);
+}
+
+int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out,
+                     size_t *n) {
+  if (out != NULL) *out = NULL;
+  if (n != NULL) *n = 0;
+  if (s == NULL || out == NULL || n == NULL || max_age_ms < 0) return -CV_EINVAL;
+  int64_t since = now_ms >= INT64_MIN + max_age_ms ? now_ms - max_age_ms : INT64_MIN;
+  return s->ops->nodes_live(s, since, out, n);
+}
+
 /* ---- results ------------------------------------------------------------ */
 
 void store_msg_clear(store_msg_t *m) {
@@ -279,3 +302,5 @@ void store_strings_free(char **v, size_t n) {
   for (size_t i = 0; i < n; i++) free(v[i]);
   free(v);
 }
+
+void store_nodes_free(store_node_t *v) { free(v); }

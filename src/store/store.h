@@ -34,6 +34,8 @@
 #define STORE_ID_MAX          128  /* ids match [A-Za-z0-9._:-]{1,128} */
 #define STORE_NAME_MAX        256  /* channel display name, bytes */
 #define STORE_REPLAY_PAGE_MAX 1000 /* messages per replay page */
+#define STORE_URL_MAX         512  /* a node's public URL, bytes */
+#define STORE_NODE_STATE_MAX  15   /* "ready", "draining" */
 
 typedef struct store_s store_t;
 
@@ -74,6 +76,16 @@ typedef struct {
   char *body;
   int64_t ts_ms; /* commit time, ms since the Unix epoch, UTC */
 } store_msg_t;
+
+/* One row of the cluster's membership table: a node's last heartbeat. */
+typedef struct {
+  char id[STORE_ID_MAX + 1];
+  char public_url[STORE_URL_MAX + 1];   /* the ws URL clients should use for it */
+  char state[STORE_NODE_STATE_MAX + 1]; /* "ready" or "draining" */
+  int64_t connections;                  /* its WebSocket connections */
+  int64_t waiters;                      /* its admission waiters */
+  int64_t updated_ms;                   /* wall clock of the beat, ms since the Unix epoch */
+} store_node_t;
 
 /* The backend `url` selects: "sqlite", "postgres", or NULL when it is none
  * of the forms above. Checks the form only, not that it can connect. */
@@ -162,5 +174,17 @@ void store_msgs_free(store_msg_t *msgs, size_t n);
 int store_revoke(store_t *s, const char *jti, int64_t exp_s);
 int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n);
 void store_strings_free(char **v, size_t n);
+
+/* Cluster membership (cluster/membership.h). beat: insert or replace the
+ * row of node `id` (1..STORE_ID_MAX bytes, any characters) with the other
+ * fields and updated_ms = now_ms; `public_url` 1..STORE_URL_MAX bytes,
+ * `state` "ready" or "draining", counts >= 0 (else -CV_EINVAL). live: the
+ * rows with updated_ms >= now_ms - max_age_ms (max_age_ms >= 0), ordered by
+ * id, as a heap array of *n rows (NULL when 0) freed with store_nodes_free.
+ * Rows are never deleted: a node that stopped beating just ages out. */
+int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
+                    int64_t connections, int64_t waiters, int64_t now_ms);
+int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out, size_t *n);
+void store_nodes_free(store_node_t *v);
 
 #endif

@@ -32,9 +32,11 @@ def metric(node, name, labels=""):
 
 
 class Admission(NodeCase):
-    def slow_node(self, delay_ms, pool=2, **env):
-        """A node with a pool of 2 (one admission slot) by default,
-        conversations made first at full speed, then restarted with the
+    def slow_node(self, delay_ms, pool=3, **env):
+        """A node with a pool of 3 (one admission slot) by default: the
+        revocation refresh and the membership beat may each hold a worker
+        for the whole delay, and the hello under test needs the third.
+        Conversations made first at full speed, then restarted with the
         slowed store."""
         n = self.node_start(dict({"CONVERGER_POOL_SIZE": str(pool)}, **env))
         convs = [n.new_conv() for _ in range(2)]

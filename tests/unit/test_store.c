@@ -814,6 +814,80 @@ static void test_revocations(void **state) {
   raw_close(&raw);
 }
 
+/* ---- membership ---------------------------------------------------------- */
+
+/* "id/state/connections/waiters/updated_ms,..." of the live rows, in the
+ * order returned. */
+static void expect_live(store_t *s, int64_t now_ms, int64_t max_age_ms, const char *want) {
+  store_node_t *v = (store_node_t *)&v;
+  size_t n = 99;
+  char got[1024] = "";
+  assert_int_equal(store_nodes_live(s, now_ms, max_age_ms, &v, &n), 0);
+  if (n == 0) assert_null(v);
+  for (size_t i = 0; i < n; i++) {
+    char row[300];
+    snprintf(row, sizeof row, "%s%s/%s/%lld/%lld/%lld", i > 0 ? "," : "", v[i].id, v[i].state,
+             (long long)v[i].connections, (long long)v[i].waiters, (long long)v[i].updated_ms);
+    strcat(got, row);
+  }
+  assert_string_equal(got, want);
+  store_nodes_free(v);
+}
+
+static void test_membership(void **state) {
+  fx_t *f = *state;
+  store_t *s = f->s;
+  expect_live(s, 10000, 3000, "");
+  assert_int_equal(store_node_beat(s, "node-b", "ws://b:1/v1/ws", "ready", 3, 1, 9000), 0);
+  assert_int_equal(store_node_beat(s, "node-a", "ws://a:1/v1/ws", "ready", 5, 0, 8000), 0);
+  assert_int_equal(store_node_beat(s, "node-c", "ws://c:1/v1/ws", "draining", 0, 0, 6999), 0);
+  /* ordered by id; updated_ms >= now - max_age; older rows are not live */
+  expect_live(s, 10000, 3000, "node-a/ready/5/0/8000,node-b/ready/3/1/9000");
+  expect_live(s, 9999, 3000,
+              "node-a/ready/5/0/8000,node-b/ready/3/1/9000,node-c/draining/0/0/6999");
+  expect_live(s, 20000, 3000, "");
+
+  /* upsert replaces every field of the row */
+  assert_int_equal(store_node_beat(s, "node-a", "wss://a.example/v1/ws", "draining", 7, 2, 19000),
+                   0);
+  expect_live(s, 20000, 3000, "node-a/draining/7/2/19000");
+  store_node_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(store_nodes_live(s, 20000, 3000, &v, &n), 0);
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0].public_url, "wss://a.example/v1/ws");
+  store_nodes_free(v);
+
+  /* another connection (another node) sees the same table; values are
+   * parameters, never SQL */
+  store_t *s2 = NULL;
+  assert_int_equal(store_open(f->url, &test_opt, &s2), 0);
+  assert_int_equal(store_node_beat(s2, SQL_EVIL, "ws://" SQL_EVIL, "ready", 0, 0, 19500), 0);
+  assert_int_equal(store_nodes_live(s2, 20000, 3000, &v, &n), 0);
+  assert_int_equal(n, 2);
+  assert_string_equal(v[0].id, SQL_EVIL); /* "'" sorts before "n" */
+  assert_string_equal(v[0].public_url, "ws://" SQL_EVIL);
+  assert_string_equal(v[1].id, "node-a");
+  store_nodes_free(v);
+  store_close(s2);
+
+  /* bad arguments */
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "gone", 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", NULL, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "", "ws://x", "ready", 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "", "ready", 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", -1, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, -1, 1), -CV_EINVAL);
+  assert_int_equal(store_nodes_live(s, 1, -1, &v, &n), -CV_EINVAL);
+  assert_null(v);
+  assert_int_equal(n, 0);
+  assert_int_equal(store_nodes_live(s, 1, 1, NULL, &n), -CV_EINVAL);
+
+  raw_t raw = raw_open(f);
+  assert_int_equal(raw_int(&raw, "SELECT count(*) FROM nodes"), 4); /* rows are never deleted */
+  raw_close(&raw);
+}
+
 /* ---- locks -------------------------------------------------------------- */
 
 /* A write lock held elsewhere: -CV_EBUSY after the busy timeout (PostgreSQL:
@@ -1294,6 +1368,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_replay_clamp, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_byte_budget, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revocations, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_membership, setup, teardown),
       cmocka_unit_test_setup_teardown(test_busy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_read_snapshot, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotent_race, setup, teardown),

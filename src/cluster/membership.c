@@ -1,0 +1,85 @@
+/*
+ * membership.c: the heartbeat timer and its pool job (membership.h).
+ *
+ * The job copies nothing from the loop but the counts and the state: the
+ * node id and public URL are read from node->cfg, which is immutable and
+ * outlives the pool. The timestamp is taken on the worker, when the row is
+ * written, so time spent in the pool queue does not age the row.
+ */
+#include "cluster/membership.h"
+
+#include <stdlib.h>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "gate/admission.h"
+#include "node.h"
+
+typedef struct {
+  pool_job_t job;
+  node_t *node;
+  const char *id, *public_url, *state; /* cfg strings, a static string */
+  int64_t connections, waiters;
+  int status;
+} beat_job_t;
+
+static void beat_work(pool_job_t *job, store_t *db) {
+  beat_job_t *b = container_of(job, beat_job_t, job);
+  b->status = store_node_beat(db, b->id, b->public_url, b->state, b->connections, b->waiters,
+                              util_now_ms());
+}
+
+static void beat_done(pool_job_t *job) {
+  beat_job_t *b = container_of(job, beat_job_t, job);
+  node_t *node = b->node;
+  membership_t *m = &node->membership;
+  int status = job->canceled ? -CV_ECANCELED : b->status;
+  free(b);
+  m->in_flight = 0;
+  if (status != 0 && status != -CV_ECANCELED && !m->failing) {
+    log_warn("membership: cannot write this node's heartbeat: %s (retrying every %d ms)",
+             cv_strerror(status), MEMBERSHIP_BEAT_MS);
+    m->failing = 1;
+  } else if (status == 0 && m->failing) {
+    log_info("membership: heartbeat written again");
+    m->failing = 0;
+  }
+}
+
+static void beat(node_t *node) {
+  membership_t *m = &node->membership;
+  beat_job_t *b = calloc(1, sizeof *b);
+  if (!b) return; /* the next tick tries again */
+  m->in_flight = 1;
+  b->node = node;
+  b->id = node->cfg->node_id;
+  b->public_url = node->cfg->public_url;
+  b->state = node->stopping ? "draining" : "ready";
+  b->connections = node->nws;
+  b->waiters = admission_waiting(node->admission);
+  b->job.kind = "membership";
+  b->job.no_drop = 1; /* an overloaded node is still a member */
+  pool_submit(node->pool, &b->job, beat_work, beat_done);
+}
+
+static void timer_cb(uv_timer_t *t) {
+  node_t *node = t->data;
+  if (node->membership.in_flight) return; /* a slow store: skip, never queue beats */
+  beat(node);
+}
+
+void membership_start(node_t *node) {
+  membership_t *m = &node->membership;
+  uv_timer_init(node->loop, &m->timer);
+  m->timer.data = node;
+  uv_timer_start(&m->timer, timer_cb, 0, MEMBERSHIP_BEAT_MS);
+}
+
+void membership_stop(node_t *node) {
+  uv_timer_t *t = &node->membership.timer;
+  if (uv_is_closing((uv_handle_t *)t)) return;
+  uv_timer_stop(t);
+  uv_close((uv_handle_t *)t, NULL);
+  if (pool_in_flight(node->pool) == 0) beat(node); /* node->stopping: "draining" */
+}

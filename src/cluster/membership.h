@@ -1,0 +1,50 @@
+/*
+ * membership: this node's row in the cluster's membership table (the store's
+ * `nodes` table, shared by every node on one database).
+ *
+ * Every MEMBERSHIP_BEAT_MS the node upserts its row (store_node_beat) with
+ * its id, CONVERGER_PUBLIC_URL, state ("ready", or "draining" once it is
+ * stopping), WebSocket connections and admission waiters, stamped with the
+ * wall clock when the worker writes it. A node whose row is older than
+ * MEMBERSHIP_MAX_AGE_MS is gone: GET /admin/cluster lists the others.
+ *
+ * Thread: loop thread; the writes run as pool jobs (kind "membership",
+ * never dropped by the queue-delay rule, at most one in flight: a beat that
+ * comes while the previous one still runs is skipped, not queued). Each
+ * beat holds a pool worker for one store call: with a slow store the beat
+ * and the revocation refresh can each keep a worker busy.
+ */
+#ifndef CONVERGER_CLUSTER_MEMBERSHIP_H
+#define CONVERGER_CLUSTER_MEMBERSHIP_H
+
+#include <uv.h>
+
+#define MEMBERSHIP_BEAT_MS 1000
+/* Gone after three missed beats. A row written at t is still live at
+ * t + 3000 (three beats have been missed only once the fourth is due), and
+ * the 500 ms slack absorbs a beat that waited in the pool queue or a slow
+ * write, and small wall-clock differences between nodes, so a live node
+ * under load does not flicker out of the list. A SIGKILLed node drops out
+ * 3.5 to 4.5 s after its last beat. */
+#define MEMBERSHIP_MAX_AGE_MS (3 * MEMBERSHIP_BEAT_MS + 500)
+
+struct node_s;
+
+typedef struct membership_s {
+  uv_timer_t timer;
+  int in_flight; /* a beat job was submitted and its done has not run */
+  int failing;   /* the last beat failed (logged once per run of failures) */
+} membership_t;
+
+/* Init the timer and beat now, then every MEMBERSHIP_BEAT_MS. After
+ * pool_start. */
+void membership_start(struct node_s *node);
+
+/* Shutdown (begin_stop): stop and close the timer. When no pool job is in
+ * flight, one last beat says "draining", so other nodes stop sending
+ * clients here before the row ages out; with work in flight (a slow or
+ * unreachable store) it is skipped, because anything submitted now delays
+ * the exit by a whole store call. No beat is submitted afterwards. */
+void membership_stop(struct node_s *node);
+
+#endif
