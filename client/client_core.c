@@ -34,6 +34,7 @@
 #include "converger/client.h"
 #include "core/jitter.h"
 #include "core/util.h"
+#include "wsurl.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_MS 15000
 #define DEFAULT_MAX_PENDING_SENDS  10000
@@ -69,7 +70,7 @@ typedef struct psend_s {
   struct psend_s *next;
   char *conv;
   char id[129];
-  json_t *body;
+  char *frame; /* its send frame, built once (resends send it again) */
   cvg_sent_cb cb;
   void *ud;
   uint32_t sent_on; /* transport id it was last sent on; 0: never sent */
@@ -196,55 +197,6 @@ static void make_uuid(cvg_core_t *core, char out[37]) {
            b[15]);
 }
 
-/* ws://host[:port][/path]; wss is refused (no TLS in this client). */
-static int url_ok(const char *u, char *err, size_t errlen) {
-  if (!u || strncmp(u, "ws://", 5) != 0) {
-    if (u && strncmp(u, "wss://", 6) == 0)
-      set_err(err, errlen, "URL '%s': wss:// is not supported (terminate TLS in front of the node)",
-              u);
-    else
-      set_err(err, errlen, "URL '%s': must start with ws://", u ? u : "(null)");
-    return 0;
-  }
-  const char *h = u + 5, *end = h + strcspn(h, "/?#"), *port = NULL;
-  if (strlen(u) > 1024) {
-    set_err(err, errlen, "URL is longer than 1024 bytes");
-    return 0;
-  }
-  if (memchr(h, '@', (size_t)(end - h))) {
-    set_err(err, errlen, "URL '%s': user information is not supported", u);
-    return 0;
-  }
-  size_t hl;
-  if (*h == '[') { /* an IPv6 literal */
-    const char *rb = memchr(h, ']', (size_t)(end - h));
-    if (!rb || rb == h + 1 || (rb + 1 < end && rb[1] != ':')) {
-      set_err(err, errlen, "URL '%s': bad IPv6 literal (want [addr]:port)", u);
-      return 0;
-    }
-    hl = (size_t)(rb - h - 1);
-    if (rb + 1 < end) port = rb + 2;
-  } else {
-    const char *colon = memchr(h, ':', (size_t)(end - h));
-    hl = (size_t)((colon ? colon : end) - h);
-    if (colon) port = colon + 1;
-  }
-  if (hl == 0 || hl > 255) {
-    set_err(err, errlen, "URL '%s': no host, or a host longer than 255 bytes", u);
-    return 0;
-  }
-  if (port) {
-    long v = 0;
-    const char *p = port;
-    for (; p < end && *p >= '0' && *p <= '9' && v <= 65535; p++) v = v * 10 + (*p - '0');
-    if (p != end || p == port || v < 1 || v > 65535) {
-      set_err(err, errlen, "URL '%s': the port must be 1-65535", u);
-      return 0;
-    }
-  }
-  return 1;
-}
-
 /* ---- creation --------------------------------------------------------------------- */
 
 void cvg_options_init(cvg_options_t *o) {
@@ -270,7 +222,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     return CVG_EINVAL;
   }
   for (size_t i = 0; i < opt->nurls; i++)
-    if (!url_ok(opt->urls[i], err, errlen)) return CVG_EINVAL;
+    if (!wsurl_parse(opt->urls[i], NULL, err, errlen)) return CVG_EINVAL;
   if (!opt->token || !opt->token[0]) {
     set_err(err, errlen, "a token is needed");
     return CVG_EINVAL;
@@ -360,7 +312,7 @@ static void complete_send(cvg_core_t *core, psend_t **link, int64_t seq, const c
   core->nsends--;
   if (p->cb) p->cb(p->ud, p->conv, p->id, seq, error);
   free(p->conv);
-  json_decref(p->body);
+  free(p->frame);
   free(p);
 }
 
@@ -370,7 +322,7 @@ void cvg_core_free(cvg_core_t *core) {
     psend_t *p = core->sends;
     core->sends = p->next;
     free(p->conv);
-    json_decref(p->body);
+    free(p->frame);
     free(p);
   }
   for (size_t i = core->qpos; i < core->qlen; i++) free(core->q[i].s);
@@ -562,17 +514,15 @@ static char *hello_frame(cvg_core_t *core) {
   return dump(h);
 }
 
-static char *send_frame(const psend_t *p) {
+static char *send_frame(const psend_t *p, json_t *body) {
   return dump(json_pack("{s:s, s:s, s:s, s:O}", "type", "send", "conv", p->conv, "id", p->id,
-                        "body", p->body));
+                        "body", body));
 }
 
 static void transmit(cvg_core_t *core, psend_t *p, ctrans_t *t) {
   if (p->sent_on) core->st.resent++;
   p->sent_on = t->id;
-  char *frame = send_frame(p);
-  p->frame_len = frame ? strlen(frame) : 0;
-  push_send(core, t->id, frame);
+  push_send(core, t->id, strdup(p->frame));
 }
 
 /* ---- server frames ---------------------------------------------------------------- */
@@ -779,7 +729,7 @@ static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     return; /* without migration the server's 1012 close ends the connection */
   const char *url = json_string_value(to);
   free(core->migrate_url);
-  core->migrate_url = url && url_ok(url, NULL, 0) ? strdup(url) : NULL;
+  core->migrate_url = url && wsurl_parse(url, NULL, NULL, 0) ? strdup(url) : NULL;
   core->migrate_at = now + clamp_ms(json_integer_value(after));
   core->last_url = t->url;
 }
@@ -905,15 +855,15 @@ int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char
     snprintf(p->id, sizeof p->id, "%s", id);
   else
     make_uuid(core, p->id);
-  p->body = b;
-  char *frame = send_frame(p);
-  p->frame_len = frame ? strlen(frame) : 0;
-  free(frame);
-  if (!frame || p->frame_len > core->opt.max_message_bytes) {
+  p->frame = send_frame(p, b);
+  json_decref(b);
+  p->frame_len = p->frame ? strlen(p->frame) : 0;
+  if (!p->frame || p->frame_len > core->opt.max_message_bytes) {
+    int err = p->frame ? CVG_E2BIG : CVG_ENOMEM;
+    free(p->frame);
     free(p->conv);
-    json_decref(b);
     free(p);
-    return frame ? CVG_E2BIG : CVG_ENOMEM;
+    return err;
   }
   p->cb = cb;
   p->ud = ud;

@@ -38,6 +38,7 @@
 
 #include "converger/client.h"
 #include "net/wskey.h"
+#include "wsurl.h"
 
 #define SUBPROTOCOL      "converger.v1"
 #define MAX_FRAME_BYTES  (16u << 20) /* a server frame larger than this fails the transport */
@@ -75,7 +76,7 @@ struct xport_s {
   uv_tcp_t tcp;
   uv_connect_t creq;
   uv_getaddrinfo_t gai;
-  char host[256], port[8], path[1024];
+  wsurl_t url;     /* host, port and path of its URL */
   char accept[29]; /* the Sec-WebSocket-Accept we expect */
   llhttp_t http;
   char hfield[32]; /* the header being read: its name (truncated) */
@@ -141,15 +142,9 @@ static void client_maybe_free(cvg_client_t *c) {
   if (cb) cb(ud);
 }
 
+/* The close callback of each of a transport's handles (tcp, close_timer):
+ * the last one frees it. */
 static void on_xport_closed(uv_handle_t *h) {
-  xport_t *x = h->data;
-  cvg_client_t *c = x->c;
-  c->handles--;
-  if (--x->refs == 0) free_xport(x);
-  client_maybe_free(c);
-}
-
-static void on_close_timer_closed(uv_handle_t *h) {
   xport_t *x = h->data;
   cvg_client_t *c = x->c;
   c->handles--;
@@ -163,7 +158,7 @@ static void xport_close(xport_t *x) {
   if (x->gai_active) uv_cancel((uv_req_t *)&x->gai);
   if (x->timer_on) {
     x->timer_on = 0;
-    uv_close((uv_handle_t *)&x->close_timer, on_close_timer_closed);
+    uv_close((uv_handle_t *)&x->close_timer, on_xport_closed);
   }
   uv_close((uv_handle_t *)&x->tcp, on_xport_closed);
 }
@@ -508,7 +503,8 @@ static void on_connect(uv_connect_t *req, int status) {
   if (x->st == X_CLOSING) return;
   if (status < 0) {
     char why[300];
-    snprintf(why, sizeof why, "connect to %s:%s: %s", x->host, x->port, uv_strerror(status));
+    snprintf(why, sizeof why, "connect to %s:%s: %s", x->url.host, x->url.port,
+             uv_strerror(status));
     xport_lost(x, CVG_CLOSE_ABORT, why);
     return;
   }
@@ -522,14 +518,14 @@ static void on_connect(uv_connect_t *req, int status) {
   EVP_EncodeBlock((unsigned char *)key, raw, sizeof raw);
   ws_accept_key(key, x->accept);
   char host[300]; /* an IPv6 literal goes in brackets (RFC 7230 section 5.4) */
-  snprintf(host, sizeof host, strchr(x->host, ':') ? "[%s]" : "%s", x->host);
+  snprintf(host, sizeof host, strchr(x->url.host, ':') ? "[%s]" : "%s", x->url.host);
   char req_text[2048];
   int n = snprintf(req_text, sizeof req_text,
                    "GET %s HTTP/1.1\r\nHost: %s:%s\r\nUpgrade: websocket\r\n"
                    "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " SUBPROTOCOL "\r\n"
                    "User-Agent: libconverger-client\r\n\r\n",
-                   x->path, host, x->port, key);
+                   x->url.path, host, x->url.port, key);
   if (n < 0 || (size_t)n >= sizeof req_text || out_append(x, req_text, (size_t)n) != 0) {
     xport_lost(x, CVG_CLOSE_ABORT, "upgrade request too long");
     return;
@@ -556,7 +552,7 @@ static void start_connect(xport_t *x, const struct sockaddr *addr) {
   int rc = uv_tcp_connect(&x->creq, &x->tcp, addr, on_connect);
   if (rc < 0) {
     char why[300];
-    snprintf(why, sizeof why, "connect to %s:%s: %s", x->host, x->port, uv_strerror(rc));
+    snprintf(why, sizeof why, "connect to %s:%s: %s", x->url.host, x->url.port, uv_strerror(rc));
     xport_lost(x, CVG_CLOSE_ABORT, why);
   }
 }
@@ -575,38 +571,13 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   }
   if (status < 0 || !res) {
     char why[300];
-    snprintf(why, sizeof why, "resolve %s: %s", x->host, uv_strerror(status));
+    snprintf(why, sizeof why, "resolve %s: %s", x->url.host, uv_strerror(status));
     uv_freeaddrinfo(res);
     xport_lost(x, CVG_CLOSE_ABORT, why);
     return;
   }
   start_connect(x, res->ai_addr);
   uv_freeaddrinfo(res);
-}
-
-/* Split ws://host[:port][/path] (checked by the core); IPv6 literals in []. */
-static int split_url(xport_t *x, const char *url) {
-  const char *h = url + 5, *end = h + strcspn(h, "/?#");
-  const char *colon = NULL;
-  if (*h == '[') {
-    const char *rb = memchr(h, ']', (size_t)(end - h));
-    if (!rb) return -1;
-    if (rb + 1 < end && rb[1] == ':') colon = rb + 1;
-    snprintf(x->host, sizeof x->host, "%.*s", (int)(rb - h - 1), h + 1);
-  } else {
-    colon = memchr(h, ':', (size_t)(end - h));
-    snprintf(x->host, sizeof x->host, "%.*s", (int)((colon ? colon : end) - h), h);
-  }
-  if (colon) {
-    char *e;
-    long port = strtol(colon + 1, &e, 10);
-    if (e != end || port < 1 || port > 65535) return -1;
-    snprintf(x->port, sizeof x->port, "%ld", port);
-  } else {
-    snprintf(x->port, sizeof x->port, "80");
-  }
-  snprintf(x->path, sizeof x->path, "%s", *end == '/' ? end : "/v1/ws");
-  return x->host[0] ? 0 : -1;
 }
 
 static void xport_open(cvg_client_t *c, uint32_t id, const char *url) {
@@ -623,13 +594,13 @@ static void xport_open(cvg_client_t *c, uint32_t id, const char *url) {
   c->handles++;
   x->next = c->xports;
   c->xports = x;
-  if (split_url(x, url) != 0) {
+  if (!wsurl_parse(url, &x->url, NULL, 0)) { /* never: the core checked it */
     xport_lost(x, CVG_CLOSE_ABORT, "bad URL");
     return;
   }
   struct sockaddr_storage ss;
-  if (uv_ip4_addr(x->host, atoi(x->port), (struct sockaddr_in *)&ss) == 0 ||
-      uv_ip6_addr(x->host, atoi(x->port), (struct sockaddr_in6 *)&ss) == 0) {
+  if (uv_ip4_addr(x->url.host, atoi(x->url.port), (struct sockaddr_in *)&ss) == 0 ||
+      uv_ip6_addr(x->url.host, atoi(x->url.port), (struct sockaddr_in6 *)&ss) == 0) {
     start_connect(x, (struct sockaddr *)&ss);
     return;
   }
@@ -639,13 +610,13 @@ static void xport_open(cvg_client_t *c, uint32_t id, const char *url) {
   x->refs++;
   x->gai_active = 1;
   c->handles++;
-  int rc = uv_getaddrinfo(c->loop, &x->gai, on_resolved, x->host, x->port, &hints);
+  int rc = uv_getaddrinfo(c->loop, &x->gai, on_resolved, x->url.host, x->url.port, &hints);
   if (rc < 0) {
     x->refs--;
     x->gai_active = 0;
     c->handles--;
     char why[300];
-    snprintf(why, sizeof why, "resolve %s: %s", x->host, uv_strerror(rc));
+    snprintf(why, sizeof why, "resolve %s: %s", x->url.host, uv_strerror(rc));
     xport_lost(x, CVG_CLOSE_ABORT, why);
   }
 }

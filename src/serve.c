@@ -89,8 +89,6 @@ static void tick_cb(uv_timer_t *t) {
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
   session_flush_metrics();
-  metrics_set("converger_admission_in_use", NULL, admission_in_use(node->admission));
-  metrics_set("converger_admission_waiting", NULL, admission_waiting(node->admission));
   conn_flush_all(node);
   switch (phase) {
   case RUNNING:

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <uv.h>
 
 #include "cli/args.h"
 #include "core/jitter.h"
@@ -140,12 +141,6 @@ static char *str_printf(const char *fmt, ...) {
   return s;
 }
 
-static void sleep_ms(int64_t ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 /* The node's retry hint of a 503 in ms, or -1: the body's
  * error.retryAfterMs (or a top-level retryAfterMs), else Retry-After. */
 static int64_t hint_ms(const httpc_response_t *resp) {
@@ -241,7 +236,7 @@ static int send_with_retries(const opts_t *o, const httpc_request_t *req, const 
           jitter_decorrelated(&rng, SEND_BACKOFF_BASE_MS, SEND_BACKOFF_CAP_MS, backoff);
     fprintf(stderr, "converger send: %s, retrying in %lld ms (attempt %ld of %ld)\n", reason,
             (long long)wait, attempt + 1, attempts);
-    sleep_ms(wait);
+    uv_sleep((unsigned)wait);
   }
 }
 

@@ -308,9 +308,11 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
   }
 }
 
-static void replay_failed(sub_t *sub, const char *message) {
+/* `error replay_unavailable` for the sync from `watermark`, with a retry
+ * hint; the subscription stays and its live delivery goes on. */
+static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
   session_t *s = sub->session;
-  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->delivered);
+  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)watermark);
   send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
   /* Live delivery goes on: what waited in `pending` goes out now (or is
    * filled from the store past an overflow), as after any fill. */
@@ -336,7 +338,7 @@ static void fill_done(pool_job_t *job) {
     if (sub && f->status != 0) {
       log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
                cv_strerror(f->status));
-      replay_failed(sub, "replay failed; sync again later");
+      replay_unavailable(sub, "replay failed; sync again later", sub->delivered);
     } else if (sub) {
       /* A watermark above the head is treated as the head. */
       if (sub->delivered > f->upto) sub->delivered = f->upto;
@@ -351,7 +353,7 @@ static void fill_done(pool_job_t *job) {
       if (sub->delivered >= f->upto)
         fill_finish(sub, f->upto, f->synced);
       else if (sub->delivered == before) /* never for a gapless store */
-        replay_failed(sub, "replay made no progress; sync again later");
+        replay_unavailable(sub, "replay made no progress; sync again later", sub->delivered);
       else
         fill_start(sub, sub->delivered, f->upto, f->synced);
     }
@@ -581,10 +583,6 @@ static void hello_overloaded(session_t *s, const char *message, uint64_t waited_
 
 static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
   session_t *s = container_of(w, session_t, adm);
-  if (s->conn->closing) { /* never: session_on_close leaves the queue first */
-    admission_release(s->node->admission, w, util_mono_ms());
-    return;
-  }
   if (status != 0) {
     char message[96];
     snprintf(message, sizeof message, "no handshake slot within %d ms; reconnect later",
@@ -726,14 +724,8 @@ static void sync_begin(sub_t *sub) {
 /* No slot: replay_unavailable with the watermark asked for; the
  * connection stays and live delivery goes on. */
 static void sync_refused(sub_t *sub, const char *message, uint64_t waited_ms) {
-  session_t *s = sub->session;
   observe_admission("overloaded", waited_ms);
-  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)sub->adm_watermark);
-  send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
-  /* Live delivery goes on: what waited in `pending` goes out now (or is
-   * filled from the store past an overflow), as after any fill. */
-  sub->sync_pending = 0;
-  fill_finish(sub, 0, 0);
+  replay_unavailable(sub, message, sub->adm_watermark);
 }
 
 static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {

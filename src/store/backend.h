@@ -64,4 +64,8 @@ struct store_ops_s {
 extern const store_ops_t store_sqlite_ops;
 extern const store_ops_t store_postgres_ops;
 
+/* Copy `src` into `dst` (`cap` bytes), truncated and NUL-terminated: the
+ * backends' row copies into fixed fields. */
+void store_copy_str(char *dst, size_t cap, const char *src);
+
 #endif

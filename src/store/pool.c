@@ -65,6 +65,13 @@ static void push(pool_job_t **head, pool_job_t **tail, pool_job_t *job) {
   *tail = job;
 }
 
+/* A new interval of the queue-delay rule starts at `now`. Under mu. */
+static void reset_interval(pool_t *pool, uint64_t now) {
+  pool->interval_end = now + pool->interval_ms;
+  pool->interval_min = UINT64_MAX;
+  pool->interval_jobs = 0;
+}
+
 /* Start a new interval of the queue-delay rule when the current one is
  * over. The next one is slow when, in the last one, jobs were taken and
  * none had waited less than the target, or none was taken at all while the
@@ -76,18 +83,14 @@ static void roll_interval(pool_t *pool, uint64_t now) {
     pool->slow = pool->interval_min > pool->target_ms;
   else
     pool->slow = pool->todo_head && now - pool->todo_head->submit_ms > pool->target_ms;
-  pool->interval_end = now + pool->interval_ms;
-  pool->interval_min = UINT64_MAX;
-  pool->interval_jobs = 0;
+  reset_interval(pool, now);
 }
 
 /* The queue is empty: the pool kept up, and the next burst starts afresh
  * (DBConnection resets its state when its queue empties). Under mu. */
 static void drained(pool_t *pool, uint64_t now) {
   pool->slow = 0;
-  pool->interval_end = now + pool->interval_ms;
-  pool->interval_min = UINT64_MAX;
-  pool->interval_jobs = 0;
+  reset_interval(pool, now);
 }
 
 /* The queue-delay rule for a job taken at `now` after waiting `wait` ms:

@@ -447,17 +447,10 @@ static int tx_rollback(pg_t *s, int err) {
 
 /* ---- row copies ------------------------------------------------------- */
 
-static void copy_str(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 /* Columns: seq, id, sender, body, ts_ms. */
 static int msg_fill(const PGresult *r, int row, store_msg_t *m) {
   m->seq = get_i64(r, row, 0);
-  copy_str(m->id, sizeof m->id, PQgetvalue(r, row, 1));
+  store_copy_str(m->id, sizeof m->id, PQgetvalue(r, row, 1));
   m->sender = strdup(PQgetvalue(r, row, 2));
   m->body = strdup(PQgetvalue(r, row, 3));
   m->ts_ms = get_i64(r, row, 4);
@@ -470,16 +463,16 @@ static int msg_fill(const PGresult *r, int row, store_msg_t *m) {
 
 /* Columns: id, name, presence, active. */
 static void channel_fill(const PGresult *r, store_channel_t *c) {
-  copy_str(c->id, sizeof c->id, PQgetvalue(r, 0, 0));
-  copy_str(c->name, sizeof c->name, PQgetvalue(r, 0, 1));
+  store_copy_str(c->id, sizeof c->id, PQgetvalue(r, 0, 0));
+  store_copy_str(c->name, sizeof c->name, PQgetvalue(r, 0, 1));
   c->presence = get_i64(r, 0, 2) != 0;
   c->active = get_i64(r, 0, 3) != 0;
 }
 
 /* Columns: id, channel, head, active, presence. */
 static void conv_fill(const PGresult *r, store_conv_t *v) {
-  copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, 0));
-  copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, 1));
+  store_copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, 0));
+  store_copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, 1));
   v->head = get_i64(r, 0, 2);
   v->channel_active = get_i64(r, 0, 3) != 0;
   v->presence = get_i64(r, 0, 4) != 0;
@@ -643,8 +636,8 @@ static int op_channel_create(store_t *base, const char *id, const char *name, in
   int err = conn_ready(s);
   if (!err) err = run(s, "channel create", SQL_CHANNEL_INSERT, 4, p, NULL);
   if (!err && out != NULL) {
-    copy_str(out->id, sizeof out->id, id);
-    copy_str(out->name, sizeof out->name, name);
+    store_copy_str(out->id, sizeof out->id, id);
+    store_copy_str(out->name, sizeof out->name, name);
     out->presence = presence;
     out->active = 1;
   }
@@ -691,8 +684,8 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     return -CV_ENOTFOUND; /* no such channel */
   }
   if (out != NULL) {
-    copy_str(out->id, sizeof out->id, id);
-    copy_str(out->channel, sizeof out->channel, channel);
+    store_copy_str(out->id, sizeof out->id, id);
+    store_copy_str(out->channel, sizeof out->channel, channel);
     out->head = 0;
     out->presence = get_i64(r, 0, 0) != 0;
     out->channel_active = get_i64(r, 0, 1) != 0;
@@ -791,7 +784,7 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
     return tx_rollback(s, err);
   }
   out->seq = seq;
-  copy_str(out->id, sizeof out->id, id);
+  store_copy_str(out->id, sizeof out->id, id);
   out->ts_ms = ts_ms;
   *created = 1;
   return 0;
@@ -899,9 +892,9 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
   }
   for (size_t i = 0; i < len; i++) {
     int row = (int)i;
-    copy_str(v[i].id, sizeof v[i].id, PQgetvalue(r, row, 0));
-    copy_str(v[i].public_url, sizeof v[i].public_url, PQgetvalue(r, row, 1));
-    copy_str(v[i].state, sizeof v[i].state, PQgetvalue(r, row, 2));
+    store_copy_str(v[i].id, sizeof v[i].id, PQgetvalue(r, row, 0));
+    store_copy_str(v[i].public_url, sizeof v[i].public_url, PQgetvalue(r, row, 1));
+    store_copy_str(v[i].state, sizeof v[i].state, PQgetvalue(r, row, 2));
     v[i].connections = get_i64(r, row, 3);
     v[i].waiters = get_i64(r, row, 4);
     v[i].updated_ms = get_i64(r, row, 5);

@@ -256,13 +256,6 @@ static int tx_rollback(sq_t *s, int err) {
 
 /* ---- row copies ------------------------------------------------------ */
 
-static void copy_str(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(src);
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 static void col_copy(sqlite3_stmt *st, int i, char *dst, size_t cap) {
   const unsigned char *v = sqlite3_column_text(st, i);
   size_t n = v != NULL ? (size_t)sqlite3_column_bytes(st, i) : 0;
@@ -482,8 +475,8 @@ static int op_channel_create(store_t *base, const char *id, const char *name, in
     err = db_error(s, rc, "channel create");
   stmt_done(st);
   if (!err && out != NULL) {
-    copy_str(out->id, sizeof out->id, id);
-    copy_str(out->name, sizeof out->name, name);
+    store_copy_str(out->id, sizeof out->id, id);
+    store_copy_str(out->name, sizeof out->name, name);
     out->presence = presence != 0;
     out->active = 1;
   }
@@ -565,8 +558,8 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
   if (!err) err = tx_commit(s);
   if (err) return tx_rollback(s, err);
   if (out != NULL) {
-    copy_str(out->id, sizeof out->id, id);
-    copy_str(out->channel, sizeof out->channel, channel);
+    store_copy_str(out->id, sizeof out->id, id);
+    store_copy_str(out->channel, sizeof out->channel, channel);
     out->head = 0;
     out->channel_active = active;
     out->presence = presence;
@@ -694,7 +687,7 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
     return tx_rollback(s, err);
   }
   out->seq = seq;
-  copy_str(out->id, sizeof out->id, id);
+  store_copy_str(out->id, sizeof out->id, id);
   out->ts_ms = ts_ms;
   *created = 1;
   return 0;

@@ -304,3 +304,10 @@ void store_strings_free(char **v, size_t n) {
 }
 
 void store_nodes_free(store_node_t *v) { free(v); }
+
+void store_copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap) n = cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "bench/node.h"
+#include "cli/args.h"
 #include "core/util.h"
 
 volatile sig_atomic_t run_interrupted;
@@ -171,42 +172,32 @@ int run_send(bench_t *b, uv_stream_t *s, const char *data, size_t len) {
 int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_opt_t *opts,
                           size_t n, void (*usage)(FILE *out)) {
   for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
+    const char *a = argv[i], *value = NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout);
       return 1;
     }
     size_t k = 0;
-    const char *value = NULL;
-    for (; k < n; k++) {
-      size_t nl = strlen(opts[k].name);
-      if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, opts[k].name, nl) != 0) continue;
-      if (a[2 + nl] == '=') {
-        value = a + 3 + nl;
-        break;
-      }
-      if (a[2 + nl] == '\0') {
-        if (i + 1 >= argc) {
-          fprintf(stderr, "%s: %s needs a value\n", cmd, a);
-          return -1;
-        }
-        value = argv[++i];
-        break;
-      }
+    int missing = 0;
+    char flag[64];
+    for (; k < n && !value && !missing; k++) {
+      snprintf(flag, sizeof flag, "--%s", opts[k].name);
+      value = cli_flag_value(argc, argv, &i, flag, &missing);
     }
-    if (k == n) {
+    if (missing) {
+      fprintf(stderr, "%s: %s needs a value\n", cmd, a);
+      return -1;
+    }
+    if (!value) {
       fprintf(stderr, "%s: unknown option \"%s\" (see --help)\n", cmd, a);
       return -1;
     }
-    char *end;
-    errno = 0;
-    long long v = strtoll(value, &end, 10);
-    if (errno || *value == '\0' || *end || v < opts[k].min || v > opts[k].max) {
-      fprintf(stderr, "%s: invalid --%s \"%s\": want an integer in [%lld, %lld]\n", cmd,
-              opts[k].name, value, opts[k].min, opts[k].max);
+    const run_int_opt_t *o = &opts[k - 1];
+    if (cli_parse_ll(value, o->min, o->max, o->value) != 0) {
+      fprintf(stderr, "%s: invalid --%s \"%s\": want an integer in [%lld, %lld]\n", cmd, o->name,
+              value, o->min, o->max);
       return -1;
     }
-    *opts[k].value = v;
   }
   return 0;
 }
