@@ -19,12 +19,14 @@ typedef struct conn_s conn_t;
 typedef struct bus_s bus_t;
 typedef struct auth_s auth_t;
 typedef struct admission_s admission_t;
+typedef struct pgnotify_s pgnotify_t;
 
 typedef struct node_s {
   uv_loop_t *loop;
   config_t *cfg;
   pool_t *pool;
   bus_t *bus;
+  pgnotify_t *pgnotify;   /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
   auth_t *auth;
   admission_t *admission; /* hello and sync store work (gate/admission.h) */
   limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */

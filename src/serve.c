@@ -18,6 +18,7 @@
 #include "api/metrics.h"
 #include "api/rest.h"
 #include "bus/bus.h"
+#include "bus/pgnotify.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -26,6 +27,7 @@
 #include "net/conn.h"
 #include "net/http.h"
 #include "net/ws.h"
+#include "proto/frames.h"
 #include "proto/session.h"
 
 #define STOP_GRACE_MS 10000 /* longest wait for in-flight work at shutdown */
@@ -108,6 +110,8 @@ static void tick_cb(uv_timer_t *t) {
   }
   case POOL_CLOSED:
     if (node->nconns > 0) return; /* close callbacks still to run */
+    if (node->pgnotify) pgnotify_close(node->pgnotify); /* after pool_close: see its header */
+    node->pgnotify = NULL;
     bus_close(node->bus);
     node->bus = NULL;
     uv_close((uv_handle_t *)&node->flush_check, NULL);
@@ -168,6 +172,14 @@ int serve_main(int argc, char **argv) {
                                                        : STORE_SYNC_FULL,
       .busy_timeout_ms = 5000,
   };
+  /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
+  const char *backend = store_backend_name(cfg.database_url);
+  int shared_store = backend && strcmp(backend, "postgres") == 0;
+  if (shared_store) {
+    opt.notify = 1;
+    opt.notify_frame = frame_msg;
+    bus_set_remote(node->bus);
+  }
   char db_shown[512]; /* the URL without its password, for logs */
   store_url_redact(cfg.database_url, db_shown, sizeof db_shown);
   int status = 1;
@@ -182,6 +194,10 @@ int serve_main(int argc, char **argv) {
     goto out;
   }
   pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
+  if (shared_store && (r = pgnotify_start(node, cfg.database_url, &node->pgnotify)) != 0) {
+    log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
+    goto out;
+  }
   if (cfg.accept_rate > 0) /* a second's worth of upgrades may come at once */
     limiter_init(&node->accept, cfg.accept_rate, cfg.accept_rate, util_mono_ms());
   if (cfg.test_store_delay_ms > 0) {
@@ -214,6 +230,7 @@ int serve_main(int argc, char **argv) {
 out:
   if (status != 0) {
     if (node->pool) pool_close(node->pool);
+    if (node->pgnotify) pgnotify_close(node->pgnotify);
     if (node->bus) bus_close(node->bus);
     uv_walk(node->loop, walk_close, NULL);
     uv_run(node->loop, UV_RUN_DEFAULT);

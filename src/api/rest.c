@@ -21,6 +21,7 @@
 #include "api/auth.h"
 #include "api/metrics.h"
 #include "bus/bus.h"
+#include "bus/pgnotify.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -205,7 +206,10 @@ static void job_done(pool_job_t *job) {
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
   if (job->dropped) set_error(j, -CV_EBUSY);      /* 503: the pool is overloaded */
   /* Effects on live sockets happen whether or not the caller is still here. */
-  if (j->kind == J_CHANNEL_PATCH && j->status == 200) {
+  /* On a shared store the change reaches this node's sockets as it
+   * reaches every other node's, through the bus (bus/pgnotify.h), in
+   * commit order with any other change of the channel. */
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !node->pgnotify) {
     if (j->flag)
       session_channel_active(node, j->id);
     else
@@ -603,8 +607,14 @@ void rest_handle(conn_t *c, http_request_t *req) {
   if (strcmp(path, "/readyz") == 0) {
     req->route = "/readyz";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    const char *state = node->stopping ? "stopping" : node->ready ? "ready" : "starting";
-    return http_respond_json(c, node->ready && !node->stopping ? 200 : 503,
+    /* Without its LISTEN connection a node would serve subscribers that
+     * hear nothing from other nodes: the database is unreachable, or was. */
+    int store_ok = !node->pgnotify || pgnotify_listening(node->pgnotify);
+    const char *state = node->stopping ? "stopping"
+                        : !node->ready ? "starting"
+                        : !store_ok    ? "store_unavailable"
+                                       : "ready";
+    return http_respond_json(c, node->ready && !node->stopping && store_ok ? 200 : 503,
                              json_pack("{s:s}", "status", state), NULL);
   }
   if (strcmp(path, "/metrics") == 0) {

@@ -1,8 +1,11 @@
 /*
- * bus: in-process fan-out of committed messages and the subscription index.
+ * bus: fan-out of committed messages and the subscription index.
  *
- * A pool worker appends through bus_append: under one mutex it commits the
- * message and queues it, so messages reach the loop in commit order. On the
+ * In-process (one node, SQLite): a pool worker appends through bus_append;
+ * under one mutex it commits the message and queues it, so messages reach
+ * the loop in commit order. Across nodes (PostgreSQL, bus_set_remote): the
+ * append transaction notifies every node, and each node's listener
+ * (bus/pgnotify.h) hands what it hears to bus_publish. Either way, on the
  * loop each message is encoded into its WebSocket frame once and handed to
  * every local subscriber of its conversation (bus_sub_t.deliver), whatever
  * their number. The index and the delivery run on the loop thread only.
@@ -19,7 +22,10 @@
 typedef struct bus_s bus_t;
 
 /* One committed message, shared by every subscriber that holds it
- * (reference counted, loop thread). */
+ * (reference counted, loop thread). A message without `json` (and so
+ * without `frame`) is a head hint: "this conversation has messages up to
+ * `seq`; read those you lack from the store". Listeners publish hints for
+ * messages too large for a notification, and after an outage. */
 typedef struct bus_msg_s {
   struct bus_msg_s *next; /* worker -> loop queue */
   int refs;
@@ -58,11 +64,31 @@ size_t bus_count(const bus_t *bus);
 
 /* Worker thread: store_append, and when a new message was created queue it
  * for fan-out, both under the bus's append mutex (commit order = delivery
- * order). Same arguments and results as store_append. */
+ * order); after bus_set_remote, store_append alone. Same arguments and
+ * results as store_append. */
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
                const char *body, int64_t ts_ms, store_msg_t *out, int *created);
 
 void bus_msg_ref(bus_msg_t *m);
 void bus_msg_unref(bus_msg_t *m);
+
+/* A new message with one reference, taking ownership of `json` (the msg
+ * frame JSON; NULL for a head hint). NULL when out of memory (`json` is
+ * freed). Any thread. */
+bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json);
+
+/* Fan `m` out to the local subscribers of its conversation (its frame
+ * encoded once, here) and drop the caller's reference. Loop thread. */
+void bus_publish(bus_t *bus, bus_msg_t *m);
+
+/* Fan-out comes from a listener from now on (bus/pgnotify.h): bus_append
+ * only commits (the store notifies) and queues nothing. Call before the
+ * pool runs appends. */
+void bus_set_remote(bus_t *bus);
+
+/* The distinct conversations with a local subscriber, as a heap array of
+ * heap strings (free with store_strings_free). 0 or -CV_ENOMEM. Loop
+ * thread. */
+int bus_convs(const bus_t *bus, char ***convs, size_t *n);
 
 #endif

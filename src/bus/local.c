@@ -5,11 +5,14 @@
  * Queue: a mutex-guarded list from workers to the loop, drained by a
  * uv_async callback, which encodes each frame once and fans it out.
  */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/metrics.h"
 #include "bus/bus.h"
+#include "core/errors.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "net/ws.h"
@@ -22,6 +25,8 @@ struct bus_s {
   uv_mutex_t append_mu; /* serialises append + enqueue */
   uv_mutex_t queue_mu;
   bus_msg_t *head, *tail;
+  _Atomic uint64_t appended; /* by this node's workers, not yet counted */
+  int remote;                /* bus_set_remote: fan-out comes from a listener */
   size_t nsubs;
   bus_sub_t *buckets[BUS_BUCKETS];
 };
@@ -41,30 +46,47 @@ void bus_msg_unref(bus_msg_t *m) {
   free(m);
 }
 
+bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json) {
+  bus_msg_t *m = calloc(1, sizeof *m);
+  if (!m) {
+    free(json);
+    return NULL;
+  }
+  m->refs = 1;
+  m->seq = seq;
+  snprintf(m->conv, sizeof m->conv, "%s", conv);
+  m->json = json;
+  return m;
+}
+
+void bus_publish(bus_t *bus, bus_msg_t *m) {
+  if (m->json) m->frame = ws_encode_text(m->json, strlen(m->json), &m->frame_len);
+  if (m->json && !m->frame) {
+    /* Subscribers find the message through their next gap fill. */
+    log_error("bus: cannot encode frame for %s seq %lld", m->conv, (long long)m->seq);
+  } else {
+    bus_sub_t *s = bus->buckets[hash(m->conv)];
+    while (s) {
+      bus_sub_t *sn = s->next;
+      if (strcmp(s->conv, m->conv) == 0) s->deliver(s, m);
+      s = sn;
+    }
+  }
+  bus_msg_unref(m);
+}
+
 static void drain_cb(uv_async_t *handle) {
   bus_t *bus = container_of(handle, bus_t, async);
   uv_mutex_lock(&bus->queue_mu);
   bus_msg_t *m = bus->head;
   bus->head = bus->tail = NULL;
   uv_mutex_unlock(&bus->queue_mu);
-  uint64_t appended = 0;
   while (m) {
     bus_msg_t *next = m->next;
-    appended++;
-    m->frame = ws_encode_text(m->json, strlen(m->json), &m->frame_len);
-    if (m->frame) {
-      bus_sub_t *s = bus->buckets[hash(m->conv)];
-      while (s) {
-        bus_sub_t *sn = s->next;
-        if (strcmp(s->conv, m->conv) == 0) s->deliver(s, m);
-        s = sn;
-      }
-    } else {
-      log_error("bus: cannot encode frame for %s seq %lld", m->conv, (long long)m->seq);
-    }
-    bus_msg_unref(m);
+    bus_publish(bus, m);
     m = next;
   }
+  uint64_t appended = atomic_exchange(&bus->appended, 0);
   if (appended) metrics_add("converger_messages_appended_total", NULL, appended);
 }
 
@@ -122,18 +144,52 @@ void bus_unsubscribe(bus_t *bus, bus_sub_t *sub) {
 
 size_t bus_count(const bus_t *bus) { return bus->nsubs; }
 
+void bus_set_remote(bus_t *bus) { bus->remote = 1; }
+
+int bus_convs(const bus_t *bus, char ***convs, size_t *n) {
+  *convs = NULL;
+  *n = 0;
+  size_t cap = 0;
+  for (size_t b = 0; b < BUS_BUCKETS; b++)
+    for (const bus_sub_t *s = bus->buckets[b]; s; s = s->next) {
+      int seen = 0; /* earlier in this chain: convs of one bucket are adjacent in the array */
+      for (const bus_sub_t *e = bus->buckets[b]; e != s && !seen; e = e->next)
+        seen = strcmp(e->conv, s->conv) == 0;
+      if (seen) continue;
+      if (*n == cap) {
+        cap = cap ? cap * 2 : 64;
+        char **v = realloc(*convs, cap * sizeof *v);
+        if (!v) goto oom;
+        *convs = v;
+      }
+      if (!((*convs)[*n] = strdup(s->conv))) goto oom;
+      (*n)++;
+    }
+  return 0;
+oom:
+  store_strings_free(*convs, *n);
+  *convs = NULL;
+  *n = 0;
+  return -CV_ENOMEM;
+}
+
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
                const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
+  if (bus->remote) {
+    /* The append transaction notifies every node, this one included: no
+     * local queue, and no mutex (the database orders the commits). */
+    int r = store_append(db, conv, id, sender, body, ts_ms, out, created);
+    if (r == 0 && *created) {
+      atomic_fetch_add(&bus->appended, 1);
+      uv_async_send(&bus->async);
+    }
+    return r;
+  }
   uv_mutex_lock(&bus->append_mu);
   int r = store_append(db, conv, id, sender, body, ts_ms, out, created);
   if (r == 0 && *created) {
-    bus_msg_t *m = calloc(1, sizeof *m);
-    if (m) {
-      m->refs = 1;
-      m->seq = out->seq;
-      strcpy(m->conv, conv);
-      m->json = frame_msg(conv, out);
-    }
+    atomic_fetch_add(&bus->appended, 1);
+    bus_msg_t *m = bus_msg_new(conv, out->seq, frame_msg(conv, out));
     if (m && m->json) {
       uv_mutex_lock(&bus->queue_mu);
       if (bus->tail)
@@ -145,7 +201,7 @@ int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const 
     } else {
       /* Subscribers find the message through their next gap fill. */
       log_error("bus: out of memory queueing %s seq %lld", conv, (long long)out->seq);
-      if (m) free(m);
+      if (m) bus_msg_unref(m);
     }
   }
   uv_mutex_unlock(&bus->append_mu);

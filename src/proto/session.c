@@ -203,6 +203,10 @@ static void send_live(sub_t *sub, bus_msg_t *m) {
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
 static void sync_acquire(sub_t *sub, int64_t watermark);
 
+/* How far a fill must read before `m` can follow: up to the message
+ * before it, or up to a head hint's seq itself (bus.h). */
+static int64_t fill_target(const bus_msg_t *m) { return m->frame ? m->seq - 1 : m->seq; }
+
 /* The fill reached its target: send synced if asked, then what waited. */
 static void fill_finish(sub_t *sub, int64_t head, int synced) {
   conn_t *c = sub->session->conn;
@@ -224,12 +228,14 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
   int behind = 0;
   for (; i < sub->npending; i++) {
     bus_msg_t *m = sub->pending[i];
-    if (m->seq > sub->delivered + 1) break;
+    /* A message goes out at delivered + 1; a head hint above delivered
+     * needs a fill first. */
+    if (m->seq > sub->delivered + (m->frame ? 1 : 0)) break;
     if (conn_pending_bytes(c) > OUT_HIGH_WATER) {
       behind = 1;
       break;
     }
-    if (m->seq == sub->delivered + 1) send_live(sub, m);
+    if (m->frame && m->seq == sub->delivered + 1) send_live(sub, m);
     sub->pending_bytes -= m->frame_len;
     bus_msg_unref(m);
   }
@@ -242,7 +248,7 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
     clear_pending(sub);
     fill_start(sub, sub->delivered, -1, 0);
   } else if (sub->npending) {
-    fill_start(sub, sub->delivered, sub->pending[0]->seq - 1, 0);
+    fill_start(sub, sub->delivered, fill_target(sub->pending[0]), 0);
   }
 }
 
@@ -254,7 +260,7 @@ static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
     return;
   }
   if (m->seq <= sub->delivered) return;
-  if (m->seq == sub->delivered + 1) {
+  if (m->frame && m->seq == sub->delivered + 1) {
     if (conn_pending_bytes(sub->session->conn) > OUT_HIGH_WATER) {
       /* The client reads slower than the conversation moves: the store is
        * its buffer. Catch up from there, paced, instead of queueing more. */
@@ -265,7 +271,7 @@ static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
     return;
   }
   pending_add(sub, m);
-  fill_start(sub, sub->delivered, m->seq - 1, 0);
+  fill_start(sub, sub->delivered, fill_target(m), 0);
 }
 
 /* ---- fill job: replay pages, sync, gap fill -------------------------------- */

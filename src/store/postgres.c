@@ -10,7 +10,8 @@
  * PGconn is not shared: one connection, one thread, one query at a time.
  *
  * Connecting fails fast. PQconnectStartParams + PQconnectPoll run under our
- * own deadline: the URL's connect_timeout (seconds) or CONNECT_TIMEOUT_MS.
+ * own deadline: the URL's connect_timeout (seconds) or
+ * PGCONN_CONNECT_TIMEOUT_MS.
  * (libpq's blocking connect has a 2 s floor and counts it per address; a
  * server that accepts TCP but never answers would otherwise hold a worker
  * for good.) Defaults the URL may override come before it in the keyword
@@ -61,8 +62,8 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "store/backend.h"
+#include "store/pgconn.h"
 
-#define CONNECT_TIMEOUT_MS    1000  /* unless the URL sets connect_timeout */
 #define STATEMENT_TIMEOUT_MS  30000 /* any one statement, lock waits included */
 #define IDLE_IN_TX_TIMEOUT_MS 10000 /* a transaction left open by a stuck peer */
 #define ANSWER_MARGIN_MS      2000  /* beyond statement_timeout, the client stops waiting */
@@ -125,6 +126,13 @@ static const char *const migrations[] = {
 #define SQL_CHANNEL_GET "SELECT id, name, presence, active FROM channels WHERE id = $1"
 #define SQL_CHANNEL_SET_ACTIVE                                                                     \
   "UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active"
+/* The same, and the change announced to every node in the same
+ * (implicit) transaction. */
+#define SQL_CHANNEL_SET_ACTIVE_NOTIFY                                                              \
+  "WITH u AS (UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active)" \
+  " SELECT id, name, presence, active, pg_notify('" STORE_NOTIFY_CHANNEL "',"                       \
+  " 'c ' || active || ' ' || id) FROM u"
+#define SQL_NOTIFY "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
 /* One statement: no row comes back when the channel is missing; a taken id
  * is a unique violation. The channel's flags come from the same snapshot. */
 #define SQL_CONV_INSERT                                                                            \
@@ -193,30 +201,18 @@ typedef struct {
   int stmt_timeout_ms;  /* the session's statement_timeout */
   uint64_t retry_after; /* monotonic ms: no reconnect attempt before (after a failure) */
   int in_read;          /* between store_read_begin and store_read_end */
+  int notify;           /* store_options_t.notify */
+  char *(*notify_frame)(const char *conv, const store_msg_t *m);
 } pg_t;
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
 
 /* ---- messages and errors --------------------------------------------- */
 
-/* libpq's messages span lines ("...failed: Connection refused\n\tIs the
- * server running...?\n"); a log line is one line. */
-static const char *one_line(const char *msg, char *buf, size_t cap) {
-  size_t n = 0;
-  for (const char *p = msg != NULL ? msg : ""; *p != '\0' && n + 1 < cap; p++) {
-    char c = (*p == '\n' || *p == '\t' || *p == '\r') ? ' ' : *p;
-    if (c == ' ' && (n == 0 || buf[n - 1] == ' ')) continue;
-    buf[n++] = c;
-  }
-  while (n > 0 && buf[n - 1] == ' ') n--;
-  buf[n] = '\0';
-  return buf;
-}
-
 static void notice_cb(void *arg, const char *msg) {
   char line[512];
   (void)arg;
-  log_debug("store: postgres: %s", one_line(msg, line, sizeof line));
+  log_debug("store: postgres: %s", pgconn_one_line(msg, line, sizeof line));
 }
 
 /* Map a failed result (NULL: libpq could not even make one) to -CV_E...,
@@ -233,16 +229,16 @@ static int result_error(pg_t *s, const PGresult *r, const char *what) {
         strcmp(state, "57014") == 0 ||                     /* query_canceled (timeout) */
         strcmp(state, "40001") == 0 ||                     /* serialization_failure */
         strcmp(state, "40P01") == 0) {                     /* deadlock_detected */
-      log_debug("store: %s: %s", what, one_line(msg, line, sizeof line));
+      log_debug("store: %s: %s", what, pgconn_one_line(msg, line, sizeof line));
       return -CV_EBUSY;
     }
     if (strcmp(state, "53200") == 0) return -CV_ENOMEM; /* out_of_memory */
     if (strncmp(state, "22", 2) == 0) {                 /* data_exception: bad UTF-8, ... */
-      log_warn("store: %s: %s", what, one_line(msg, line, sizeof line));
+      log_warn("store: %s: %s", what, pgconn_one_line(msg, line, sizeof line));
       return -CV_EINVAL;
     }
   }
-  log_error("store: %s: %s", what, one_line(msg, line, sizeof line));
+  log_error("store: %s: %s", what, pgconn_one_line(msg, line, sizeof line));
   return -CV_ESTORE;
 }
 
@@ -314,22 +310,8 @@ static int64_t get_i64(const PGresult *r, int row, int col) {
 /* ---- connection ------------------------------------------------------- */
 
 static int connect_db(pg_t *s) {
-  /* Before dbname: defaults the URL may override. After it: ours. */
-  static const char *const kw[] = {
-      "fallback_application_name",
-      "keepalives",
-      "keepalives_idle",
-      "keepalives_interval",
-      "keepalives_count",
-      "tcp_user_timeout",
-      "dbname",
-      "client_encoding",
-      NULL,
-  };
-  const char *val[] = {"converger", "1", "10", "5", "3", "10000", s->url, "UTF8", NULL};
   char line[512], url[512];
-
-  PGconn *c = PQconnectStartParams(kw, val, 1);
+  PGconn *c = pgconn_start(s->url);
   if (c == NULL) return -CV_ENOMEM;
   /* Not called PQconnectPoll yet: as if it had said "writing". */
   PostgresPollingStatusType st = PGRES_POLLING_WRITING;
@@ -353,7 +335,7 @@ static int connect_db(pg_t *s) {
       log_error("store: cannot connect to %s: no answer within %d ms", url, s->connect_timeout_ms);
     else
       log_error("store: cannot connect to %s: %s", url,
-                one_line(PQerrorMessage(c), line, sizeof line));
+                pgconn_one_line(PQerrorMessage(c), line, sizeof line));
     PQfinish(c);
     return -CV_ESTORE;
   }
@@ -395,7 +377,7 @@ static int conn_ready(pg_t *s) {
       if (!PQconsumeInput(s->conn) || PQstatus(s->conn) != CONNECTION_OK) break;
     }
     if (PQstatus(s->conn) == CONNECTION_OK) return 0;
-    log_warn("store: connection lost: %s", one_line(PQerrorMessage(s->conn), line, sizeof line));
+    log_warn("store: connection lost: %s", pgconn_one_line(PQerrorMessage(s->conn), line, sizeof line));
   }
   if (s->in_read) {
     log_error("store: connection lost inside a read transaction");
@@ -487,39 +469,17 @@ static void op_close(store_t *base) {
   free(s);
 }
 
-/* The URL's connect_timeout in ms, or CONNECT_TIMEOUT_MS; -CV_EINVAL when
- * libpq cannot parse the URL at all. */
-static int parse_url(const char *url, int *timeout_ms) {
-  char *msg = NULL, line[512], red[512];
-  PQconninfoOption *info = PQconninfoParse(url, &msg);
-  if (info == NULL) {
-    store_url_redact(url, red, sizeof red);
-    if (msg == NULL) return -CV_ENOMEM;
-    log_error("store: %s: %s", red, one_line(msg, line, sizeof line));
-    PQfreemem(msg);
-    return -CV_EINVAL;
-  }
-  *timeout_ms = CONNECT_TIMEOUT_MS;
-  for (const PQconninfoOption *o = info; o->keyword != NULL; o++) {
-    if (strcmp(o->keyword, "connect_timeout") != 0 || o->val == NULL) continue;
-    char *end = NULL;
-    long v = strtol(o->val, &end, 10);
-    /* libpq reads 0 or less as "wait forever": that is what we avoid. */
-    if (end != o->val && *end == '\0' && v > 0 && v <= 3600) *timeout_ms = (int)v * 1000;
-  }
-  PQconninfoFree(info);
-  return 0;
-}
-
 static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   int timeout_ms = 0;
-  int err = parse_url(url, &timeout_ms);
+  int err = pgconn_timeout_ms(url, &timeout_ms);
   if (err) return err;
   pg_t *s = calloc(1, sizeof *s);
   if (s == NULL) return -CV_ENOMEM;
   s->base.ops = &store_postgres_ops;
   s->connect_timeout_ms = timeout_ms;
   s->lock_timeout_ms = opt->busy_timeout_ms;
+  s->notify = opt->notify;
+  s->notify_frame = opt->notify_frame;
   s->url = strdup(url);
   err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
   if (err) {
@@ -665,7 +625,9 @@ static int op_channel_get(store_t *base, const char *id, store_channel_t *out) {
 
 static int op_channel_set_active(store_t *base, const char *id, int active, store_channel_t *out) {
   const char *const p[] = {id, active ? "1" : "0"};
-  return channel_row(pg(base), "channel set_active", SQL_CHANNEL_SET_ACTIVE, 2, p, out);
+  pg_t *s = pg(base);
+  return channel_row(s, "channel set_active",
+                     s->notify ? SQL_CHANNEL_SET_ACTIVE_NOTIFY : SQL_CHANNEL_SET_ACTIVE, 2, p, out);
 }
 
 /* ---- conversations ---------------------------------------------------- */
@@ -709,6 +671,26 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
 }
 
 /* ---- messages --------------------------------------------------------- */
+
+/* Inside the append transaction: NOTIFY the new message (store.h's
+ * payload "m SEQ CONV", with "\nFRAME" when it fits the limit). */
+static int notify_append(pg_t *s, const char *conv, const char *id, const char *sender,
+                         const char *body, int64_t ts_ms, int64_t seq) {
+  store_msg_t m = {.seq = seq, .sender = (char *)sender, .body = (char *)body, .ts_ms = ts_ms};
+  store_copy_str(m.id, sizeof m.id, id);
+  char head[24 + STORE_ID_MAX + 8];
+  int hn = snprintf(head, sizeof head, "m %" PRId64 " %s", seq, conv);
+  char *frame = s->notify_frame != NULL ? s->notify_frame(conv, &m) : NULL;
+  char *payload = NULL;
+  if (frame != NULL && (size_t)hn + 1 + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
+      (payload = malloc((size_t)hn + 2 + strlen(frame))) != NULL)
+    sprintf(payload, "%s\n%s", head, frame);
+  free(frame);
+  const char *p = payload != NULL ? payload : head;
+  int err = run(s, "append notify", SQL_NOTIFY, 1, &p, NULL);
+  free(payload);
+  return err;
+}
 
 /* One transaction (READ COMMITTED): lock the conversation's row; a message
  * already stored under (conv, id) is the answer (a retry; looked up after
@@ -771,6 +753,7 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
       PQclear(r);
     }
   }
+  if (!err && s->notify) err = notify_append(s, conv, id, sender, body, ts_ms, seq);
   /* Copy before the commit, so running out of memory is still a rollback
    * and never an acknowledged-but-unreported message. */
   if (!err) {

@@ -114,6 +114,38 @@ def binary():
 # Node: one converger serve process
 # --------------------------------------------------------------------------
 
+PG_TMP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "scripts", "pg-tmp")
+
+
+class PgCluster:
+    """A throwaway PostgreSQL server from scripts/pg-tmp in its own directory,
+    watched by a pg-tmp watchdog that stops it if this process dies. `url`
+    is its postgres:// URL; down()/up() stop and restart the server on the
+    same port and data (outage tests); stop() removes it."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pg-it-")
+        self.url = self._run("start", "--owner", str(os.getpid()))
+
+    def _run(self, *args):
+        env = dict(os.environ, PG_TMP_DIR=self.dir)
+        r = subprocess.run([PG_TMP] + list(args), env=env, capture_output=True, text=True, timeout=90)
+        if r.returncode != 0:
+            raise AssertionError("scripts/pg-tmp %s failed (%d): %s" % (" ".join(args), r.returncode, r.stderr))
+        return r.stdout.strip()
+
+    def down(self):
+        self._run("down")
+
+    def up(self):
+        self._run("up")
+
+    def stop(self):
+        self._run("stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class NodeStartError(Exception):
     pass
 

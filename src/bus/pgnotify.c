@@ -1,0 +1,378 @@
+/*
+ * pgnotify.c: the LISTEN connection of one node (see pgnotify.h).
+ *
+ * States: IDLE (no connection; the next attempt at retry_at), CONNECTING
+ * (PQconnectPoll driven by the uv_poll), LISTEN_SENT (waiting for LISTEN's
+ * answer), LISTENING. A timer every TICK_MS enforces the deadlines
+ * (connect, answers) and sends the keepalive query, so a server that stops
+ * answering without closing the socket is noticed as surely as one that
+ * closes it.
+ *
+ * Owns: the PGconn, its uv_poll handle (heap: a handle closes
+ * asynchronously, and the next connection may need a new one before the
+ * old one's close callback has run), the timer, and at most one resync job.
+ */
+#include "bus/pgnotify.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bus/bus.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "proto/session.h"
+#include "store/pgconn.h"
+#include "store/store.h"
+
+#define TICK_MS 100
+
+typedef enum { PN_IDLE, PN_CONNECTING, PN_LISTEN_SENT, PN_LISTENING } pn_state_t;
+
+typedef struct resync_job_s resync_job_t;
+
+struct pgnotify_s {
+  node_t *node;
+  char *url;
+  char shown[512]; /* the URL without its password */
+  int connect_timeout_ms;
+  pn_state_t state;
+  PGconn *conn;
+  uv_poll_t *poll; /* NULL when there is no connection */
+  int poll_fd;
+  uv_timer_t timer;
+  uint64_t retry_at;    /* IDLE: monotonic ms of the next attempt */
+  uint64_t deadline;    /* CONNECTING, LISTEN_SENT, or a query in flight */
+  uint64_t ping_due;    /* LISTENING: next keepalive query */
+  int ping_out;         /* a keepalive query is in flight */
+  int lost;             /* listened before and lost it: the next LISTEN resyncs */
+  int failures;         /* connection attempts failed in a row */
+  int resync_again;     /* a resync is due once the one in flight returns */
+  resync_job_t *resync; /* in the pool */
+  int closing;
+};
+
+struct resync_job_s {
+  pool_job_t job;
+  pgnotify_t *l;
+  char **convs;
+  size_t n;
+  store_conv_t *info;
+  int *status;
+};
+
+static void start_resync(pgnotify_t *l);
+
+/* ---- connection ------------------------------------------------------- */
+
+static void poll_closed(uv_handle_t *h) { free(h); }
+
+static void drop_conn(pgnotify_t *l) {
+  if (l->poll) {
+    uv_close((uv_handle_t *)l->poll, poll_closed); /* stops it first */
+    l->poll = NULL;
+  }
+  PQfinish(l->conn); /* after the poll stopped: the fd is ours to close */
+  l->conn = NULL;
+  l->ping_out = 0;
+}
+
+/* The connection failed (or an attempt did): close it and try again later. */
+static void fail(pgnotify_t *l, const char *why) {
+  char line[512];
+  const char *msg = why ? why : pgconn_one_line(l->conn ? PQerrorMessage(l->conn) : "", line, sizeof line);
+  if (l->state == PN_LISTENING) {
+    log_warn("bus: LISTEN connection to %s lost (%s); not ready until it is back", l->shown, msg);
+    l->lost = 1;
+  } else if (l->failures++ == 0 || l->failures % 20 == 0) {
+    log_warn("bus: cannot listen on %s (%s); retrying every %d ms", l->shown, msg,
+             PGNOTIFY_RETRY_MS);
+  }
+  drop_conn(l);
+  l->state = PN_IDLE;
+  l->retry_at = util_mono_ms() + PGNOTIFY_RETRY_MS;
+}
+
+static void io_cb(uv_poll_t *h, int status, int events);
+
+/* Poll the connection's socket for `events`; libpq may change the socket
+ * while connecting (one address after another). */
+static int watch(pgnotify_t *l, int events) {
+  int fd = PQsocket(l->conn);
+  if (fd < 0) return -1;
+  if (l->poll && l->poll_fd != fd) {
+    uv_close((uv_handle_t *)l->poll, poll_closed);
+    l->poll = NULL;
+  }
+  if (!l->poll) {
+    l->poll = malloc(sizeof *l->poll);
+    if (!l->poll || uv_poll_init(l->node->loop, l->poll, fd) != 0) {
+      free(l->poll);
+      l->poll = NULL;
+      return -1;
+    }
+    l->poll->data = l;
+    l->poll_fd = fd;
+  }
+  return uv_poll_start(l->poll, events, io_cb) == 0 ? 0 : -1;
+}
+
+/* Send `sql` without waiting; its answer comes through io_cb. */
+static int send_query(pgnotify_t *l, const char *sql) {
+  if (!PQsendQuery(l->conn, sql)) return -1;
+  l->deadline = util_mono_ms() + PGNOTIFY_PING_TIMEOUT_MS;
+  int f = PQflush(l->conn); /* 1: more to send when the socket is writable */
+  if (f < 0) return -1;
+  return watch(l, UV_READABLE | (f ? UV_WRITABLE : 0));
+}
+
+static void start_connect(pgnotify_t *l) {
+  l->conn = pgconn_start(l->url);
+  if (!l->conn || PQstatus(l->conn) == CONNECTION_BAD) return fail(l, NULL);
+  l->state = PN_CONNECTING;
+  l->deadline = util_mono_ms() + (uint64_t)l->connect_timeout_ms;
+  /* Not polled yet: as if PQconnectPoll had said "writing". */
+  if (watch(l, UV_WRITABLE) != 0) fail(l, "cannot poll its socket");
+}
+
+static void connect_step(pgnotify_t *l) {
+  PostgresPollingStatusType st = PQconnectPoll(l->conn);
+  if (st == PGRES_POLLING_FAILED) return fail(l, NULL);
+  if (st != PGRES_POLLING_OK) {
+    if (watch(l, st == PGRES_POLLING_READING ? UV_READABLE : UV_WRITABLE) != 0)
+      fail(l, "cannot poll its socket");
+    return;
+  }
+  if (PQsetnonblocking(l->conn, 1) != 0 || send_query(l, "LISTEN " STORE_NOTIFY_CHANNEL) != 0)
+    return fail(l, NULL);
+  l->state = PN_LISTEN_SENT;
+}
+
+static void listening(pgnotify_t *l) {
+  l->state = PN_LISTENING;
+  l->failures = 0;
+  l->ping_due = util_mono_ms() + PGNOTIFY_PING_EVERY_MS;
+  if (l->lost)
+    log_info("bus: listening on %s again; checking every local subscription", l->shown);
+  else
+    log_info("bus: listening for messages of other nodes on %s", l->shown);
+  l->lost = 0;
+  /* Whatever was committed before LISTEN took effect (an outage, or the
+   * time before this node listened at all) is read from the store. */
+  start_resync(l);
+}
+
+/* ---- notifications ---------------------------------------------------- */
+
+static void heard(pgnotify_t *l, const char *payload) {
+  node_t *node = l->node;
+  char kind = payload[0];
+  if (kind == 'm' && payload[1] == ' ') {
+    char *end = NULL;
+    long long seq = strtoll(payload + 2, &end, 10);
+    if (end == payload + 2 || *end != ' ' || seq <= 0) goto bad;
+    const char *conv = end + 1;
+    const char *nl = strchr(conv, '\n');
+    size_t clen = nl ? (size_t)(nl - conv) : strlen(conv);
+    char id[STORE_ID_MAX + 1];
+    if (clen == 0 || clen > STORE_ID_MAX) goto bad;
+    memcpy(id, conv, clen);
+    id[clen] = '\0';
+    if (!util_id_valid(id)) goto bad;
+    char *json = NULL;
+    if (nl && !(json = strdup(nl + 1))) {
+      log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", id, seq);
+    }
+    /* json NULL: a head hint (bus.h), for a frame that did not fit */
+    bus_msg_t *m = bus_msg_new(id, seq, json);
+    if (m) bus_publish(node->bus, m);
+    return;
+  }
+  if (kind == 'c' && (payload[2] == '0' || payload[2] == '1') && payload[1] == ' ' &&
+      payload[3] == ' ' && util_id_valid(payload + 4)) {
+    if (payload[2] == '1')
+      session_channel_active(node, payload + 4);
+    else
+      session_channel_inactive(node, payload + 4);
+    return;
+  }
+bad:
+  log_warn("bus: ignoring a notification that is not converger's: %.80s", payload);
+}
+
+/* Read what the server sent: answers to our queries, then notifications. */
+static void read_input(pgnotify_t *l) {
+  if (!PQconsumeInput(l->conn)) return fail(l, NULL);
+  while (!PQisBusy(l->conn)) {
+    PGresult *r = PQgetResult(l->conn);
+    if (!r) break;
+    ExecStatusType st = PQresultStatus(r);
+    PQclear(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) return fail(l, NULL);
+    /* Each query is sent alone, so its last result ends it. */
+    if (l->state == PN_LISTEN_SENT)
+      listening(l);
+    else
+      l->ping_out = 0;
+  }
+  PGnotify *n;
+  while (l->conn && (n = PQnotifies(l->conn)) != NULL) {
+    if (strcmp(n->relname, STORE_NOTIFY_CHANNEL) == 0) heard(l, n->extra);
+    PQfreemem(n);
+  }
+}
+
+static void io_cb(uv_poll_t *h, int status, int events) {
+  pgnotify_t *l = h->data;
+  if (h != l->poll) return; /* a handle being replaced */
+  if (status < 0) return fail(l, uv_strerror(status));
+  if (l->state == PN_CONNECTING) return connect_step(l);
+  if (events & UV_WRITABLE) {
+    int f = PQflush(l->conn);
+    if (f < 0) return fail(l, NULL);
+    if (f == 0 && watch(l, UV_READABLE) != 0) return fail(l, "cannot poll its socket");
+  }
+  if (events & UV_READABLE) read_input(l);
+}
+
+static void tick_cb(uv_timer_t *t) {
+  pgnotify_t *l = t->data;
+  uint64_t now = util_mono_ms();
+  switch (l->state) {
+  case PN_IDLE:
+    if (now >= l->retry_at) start_connect(l);
+    break;
+  case PN_CONNECTING:
+  case PN_LISTEN_SENT:
+    if (now >= l->deadline) fail(l, "no answer in time");
+    break;
+  case PN_LISTENING:
+    if (l->ping_out && now >= l->deadline) {
+      fail(l, "no answer to a keepalive query in time");
+    } else if (!l->ping_out && now >= l->ping_due) {
+      l->ping_due = now + PGNOTIFY_PING_EVERY_MS;
+      if (send_query(l, "SELECT 1") != 0) fail(l, NULL);
+      else l->ping_out = 1;
+    }
+    break;
+  }
+}
+
+/* ---- resync: every local subscription against the store ---------------- */
+
+static void resync_work(pool_job_t *job, store_t *db) {
+  resync_job_t *j = container_of(job, resync_job_t, job);
+  /* One snapshot for every head. A store failure leaves the rest unread;
+   * done retries the whole check. */
+  int r = store_read_begin(db);
+  for (size_t i = 0; i < j->n; i++) {
+    if (r != 0) {
+      j->status[i] = r;
+      continue;
+    }
+    j->status[i] = store_conv_get(db, j->convs[i], &j->info[i]);
+    if (j->status[i] != 0 && j->status[i] != -CV_ENOTFOUND) r = j->status[i];
+  }
+  store_read_end(db);
+}
+
+static void resync_free(resync_job_t *j) {
+  store_strings_free(j->convs, j->n);
+  free(j->info);
+  free(j->status);
+  free(j);
+}
+
+static void resync_done(pool_job_t *job) {
+  resync_job_t *j = container_of(job, resync_job_t, job);
+  pgnotify_t *l = j->l;
+  l->resync = NULL;
+  if (job->canceled || l->closing) return resync_free(j);
+  int failed = job->dropped;
+  size_t hints = 0;
+  for (size_t i = 0; i < j->n && !failed; i++) {
+    if (j->status[i] == -CV_ENOTFOUND) continue;
+    if (j->status[i] != 0) {
+      failed = 1;
+      break;
+    }
+    if (!j->info[i].channel_active) {
+      session_channel_inactive(l->node, j->info[i].channel);
+      continue;
+    }
+    bus_msg_t *m = bus_msg_new(j->convs[i], j->info[i].head, NULL);
+    if (m) {
+      bus_publish(l->node->bus, m);
+      hints++;
+    }
+  }
+  if (failed) {
+    /* The store is not answering yet: the check runs again. Subscribers
+     * that were served meanwhile are checked again, harmlessly. */
+    log_warn("bus: cannot check %zu conversation(s) against the store; retrying", j->n);
+    l->resync_again = 1;
+  } else {
+    log_info("bus: checked %zu conversation(s) against the store", hints);
+  }
+  resync_free(j);
+  if (l->resync_again && l->state == PN_LISTENING) start_resync(l);
+}
+
+static void start_resync(pgnotify_t *l) {
+  if (l->resync) { /* one at a time: the next starts when it returns */
+    l->resync_again = 1;
+    return;
+  }
+  l->resync_again = 0;
+  resync_job_t *j = calloc(1, sizeof *j);
+  if (j && bus_convs(l->node->bus, &j->convs, &j->n) == 0 &&
+      (j->n == 0 || ((j->info = calloc(j->n, sizeof *j->info)) &&
+                     (j->status = calloc(j->n, sizeof *j->status))))) {
+    if (j->n == 0) return resync_free(j);
+    j->l = l;
+    j->job.kind = "resync";
+    j->job.no_drop = 1; /* the outage is over: this must run */
+    l->resync = j;
+    pool_submit(l->node->pool, &j->job, resync_work, resync_done);
+    return;
+  }
+  if (j) resync_free(j);
+  log_error("bus: out of memory checking subscriptions; retrying");
+  l->resync_again = 1;
+}
+
+/* ---- lifecycle ------------------------------------------------------- */
+
+int pgnotify_start(node_t *node, const char *url, pgnotify_t **out) {
+  pgnotify_t *l = calloc(1, sizeof *l);
+  if (!l) return -CV_ENOMEM;
+  int err = pgconn_timeout_ms(url, &l->connect_timeout_ms);
+  if (!err && !(l->url = strdup(url))) err = -CV_ENOMEM;
+  if (err) {
+    free(l);
+    return err;
+  }
+  l->node = node;
+  store_url_redact(url, l->shown, sizeof l->shown);
+  uv_timer_init(node->loop, &l->timer);
+  l->timer.data = l;
+  uv_timer_start(&l->timer, tick_cb, TICK_MS, TICK_MS);
+  start_connect(l);
+  *out = l;
+  return 0;
+}
+
+int pgnotify_listening(const pgnotify_t *l) { return l->state == PN_LISTENING; }
+
+static void timer_closed(uv_handle_t *h) {
+  pgnotify_t *l = h->data;
+  free(l->url);
+  free(l);
+}
+
+void pgnotify_close(pgnotify_t *l) {
+  l->closing = 1;
+  drop_conn(l);
+  uv_close((uv_handle_t *)&l->timer, timer_closed);
+}

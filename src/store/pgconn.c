@@ -1,0 +1,63 @@
+/*
+ * pgconn.c: connection defaults shared by postgres.c and bus/pgnotify.c.
+ * See pgconn.h.
+ */
+#include "store/pgconn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "store/store.h"
+
+PGconn *pgconn_start(const char *url) {
+  /* Before dbname: defaults the URL may override. After it: ours. */
+  static const char *const kw[] = {
+      "fallback_application_name",
+      "keepalives",
+      "keepalives_idle",
+      "keepalives_interval",
+      "keepalives_count",
+      "tcp_user_timeout",
+      "dbname",
+      "client_encoding",
+      NULL,
+  };
+  const char *val[] = {"converger", "1", "10", "5", "3", "10000", url, "UTF8", NULL};
+  return PQconnectStartParams(kw, val, 1);
+}
+
+int pgconn_timeout_ms(const char *url, int *timeout_ms) {
+  char *msg = NULL, line[512], red[512];
+  PQconninfoOption *info = PQconninfoParse(url, &msg);
+  if (info == NULL) {
+    store_url_redact(url, red, sizeof red);
+    if (msg == NULL) return -CV_ENOMEM;
+    log_error("store: %s: %s", red, pgconn_one_line(msg, line, sizeof line));
+    PQfreemem(msg);
+    return -CV_EINVAL;
+  }
+  *timeout_ms = PGCONN_CONNECT_TIMEOUT_MS;
+  for (const PQconninfoOption *o = info; o->keyword != NULL; o++) {
+    if (strcmp(o->keyword, "connect_timeout") != 0 || o->val == NULL) continue;
+    char *end = NULL;
+    long v = strtol(o->val, &end, 10);
+    /* libpq reads 0 or less as "wait forever": that is what we avoid. */
+    if (end != o->val && *end == '\0' && v > 0 && v <= 3600) *timeout_ms = (int)v * 1000;
+  }
+  PQconninfoFree(info);
+  return 0;
+}
+
+const char *pgconn_one_line(const char *msg, char *buf, size_t cap) {
+  size_t n = 0;
+  for (const char *p = msg != NULL ? msg : ""; *p != '\0' && n + 1 < cap; p++) {
+    char c = (*p == '\n' || *p == '\t' || *p == '\r') ? ' ' : *p;
+    if (c == ' ' && (n == 0 || buf[n - 1] == ' ')) continue;
+    buf[n++] = c;
+  }
+  while (n > 0 && buf[n - 1] == ' ') n--;
+  buf[n] = '\0';
+  return buf;
+}

@@ -1,0 +1,38 @@
+/*
+ * pgconn: how converger opens a libpq connection, shared by the store's
+ * workers (postgres.c, blocking) and the bus's LISTEN connection
+ * (bus/pgnotify.c, on the loop). Both start the connection with
+ * pgconn_start and drive PQconnectPoll under their own deadline.
+ *
+ * Thread: any; nothing here keeps state.
+ */
+#ifndef CONVERGER_STORE_PGCONN_H
+#define CONVERGER_STORE_PGCONN_H
+
+#include <libpq-fe.h>
+#include <stddef.h>
+
+#define PGCONN_CONNECT_TIMEOUT_MS 1000 /* unless the URL sets connect_timeout */
+
+/* Begin a non-blocking connect to `url` (a postgres:// URL or a libpq
+ * keyword string), as PQconnectStartParams does, with converger's
+ * defaults: before the URL's own keywords (so it may override them) TCP
+ * keepalives (idle 10 s, interval 5 s, count 3), tcp_user_timeout 10 s and
+ * the application name "converger"; after them client_encoding UTF8 (the
+ * store speaks UTF-8 whatever the URL says). Returns a PGconn the caller
+ * PQfinishes (check PQstatus for CONNECTION_BAD), or NULL when out of
+ * memory. */
+PGconn *pgconn_start(const char *url);
+
+/* The URL's connect_timeout in ms (1..3600 s), or PGCONN_CONNECT_TIMEOUT_MS
+ * when it has none or a value libpq would read as "wait for ever" (0 or
+ * less). Returns 0, -CV_EINVAL when libpq cannot parse `url` (logged, with
+ * the password redacted), or -CV_ENOMEM. */
+int pgconn_timeout_ms(const char *url, int *timeout_ms);
+
+/* libpq's multi-line message `msg` (NULL allowed) as one line in `buf`
+ * (`cap` bytes, always terminated): newlines and tabs become single
+ * spaces. Returns `buf`. */
+const char *pgconn_one_line(const char *msg, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,294 @@
+"""Three nodes on one PostgreSQL database (scripts/pg-tmp): messages sent to
+any node reach subscribers on every node in seq order through LISTEN/NOTIFY;
+concurrent senders on three nodes get one gapless seq; a frame larger than a
+notification's payload limit still arrives; a node killed with SIGKILL loses
+no acknowledged message (its clients resume on another node with their
+watermarks); a revocation or a channel deactivation made on one node acts on
+sockets of another."""
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import NodeCase, PgCluster, mint_token, open_client, uid  # noqa: E402
+
+try:
+    import websockets.exceptions
+    CLOSED = (websockets.exceptions.ConnectionClosed, ConnectionError, OSError)
+except ImportError:  # reported by open_client
+    CLOSED = (ConnectionError, OSError)
+
+
+async def recv_seqs(c, conv, n, timeout=10.0):
+    """The next n msg frames of conv, as (seq, body) pairs, skipping other
+    frame types (synced)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    out = []
+    while len(out) < n:
+        m = await c.recv_json(max(0.05, deadline - loop.time()))
+        if m.get("type") == "msg":
+            assert m["conv"] == conv, m
+            out.append((m["seq"], m["body"]))
+        elif m.get("type") != "synced":
+            raise AssertionError("unexpected frame %r" % (m,))
+    return out
+
+
+class Follower:
+    """A client of one conversation that resumes with its watermark on the
+    next node of `nodes` whenever its socket ends, like the SDK: a seq at
+    or below the watermark is a duplicate on the wire and not delivered."""
+
+    def __init__(self, nodes, conv, start=0):
+        self.nodes, self.conv, self.i = nodes, conv, start
+        self.delivered, self.dups, self.welcomes, self.nodes_used = [], 0, 0, []
+        self.token = mint_token(uid("f"), [conv])
+
+    @property
+    def watermark(self):
+        return self.delivered[-1] if self.delivered else 0
+
+    async def run(self, until):
+        """Follows until until(watermark) is true."""
+        while not until(self.watermark):
+            node = self.nodes[self.i % len(self.nodes)]
+            if not node.running():
+                self.i += 1
+                continue
+            try:
+                c, _ = await open_client(node, self.token, [{"conv": self.conv, "watermark": self.watermark}])
+            except (CLOSED + (asyncio.TimeoutError, AssertionError)):
+                self.i += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.welcomes += 1
+            self.nodes_used.append(node.node_id)
+            try:
+                while not until(self.watermark):
+                    try:
+                        m = await c.recv_json(0.3)
+                    except asyncio.TimeoutError:
+                        continue
+                    if m.get("type") != "msg":
+                        continue
+                    if m["seq"] <= self.watermark:
+                        self.dups += 1
+                    elif m["seq"] != self.watermark + 1:
+                        raise AssertionError("gap: seq %d after %d" % (m["seq"], self.watermark))
+                    else:
+                        self.delivered.append(m["seq"])
+            except CLOSED:
+                self.i += 1
+            finally:
+                await c.close()
+
+
+class ClusterPg(NodeCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.pg = PgCluster()
+        cls.addClassCleanup(cls.pg.stop)
+
+    def cluster(self, n=3, env=None):
+        e = {"CONVERGER_DATABASE_URL": self.pg.url}
+        e.update(env or {})
+        return [self.node_start(e) for _ in range(n)]
+
+    def test_subscriber_on_c_gets_what_a_receives_in_order(self):
+        a, b, c = self.cluster()
+        conv = a.new_conv()
+
+        async def go():
+            on_c, _ = await open_client(c, mint_token("carol", [conv]), [{"conv": conv, "watermark": None}])
+            on_a, _ = await open_client(a, mint_token("anna", [conv]), [{"conv": conv, "watermark": None}])
+            with a.session() as s:
+                for i in range(50):
+                    s.send(conv, {"n": i})
+            for sub in (on_c, on_a):  # another node, and the sending node itself
+                got = await recv_seqs(sub, conv, 50)
+                self.assertEqual([seq for seq, _ in got], list(range(1, 51)))
+                self.assertEqual([body["n"] for _, body in got], list(range(50)))
+                await sub.expect_silence(0.3)  # each message once
+            await on_c.close()
+            await on_a.close()
+        self.arun(go())
+
+    def test_four_senders_on_three_nodes_one_gapless_seq(self):
+        nodes = self.cluster()
+        conv = nodes[0].new_conv()
+        per_sender = 40
+        acked, errors = [], []
+
+        def sender(node, name):
+            try:
+                with node.session() as s:
+                    for i in range(per_sender):
+                        js = s.send(conv, {"from": name, "i": i}, sender=name)
+                        acked.append((js["seq"], name, i))
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        async def go():
+            watch, _ = await open_client(nodes[1], mint_token("w", [conv]), [{"conv": conv, "watermark": None}])
+            threads = [threading.Thread(target=sender, args=(nodes[k % 3], "s%d" % k)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                await asyncio.to_thread(t.join, 30)
+            self.assertEqual(errors, [])
+            got = await recv_seqs(watch, conv, 4 * per_sender, timeout=15)
+            await watch.close()
+            return got
+
+        got = self.arun(go())
+        total = 4 * per_sender
+        self.assertEqual(sorted(seq for seq, _, _ in acked), list(range(1, total + 1)))
+        self.assertEqual([seq for seq, _ in got], list(range(1, total + 1)))
+        by_seq = {seq: (name, i) for seq, name, i in acked}
+        for seq, body in got:
+            self.assertEqual((body["from"], body["i"]), by_seq[seq])
+        # each sender's own messages keep their order
+        for k in range(4):
+            mine = [i for seq, name, i in sorted(acked) if name == "s%d" % k]
+            self.assertEqual(mine, list(range(per_sender)))
+        stored, head = nodes[2].all_messages(conv)
+        self.assertEqual(head, total)
+        self.assertEqual([m["seq"] for m in stored], list(range(1, total + 1)))
+
+    def test_frame_larger_than_notify_payload_reaches_every_subscriber(self):
+        a, b, c = self.cluster()
+        conv = a.new_conv()
+        big = "x" * 20000  # a notification payload holds < 8000 bytes
+        edge = "y" * 7850  # around the limit once wrapped in the frame
+
+        async def go():
+            subs = []
+            for n in (a, b, c):
+                cl, _ = await open_client(n, mint_token(uid("u"), [conv]), [{"conv": conv, "watermark": None}])
+                subs.append(cl)
+            bodies = [{"t": "small"}, {"t": big}, {"t": "after"}, {"t": edge}, {"t": big + "2"}, {"t": "end"}]
+            for body in bodies:
+                b.send(conv, body)
+            for cl in subs:
+                got = await recv_seqs(cl, conv, len(bodies))
+                self.assertEqual([seq for seq, _ in got], list(range(1, len(bodies) + 1)))
+                self.assertEqual([body for _, body in got], bodies)
+                await cl.expect_silence(0.3)
+                await cl.close()
+        self.arun(go())
+
+    def test_revocation_on_a_closes_socket_on_b_within_refresh(self):
+        a, b = self.cluster(2, {"CONVERGER_REVOCATION_REFRESH_MS": "1000"})
+        conv = a.new_conv()
+        jti = uid("jti")
+        tok = mint_token("mallory", [conv], jti=jti)
+
+        async def go():
+            cl, _ = await open_client(b, tok, [{"conv": conv, "watermark": None}])
+            st, _, js = a.request("POST", "/v1/tokens/revoke", {"jti": jti})
+            self.assertEqual(st, 204, js)
+            t0 = time.monotonic()
+            code, reason, frames = await cl.wait_closed(5.0)
+            took = time.monotonic() - t0
+            self.assertEqual(code, 1008, (reason, frames))
+            self.assertIn("unauthorized", [f.get("code") for f in frames if isinstance(f, dict)])
+            # the refresh interval, plus one store read and scheduling slack
+            self.assertLess(took, 1.0 + 0.6, "closed %.2fs after the revocation" % took)
+            # and a new handshake with it is refused on every node
+            for n in (a, b):
+                c2, = [await harness.WsClient.connect(n)]
+                await c2.send_json({"type": "hello", "token": tok, "subs": [{"conv": conv}]})
+                m = await c2.recv_json()
+                self.assertEqual((m["type"], m["code"]), ("error", "unauthorized"), m)
+                await c2.close()
+        self.arun(go())
+
+    def test_deactivation_on_a_ends_subscriptions_on_b_and_c(self):
+        a, b, c = self.cluster()
+        ch = a.create_channel(id=uid("ch"), name="deact")["id"]
+        conv = a.create_conv(ch, id=uid("cv"))["id"]
+
+        async def go():
+            subs = []
+            for n in (a, b, c):
+                cl, _ = await open_client(n, mint_token(uid("u"), [conv]), [{"conv": conv, "watermark": None}])
+                subs.append(cl)
+            st, _, js = a.request("PATCH", "/v1/channels/%s" % ch, {"active": False})
+            self.assertEqual(st, 200, js)
+            for cl in subs:
+                m, _ = await cl.until(lambda f: f.get("type") == "error", timeout=3.0)
+                self.assertEqual((m["code"], m["conv"]), ("channel_inactive", conv), m)
+            # the subscription ended: nothing more arrives, and sends are refused
+            st, _, js = b.request("POST", "/v1/conversations/%s/messages" % conv, {"sender": "x", "body": 1})
+            self.assertEqual(st, 409, js)
+            for cl in subs:
+                await cl.expect_silence(0.2)
+                await cl.close()
+        self.arun(go())
+
+    def test_sigkill_of_a_node_loses_no_acknowledged_message(self):
+        a, b, c = self.cluster()
+        conv = a.new_conv()
+        acked, stop = [], threading.Event()
+
+        def send_loop():
+            # REST to b, each message retried with its idempotency key until acknowledged
+            i = 0
+            while not stop.is_set():
+                key = "k-%d" % i
+                for _ in range(50):
+                    try:
+                        st, _, js = b.request("POST", "/v1/conversations/%s/messages" % conv,
+                                              {"sender": "s", "body": {"i": i}},
+                                              headers={"Idempotency-Key": key}, timeout=3)
+                    except OSError:
+                        st = 0
+                    if st in (200, 201):
+                        acked.append(js["seq"])
+                        break
+                    time.sleep(0.05)
+                i += 1
+                time.sleep(0.01)
+
+        async def go():
+            # every follower starts on a; after the kill it moves on to b or c
+            followers = [Follower([a, b, c], conv) for _ in range(4)]
+            target = {}
+            until = lambda wm: "head" in target and wm >= target["head"]  # noqa: E731
+            tasks = [asyncio.create_task(f.run(until)) for f in followers]
+            t = threading.Thread(target=send_loop)
+            t.start()
+            try:
+                await asyncio.sleep(1.0)
+                a.kill9()
+                await asyncio.sleep(1.5)
+            finally:
+                stop.set()
+                await asyncio.to_thread(t.join, 30)
+            target["head"] = max(acked)
+            await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            return followers
+
+        followers = self.arun(go(), timeout=60)
+        self.assertGreater(len(acked), 20)
+        head = max(acked)
+        stored, stored_head = b.all_messages(conv)
+        self.assertEqual(stored_head, head)
+        self.assertEqual(sorted(acked), list(range(1, head + 1)))
+        for f in followers:
+            # every acknowledged message once, in order, across the move
+            self.assertEqual(f.delivered, list(range(1, head + 1)))
+            self.assertGreaterEqual(f.welcomes, 2)
+            self.assertEqual(f.nodes_used[0], a.node_id)
+            self.assertNotEqual(f.nodes_used[-1], a.node_id)
+
+
+if __name__ == "__main__":
+    harness.main()
