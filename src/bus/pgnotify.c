@@ -15,6 +15,7 @@
 #include "bus/pgnotify.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ struct pgnotify_s {
   node_t *node;
   char *url;
   char shown[512]; /* the URL without its password */
+  char app[64];    /* application_name: "converger listen NODE_ID" (PostgreSQL keeps 63 bytes) */
   int connect_timeout_ms;
   pn_state_t state;
   PGconn *conn;
@@ -128,7 +130,7 @@ static int send_query(pgnotify_t *l, const char *sql) {
 }
 
 static void start_connect(pgnotify_t *l) {
-  l->conn = pgconn_start(l->url);
+  l->conn = pgconn_start(l->url, l->app);
   if (!l->conn || PQstatus(l->conn) == CONNECTION_BAD) return fail(l, NULL);
   l->state = PN_CONNECTING;
   l->deadline = util_mono_ms() + (uint64_t)l->connect_timeout_ms;
@@ -355,6 +357,7 @@ int pgnotify_start(node_t *node, const char *url, pgnotify_t **out) {
   }
   l->node = node;
   store_url_redact(url, l->shown, sizeof l->shown);
+  snprintf(l->app, sizeof l->app, "converger listen %s", node->cfg->node_id);
   uv_timer_init(node->loop, &l->timer);
   l->timer.data = l;
   uv_timer_start(&l->timer, tick_cb, TICK_MS, TICK_MS);

@@ -2,7 +2,8 @@
  * pgnotify: the cross-node half of the bus, on PostgreSQL LISTEN/NOTIFY.
  *
  * Every node keeps one LISTEN connection on its loop (libpq in
- * non-blocking mode under a uv_poll). The append transaction of any node
+ * non-blocking mode under a uv_poll; application_name "converger listen
+ * NODE_ID" in pg_stat_activity). The append transaction of any node
  * notifies (store.h, STORE_NOTIFY_CHANNEL); what the listener hears goes to
  * bus_publish, the same fan-out as the in-process bus: a message with its
  * frame, or a head hint when the frame did not fit the payload limit

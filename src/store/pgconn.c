@@ -11,7 +11,7 @@
 #include "core/log.h"
 #include "store/store.h"
 
-PGconn *pgconn_start(const char *url) {
+PGconn *pgconn_start(const char *url, const char *app) {
   /* Before dbname: defaults the URL may override. After it: ours. */
   static const char *const kw[] = {
       "fallback_application_name",
@@ -24,7 +24,7 @@ PGconn *pgconn_start(const char *url) {
       "client_encoding",
       NULL,
   };
-  const char *val[] = {"converger", "1", "10", "5", "3", "10000", url, "UTF8", NULL};
+  const char *val[] = {app, "1", "10", "5", "3", "10000", url, "UTF8", NULL};
   return PQconnectStartParams(kw, val, 1);
 }
 

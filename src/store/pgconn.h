@@ -18,11 +18,11 @@
  * keyword string), as PQconnectStartParams does, with converger's
  * defaults: before the URL's own keywords (so it may override them) TCP
  * keepalives (idle 10 s, interval 5 s, count 3), tcp_user_timeout 10 s and
- * the application name "converger"; after them client_encoding UTF8 (the
+ * the application name `app` (shown in pg_stat_activity); after them client_encoding UTF8 (the
  * store speaks UTF-8 whatever the URL says). Returns a PGconn the caller
  * PQfinishes (check PQstatus for CONNECTION_BAD), or NULL when out of
  * memory. */
-PGconn *pgconn_start(const char *url);
+PGconn *pgconn_start(const char *url, const char *app);
 
 /* The URL's connect_timeout in ms (1..3600 s), or PGCONN_CONNECT_TIMEOUT_MS
  * when it has none or a value libpq would read as "wait for ever" (0 or

@@ -53,6 +53,7 @@
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +208,11 @@ typedef struct {
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
 
+/* Set by a failed connect, cleared by a successful one, over every worker
+ * of the process: an outage is logged once, not once per worker per try. */
+static _Atomic int connect_failing;
+#define QUIET_NOTE " (further failures at debug level until a connect succeeds)"
+
 /* ---- messages and errors --------------------------------------------- */
 
 static void notice_cb(void *arg, const char *msg) {
@@ -311,7 +317,7 @@ static int64_t get_i64(const PGresult *r, int row, int col) {
 
 static int connect_db(pg_t *s) {
   char line[512], url[512];
-  PGconn *c = pgconn_start(s->url);
+  PGconn *c = pgconn_start(s->url, "converger");
   if (c == NULL) return -CV_ENOMEM;
   /* Not called PQconnectPoll yet: as if it had said "writing". */
   PostgresPollingStatusType st = PGRES_POLLING_WRITING;
@@ -330,15 +336,21 @@ static int connect_db(pg_t *s) {
     if (r > 0) st = PQconnectPoll(c);
   }
   if (st != PGRES_POLLING_OK || PQstatus(c) != CONNECTION_OK) {
+    /* Every worker fails during an outage, each every RECONNECT_PAUSE_MS:
+     * the first failure is an error, the rest until a success are debug. */
+    int first = atomic_exchange(&connect_failing, 1) == 0;
     store_url_redact(s->url, url, sizeof url);
     if (timed_out)
-      log_error("store: cannot connect to %s: no answer within %d ms", url, s->connect_timeout_ms);
+      log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: no answer within %d ms%s",
+             url, s->connect_timeout_ms, first ? QUIET_NOTE : "");
     else
-      log_error("store: cannot connect to %s: %s", url,
-                pgconn_one_line(PQerrorMessage(c), line, sizeof line));
+      log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url,
+             pgconn_one_line(PQerrorMessage(c), line, sizeof line), first ? QUIET_NOTE : "");
     PQfinish(c);
     return -CV_ESTORE;
   }
+  if (atomic_exchange(&connect_failing, 0))
+    log_info("store: connected to the database again");
   PQsetNoticeProcessor(c, notice_cb, NULL);
   s->conn = c;
 

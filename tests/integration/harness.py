@@ -16,6 +16,9 @@ What is here:
   HttpReader    reads raw HTTP/1.1 responses off a socket (pipelining tests).
   WsClient      async helpers over the `websockets` library for normal flows;
                 every await has a timeout.
+  PgCluster     a throwaway PostgreSQL server (scripts/pg-tmp) with down()/up().
+  Follower      a client of one conversation that resumes with its watermark
+                on the next node whenever its socket ends (like the SDK).
   NodeCase      unittest.TestCase base: node lifecycle, log dump on failure,
                 `arun(coro)` to run a coroutine with an overall timeout.
   main()        strips `--binary` from argv and calls unittest.main().
@@ -28,6 +31,7 @@ killed by name.
 import asyncio
 import atexit
 import base64
+import glob
 import hashlib
 import hmac
 import http.client
@@ -118,6 +122,16 @@ PG_TMP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "scripts", "pg-tmp")
 
 
+def psql():
+    """psql next to the initdb pg-tmp uses: the newest Debian version."""
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                  key=lambda d: int(os.path.basename(os.path.dirname(d))))
+    for d in reversed(dirs):
+        if os.access(os.path.join(d, "psql"), os.X_OK):
+            return os.path.join(d, "psql")
+    return shutil.which("psql")
+
+
 class PgCluster:
     """A throwaway PostgreSQL server from scripts/pg-tmp in its own directory,
     watched by a pg-tmp watchdog that stops it if this process dies. `url`
@@ -134,6 +148,14 @@ class PgCluster:
         if r.returncode != 0:
             raise AssertionError("scripts/pg-tmp %s failed (%d): %s" % (" ".join(args), r.returncode, r.stderr))
         return r.stdout.strip()
+
+    def sql(self, sql):
+        """Run one statement with psql; its rows as lines of text."""
+        r = subprocess.run([psql(), "-X", "-At", "-d", self.url, "-c", sql], capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode != 0:
+            raise AssertionError("psql %r failed: %s" % (sql, r.stderr))
+        return r.stdout.splitlines()
 
     def down(self):
         self._run("down")
@@ -995,6 +1017,75 @@ async def open_client(node, token, subs, timeout=5.0):
         await c.close()
         raise
     return c, w
+
+
+_CLOSED = ((websockets.exceptions.ConnectionClosed,) if websockets else ()) + (ConnectionError, OSError)
+
+
+async def recv_seqs(c, conv, n, timeout=10.0):
+    """The next n msg frames of conv, as (seq, body) pairs, skipping other
+    frame types (synced)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    out = []
+    while len(out) < n:
+        m = await c.recv_json(max(0.05, deadline - loop.time()))
+        if m.get("type") == "msg":
+            assert m["conv"] == conv, m
+            out.append((m["seq"], m["body"]))
+        elif m.get("type") != "synced":
+            raise AssertionError("unexpected frame %r" % (m,))
+    return out
+
+
+class Follower:
+    """A client of one conversation that resumes with its watermark on the
+    next node of `nodes` whenever its socket ends, like the SDK: a seq at
+    or below the watermark is a duplicate on the wire and not delivered."""
+
+    def __init__(self, nodes, conv, start=0):
+        self.nodes, self.conv, self.i = nodes, conv, start
+        self.delivered, self.dups, self.welcomes, self.nodes_used = [], 0, 0, []
+        self.token = mint_token(uid("f"), [conv])
+
+    @property
+    def watermark(self):
+        return self.delivered[-1] if self.delivered else 0
+
+    async def run(self, until):
+        """Follows until until(watermark) is true."""
+        while not until(self.watermark):
+            node = self.nodes[self.i % len(self.nodes)]
+            if not node.running():
+                self.i += 1
+                continue
+            try:
+                c, _ = await open_client(node, self.token, [{"conv": self.conv, "watermark": self.watermark}])
+            except (_CLOSED + (asyncio.TimeoutError, AssertionError)):
+                self.i += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.welcomes += 1
+            self.nodes_used.append(node.node_id)
+            try:
+                while not until(self.watermark):
+                    try:
+                        m = await c.recv_json(0.3)
+                    except asyncio.TimeoutError:
+                        continue
+                    if m.get("type") != "msg":
+                        continue
+                    if m["seq"] <= self.watermark:
+                        self.dups += 1
+                    elif m["seq"] != self.watermark + 1:
+                        raise AssertionError("gap: seq %d after %d" % (m["seq"], self.watermark))
+                    else:
+                        self.delivered.append(m["seq"])
+            except _CLOSED:
+                self.i += 1
+            finally:
+                await c.close()
+
 
 
 # --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ watermarks); a revocation or a channel deactivation made on one node acts on
 sockets of another."""
 
 import asyncio
-import json
 import os
 import sys
 import threading
@@ -15,79 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import NodeCase, PgCluster, mint_token, open_client, uid  # noqa: E402
-
-try:
-    import websockets.exceptions
-    CLOSED = (websockets.exceptions.ConnectionClosed, ConnectionError, OSError)
-except ImportError:  # reported by open_client
-    CLOSED = (ConnectionError, OSError)
-
-
-async def recv_seqs(c, conv, n, timeout=10.0):
-    """The next n msg frames of conv, as (seq, body) pairs, skipping other
-    frame types (synced)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    out = []
-    while len(out) < n:
-        m = await c.recv_json(max(0.05, deadline - loop.time()))
-        if m.get("type") == "msg":
-            assert m["conv"] == conv, m
-            out.append((m["seq"], m["body"]))
-        elif m.get("type") != "synced":
-            raise AssertionError("unexpected frame %r" % (m,))
-    return out
-
-
-class Follower:
-    """A client of one conversation that resumes with its watermark on the
-    next node of `nodes` whenever its socket ends, like the SDK: a seq at
-    or below the watermark is a duplicate on the wire and not delivered."""
-
-    def __init__(self, nodes, conv, start=0):
-        self.nodes, self.conv, self.i = nodes, conv, start
-        self.delivered, self.dups, self.welcomes, self.nodes_used = [], 0, 0, []
-        self.token = mint_token(uid("f"), [conv])
-
-    @property
-    def watermark(self):
-        return self.delivered[-1] if self.delivered else 0
-
-    async def run(self, until):
-        """Follows until until(watermark) is true."""
-        while not until(self.watermark):
-            node = self.nodes[self.i % len(self.nodes)]
-            if not node.running():
-                self.i += 1
-                continue
-            try:
-                c, _ = await open_client(node, self.token, [{"conv": self.conv, "watermark": self.watermark}])
-            except (CLOSED + (asyncio.TimeoutError, AssertionError)):
-                self.i += 1
-                await asyncio.sleep(0.05)
-                continue
-            self.welcomes += 1
-            self.nodes_used.append(node.node_id)
-            try:
-                while not until(self.watermark):
-                    try:
-                        m = await c.recv_json(0.3)
-                    except asyncio.TimeoutError:
-                        continue
-                    if m.get("type") != "msg":
-                        continue
-                    if m["seq"] <= self.watermark:
-                        self.dups += 1
-                    elif m["seq"] != self.watermark + 1:
-                        raise AssertionError("gap: seq %d after %d" % (m["seq"], self.watermark))
-                    else:
-                        self.delivered.append(m["seq"])
-            except CLOSED:
-                self.i += 1
-            finally:
-                await c.close()
-
+from harness import Follower, NodeCase, PgCluster, mint_token, open_client, recv_seqs, uid  # noqa: E402
 
 class ClusterPg(NodeCase):
     @classmethod
@@ -232,6 +159,39 @@ class ClusterPg(NodeCase):
                 await cl.expect_silence(0.2)
                 await cl.close()
         self.arun(go())
+
+    def test_listen_connection_lost_subscribers_miss_nothing(self):
+        """Only node b's LISTEN connection is cut (as by a network fault) and
+        messages are committed before it is back: b reads every local
+        subscription's head once it listens again and fills the gap, with no
+        later message to reveal it."""
+        a, b = self.cluster(2)
+        conv = a.new_conv()
+        cut = ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+               " WHERE application_name = 'converger listen %s'" % b.node_id)
+
+        async def go():
+            on_b, _ = await open_client(b, mint_token("bob", [conv]), [{"conv": conv, "watermark": None}])
+            sent = 0
+            for rnd in range(3):
+                a.send(conv, {"round": rnd, "live": True})
+                sent += 1
+                self.assertEqual(await recv_seqs(on_b, conv, 1), [(sent, {"round": rnd, "live": True})])
+                self.assertEqual(self.pg.sql(cut), ["t"])  # b's listener, and only it
+                deadline = time.monotonic() + 2
+                while b.get("/readyz")[0] != 503:  # b noticed: not ready without LISTEN
+                    self.assertLess(time.monotonic(), deadline, "b never noticed the cut")
+                    await asyncio.sleep(0.01)
+                for k in range(5):  # committed while b does not listen
+                    a.send(conv, {"round": rnd, "k": k})
+                sent += 5
+                got = await recv_seqs(on_b, conv, 5, timeout=5)
+                self.assertEqual([s for s, _ in got], list(range(sent - 4, sent + 1)))
+            await on_b.expect_silence(0.3)
+            await on_b.close()
+        self.arun(go())
+        self.assertIn("listening on", b.log_text())
+        self.assertIn("again; checking every local subscription", b.log_text())
 
     def test_sigkill_of_a_node_loses_no_acknowledged_message(self):
         a, b, c = self.cluster()

@@ -4,7 +4,6 @@ directory that is not ours) and a watchdog that stops a cluster whose owner
 died. The server is checked with a real connection (psql from the same
 PostgreSQL). Every cluster started here is stopped in the test's cleanup."""
 
-import glob
 import os
 import shutil
 import socket
@@ -16,19 +15,10 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import psql  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PG_TMP = os.path.join(ROOT, "scripts", "pg-tmp")
-
-
-def psql():
-    """psql next to the initdb pg-tmp uses: the newest Debian version."""
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                  key=lambda d: int(os.path.basename(os.path.dirname(d))))
-    for d in reversed(dirs):
-        if os.access(os.path.join(d, "psql"), os.X_OK):
-            return os.path.join(d, "psql")
-    return shutil.which("psql")
 
 
 def alive(pid):
