@@ -2,15 +2,18 @@
  * pgnotify.c: the LISTEN connection of one node (see pgnotify.h).
  *
  * States: IDLE (no connection; the next attempt at retry_at), CONNECTING
- * (PQconnectPoll driven by the uv_poll), LISTEN_SENT (waiting for LISTEN's
- * answer), LISTENING. A timer every TICK_MS enforces the deadlines
- * (connect, answers) and sends the keepalive query, so a server that stops
+ * (pgconn_connect on libuv's thread pool: libpq resolves host names with
+ * a blocking call, which must not stall the loop), LISTEN_SENT (waiting
+ * for LISTEN's answer), LISTENING. A timer every TICK_MS enforces the
+ * answer deadlines and sends the keepalive query, so a server that stops
  * answering without closing the socket is noticed as surely as one that
  * closes it.
  *
  * Owns: the PGconn, its uv_poll handle (heap: a handle closes
  * asynchronously, and the next connection may need a new one before the
- * old one's close callback has run), the timer, and at most one resync job.
+ * old one's close callback has run), the timer, at most one connect
+ * request and at most one resync job. The listener is freed once its
+ * timer is closed and no connect request is out.
  */
 #include "bus/pgnotify.h"
 
@@ -42,10 +45,11 @@ struct pgnotify_s {
   pn_state_t state;
   PGconn *conn;
   uv_poll_t *poll; /* NULL when there is no connection */
-  int poll_fd;
   uv_timer_t timer;
+  int timer_closed;
+  struct connect_req_s *connecting; /* on the thread pool */
   uint64_t retry_at;    /* IDLE: monotonic ms of the next attempt */
-  uint64_t deadline;    /* CONNECTING, LISTEN_SENT, or a query in flight */
+  uint64_t deadline;    /* LISTEN_SENT, or a keepalive query in flight */
   uint64_t ping_due;    /* LISTENING: next keepalive query */
   int ping_out;         /* a keepalive query is in flight */
   int lost;             /* listened before and lost it: the next LISTEN resyncs */
@@ -54,6 +58,13 @@ struct pgnotify_s {
   resync_job_t *resync; /* in the pool */
   int closing;
 };
+
+typedef struct connect_req_s {
+  uv_work_t req;
+  pgnotify_t *l;
+  PGconn *conn; /* NULL: failed, for the reason in `why` */
+  char why[512];
+} connect_req_t;
 
 struct resync_job_s {
   pool_job_t job;
@@ -98,24 +109,16 @@ static void fail(pgnotify_t *l, const char *why) {
 
 static void io_cb(uv_poll_t *h, int status, int events);
 
-/* Poll the connection's socket for `events`; libpq may change the socket
- * while connecting (one address after another). */
+/* Poll the connection's socket for `events`. */
 static int watch(pgnotify_t *l, int events) {
-  int fd = PQsocket(l->conn);
-  if (fd < 0) return -1;
-  if (l->poll && l->poll_fd != fd) {
-    uv_close((uv_handle_t *)l->poll, poll_closed);
-    l->poll = NULL;
-  }
   if (!l->poll) {
     l->poll = malloc(sizeof *l->poll);
-    if (!l->poll || uv_poll_init(l->node->loop, l->poll, fd) != 0) {
+    if (!l->poll || uv_poll_init(l->node->loop, l->poll, PQsocket(l->conn)) != 0) {
       free(l->poll);
       l->poll = NULL;
       return -1;
     }
     l->poll->data = l;
-    l->poll_fd = fd;
   }
   return uv_poll_start(l->poll, events, io_cb) == 0 ? 0 : -1;
 }
@@ -129,26 +132,53 @@ static int send_query(pgnotify_t *l, const char *sql) {
   return watch(l, UV_READABLE | (f ? UV_WRITABLE : 0));
 }
 
-static void start_connect(pgnotify_t *l) {
-  l->conn = pgconn_start(l->url, l->app);
-  if (!l->conn || PQstatus(l->conn) == CONNECTION_BAD) return fail(l, NULL);
-  l->state = PN_CONNECTING;
-  l->deadline = util_mono_ms() + (uint64_t)l->connect_timeout_ms;
-  /* Not polled yet: as if PQconnectPoll had said "writing". */
-  if (watch(l, UV_WRITABLE) != 0) fail(l, "cannot poll its socket");
+static void maybe_free(pgnotify_t *l) {
+  if (!l->closing || !l->timer_closed || l->connecting) return;
+  free(l->url);
+  free(l);
 }
 
-static void connect_step(pgnotify_t *l) {
-  PostgresPollingStatusType st = PQconnectPoll(l->conn);
-  if (st == PGRES_POLLING_FAILED) return fail(l, NULL);
-  if (st != PGRES_POLLING_OK) {
-    if (watch(l, st == PGRES_POLLING_READING ? UV_READABLE : UV_WRITABLE) != 0)
-      fail(l, "cannot poll its socket");
+static void connect_work(uv_work_t *req) {
+  connect_req_t *c = container_of(req, connect_req_t, req);
+  c->conn = pgconn_connect(c->l->url, c->l->app, c->l->connect_timeout_ms, c->why, sizeof c->why);
+}
+
+static void connect_done(uv_work_t *req, int status) {
+  connect_req_t *c = container_of(req, connect_req_t, req);
+  pgnotify_t *l = c->l;
+  l->connecting = NULL;
+  if (l->closing || status != 0) {
+    PQfinish(c->conn);
+    free(c);
+    maybe_free(l);
     return;
   }
-  if (PQsetnonblocking(l->conn, 1) != 0 || send_query(l, "LISTEN " STORE_NOTIFY_CHANNEL) != 0)
-    return fail(l, NULL);
-  l->state = PN_LISTEN_SENT;
+  l->conn = c->conn;
+  if (!l->conn) {
+    fail(l, c->why);
+  } else if (PQsetnonblocking(l->conn, 1) != 0 ||
+             send_query(l, "LISTEN " STORE_NOTIFY_CHANNEL) != 0) {
+    fail(l, NULL);
+  } else {
+    l->state = PN_LISTEN_SENT;
+  }
+  free(c);
+}
+
+static void start_connect(pgnotify_t *l) {
+  connect_req_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    l->retry_at = util_mono_ms() + PGNOTIFY_RETRY_MS;
+    return;
+  }
+  c->l = l;
+  if (uv_queue_work(l->node->loop, &c->req, connect_work, connect_done) != 0) {
+    free(c);
+    l->retry_at = util_mono_ms() + PGNOTIFY_RETRY_MS;
+    return;
+  }
+  l->connecting = c;
+  l->state = PN_CONNECTING;
 }
 
 static void listening(pgnotify_t *l) {
@@ -227,9 +257,8 @@ static void read_input(pgnotify_t *l) {
 
 static void io_cb(uv_poll_t *h, int status, int events) {
   pgnotify_t *l = h->data;
-  if (h != l->poll) return; /* a handle being replaced */
+  if (h != l->poll) return; /* a closing handle of a dropped connection */
   if (status < 0) return fail(l, uv_strerror(status));
-  if (l->state == PN_CONNECTING) return connect_step(l);
   if (events & UV_WRITABLE) {
     int f = PQflush(l->conn);
     if (f < 0) return fail(l, NULL);
@@ -245,7 +274,8 @@ static void tick_cb(uv_timer_t *t) {
   case PN_IDLE:
     if (now >= l->retry_at) start_connect(l);
     break;
-  case PN_CONNECTING:
+  case PN_CONNECTING: /* pgconn_connect keeps its own deadline */
+    break;
   case PN_LISTEN_SENT:
     if (now >= l->deadline) fail(l, "no answer in time");
     break;
@@ -370,12 +400,13 @@ int pgnotify_listening(const pgnotify_t *l) { return l->state == PN_LISTENING; }
 
 static void timer_closed(uv_handle_t *h) {
   pgnotify_t *l = h->data;
-  free(l->url);
-  free(l);
+  l->timer_closed = 1;
+  maybe_free(l);
 }
 
 void pgnotify_close(pgnotify_t *l) {
   l->closing = 1;
+  if (l->connecting) uv_cancel((uv_req_t *)&l->connecting->req); /* or connect_done frees it */
   drop_conn(l);
   uv_close((uv_handle_t *)&l->timer, timer_closed);
 }

@@ -4,14 +4,19 @@
  */
 #include "store/pgconn.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/util.h"
 #include "store/store.h"
 
-PGconn *pgconn_start(const char *url, const char *app) {
+static PGconn *start(const char *url, const char *app) {
   /* Before dbname: defaults the URL may override. After it: ours. */
   static const char *const kw[] = {
       "fallback_application_name",
@@ -26,6 +31,39 @@ PGconn *pgconn_start(const char *url, const char *app) {
   };
   const char *val[] = {app, "1", "10", "5", "3", "10000", url, "UTF8", NULL};
   return PQconnectStartParams(kw, val, 1);
+}
+
+PGconn *pgconn_connect(const char *url, const char *app, int timeout_ms, char *why, size_t cap) {
+  PGconn *c = start(url, app);
+  if (c == NULL) {
+    snprintf(why, cap, "out of memory");
+    return NULL;
+  }
+  /* Not called PQconnectPoll yet: as if it had said "writing". (libpq's
+   * blocking connect has a 2 s floor and counts it per address: a server
+   * that accepts TCP but never answers would hold the caller far longer.) */
+  PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+  uint64_t deadline = util_mono_ms() + (uint64_t)timeout_ms;
+  int timed_out = 0;
+  while (PQstatus(c) != CONNECTION_BAD && st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+    uint64_t now = util_mono_ms();
+    if (now >= deadline) {
+      timed_out = 1;
+      break;
+    }
+    /* PQsocket may change between calls (one address after another). */
+    struct pollfd p = {.fd = PQsocket(c), .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
+    int r = poll(&p, 1, (int)(deadline - now));
+    if (r < 0 && errno != EINTR) break;
+    if (r > 0) st = PQconnectPoll(c);
+  }
+  if (st == PGRES_POLLING_OK && PQstatus(c) == CONNECTION_OK) return c;
+  if (timed_out)
+    snprintf(why, cap, "no answer within %d ms", timeout_ms);
+  else
+    pgconn_one_line(PQerrorMessage(c), why, cap);
+  PQfinish(c);
+  return NULL;
 }
 
 int pgconn_timeout_ms(const char *url, int *timeout_ms) {

@@ -1,8 +1,7 @@
 /*
  * pgconn: how converger opens a libpq connection, shared by the store's
  * workers (postgres.c, blocking) and the bus's LISTEN connection
- * (bus/pgnotify.c, on the loop). Both start the connection with
- * pgconn_start and drive PQconnectPoll under their own deadline.
+ * (bus/pgnotify.c, whose loop connects through libuv's thread pool).
  *
  * Thread: any; nothing here keeps state.
  */
@@ -14,15 +13,17 @@
 
 #define PGCONN_CONNECT_TIMEOUT_MS 1000 /* unless the URL sets connect_timeout */
 
-/* Begin a non-blocking connect to `url` (a postgres:// URL or a libpq
- * keyword string), as PQconnectStartParams does, with converger's
- * defaults: before the URL's own keywords (so it may override them) TCP
- * keepalives (idle 10 s, interval 5 s, count 3), tcp_user_timeout 10 s and
- * the application name `app` (shown in pg_stat_activity); after them client_encoding UTF8 (the
- * store speaks UTF-8 whatever the URL says). Returns a PGconn the caller
- * PQfinishes (check PQstatus for CONNECTION_BAD), or NULL when out of
- * memory. */
-PGconn *pgconn_start(const char *url, const char *app);
+/* Connect to `url` (a postgres:// URL or a libpq keyword string),
+ * blocking for at most `timeout_ms` once addresses are known (libpq
+ * resolves host names first, which no deadline bounds: call this off the
+ * loop). converger's defaults go before the URL's own keywords, so it may
+ * override them: TCP keepalives (idle 10 s, interval 5 s, count 3),
+ * tcp_user_timeout 10 s, the application name `app` (shown in
+ * pg_stat_activity); after them client_encoding UTF8 (the store speaks
+ * UTF-8 whatever the URL says). Returns the connection (the caller
+ * PQfinishes it), or NULL with the reason in `why` (`cap` bytes, one
+ * line). Any thread. */
+PGconn *pgconn_connect(const char *url, const char *app, int timeout_ms, char *why, size_t cap);
 
 /* The URL's connect_timeout in ms (1..3600 s), or PGCONN_CONNECT_TIMEOUT_MS
  * when it has none or a value libpq would read as "wait for ever" (0 or

@@ -316,41 +316,18 @@ static int64_t get_i64(const PGresult *r, int row, int col) {
 /* ---- connection ------------------------------------------------------- */
 
 static int connect_db(pg_t *s) {
-  char line[512], url[512];
-  PGconn *c = pgconn_start(s->url, "converger");
-  if (c == NULL) return -CV_ENOMEM;
-  /* Not called PQconnectPoll yet: as if it had said "writing". */
-  PostgresPollingStatusType st = PGRES_POLLING_WRITING;
-  uint64_t deadline = util_mono_ms() + (uint64_t)s->connect_timeout_ms;
-  int timed_out = 0;
-  while (PQstatus(c) != CONNECTION_BAD && st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
-    uint64_t now = util_mono_ms();
-    if (now >= deadline) {
-      timed_out = 1;
-      break;
-    }
-    /* PQsocket may change between calls (one address after another). */
-    struct pollfd p = {.fd = PQsocket(c), .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
-    int r = poll(&p, 1, (int)(deadline - now));
-    if (r < 0 && errno != EINTR) break;
-    if (r > 0) st = PQconnectPoll(c);
-  }
-  if (st != PGRES_POLLING_OK || PQstatus(c) != CONNECTION_OK) {
+  char why[512], url[512];
+  PGconn *c = pgconn_connect(s->url, "converger", s->connect_timeout_ms, why, sizeof why);
+  if (c == NULL) {
     /* Every worker fails during an outage, each every RECONNECT_PAUSE_MS:
      * the first failure is an error, the rest until a success are debug. */
     int first = atomic_exchange(&connect_failing, 1) == 0;
     store_url_redact(s->url, url, sizeof url);
-    if (timed_out)
-      log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: no answer within %d ms%s",
-             url, s->connect_timeout_ms, first ? QUIET_NOTE : "");
-    else
-      log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url,
-             pgconn_one_line(PQerrorMessage(c), line, sizeof line), first ? QUIET_NOTE : "");
-    PQfinish(c);
+    log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url, why,
+              first ? QUIET_NOTE : "");
     return -CV_ESTORE;
   }
-  if (atomic_exchange(&connect_failing, 0))
-    log_info("store: connected to the database again");
+  if (atomic_exchange(&connect_failing, 0)) log_info("store: connected to the database again");
   PQsetNoticeProcessor(c, notice_cb, NULL);
   s->conn = c;
 
