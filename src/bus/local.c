@@ -60,12 +60,18 @@ bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json) {
 }
 
 void bus_publish(bus_t *bus, bus_msg_t *m) {
+  bus_sub_t *first = bus->buckets[hash(m->conv)];
+  while (first && strcmp(first->conv, m->conv) != 0) first = first->next;
+  if (!first) { /* every node hears every conversation: most have no subscriber here */
+    bus_msg_unref(m);
+    return;
+  }
   if (m->json) m->frame = ws_encode_text(m->json, strlen(m->json), &m->frame_len);
   if (m->json && !m->frame) {
     /* Subscribers find the message through their next gap fill. */
     log_error("bus: cannot encode frame for %s seq %lld", m->conv, (long long)m->seq);
   } else {
-    bus_sub_t *s = bus->buckets[hash(m->conv)];
+    bus_sub_t *s = first;
     while (s) {
       bus_sub_t *sn = s->next;
       if (strcmp(s->conv, m->conv) == 0) s->deliver(s, m);
