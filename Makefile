@@ -1,6 +1,8 @@
 # converger: thin wrapper over CMake.
 #   make                build
 #   make run            build and start a node on 127.0.0.1:8080 (SQLite in data/)
+#   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
+#                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help)
 #   make test           build and run every test through CTest
 #   make test SANITIZE=1  the same under ASan + UBSan
 SANITIZE ?= 0
@@ -13,7 +15,7 @@ CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all build setup run test clean
+.PHONY: all build setup run cluster test clean
 
 all: build
 
@@ -28,6 +30,10 @@ build: setup $(BUILD_DIR)/CMakeCache.txt
 
 run: build
 	$(BUILD_DIR)/converger serve $(ARGS)
+
+# build has run scripts/setup (haproxy included): the script only starts things.
+cluster: build
+	scripts/cluster --binary $(BUILD_DIR)/converger
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

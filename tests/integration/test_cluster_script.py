@@ -1,0 +1,285 @@
+"""scripts/cluster (`make cluster`): three nodes on a throwaway PostgreSQL
+behind HAProxy. Run on ports of its own (CONVERGER_CLUSTER_PORT_BASE,
+CONVERGER_CLUSTER_STATS_PORT) and a directory of its own
+(CONVERGER_CLUSTER_DIR), so it runs beside the other tests: HAProxy answers
+/readyz; a channel, a conversation and a message made through HAProxy are
+read back from every node (one shared store) and over a WebSocket through
+HAProxy (the upgrade crosses it); /admin/cluster lists node-1..node-3 with
+their public URLs; SIGTERM to the script stops HAProxy, the nodes and
+PostgreSQL, and it exits. Messages are read back by replay, never as live
+fan-out across nodes."""
+
+import asyncio
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "cluster")
+CONFIG = os.path.join(ROOT, "deploy", "haproxy", "converger.cfg")
+
+
+def alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def port_free(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_ports():
+    """A base with base..base+3 free, and a fifth free port for the stats
+    page; outside the ephemeral range, where outgoing connections and
+    harness.free_port() take theirs."""
+    for _ in range(200):
+        base = random.randrange(20000, 31000)
+        stats = random.randrange(20000, 31000)
+        if base <= stats <= base + 3:
+            continue
+        if all(port_free(p) for p in (base, base + 1, base + 2, base + 3, stats)):
+            return base, stats
+    raise RuntimeError("no free ports found")
+
+
+def read_state(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            k, _, v = line.rstrip("\n").partition("=")
+            out[k] = v.strip("'")
+    return out
+
+
+class ClusterScript(unittest.TestCase):
+    def setUp(self):
+        if shutil.which("haproxy") is None:
+            self.fail("haproxy not found: scripts/setup installs it")
+        # 0755: run as root, PostgreSQL (as nobody) lives in dir/pg
+        self.dir = tempfile.mkdtemp(prefix="cvg-cluster-")
+        os.chmod(self.dir, 0o755)
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.proc = None
+        self.pids = {}
+        self.addCleanup(self.kill_everything)
+
+    def request(self, port, method, path, body=None, key=None, headers=None):
+        """One request on a fresh connection: (status, JSON body or None)."""
+        h = dict(headers or {})
+        if key is not None:
+            h["Authorization"] = "Bearer %s" % key
+        data = json.dumps(body).encode() if body is not None else None
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request(method, path, body=data, headers=h)
+            r = conn.getresponse()
+            raw = r.read()
+            try:
+                return r.status, json.loads(raw) if raw else None
+            except ValueError:
+                return r.status, None
+        finally:
+            conn.close()
+
+    def start(self):
+        """Runs the script; returns (lb_port, state) once HAProxy answers
+        /readyz 200. Retried on new ports when one was taken meanwhile."""
+        for attempt in range(3):
+            base, stats = free_ports()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+            env.update(CONVERGER_CLUSTER_DIR=self.dir, CONVERGER_CLUSTER_PORT_BASE=str(base),
+                       CONVERGER_CLUSTER_STATS_PORT=str(stats))
+            self.out = open(os.path.join(self.dir, "script.out"), "w+")
+            self.err = open(os.path.join(self.dir, "script.err"), "w+")
+            self.proc = subprocess.Popen([SCRIPT, "--binary", harness.binary()], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    st, _ = self.request(base, "GET", "/readyz")
+                    # up, and the summary printed (its last line: how to stop)
+                    if st == 200 and "\nStop: " in self.stdout():
+                        return base, stats, read_state(os.path.join(self.dir, "cluster.state"))
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            err = self.stderr()
+            if self.proc.poll() is not None and attempt < 2 and ("taken" in err or "in use" in err.lower()):
+                continue  # lost a port to a parallel test
+            self.fail("the cluster was not up within 30 s (exit %r); stderr:\n%s" % (self.proc.poll(), err))
+        self.fail("no attempt started")
+
+    def stdout(self):
+        self.out.seek(0)
+        return self.out.read()
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read()
+
+    def kill_everything(self):
+        """Last resort when a test fails: the script, then what its state
+        file names, by pid, if still the program we started."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for name, pid in self.pids.items():
+            exe = ""
+            try:
+                exe = os.path.basename(os.readlink("/proc/%d/exe" % pid))
+            except OSError:
+                pass
+            if alive(pid) and exe in ("converger", "haproxy"):
+                os.kill(pid, signal.SIGKILL)
+        if self.pids.get("pg") and alive(self.pids["pg"]):
+            subprocess.run([os.path.join(ROOT, "scripts", "pg-tmp"), "stop"],
+                           env=dict(os.environ, PG_TMP_DIR=self.pg_dir), timeout=30)
+
+    def test_help(self):
+        r = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for word in ("CONVERGER_CLUSTER_PORT_BASE", "CONVERGER_CLUSTER_STATS_PORT",
+                     "CONVERGER_CLUSTER_DIR", "--binary", "haproxy", "8081"):
+            self.assertIn(word, r.stdout)
+        r = subprocess.run([SCRIPT, "--no-such-flag"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--no-such-flag", r.stderr)
+        r = subprocess.run([SCRIPT], capture_output=True, text=True, timeout=10,
+                           env=dict(os.environ, CONVERGER_CLUSTER_PORT_BASE="80x"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("CONVERGER_CLUSTER_PORT_BASE", r.stderr)
+
+    def test_haproxy_config_is_valid(self):
+        r = subprocess.run(["haproxy", "-c", "-f", CONFIG], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_cluster_through_haproxy_then_sigterm(self):
+        lb, stats, state = self.start()
+        nodes = [lb + 1, lb + 2, lb + 3]
+        self.pids = {"haproxy": int(state["HAPROXY_PID"]), "pg": int(state["PG_PID"])}
+        for n in (1, 2, 3):
+            self.pids["node-%d" % n] = int(state["NODE%d_PID" % n])
+        self.pg_dir = state["PG_TMP_DIR"]
+        for name, pid in self.pids.items():
+            self.assertTrue(alive(pid), "%s (pid %d) not running" % (name, pid))
+        self.assertEqual(state["LB_URL"], "http://127.0.0.1:%d" % lb)
+
+        # the summary names what a user needs
+        summary = self.stdout()
+        for want in ("http://127.0.0.1:%d" % lb, "ws://127.0.0.1:%d/v1/ws" % lb,
+                     os.path.join(self.dir, "api-key"), "/v1/tokens", "Ctrl-C"):
+            self.assertIn(want, summary)
+
+        # one key for the three nodes, read where the summary says
+        with open(os.path.join(self.dir, "api-key")) as f:
+            key = f.read().strip()
+        self.assertEqual(os.stat(os.path.join(self.dir, "api-key")).st_mode & 0o777, 0o600)
+        st, js = self.request(lb, "POST", "/v1/channels", {"id": "general", "name": "General"}, key)
+        self.assertEqual(st, 201, js)
+        st, js = self.request(lb, "POST", "/v1/conversations", {"id": "room1", "channel": "general"}, key)
+        self.assertEqual(st, 201, js)
+        st, js = self.request(lb, "POST", "/v1/conversations/room1/messages",
+                                 {"sender": "server", "body": {"text": "through haproxy"}}, key,
+                                 {"Idempotency-Key": "m-1"})
+        self.assertEqual(st, 201, js)
+        self.assertEqual(js, {"seq": 1, "id": "m-1"})
+
+        # every node reads it from the shared store, with the shared key
+        for port in nodes:
+            st, js = self.request(port, "GET", "/v1/conversations/room1/messages?after=0", key=key)
+            self.assertEqual(st, 200, js)
+            self.assertEqual(js["head"], 1, js)
+            self.assertEqual([(m["seq"], m["id"], m["body"]) for m in js["messages"]],
+                             [(1, "m-1", {"text": "through haproxy"})])
+
+        # membership: node-1..node-3 with the public URLs the script gave them
+        want = {"node-%d" % n: "ws://127.0.0.1:%d/v1/ws" % (lb + n) for n in (1, 2, 3)}
+        deadline = time.monotonic() + 5
+        while True:
+            st, js = self.request(lb, "GET", "/admin/cluster", key=key)
+            self.assertEqual(st, 200, js)
+            seen = {n["id"]: n["publicUrl"] for n in js["nodes"]}
+            if seen == want:
+                break
+            if time.monotonic() > deadline:
+                self.fail("/admin/cluster: %r, want %r" % (seen, want))
+            time.sleep(0.2)
+
+        # a WebSocket through HAProxy: hello with a token minted through it,
+        # replay of seq 1, synced
+        st, js = self.request(lb, "POST", "/v1/tokens", {"sub": "alice", "convs": ["room1"]}, key)
+        self.assertEqual(st, 201, js)
+        token = js["token"]
+
+        class Lb:
+            ws_url = "ws://127.0.0.1:%d/v1/ws" % lb
+
+        async def replay():
+            c, welcome = await harness.open_client(Lb, token, [{"conv": "room1", "watermark": 0}])
+            try:
+                msgs, synced = await c.until_synced("room1")
+                return welcome, msgs, synced
+            finally:
+                await c.close()
+        welcome, msgs, synced = asyncio.run(asyncio.wait_for(replay(), 20))
+        self.assertIn(welcome["node"], want)
+        self.assertEqual([(m["seq"], m["body"]) for m in msgs], [(1, {"text": "through haproxy"})])
+        self.assertEqual(synced["head"], 1)
+
+        # HAProxy's stats page sees three servers up
+        st, _ = self.request(stats, "GET", "/")
+        self.assertEqual(st, 200)
+
+        # SIGTERM: everything stops, the script exits
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.fail("the script did not exit within 20 s of SIGTERM; stderr:\n%s" % self.stderr())
+        self.assertEqual(rc, 143, self.stderr())
+        for name, pid in self.pids.items():
+            self.assertFalse(alive(pid), "%s (pid %d) still running after the script exited" % (name, pid))
+        self.assertFalse(os.path.exists(self.pg_dir), "PostgreSQL's directory left behind")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "cluster.state")))
+        err = self.stderr()
+        self.assertIn("stopped", err)
+        self.assertLess(time.monotonic() - t0, 20)
+        # the nodes stopped cleanly on SIGTERM
+        for n in (1, 2, 3):
+            with open(os.path.join(self.dir, "node%d.log" % n)) as f:
+                log = f.read()
+            self.assertIn("stopped", log.splitlines()[-1], log[-2000:])
+
+
+if __name__ == "__main__":
+    harness.main()
