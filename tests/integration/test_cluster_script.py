@@ -3,11 +3,11 @@ behind HAProxy. Run on ports of its own (CONVERGER_CLUSTER_PORT_BASE,
 CONVERGER_CLUSTER_STATS_PORT) and a directory of its own
 (CONVERGER_CLUSTER_DIR), so it runs beside the other tests: HAProxy answers
 /readyz; a channel, a conversation and a message made through HAProxy are
-read back from every node (one shared store) and over a WebSocket through
-HAProxy (the upgrade crosses it); /admin/cluster lists node-1..node-3 with
+read back from every node (one shared store) and replayed over a WebSocket
+through HAProxy (the upgrade crosses it); /admin/cluster lists node-1..node-3 with
 their public URLs; SIGTERM to the script stops HAProxy, the nodes and
-PostgreSQL, and it exits. Messages are read back by replay, never as live
-fan-out across nodes."""
+PostgreSQL, and it exits. A message sent to each node directly then reaches
+that WebSocket live, whichever node holds it."""
 
 import asyncio
 import http.client
@@ -243,17 +243,26 @@ class ClusterScript(unittest.TestCase):
         class Lb:
             ws_url = "ws://127.0.0.1:%d/v1/ws" % lb
 
-        async def replay():
+        async def replay_then_live():
             c, welcome = await harness.open_client(Lb, token, [{"conv": "room1", "watermark": 0}])
             try:
                 msgs, synced = await c.until_synced("room1")
-                return welcome, msgs, synced
+                # then one message sent to each node directly arrives live,
+                # whichever node holds the socket (LISTEN/NOTIFY)
+                for n in (1, 2, 3):
+                    st, js = await asyncio.to_thread(
+                        self.request, lb + n, "POST", "/v1/conversations/room1/messages",
+                        {"sender": "s", "body": {"node": n}}, key)
+                    self.assertEqual(st, 201, js)
+                live = await c.recv_msgs(3)
+                return welcome, msgs, synced, live
             finally:
                 await c.close()
-        welcome, msgs, synced = asyncio.run(asyncio.wait_for(replay(), 20))
+        welcome, msgs, synced, live = asyncio.run(asyncio.wait_for(replay_then_live(), 20))
         self.assertIn(welcome["node"], want)
         self.assertEqual([(m["seq"], m["body"]) for m in msgs], [(1, {"text": "through haproxy"})])
         self.assertEqual(synced["head"], 1)
+        self.assertEqual([(m["seq"], m["body"]) for m in live], [(n + 1, {"node": n}) for n in (1, 2, 3)])
 
         # HAProxy's stats page sees three servers up
         st, _ = self.request(stats, "GET", "/")
