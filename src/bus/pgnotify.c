@@ -17,6 +17,7 @@
  */
 #include "bus/pgnotify.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +55,8 @@ struct pgnotify_s {
   int ping_out;         /* a keepalive query is in flight */
   int lost;             /* listened before and lost it: the next LISTEN resyncs */
   int failures;         /* connection attempts failed in a row */
-  int resync_again;     /* a resync is due once the one in flight returns */
+  uint64_t resync_due;  /* monotonic ms: a check of the subscriptions is due; 0: none */
+  int resync_failures;  /* checks failed in a row */
   resync_job_t *resync; /* in the pool */
   int closing;
 };
@@ -69,12 +71,14 @@ typedef struct connect_req_s {
 struct resync_job_s {
   pool_job_t job;
   pgnotify_t *l;
+  uint64_t chan_gen; /* session_channel_gen() when submitted */
   char **convs;
   size_t n;
   store_conv_t *info;
   int *status;
 };
 
+static void want_resync(pgnotify_t *l);
 static void start_resync(pgnotify_t *l);
 
 /* ---- connection ------------------------------------------------------- */
@@ -154,6 +158,7 @@ static void connect_done(uv_work_t *req, int status) {
     return;
   }
   l->conn = c->conn;
+  if (l->conn) PQsetNoticeProcessor(l->conn, pgconn_notice, NULL);
   if (!l->conn) {
     fail(l, c->why);
   } else if (PQsetnonblocking(l->conn, 1) != 0 ||
@@ -192,7 +197,7 @@ static void listening(pgnotify_t *l) {
   l->lost = 0;
   /* Whatever was committed before LISTEN took effect (an outage, or the
    * time before this node listened at all) is read from the store. */
-  start_resync(l);
+  want_resync(l);
 }
 
 /* ---- notifications ---------------------------------------------------- */
@@ -202,8 +207,9 @@ static void heard(pgnotify_t *l, const char *payload) {
   char kind = payload[0];
   if (kind == 'm' && payload[1] == ' ') {
     char *end = NULL;
+    errno = 0;
     long long seq = strtoll(payload + 2, &end, 10);
-    if (end == payload + 2 || *end != ' ' || seq <= 0) goto bad;
+    if (end == payload + 2 || *end != ' ' || seq <= 0 || errno == ERANGE) goto bad;
     const char *conv = end + 1;
     const char *nl = strchr(conv, '\n');
     size_t clen = nl ? (size_t)(nl - conv) : strlen(conv);
@@ -221,7 +227,7 @@ static void heard(pgnotify_t *l, const char *payload) {
     if (m) bus_publish(node->bus, m);
     return;
   }
-  if (kind == 'c' && (payload[2] == '0' || payload[2] == '1') && payload[1] == ' ' &&
+  if (kind == 'c' && payload[1] == ' ' && (payload[2] == '0' || payload[2] == '1') &&
       payload[3] == ' ' && util_id_valid(payload + 4)) {
     if (payload[2] == '1')
       session_channel_active(node, payload + 4);
@@ -280,8 +286,12 @@ static void tick_cb(uv_timer_t *t) {
     if (now >= l->deadline) fail(l, "no answer in time");
     break;
   case PN_LISTENING:
+    if (l->resync_due && now >= l->resync_due && !l->resync && l->node->pool) start_resync(l);
     if (l->ping_out && now >= l->deadline) {
-      fail(l, "no answer to a keepalive query in time");
+      /* The answer may be waiting behind a stalled loop: read first. */
+      read_input(l);
+      if (l->state == PN_LISTENING && l->ping_out)
+        fail(l, "no answer to a keepalive query in time");
     } else if (!l->ping_out && now >= l->ping_due) {
       l->ping_due = now + PGNOTIFY_PING_EVERY_MS;
       if (send_query(l, "SELECT 1") != 0) fail(l, NULL);
@@ -322,47 +332,47 @@ static void resync_done(pool_job_t *job) {
   l->resync = NULL;
   if (job->canceled || l->closing) return resync_free(j);
   int failed = job->dropped;
-  size_t hints = 0;
-  for (size_t i = 0; i < j->n && !failed; i++) {
+  for (size_t i = 0; i < j->n && !failed; i++)
+    failed = j->status[i] != 0 && j->status[i] != -CV_ENOTFOUND;
+  if (failed) {
+    /* The store is not answering yet (workers reconnect on their own
+     * schedule): check again a little later, never at once. */
+    if (l->resync_failures++ == 0)
+      log_warn("bus: cannot check %zu conversation(s) against the store yet; retrying every %d ms",
+               j->n, PGNOTIFY_RETRY_MS);
+    l->resync_due = util_mono_ms() + PGNOTIFY_RETRY_MS;
+    return resync_free(j);
+  }
+  l->resync_failures = 0;
+  size_t inactive = 0;
+  for (size_t i = 0; i < j->n; i++) {
     if (j->status[i] == -CV_ENOTFOUND) continue;
-    if (j->status[i] != 0) {
-      failed = 1;
-      break;
-    }
     if (!j->info[i].channel_active) {
-      session_channel_inactive(l->node, j->info[i].channel);
+      /* unless a notification heard since says otherwise: the newer wins */
+      if (!session_channel_changed_since(j->chan_gen, j->info[i].channel)) {
+        session_channel_inactive(l->node, j->info[i].channel);
+        inactive++;
+      }
       continue;
     }
     bus_msg_t *m = bus_msg_new(j->convs[i], j->info[i].head, NULL);
-    if (m) {
-      bus_publish(l->node->bus, m);
-      hints++;
-    }
+    if (m) bus_publish(l->node->bus, m);
   }
-  if (failed) {
-    /* The store is not answering yet: the check runs again. Subscribers
-     * that were served meanwhile are checked again, harmlessly. */
-    log_warn("bus: cannot check %zu conversation(s) against the store; retrying", j->n);
-    l->resync_again = 1;
-  } else {
-    log_info("bus: checked %zu conversation(s) against the store", hints);
-  }
+  log_info("bus: checked %zu conversation(s) against the store (%zu of an inactive channel)", j->n,
+           inactive);
   resync_free(j);
-  if (l->resync_again && l->state == PN_LISTENING) start_resync(l);
 }
 
+/* Submit the check now (from the tick, once resync_due has come). */
 static void start_resync(pgnotify_t *l) {
-  if (l->resync) { /* one at a time: the next starts when it returns */
-    l->resync_again = 1;
-    return;
-  }
-  l->resync_again = 0;
+  l->resync_due = 0;
   resync_job_t *j = calloc(1, sizeof *j);
   if (j && bus_convs(l->node->bus, &j->convs, &j->n) == 0 &&
       (j->n == 0 || ((j->info = calloc(j->n, sizeof *j->info)) &&
                      (j->status = calloc(j->n, sizeof *j->status))))) {
     if (j->n == 0) return resync_free(j);
     j->l = l;
+    j->chan_gen = session_channel_gen();
     j->job.kind = "resync";
     j->job.no_drop = 1; /* the outage is over: this must run */
     l->resync = j;
@@ -371,7 +381,16 @@ static void start_resync(pgnotify_t *l) {
   }
   if (j) resync_free(j);
   log_error("bus: out of memory checking subscriptions; retrying");
-  l->resync_again = 1;
+  l->resync_due = util_mono_ms() + PGNOTIFY_RETRY_MS;
+}
+
+/* A check is due: now if none runs, else right after the one that runs
+ * (its snapshot may predate what made this one due). */
+static void want_resync(pgnotify_t *l) {
+  if (!l->resync && l->node->pool)
+    start_resync(l);
+  else
+    l->resync_due = util_mono_ms();
 }
 
 /* ---- lifecycle ------------------------------------------------------- */

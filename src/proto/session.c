@@ -56,7 +56,8 @@ typedef struct sub_s {
   int overflow;
   int sync_pending;
   int64_t sync_watermark;
-  int deferred; /* a fill waits for the output to drain */
+  uint64_t retry_at; /* monotonic ms: a failed fill starts again (session_tick); 0: none */
+  int deferred;      /* a fill waits for the output to drain */
   int64_t deferred_after, deferred_upto;
   int deferred_synced;
   bus_msg_t **pending;
@@ -96,13 +97,25 @@ static void record_channel(const char *channel, int active) {
   e->active = active;
 }
 
-/* 1 when the last change of `channel` since change `gen` deactivated it. */
-static int deactivated_since(uint64_t gen, const char *channel) {
+/* The last change of `channel` since change `gen` among those remembered:
+ * 1 activated, 0 deactivated, -1 none. */
+static int last_change_since(uint64_t gen, const char *channel) {
   uint64_t first = chan_gen - gen > DEACT_RING ? chan_gen - DEACT_RING : gen;
   for (uint64_t g = chan_gen; g-- > first;)
     if (strcmp(chan_ring[g % DEACT_RING].channel, channel) == 0)
-      return !chan_ring[g % DEACT_RING].active;
-  return 0;
+      return chan_ring[g % DEACT_RING].active;
+  return -1;
+}
+
+/* 1 when the last change of `channel` since change `gen` deactivated it. */
+static int deactivated_since(uint64_t gen, const char *channel) {
+  return last_change_since(gen, channel) == 0;
+}
+
+uint64_t session_channel_gen(void) { return chan_gen; }
+
+int session_channel_changed_since(uint64_t gen, const char *channel) {
+  return chan_gen - gen > DEACT_RING || last_change_since(gen, channel) >= 0;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -314,16 +327,46 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
   }
 }
 
-/* `error replay_unavailable` for the sync from `watermark`, with a retry
- * hint; the subscription stays and its live delivery goes on. */
-static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
-  session_t *s = sub->session;
+/* `error replay_unavailable` for the replay from `watermark`, with the
+ * retry hint `hint_ms`; the subscription stays. */
+static void send_replay_unavailable(sub_t *sub, const char *message, int64_t watermark,
+                                    long hint_ms) {
   json_t *details = json_pack("{s:I}", "watermark", (json_int_t)watermark);
-  send_error(s->conn, "replay_unavailable", message, sub->conv, node_retry_hint(s->node), details);
-  /* Live delivery goes on: what waited in `pending` goes out now (or is
-   * filled from the store past an overflow), as after any fill. */
-  sub->sync_pending = 0;
+  send_error(sub->session->conn, "replay_unavailable", message, sub->conv, hint_ms, details);
+  sub->sync_pending = 0; /* the client syncs again after the hint */
+}
+
+/* A sync got no admission slot: replay_unavailable, and live delivery goes
+ * on: what waited in `pending` goes out now (or is filled from the store
+ * past an overflow), as after any fill. */
+static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
+  send_replay_unavailable(sub, message, watermark, node_retry_hint(sub->session->node));
   fill_finish(sub, 0, 0);
+}
+
+/* A fill's store work failed (store down, pool overloaded): replay_unavailable,
+ * and the subscription keeps filling, buffering live messages, until
+ * session_tick starts the fill again after the same hint. Never at once: a
+ * store that just failed would fail it again, in a loop. */
+static void fill_failed(sub_t *sub, const char *message) {
+  long hint = node_retry_hint(sub->session->node);
+  send_replay_unavailable(sub, message, sub->delivered, hint);
+  sub->filling = 1;
+  sub->retry_at = util_mono_ms() + (uint64_t)hint;
+}
+
+/* Head hints above `seq` in `pending` (bus.h) claim messages the store does
+ * not have (a foreign notification): forget them. */
+static void drop_hints_above(sub_t *sub, int64_t seq) {
+  size_t k = 0;
+  for (size_t i = 0; i < sub->npending; i++) {
+    bus_msg_t *m = sub->pending[i];
+    if (!m->frame && m->seq > seq)
+      bus_msg_unref(m);
+    else
+      sub->pending[k++] = m;
+  }
+  sub->npending = k;
 }
 
 static void fill_done(pool_job_t *job) {
@@ -344,7 +387,15 @@ static void fill_done(pool_job_t *job) {
     if (sub && f->status != 0) {
       log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
                cv_strerror(f->status));
-      replay_unavailable(sub, "replay failed; sync again later", sub->delivered);
+      fill_failed(sub, "replay failed; sync again later");
+    } else if (sub && f->replayed && f->n == 0) {
+      /* Nothing after `delivered`: the target was above the head (the
+       * store is gapless and notifies after commit, so only a foreign
+       * notification claims that). Done at what the store has. */
+      log_warn("session %llu: %s has no message after %lld, below the %lld asked for",
+               (unsigned long long)s->id, f->conv, (long long)f->after, (long long)f->upto);
+      drop_hints_above(sub, sub->delivered);
+      fill_finish(sub, sub->delivered, f->synced);
     } else if (sub) {
       /* A watermark above the head is treated as the head. */
       if (sub->delivered > f->upto) sub->delivered = f->upto;
@@ -359,7 +410,7 @@ static void fill_done(pool_job_t *job) {
       if (sub->delivered >= f->upto)
         fill_finish(sub, f->upto, f->synced);
       else if (sub->delivered == before) /* never for a gapless store */
-        replay_unavailable(sub, "replay made no progress; sync again later", sub->delivered);
+        fill_failed(sub, "replay made no progress; sync again later");
       else
         fill_start(sub, sub->delivered, f->upto, f->synced);
     }
@@ -841,6 +892,11 @@ void session_tick(conn_t *c, uint64_t now) {
     ws_ping(c);
     c->next_ping_ms = now + (uint64_t)node->cfg->heartbeat_ms;
   }
+  for (sub_t *sub = s->subs; sub; sub = sub->next)
+    if (sub->retry_at && now >= sub->retry_at) {
+      sub->retry_at = 0;
+      fill_start(sub, sub->delivered, -1, 0); /* up to the head, then what waited */
+    }
 }
 
 void session_on_writable(conn_t *c) {

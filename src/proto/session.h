@@ -57,6 +57,15 @@ void session_channel_inactive(node_t *node, const char *channel);
 /* A channel was (re)activated: handshakes in flight may keep it. */
 void session_channel_active(node_t *node, const char *channel);
 
+/* The number of channel state changes seen so far: a generation to pass to
+ * session_channel_changed_since. */
+uint64_t session_channel_gen(void);
+
+/* 1 when `channel` changed state after generation `gen` (or too many
+ * changes came since to tell), else 0: a state read from the store before
+ * that is out of date. */
+int session_channel_changed_since(uint64_t gen, const char *channel);
+
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(node_t *node, int code, const char *reason);
 

@@ -99,3 +99,9 @@ const char *pgconn_one_line(const char *msg, char *buf, size_t cap) {
   buf[n] = '\0';
   return buf;
 }
+
+void pgconn_notice(void *arg, const char *msg) {
+  char line[512];
+  (void)arg;
+  log_debug("store: postgres: %s", pgconn_one_line(msg, line, sizeof line));
+}

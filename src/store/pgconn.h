@@ -36,4 +36,9 @@ int pgconn_timeout_ms(const char *url, int *timeout_ms);
  * spaces. Returns `buf`. */
 const char *pgconn_one_line(const char *msg, char *buf, size_t cap);
 
+/* A libpq notice processor (PQsetNoticeProcessor) that logs the server's
+ * notices and warnings (a FATAL goodbye on an idle connection among them)
+ * at debug level, on one line, instead of libpq's default of stderr. */
+void pgconn_notice(void *arg, const char *msg);
+
 #endif

@@ -215,11 +215,6 @@ static _Atomic int connect_failing;
 
 /* ---- messages and errors --------------------------------------------- */
 
-static void notice_cb(void *arg, const char *msg) {
-  char line[512];
-  (void)arg;
-  log_debug("store: postgres: %s", pgconn_one_line(msg, line, sizeof line));
-}
 
 /* Map a failed result (NULL: libpq could not even make one) to -CV_E...,
  * logging the server's message for what becomes -CV_ESTORE or -CV_EINVAL. */
@@ -328,7 +323,7 @@ static int connect_db(pg_t *s) {
     return -CV_ESTORE;
   }
   if (atomic_exchange(&connect_failing, 0)) log_info("store: connected to the database again");
-  PQsetNoticeProcessor(c, notice_cb, NULL);
+  PQsetNoticeProcessor(c, pgconn_notice, NULL);
   s->conn = c;
 
   char lock[24], stmt[24], idle[24];
@@ -357,7 +352,7 @@ static int conn_ready(pg_t *s) {
     if (PQtransactionStatus(s->conn) != PQTRANS_IDLE) return 0;
     /* Idle, so the server has nothing to say unless it is saying goodbye
      * (or a notice): only then is there anything to read. A goodbye is an
-     * error message (libpq hands it to notice_cb) and then the end of the
+     * error message (libpq hands it to pgconn_notice) and then the end of the
      * stream, which libpq notices on a later read: read while readable, a
      * few times at most. */
     for (int i = 0; i < 4; i++) {

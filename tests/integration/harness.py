@@ -1046,6 +1046,7 @@ class Follower:
     def __init__(self, nodes, conv, start=0):
         self.nodes, self.conv, self.i = nodes, conv, start
         self.delivered, self.dups, self.welcomes, self.nodes_used = [], 0, 0, []
+        self.errors = []  # error frames received (e.g. replay_unavailable)
         self.token = mint_token(uid("f"), [conv])
 
     @property
@@ -1073,6 +1074,8 @@ class Follower:
                         m = await c.recv_json(0.3)
                     except asyncio.TimeoutError:
                         continue
+                    if m.get("type") == "error":
+                        self.errors.append(m)
                     if m.get("type") != "msg":
                         continue
                     if m["seq"] <= self.watermark:

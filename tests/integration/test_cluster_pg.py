@@ -93,14 +93,15 @@ class ClusterPg(NodeCase):
         a, b, c = self.cluster()
         conv = a.new_conv()
         big = "x" * 20000  # a notification payload holds < 8000 bytes
-        edge = "y" * 7850  # around the limit once wrapped in the frame
 
         async def go():
             subs = []
             for n in (a, b, c):
                 cl, _ = await open_client(n, mint_token(uid("u"), [conv]), [{"conv": conv, "watermark": None}])
                 subs.append(cl)
-            bodies = [{"t": "small"}, {"t": big}, {"t": "after"}, {"t": edge}, {"t": big + "2"}, {"t": "end"}]
+            bodies = [{"t": "small"}, {"t": big}, {"t": "after"}, {"t": big + "2"}]
+            # across the limit: the frame around 7999 bytes, with and without
+            bodies += [{"t": "y" * n} for n in range(7780, 7990, 15)] + [{"t": "end"}]
             for body in bodies:
                 b.send(conv, body)
             for cl in subs:
@@ -172,7 +173,7 @@ class ClusterPg(NodeCase):
 
         async def go():
             on_b, _ = await open_client(b, mint_token("bob", [conv]), [{"conv": conv, "watermark": None}])
-            sent = 0
+            sent, missed_live = 0, 0
             for rnd in range(3):
                 a.send(conv, {"round": rnd, "live": True})
                 sent += 1
@@ -185,13 +186,66 @@ class ClusterPg(NodeCase):
                 for k in range(5):  # committed while b does not listen
                     a.send(conv, {"round": rnd, "k": k})
                 sent += 5
+                # b retries LISTEN after 500 ms: normally still cut here, so
+                # these five reach it only through the check of its subscriptions
+                missed_live += b.get("/readyz")[0] == 503
                 got = await recv_seqs(on_b, conv, 5, timeout=5)
                 self.assertEqual([s for s, _ in got], list(range(sent - 4, sent + 1)))
             await on_b.expect_silence(0.3)
             await on_b.close()
-        self.arun(go())
+            return missed_live
+        self.assertGreaterEqual(self.arun(go()), 1, "the sends never landed while b was cut")
         self.assertIn("listening on", b.log_text())
         self.assertIn("again; checking every local subscription", b.log_text())
+
+    def test_deactivation_while_listen_is_cut_still_ends_subscriptions(self):
+        """b's LISTEN connection is cut and the channel deactivated on a before
+        b listens again: b's check of its subscriptions finds the channel
+        inactive and ends them as the notification would have."""
+        a, b = self.cluster(2)
+        ch = a.create_channel(id=uid("ch"), name="deact")["id"]
+        conv = a.create_conv(ch, id=uid("cv"))["id"]
+        cut = ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+               " WHERE application_name = 'converger listen %s'" % b.node_id)
+
+        async def go():
+            cl, _ = await open_client(b, mint_token("u", [conv]), [{"conv": conv, "watermark": None}])
+            self.assertEqual(self.pg.sql(cut), ["t"])
+            deadline = time.monotonic() + 2
+            while b.get("/readyz")[0] != 503:
+                self.assertLess(time.monotonic(), deadline, "b never noticed the cut")
+                await asyncio.sleep(0.01)
+            st, _, js = a.request("PATCH", "/v1/channels/%s" % ch, {"active": False})
+            self.assertEqual(st, 200, js)
+            unheard = b.get("/readyz")[0] == 503
+            m, _ = await cl.until(lambda f: f.get("type") == "error", timeout=5.0)
+            self.assertEqual((m["code"], m["conv"]), ("channel_inactive", conv), m)
+            await cl.close()
+            return unheard
+        if self.arun(go()):  # the PATCH landed while b was not listening
+            self.assertIn("(1 of an inactive channel)", b.log_text())
+
+    def test_foreign_notifications_are_ignored(self):
+        """NOTIFY on converger's channel from something else (bad payloads, a
+        seq above the head, an unknown channel): the node logs and goes on, a
+        subscriber sees no error and keeps its order."""
+        a, b = self.cluster(2)
+        conv = a.new_conv()
+
+        async def go():
+            cl, _ = await open_client(b, mint_token("u", [conv]), [{"conv": conv, "watermark": None}])
+            a.send(conv, {"n": 1})
+            self.assertEqual(await recv_seqs(cl, conv, 1), [(1, {"n": 1})])
+            for payload in ("c", "m", "m 5", "m 5 %s" % conv, "m 99999999999999999999 %s" % conv,
+                            "m -1 %s" % conv, "m 7 bad/id", "c 0 no-such-channel", "c 2 x", "hello"):
+                self.pg.sql("SELECT pg_notify('converger', '%s')" % payload.replace("'", "''"))
+            a.send(conv, {"n": 2})
+            self.assertEqual(await recv_seqs(cl, conv, 1), [(2, {"n": 2})])
+            await cl.expect_silence(0.5)
+            await cl.close()
+        self.arun(go())
+        self.assertIn("not converger's", b.log_text())
+        self.assertIn("has no message after 1", b.log_text())  # the hint above the head, dropped
 
     def test_sigkill_of_a_node_loses_no_acknowledged_message(self):
         a, b, c = self.cluster()
@@ -245,6 +299,7 @@ class ClusterPg(NodeCase):
         for f in followers:
             # every acknowledged message once, in order, across the move
             self.assertEqual(f.delivered, list(range(1, head + 1)))
+            self.assertEqual(f.errors, [])
             self.assertGreaterEqual(f.welcomes, 2)
             self.assertEqual(f.nodes_used[0], a.node_id)
             self.assertNotEqual(f.nodes_used[-1], a.node_id)

@@ -44,7 +44,10 @@ class PgOutage(NodeCase):
             while not stop.is_set():
                 key = "k-%d" % i
                 node = (a, b)[i % 2]
-                while not stop.is_set() or key not in [k for k, _ in acked]:
+                tries = 0
+                # after `stop`, the message in hand is still retried, a bounded number of times
+                while not (stop.is_set() and tries >= 50):
+                    tries += 1
                     t0 = time.monotonic()
                     try:
                         st, h, js = node.request("POST", "/v1/conversations/%s/messages" % conv,
@@ -73,7 +76,7 @@ class PgOutage(NodeCase):
             target = {}
             until = lambda wm: "head" in target and wm >= target["head"]  # noqa: E731
             tasks = [asyncio.create_task(f.run(until)) for f in followers]
-            t = threading.Thread(target=send_loop)
+            t = threading.Thread(target=send_loop, daemon=True)
             t.start()
             try:
                 await asyncio.sleep(1.0)
@@ -124,12 +127,17 @@ class PgOutage(NodeCase):
         head = max(seq for _, seq in acked)
         self.assertEqual(sorted(seq for _, seq in acked), list(range(1, head + 1)))
         self.assertEqual(len({k for k, _ in acked}), len(acked))
-        self.assertGreater(head, len(refused) // 10)
         self.assertTrue(any(t0 > outage["end"] and st in (200, 201) for t0, _, st, _, _ in answers))
         stored, stored_head = a.all_messages(conv)
         self.assertEqual((stored_head, [m["seq"] for m in stored]), (head, list(range(1, head + 1))))
         for f in followers:
             self.assertEqual(f.delivered, list(range(1, head + 1)))
+            # a gap fill that failed during the outage tells the client once
+            # per retry hint (1-6 s), never in a loop
+            self.assertLessEqual(len(f.errors), 5, f.errors)
+        for n in (a, b):  # an outage is logged once per streak, not per retry
+            self.assertLessEqual(n.log_text().count("cannot check"), 2)
+            self.assertLessEqual(n.log_text().count("cannot connect to"), 3)
         print("outage: %d answers during it (%d refused, slowest %.3f s), head %d, welcomes %r"
               % (len(during), len(refused), max(x[1] for x in during), head,
                  [f.welcomes for f in followers]), file=sys.stderr)
