@@ -20,6 +20,7 @@ typedef struct bus_s bus_t;
 typedef struct auth_s auth_t;
 typedef struct admission_s admission_t;
 typedef struct pgnotify_s pgnotify_t;
+typedef struct drain_s drain_t;
 
 typedef struct node_s {
   uv_loop_t *loop;
@@ -38,6 +39,7 @@ typedef struct node_s {
   uv_signal_t sigterm, sigint;
   uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
   membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
+  drain_t *drain;             /* drain and shed (gate/drain.h) */
 
   conn_t *conns; /* every connection (doubly linked) */
   conn_t *dirty; /* connections with queued output */
@@ -46,7 +48,8 @@ typedef struct node_s {
   uint64_t next_session;
 
   int ready;                 /* /readyz answers 200 */
-  int stopping;              /* SIGTERM/SIGINT received */
+  int draining;              /* a drain began: not ready, upgrades refused, REST served */
+  int stopping;              /* closing everything and exiting */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
 
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */

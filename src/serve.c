@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "gate/admission.h"
+#include "gate/drain.h"
 #include "net/conn.h"
 #include "net/http.h"
 #include "net/ws.h"
@@ -54,17 +55,28 @@ static void begin_stop(node_t *node, const char *why) {
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
 }
 
+/* SIGTERM drains (gate/drain.h), unless CONVERGER_DRAIN_SHUTDOWN_MS is 0:
+ * then it stops at once, as SIGINT does. A second SIGTERM changes nothing;
+ * a second SIGINT exits at once. */
 static void signal_cb(uv_signal_t *sig, int signum) {
   node_t *node = sig->data;
-  if (node->stopping) {
-    if (signum == SIGINT) {
+  if (signum == SIGINT) {
+    if (node->stopping) {
       log_warn("second SIGINT: exiting at once");
       exit(130);
     }
-    log_info("%s again: already stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    begin_stop(node, node->draining ? "SIGINT during the drain" : "SIGINT");
     return;
   }
-  begin_stop(node, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (node->stopping || node->draining) {
+    log_info("SIGTERM again: already %s; ignored (SIGINT twice exits at once)",
+             node->stopping ? "stopping" : "draining");
+    return;
+  }
+  if (node->cfg->drain_shutdown_ms == 0)
+    begin_stop(node, "SIGTERM (CONVERGER_DRAIN_SHUTDOWN_MS=0: no drain)");
+  else
+    drain_start(node->drain, "SIGTERM");
 }
 
 static void check_cb(uv_check_t *h) { conn_flush_all(h->data); }
@@ -112,6 +124,8 @@ static void tick_cb(uv_timer_t *t) {
     if (node->nconns > 0) return; /* close callbacks still to run */
     if (node->pgnotify) pgnotify_close(node->pgnotify); /* after pool_close: see its header */
     node->pgnotify = NULL;
+    drain_close(node->drain); /* after pool_close: its peers job has returned */
+    node->drain = NULL;
     bus_close(node->bus);
     node->bus = NULL;
     uv_close((uv_handle_t *)&node->flush_check, NULL);
@@ -188,7 +202,8 @@ int serve_main(int argc, char **argv) {
   int slots = admission_default_slots(cfg.handshake_concurrency, cfg.pool_size);
   node->admission = admission_new(slots, (uint64_t)cfg.handshake_queue_ms, cfg.handshake_queue_max,
                                   admission_arm, node);
-  if (!node->auth || !node->bus || !node->admission) goto out;
+  node->drain = drain_new(node, begin_stop);
+  if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
     goto out;
@@ -231,6 +246,7 @@ out:
   if (status != 0) {
     if (node->pool) pool_close(node->pool);
     if (node->pgnotify) pgnotify_close(node->pgnotify);
+    if (node->drain) drain_close(node->drain);
     if (node->bus) bus_close(node->bus);
     uv_walk(node->loop, walk_close, NULL);
     uv_run(node->loop, UV_RUN_DEFAULT);

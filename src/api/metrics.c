@@ -59,6 +59,12 @@ static family_t families[] = {
      "WebSocket upgrades refused by the accept rate limit.", NULL},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill).", NULL},
+    {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},
+    {"converger_drain_migrated_total", M_COUNTER,
+     "Connections told to move (drain or shed) that left before the node closed them.", NULL},
+    {"converger_drain_closed_total", M_COUNTER,
+     "Connections the drain closed, by reason (paced: 1012 after the window; shutdown: at exit).",
+     NULL},
 };
 
 static pthread_mutex_t hist_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -22,6 +22,7 @@
 #include "api/metrics.h"
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
+#include "gate/drain.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -361,15 +362,59 @@ static void serve_file(conn_t *c, const char *name, const char *type) {
 
 static void handle_status(conn_t *c) {
   node_t *node = c->node;
-  json_t *v = json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i}", "node", node->cfg->node_id,
-                        "version", CONVERGER_VERSION, "state",
-                        node->stopping ? "stopping"
-                        : node->ready  ? "ready"
-                                       : "starting",
+  static const char *const drain_states[] = {"ready", "draining", "shedding"};
+  json_t *v = json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i, s:s}", "node",
+                        node->cfg->node_id, "version", CONVERGER_VERSION, "state",
+                        node->stopping   ? "stopping"
+                        : node->draining ? "draining"
+                        : node->ready    ? "ready"
+                                         : "starting",
                         "connections", node->nws, "httpConnections", node->nconns - node->nws,
                         "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight",
-                        pool_in_flight(node->pool), "poolSize", node->cfg->pool_size);
+                        pool_in_flight(node->pool), "poolSize", node->cfg->pool_size, "drain",
+                        drain_states[drain_state(node->drain)]);
   http_respond_json(c, 200, v, NULL);
+}
+
+/* POST /admin/drain: as SIGTERM (gate/drain.h). 202: begun; 409: already. */
+static void handle_drain(conn_t *c) {
+  node_t *node = c->node;
+  if (node->stopping || drain_start(node->drain, "POST /admin/drain") != 0)
+    return http_respond_error(c, 409, "conflict", "the node is already draining or stopping", 0);
+  http_respond_json(c, 202,
+                    json_pack("{s:s, s:i, s:i, s:i, s:i}", "state", "draining", "connections",
+                              node->nws, "windowMs", node->cfg->drain_window_ms, "closeRate",
+                              node->cfg->drain_close_rate, "shutdownMs",
+                              node->cfg->drain_shutdown_ms),
+                    NULL);
+}
+
+/* POST /admin/shed {"fraction": f, "windowMs": w}: 0 < f <= 1, w in
+ * 0..3600000 (default the drain window). 200 with the count told to move. */
+static void handle_shed(conn_t *c, http_request_t *req) {
+  node_t *node = c->node;
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  json_t *f = json_object_get(b, "fraction"), *w = json_object_get(b, "windowMs");
+  double fraction = json_is_number(f) ? json_number_value(f) : -1;
+  json_int_t window = w ? (json_is_integer(w) ? json_integer_value(w) : -1)
+                        : node->cfg->drain_window_ms;
+  int chosen = 0, total = 0, r;
+  if (!(fraction > 0 && fraction <= 1))
+    bad_request(c, "fraction must be a number with 0 < fraction <= 1");
+  else if (window < 0 || window > 3600000)
+    bad_request(c, "windowMs must be an integer from 0 to 3600000");
+  else if (node->stopping || (r = drain_shed(node->drain, fraction, window, &chosen, &total)) ==
+                                 -CV_EBUSY)
+    http_respond_error(c, 409, "conflict", "the node is draining or already shedding", 0);
+  else if (r != 0)
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+  else
+    http_respond_json(c, 200,
+                      json_pack("{s:i, s:i, s:I}", "chosen", chosen, "connections", total,
+                                "windowMs", window),
+                      NULL);
+  json_decref(b);
 }
 
 static void handle_channel_create(conn_t *c, http_request_t *req) {
@@ -577,8 +622,10 @@ void rest_handle(conn_t *c, http_request_t *req) {
       http_respond_json(c, status,
                         json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
                         "Sec-WebSocket-Version: 13\r\n");
-    } else if (node->stopping) {
-      http_respond_error(c, 503, "unavailable", "node is shutting down", node_retry_hint(node));
+    } else if (node->stopping || node->draining) {
+      http_respond_error(c, 503, "unavailable",
+                         node->stopping ? "node is shutting down" : "node is draining; use another",
+                         node_retry_hint(node));
     } else if (node->cfg->accept_rate > 0 && !limiter_take(&node->accept, util_mono_ms())) {
       /* The accept limiter: refused before any WebSocket work. */
       metrics_add("converger_accept_refused_total", NULL, 1);
@@ -610,8 +657,9 @@ void rest_handle(conn_t *c, http_request_t *req) {
     /* Without its LISTEN connection a node would serve subscribers that
      * hear nothing from other nodes: the database is unreachable, or was. */
     int store_ok = !node->pgnotify || pgnotify_listening(node->pgnotify);
-    const char *state = node->stopping ? "stopping"
-                        : !node->ready ? "starting"
+    const char *state = node->stopping   ? "stopping"
+                        : node->draining ? "draining"
+                        : !node->ready   ? "starting"
                         : !store_ok    ? "store_unavailable"
                                        : "ready";
     return http_respond_json(c, node->ready && !node->stopping && store_ok ? 200 : 503,
@@ -629,6 +677,18 @@ void rest_handle(conn_t *c, http_request_t *req) {
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
     free(text);
     return;
+  }
+  if (strcmp(path, "/admin/drain") == 0) {
+    req->route = "/admin/drain";
+    if (!IS(POST)) return method_not_allowed(c, "POST");
+    if (require_key(c, req) != 0) return;
+    return handle_drain(c);
+  }
+  if (strcmp(path, "/admin/shed") == 0) {
+    req->route = "/admin/shed";
+    if (!IS(POST)) return method_not_allowed(c, "POST");
+    if (require_key(c, req) != 0) return;
+    return handle_shed(c, req);
   }
   if (strcmp(path, "/admin/status") == 0) {
     req->route = "/admin/status";

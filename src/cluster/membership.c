@@ -55,7 +55,7 @@ static void beat(node_t *node) {
   b->node = node;
   b->id = node->cfg->node_id;
   b->public_url = node->cfg->public_url;
-  b->state = node->stopping ? "draining" : "ready";
+  b->state = node->draining || node->stopping ? "draining" : "ready";
   b->connections = node->nws;
   b->waiters = admission_waiting(node->admission);
   b->job.kind = "membership";

@@ -38,6 +38,9 @@ typedef struct {
   int pool_queue_target_ms;   /* pool queue-delay target, ms (store/pool.h) */
   int pool_queue_interval_ms; /* pool queue-delay interval, ms */
   int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
+  int drain_window_ms;        /* drain: afterMs drawn from [0, this), ms (gate/drain.h) */
+  int drain_close_rate;       /* drain: paced 1012 closes per second after the window */
+  int drain_shutdown_ms;      /* drain: exit this long after the drain began, ms */
   int test_store_delay_ms;    /* tests only: sleep before each store job, ms */
 } config_t;
 

@@ -43,6 +43,10 @@ struct conn_s {
   unsigned reading : 1;
   unsigned shutdown_after_write : 1; /* half-close once output is flushed */
   unsigned shut : 1;                 /* uv_shutdown issued */
+  unsigned drain_told : 1;           /* sent a drain frame (gate/drain.h) */
+  unsigned drain_closed : 1;         /* closed by the drain's pacer (1012) */
+  unsigned drain_counted : 1;        /* counted as migrated */
+  uint32_t drain_batch;              /* the drain or shed it was chosen for; 0: none */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */

@@ -214,3 +214,12 @@ char *frame_sent(const char *conv, const char *id, int64_t seq) {
 }
 
 char *frame_pong(void) { return strdup("{\"type\":\"pong\"}"); }
+
+char *frame_drain(int64_t after_ms, const char *reconnect_to, int64_t deadline_ms) {
+  char *url = reconnect_to ? quote(reconnect_to) : strdup("null"), *out = NULL;
+  if (url && asprintf(&out, "{\"type\":\"drain\",\"afterMs\":%lld,\"reconnectTo\":%s,\"deadlineMs\":%lld}",
+                      (long long)after_ms, url, (long long)deadline_ms) < 0)
+    out = NULL;
+  free(url);
+  return out;
+}

@@ -59,6 +59,9 @@ char *frame_error(const char *code, const char *message, const char *conv, long 
 char *frame_synced(const char *conv, int64_t head);
 char *frame_sent(const char *conv, const char *id, int64_t seq);
 char *frame_pong(void);
+/* {"type":"drain","afterMs":..,"reconnectTo":URL or null,"deadlineMs":..}
+ * (docs/protocol.md 5.6); `reconnect_to` NULL for null. */
+char *frame_drain(int64_t after_ms, const char *reconnect_to, int64_t deadline_ms);
 
 /* JSON text of `v` (compact, any type). Caller frees. */
 char *frame_dump(json_t *v);

@@ -33,6 +33,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "gate/admission.h"
+#include "gate/drain.h"
 #include "net/ws.h"
 #include "proto/frames.h"
 
@@ -921,6 +922,7 @@ void session_on_close(session_t *s) {
   if (!s) return;
   node_t *node = s->node;
   uint64_t now = util_mono_ms();
+  if (node->drain) drain_conn_closing(node->drain, s->conn);
   /* Waiters leave the queue. */
   if (s->adm.state == ADMISSION_WAITING) admission_release(node->admission, &s->adm, now);
   for (sub_t *sub = s->subs; sub; sub = sub->next)

@@ -209,6 +209,9 @@ class Node:
             "CONVERGER_API_KEY": API_KEY,
             "CONVERGER_TOKEN_SECRET": TOKEN_SECRET,
             "CONVERGER_NODE_ID": self.node_id,
+            # Tests stop their nodes with SIGTERM and want them gone at once:
+            # no drain (1001 to every socket) unless a test asks for one.
+            "CONVERGER_DRAIN_SHUTDOWN_MS": "0",
         })
         env.update({k: str(v) for k, v in self.overrides.items()})
         return env

@@ -1,0 +1,342 @@
+/*
+ * drain.c: drain and shed (see drain.h).
+ *
+ * A batch is one set of connections told to move: the drain's (every
+ * WebSocket connection) or a shed's (a random share). A connection's
+ * drain_batch says which one it belongs to (0: none). A batch begins with a
+ * pool job that reads the live peers (reconnectTo), then sends its frames
+ * and sets its deadline; at the deadline its connections still open go to
+ * the close queue, which one timer empties at close_rate per second: the
+ * number closed by time t since the queue began is at most
+ * 1 + (t x rate / 1000), so closes are spread evenly, never in a burst.
+ *
+ * Owns: the timer, the close queue (each entry holds a conn_ref), the
+ * peers job while it runs.
+ */
+#include "gate/drain.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/metrics.h"
+#include "cluster/membership.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "gate/admission.h"
+#include "net/conn.h"
+#include "net/ws.h"
+#include "proto/frames.h"
+
+#define BATCH_DRAIN 1u /* the drain's batch; sheds count up from 2 */
+
+typedef struct {
+  uint32_t id;        /* 0: none */
+  int64_t window_ms;  /* afterMs drawn from [0, window) */
+  int framing;        /* its peers job runs: frames not sent yet */
+  uint64_t deadline;  /* monotonic ms; 0 until the frames are sent */
+  int told;           /* connections sent a frame */
+} batch_t;
+
+typedef struct {
+  char url[STORE_URL_MAX + 1];
+  int64_t load; /* connections + admission waiters, plus those we sent there */
+} peer_t;
+
+typedef struct {
+  pool_job_t job;
+  drain_t *d;
+  batch_t *batch;
+  store_node_t *nodes;
+  size_t n;
+  int status;
+} peers_job_t;
+
+struct drain_s {
+  node_t *node;
+  drain_stop_cb stop;
+  uv_timer_t timer; /* deadlines and pacing, while a batch is active */
+  int draining;
+  int stopped; /* stop() called: later closes are the shutdown's */
+  uint64_t began_ms, shutdown_at;
+  uint32_t last_shed;
+  batch_t drain, shed;
+  conn_t **queue; /* paced closes, each with a conn_ref */
+  size_t qhead, qlen, qcap;
+  uint64_t pace_start, paced; /* since the queue last became non-empty */
+  uint64_t migrated, closed;
+};
+
+/* ---- close queue -------------------------------------------------------- */
+
+static void enqueue(drain_t *d, conn_t *c) {
+  if (d->qlen == d->qcap) {
+    if (d->qhead > 0) { /* reuse the consumed front */
+      memmove(d->queue, d->queue + d->qhead, (d->qlen - d->qhead) * sizeof *d->queue);
+      d->qlen -= d->qhead;
+      d->qhead = 0;
+    }
+    if (d->qlen == d->qcap) {
+      size_t cap = d->qcap ? d->qcap * 2 : 256;
+      conn_t **q = realloc(d->queue, cap * sizeof *q);
+      if (!q) return; /* not closed by the pacer: the shutdown closes it */
+      d->queue = q;
+      d->qcap = cap;
+    }
+  }
+  if (d->qhead == d->qlen) { /* empty: pacing starts now */
+    d->pace_start = util_mono_ms();
+    d->paced = 0;
+  }
+  conn_ref(c);
+  d->queue[d->qlen++] = c;
+}
+
+/* Queue every open WebSocket connection of `batch` (any batch: 0). */
+static size_t enqueue_batch(drain_t *d, uint32_t batch) {
+  size_t n = 0;
+  for (conn_t *c = d->node->conns; c; c = c->next)
+    if (c->mode == CONN_WS && !c->closing && (batch == 0 || c->drain_batch == batch)) {
+      enqueue(d, c);
+      n++;
+    }
+  return n;
+}
+
+static void close_paced(drain_t *d, conn_t *c) {
+  char reason[48];
+  snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", node_retry_hint(d->node));
+  c->drain_closed = 1;
+  ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
+  d->closed++;
+  metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
+}
+
+static void pace(drain_t *d, uint64_t now) {
+  double rate = d->node->cfg->drain_close_rate;
+  while (d->qhead < d->qlen) {
+    if ((double)d->paced >= 1.0 + (double)(now - d->pace_start) * rate / 1000.0) return;
+    conn_t *c = d->queue[d->qhead++];
+    /* conn_unref: 1 while it is open; one that left meanwhile costs no turn */
+    if (conn_unref(c) && !c->closing && c->mode == CONN_WS) {
+      close_paced(d, c);
+      d->paced++;
+    }
+  }
+}
+
+static void release_queue(drain_t *d) {
+  while (d->qhead < d->qlen) conn_unref(d->queue[d->qhead++]);
+  d->qhead = d->qlen = 0;
+}
+
+/* ---- frames ------------------------------------------------------------- */
+
+/* Two random choices (Mitzenmacher): of two peers drawn at random, the one
+ * with the lower load; the pick then counts one more, so a batch spreads. */
+static const char *pick_peer(drain_t *d, peer_t *p, size_t n) {
+  if (n == 0) return NULL;
+  size_t i = (size_t)jitter_range(&d->node->rng, 0, (int64_t)n - 1), j = i;
+  if (n > 1) {
+    j = (size_t)jitter_range(&d->node->rng, 0, (int64_t)n - 2);
+    if (j >= i) j++;
+  }
+  size_t k = p[j].load < p[i].load ? j : i;
+  p[k].load++;
+  return p[k].url;
+}
+
+static void send_frames(drain_t *d, batch_t *b, peer_t *peers, size_t np) {
+  uint64_t now = util_mono_ms();
+  for (conn_t *c = d->node->conns; c; c = c->next) {
+    if (c->mode != CONN_WS || c->closing || c->drain_batch != b->id || c->drain_told) continue;
+    int64_t after = b->window_ms > 0 ? jitter_range(&d->node->rng, 0, b->window_ms - 1) : 0;
+    char *f = frame_drain(after, pick_peer(d, peers, np), b->window_ms);
+    if (!f) continue; /* out of memory: it is closed at the deadline anyway */
+    ws_send_text(c, f, strlen(f));
+    free(f);
+    c->drain_told = 1;
+    b->told++;
+  }
+  b->deadline = now + (uint64_t)b->window_ms;
+}
+
+static void peers_work(pool_job_t *job, store_t *db) {
+  peers_job_t *j = container_of(job, peers_job_t, job);
+  j->status = store_nodes_live(db, util_now_ms(), MEMBERSHIP_MAX_AGE_MS, &j->nodes, &j->n);
+}
+
+static void peers_done(pool_job_t *job) {
+  peers_job_t *j = container_of(job, peers_job_t, job);
+  drain_t *d = j->d;
+  batch_t *b = j->batch;
+  peer_t *peers = NULL;
+  size_t np = 0;
+  if (!job->canceled && !job->dropped && j->status == 0 && j->n > 0 &&
+      (peers = calloc(j->n, sizeof *peers)) != NULL) {
+    for (size_t i = 0; i < j->n; i++) {
+      const store_node_t *nd = &j->nodes[i];
+      if (strcmp(nd->state, "ready") != 0 || strcmp(nd->id, d->node->cfg->node_id) == 0) continue;
+      snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
+      peers[np++].load = nd->connections + nd->waiters;
+    }
+  } else if (j->status != 0 || job->dropped) {
+    log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo is null",
+             job->dropped ? "pool overloaded" : cv_strerror(j->status));
+  }
+  b->framing = 0;
+  if (!job->canceled) {
+    send_frames(d, b, peers, np);
+    log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo)",
+             b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, np);
+  }
+  free(peers);
+  store_nodes_free(j->nodes);
+  free(j);
+}
+
+/* Read the peers, then send the batch's frames (peers_done). */
+static void batch_begin(drain_t *d, batch_t *b) {
+  peers_job_t *j = calloc(1, sizeof *j);
+  b->framing = 1;
+  if (!j) { /* no reconnectTo, but the frames still go */
+    b->framing = 0;
+    send_frames(d, b, NULL, 0);
+    return;
+  }
+  j->d = d;
+  j->batch = b;
+  j->job.kind = "drain";
+  j->job.no_drop = 1;
+  pool_submit(d->node->pool, &j->job, peers_work, peers_done);
+}
+
+/* ---- deadlines ---------------------------------------------------------- */
+
+static void set_state_metric(drain_t *d) { metrics_set("converger_drain_state", NULL, drain_state(d)); }
+
+static void timer_cb(uv_timer_t *t) {
+  drain_t *d = t->data;
+  uint64_t now = util_mono_ms();
+  if (d->shed.id && !d->shed.framing && d->shed.deadline && now >= d->shed.deadline) {
+    size_t n = enqueue_batch(d, d->shed.id);
+    log_info("shed: window over: %d told, %zu still here, closing them with 1012 at %d/s",
+             d->shed.told, n, d->node->cfg->drain_close_rate);
+    d->shed.id = 0;
+    set_state_metric(d);
+  }
+  if (d->drain.id && !d->drain.framing && d->drain.deadline && now >= d->drain.deadline) {
+    size_t n = enqueue_batch(d, 0);
+    log_info("drain: window over: %llu moved, %zu still here, closing them with 1012 at %d/s",
+             (unsigned long long)d->migrated, n, d->node->cfg->drain_close_rate);
+    d->drain.deadline = UINT64_MAX; /* queued once */
+  }
+  pace(d, now);
+  if (d->draining && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
+    d->stopped = 1;
+    int left = d->node->nws;
+    if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
+    release_queue(d);
+    char why[160];
+    snprintf(why, sizeof why, "drain %s after %llu ms: %llu moved, %llu closed with 1012, %d left",
+             left ? "deadline" : "complete", (unsigned long long)(now - d->began_ms),
+             (unsigned long long)d->migrated, (unsigned long long)d->closed, left);
+    d->stop(d->node, why);
+  }
+  if (!d->draining && !d->shed.id && d->qhead == d->qlen) uv_timer_stop(&d->timer);
+}
+
+static void timer_run(drain_t *d) {
+  int rate = d->node->cfg->drain_close_rate;
+  uint64_t every = rate >= 1000 ? 1 : (uint64_t)(1000 / rate);
+  if (every > 20) every = 20; /* deadlines are checked at least this often */
+  if (!uv_is_active((uv_handle_t *)&d->timer)) uv_timer_start(&d->timer, timer_cb, 0, every);
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+drain_t *drain_new(node_t *node, drain_stop_cb stop) {
+  drain_t *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  d->node = node;
+  d->stop = stop;
+  d->last_shed = BATCH_DRAIN;
+  uv_timer_init(node->loop, &d->timer);
+  d->timer.data = d;
+  set_state_metric(d);
+  return d;
+}
+
+static void closed_cb(uv_handle_t *h) {
+  drain_t *d = h->data;
+  release_queue(d);
+  free(d->queue);
+  free(d);
+}
+
+void drain_close(drain_t *d) { uv_close((uv_handle_t *)&d->timer, closed_cb); }
+
+int drain_start(drain_t *d, const char *why) {
+  if (d->draining) return -CV_EEXISTS;
+  node_t *node = d->node;
+  d->draining = 1;
+  d->began_ms = util_mono_ms();
+  d->shutdown_at = d->began_ms + (uint64_t)node->cfg->drain_shutdown_ms;
+  node->draining = 1;
+  node->ready = 0;
+  d->drain.id = BATCH_DRAIN;
+  d->drain.window_ms = node->cfg->drain_window_ms;
+  for (conn_t *c = node->conns; c; c = c->next)
+    if (c->mode == CONN_WS && !c->closing && c->drain_batch == 0) c->drain_batch = BATCH_DRAIN;
+  log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
+           "rest closed at %d/s after it; exit when none is left or after %d ms",
+           why, node->nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,
+           node->cfg->drain_shutdown_ms);
+  set_state_metric(d);
+  batch_begin(d, &d->drain);
+  timer_run(d);
+  return 0;
+}
+
+int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total) {
+  if (d->draining || d->shed.id) return -CV_EBUSY;
+  node_t *node = d->node;
+  conn_t **all = malloc(((size_t)node->nws + 1) * sizeof *all);
+  if (!all) return -CV_ENOMEM;
+  int n = 0;
+  for (conn_t *c = node->conns; c && n < node->nws; c = c->next)
+    if (c->mode == CONN_WS && !c->closing && c->drain_batch == 0) all[n++] = c;
+  int k = (int)(fraction * n + 0.5);
+  if (k > n) k = n;
+  /* A random k of them: the first k of a partial Fisher-Yates shuffle. */
+  uint32_t id = ++d->last_shed;
+  for (int i = 0; i < k; i++) {
+    int r = (int)jitter_range(&node->rng, i, n - 1);
+    conn_t *t = all[i];
+    all[i] = all[r];
+    all[r] = t;
+    all[i]->drain_batch = id;
+  }
+  free(all);
+  memset(&d->shed, 0, sizeof d->shed);
+  d->shed.id = id;
+  d->shed.window_ms = window_ms;
+  *chosen = k;
+  *total = n;
+  log_info("shed: %d of %d connection(s) (fraction %.3f) told to move within %lld ms", k, n,
+           fraction, (long long)window_ms);
+  set_state_metric(d);
+  batch_begin(d, &d->shed);
+  timer_run(d);
+  return 0;
+}
+
+void drain_conn_closing(drain_t *d, conn_t *c) {
+  if (!c->drain_told || c->drain_closed || c->drain_counted || d->stopped) return;
+  c->drain_counted = 1;
+  d->migrated++;
+  metrics_add("converger_drain_migrated_total", NULL, 1);
+}
+
+int drain_state(const drain_t *d) { return d->draining ? 1 : d->shed.id ? 2 : 0; }

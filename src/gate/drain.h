@@ -1,0 +1,68 @@
+/*
+ * drain: move a node's clients elsewhere without a gap and without a storm
+ * (the drain lesson; the reconnect-storm post-mortem's action items
+ * "drain-not-disconnect" and jittered, server-paced reconnects).
+ *
+ * Drain (SIGTERM, POST /admin/drain): the node stops being ready (/readyz
+ * 503, upgrades 503 + Retry-After, membership row "draining"; REST keeps
+ * working). Every WebSocket connection gets one `drain` frame: afterMs
+ * uniform in [0, window), deadlineMs = window, and reconnectTo, a ready
+ * peer picked by two random choices on spare capacity (fewer connections +
+ * admission waiters wins; Mitzenmacher's "power of two choices"), or null.
+ * Clients that move close with 1000 (make-before-break). After the window,
+ * those still open are closed with 1012 at close_rate per second, paced
+ * evenly, each with a jittered {"retryAfterMs": n}. The node stops (closing
+ * what is left with 1001, finishing pool jobs, exit 0) when no WebSocket
+ * connection is left, or at shutdown_ms after the drain began.
+ *
+ * Shed (POST /admin/shed): the same frames to a random `fraction` of the
+ * connections of a node that stays ready, over its own window; those that
+ * have not moved by its end are closed at the paced rate.
+ *
+ * Metrics: converger_drain_state (0 ready, 1 draining, 2 shedding),
+ * converger_drain_migrated_total (connections told to move that closed
+ * before the server closed them), converger_drain_closed_total{reason}
+ * ("paced": 1012 after the window, "shutdown": 1001 at the end).
+ *
+ * Thread: loop only.
+ */
+#ifndef CONVERGER_GATE_DRAIN_H
+#define CONVERGER_GATE_DRAIN_H
+
+#include <stdint.h>
+
+#include "node.h"
+
+typedef struct drain_s drain_t;
+
+/* How the drain ends the node: close everything left and exit (serve.c's
+ * stop). `why` is for the log. */
+typedef void (*drain_stop_cb)(node_t *node, const char *why);
+
+/* A drain controller for `node` with its settings from node->cfg
+ * (drain_window_ms, drain_close_rate, drain_shutdown_ms). NULL when out of
+ * memory. */
+drain_t *drain_new(node_t *node, drain_stop_cb stop);
+
+/* Close the timer; the struct is freed in its close callback (releasing
+ * the connections still queued for a paced close). */
+void drain_close(drain_t *d);
+
+/* Begin the drain. `why` is logged ("SIGTERM", "POST /admin/drain").
+ * Returns 0, or -CV_EEXISTS when a drain has already begun. */
+int drain_start(drain_t *d, const char *why);
+
+/* Shed `fraction` (0 < f <= 1) of the WebSocket connections over
+ * `window_ms` (>= 0). On success sets *chosen and *total (the connections
+ * told to move, and those there were) and returns 0; -CV_EBUSY while
+ * draining or while another shed runs. */
+int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total);
+
+/* `c` is closing: one that was told to move and was not closed by us
+ * counts as migrated. Idempotent. */
+void drain_conn_closing(drain_t *d, conn_t *c);
+
+/* 0 ready, 1 draining, 2 shedding (converger_drain_state). */
+int drain_state(const drain_t *d);
+
+#endif
