@@ -804,7 +804,7 @@ static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
 /* Medians of the latencies over the runs that received something; totals
  * of the counts over every run. */
 static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
-  double p50[MAX_RUNS], p99[MAX_RUNS], mx[MAX_RUNS], a50[MAX_RUNS], a99[MAX_RUNS];
+  double p50[MAX_RUNS], p99[MAX_RUNS], mx[MAX_RUNS], a50[MAX_RUNS], a99[MAX_RUNS], rate[MAX_RUNS];
   size_t n = 0, nrecv = 0;
   memset(out, 0, sizeof *out);
   for (int r = 0; r < x->o->runs; r++) {
@@ -815,7 +815,8 @@ static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
     out->lost += c->lost;
     out->late += c->late;
     a50[n] = c->ack_p50_ms;
-    a99[n++] = c->ack_p99_ms;
+    a99[n] = c->ack_p99_ms;
+    rate[n++] = c->send_rate;
     if (c->received) {
       p50[nrecv] = c->p50_ms;
       p99[nrecv] = c->p99_ms;
@@ -826,6 +827,7 @@ static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
   out->have = 1;
   out->ack_p50_ms = median(a50, n);
   out->ack_p99_ms = median(a99, n);
+  out->send_rate = median(rate, n);
   if (nrecv) {
     out->p50_ms = median(p50, nrecv);
     out->p99_ms = median(p99, nrecv);
@@ -883,29 +885,30 @@ static void print_tables(const ctx_t *x) {
   }
   printf("\ndelivery latency at %lld messages/s for %lld ms (POST written -> subscriber read), "
          "median of the runs; counts are totals over the runs\n\n"
-         "| backend | subscriber | received / sent | lost | late (> %lld ms) | p50 ms | p99 ms | "
-         "max ms | POST answered p50 / p99 ms |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | "
-         "---: | ---: |\n",
+         "| backend | subscriber | sent/s | received / sent | lost | late (> %lld ms) | p50 ms | "
+         "p99 ms | max ms | POST answered p50 / p99 ms |\n| --- | --- | ---: | ---: | ---: | ---: "
+         "| ---: | ---: | ---: | ---: |\n",
          o->rate, o->latency_ms, o->late_ms);
   for (size_t i = 0; i < o->nbackends; i++) {
     int bk = o->backend[i];
     for (int path = 0; path < PATHS; path++) {
       lat_t l;
       if (path == PATH_CROSS && !is_pg(bk)) {
-        printf("| %s | cross node | - | - | - | - | - | - | - (one node per SQLite file) |\n",
+        printf("| %s | cross node | - | - | - | - | - | - | - | - (one node per SQLite file) |\n",
                bk_name[bk]);
         continue;
       }
       if (!lat_median(x, bk, path, &l)) continue;
       if (!l.received)
-        printf("| %s | %s | 0 / %llu | %llu | - | none delivered | - | - | %.2f / %.2f |\n",
-               bk_name[bk], path_name[path], (unsigned long long)l.sent, (unsigned long long)l.lost,
-               l.ack_p50_ms, l.ack_p99_ms);
+        printf("| %s | %s | %.0f | 0 / %llu | %llu | - | none delivered | - | - | %.2f / %.2f |\n",
+               bk_name[bk], path_name[path], l.send_rate, (unsigned long long)l.sent,
+               (unsigned long long)l.lost, l.ack_p50_ms, l.ack_p99_ms);
       else
-        printf("| %s | %s | %llu / %llu | %llu | %llu | %.2f | %.2f | %.2f | %.2f / %.2f |\n",
-               bk_name[bk], path_name[path], (unsigned long long)l.received,
-               (unsigned long long)l.sent, (unsigned long long)l.lost, (unsigned long long)l.late,
-               l.p50_ms, l.p99_ms, l.max_ms, l.ack_p50_ms, l.ack_p99_ms);
+        printf(
+            "| %s | %s | %.0f | %llu / %llu | %llu | %llu | %.2f | %.2f | %.2f | %.2f / %.2f |\n",
+            bk_name[bk], path_name[path], l.send_rate, (unsigned long long)l.received,
+            (unsigned long long)l.sent, (unsigned long long)l.lost, (unsigned long long)l.late,
+            l.p50_ms, l.p99_ms, l.max_ms, l.ack_p50_ms, l.ack_p99_ms);
     }
   }
   fflush(stdout);
