@@ -31,7 +31,9 @@ typedef struct {
   int busy;   /* an append is in flight */
   size_t conv_index;
   uint64_t k;       /* appends written (throughput: the key's counter) */
-  uint64_t sent_ns; /* when the append in flight was written */
+  uint64_t sent_ns; /* when the append in flight was first written */
+  int refused;      /* the append in flight was refused (503) at least once */
+  char key[48];     /* its Idempotency-Key */
   size_t msg;       /* paced: the message in flight */
   char body[256];   /* the answer's body, for error messages */
   size_t blen;
@@ -85,30 +87,33 @@ static void done(phase_t *ph) {
   uv_stop(&b->loop);
 }
 
-static void write_append(sender_t *c, const char *conv, const char *key) {
+/* Write the append c->key to `conv`; a retry (c->refused) keeps the time
+ * of the first write. */
+static void write_append(sender_t *c, const char *conv) {
   bench_t *b = c->ph->b;
   char req[1024];
   int n = snprintf(req, sizeof req,
                    "POST /v1/conversations/%s/messages HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
                    "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
                    "Idempotency-Key: %s\r\nContent-Length: %zu\r\n\r\n%s",
-                   conv, b->port, b->api_key, key, body_len, body_json);
+                   conv, b->port, b->api_key, c->key, body_len, body_json);
   if (n < 0 || (size_t)n >= sizeof req) {
     run_fail(b, "%s: the append request to %s does not fit %zu bytes", b->phase, conv, sizeof req);
     return;
   }
   c->busy = 1;
-  c->k++;
-  c->sent_ns = run_now_ns();
+  if (!c->refused) {
+    c->k++;
+    c->sent_ns = run_now_ns();
+  }
   run_send(b, (uv_stream_t *)&c->tcp, req, (size_t)n);
 }
 
 /* ---- throughput: closed-loop senders -------------------------------------------- */
 
 static void tput_next(sender_t *c) {
-  char key[48];
-  snprintf(key, sizeof key, "%zu-%llu", c->index, (unsigned long long)c->k);
-  write_append(c, c->ph->convs[c->conv_index], key);
+  snprintf(c->key, sizeof c->key, "%zu-%llu", c->index, (unsigned long long)c->k);
+  write_append(c, c->ph->convs[c->conv_index]);
 }
 
 static void tput_answer(sender_t *c, uint64_t now) {
@@ -150,14 +155,13 @@ static void giveup_cb(uv_timer_t *t) {
 /* Write queued messages on idle connections. */
 static void dispatch(phase_t *ph) {
   appender_paced_t *p = ph->pc;
-  char key[32];
   for (size_t i = 0; i < ph->nsnd && ph->qhead < ph->qtail && !ph->b->failed; i++) {
     sender_t *c = &ph->snd[i];
     if (c->busy) continue;
     size_t m = ph->queue[ph->qhead++];
     c->msg = m;
-    snprintf(key, sizeof key, "L%zu", m);
-    write_append(c, ph->convs[0], key);
+    snprintf(c->key, sizeof c->key, "L%zu", m);
+    write_append(c, ph->convs[0]);
     p->write_ns[m] = c->sent_ns;
     if (++ph->written == p->n) uv_timer_start(&ph->giveup, giveup_cb, (uint64_t)ph->wait_ms, 0);
   }
@@ -229,12 +233,33 @@ static int on_complete(llhttp_t *p) {
     return 0;
   }
   c->busy = 0;
-  if (st != 201) {
-    c->body[c->blen] = '\0';
-    run_fail(b, "%s: an append to %s answered %d: %s", b->phase, ph->convs[c->conv_index], st,
-             c->body);
+  if (st == 503) { /* shed before it ran: the same append again */
+    c->refused = 1;
+    if (ph->paced)
+      ph->pc->refused++;
+    else
+      ph->tput->refused++;
+    if (!ph->paced && now >= ph->win_end) { /* nothing stored: this sender is done */
+      c->refused = 0;
+      if (--ph->active == 0) done(ph);
+      return 0;
+    }
+    write_append(c, ph->convs[c->conv_index]);
     return 0;
   }
+  if (st != 201 && !(st == 200 && c->refused)) {
+    c->body[c->blen] = '\0';
+    run_fail(b, "%s: an append to %s (key %s) answered %d: %s", b->phase, ph->convs[c->conv_index],
+             c->key, st, c->body);
+    return 0;
+  }
+  if (st == 200) {
+    if (ph->paced)
+      ph->pc->retry_200++;
+    else
+      ph->tput->retry_200++;
+  }
+  c->refused = 0;
   if (ph->paced)
     paced_answer(c, now);
   else

@@ -14,8 +14,13 @@
  *     and received by the subscriber is noted, matched by message id.
  *
  * Every append has a unique Idempotency-Key (the message id) and a 100-byte
- * JSON body. Any answer but 201 fails the bench (run_fail), as does a lost
- * connection. Both phases end by themselves: the throughput phase when the
+ * JSON body. A 503 (the node's pool shed the job before it ran: nothing was
+ * stored) is counted as refused and the same append, same key, is written
+ * again at once on the same connection: the sender keeps its place in the
+ * offered load, and its latency runs from the first write. A 200 (the key
+ * is known) is accepted only after such a refusal and counts as the
+ * acknowledgement. Any other answer fails the bench (run_fail), as does a
+ * lost connection. Both phases end by themselves: the throughput phase when the
  * window is over and every sender's last answer is in; the paced phase when
  * every message is answered and received, or --wait after the last write
  * (then the missing ones are "lost" to the caller), once every answer is
@@ -37,9 +42,11 @@
 /* What appender_throughput measured. The arrays are malloc'ed; free them
  * with appender_tput_free. */
 typedef struct {
-  uint64_t answered; /* 201 answers read inside the window */
-  double window_s;   /* the window's length, seconds */
-  uint64_t *lat_ns;  /* latency of each of those answers, ns (POST written -> read) */
+  uint64_t answered;  /* 201 answers read inside the window */
+  double window_s;    /* the window's length, seconds */
+  uint64_t *lat_ns;   /* latency of each of those answers, ns (first write -> read) */
+  uint64_t refused;   /* 503 answers (each retried), in the window or not */
+  uint64_t retry_200; /* appends acknowledged by a 200 to their retry */
   size_t nlat;
   uint64_t *acks; /* per conversation: every 201 answer, warm-up and tail included */
   size_t nconvs;
@@ -63,6 +70,8 @@ typedef struct {
   uint64_t *sched_ns, *write_ns, *ack_ns, *recv_ns;
   uint64_t seq_errors; /* the subscriber saw seqs that do not follow each other */
   uint64_t dup;        /* messages the subscriber received more than once */
+  uint64_t refused;    /* 503 answers (each retried) */
+  uint64_t retry_200;  /* appends acknowledged by a 200 to their retry */
 } appender_paced_t;
 
 /* Schedule rate * duration_ms / 1000 messages to conversation `conv` on

@@ -97,13 +97,13 @@ typedef struct {
 
 typedef struct {
   int have;
-  uint64_t answered, verified;
+  uint64_t answered, verified, refused, retry_200;
   double rate, p50_ms, p99_ms;
 } tput_t;
 
 typedef struct {
   int have;
-  uint64_t sent, received, lost, late, seq_errors;
+  uint64_t sent, received, lost, late, seq_errors, refused;
   double p50_ms, p99_ms, max_ms, ack_p50_ms, ack_p99_ms, send_rate, lag_max_ms;
 } lat_t;
 
@@ -624,16 +624,23 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   c->have = 1;
   c->answered = t.answered;
   c->verified = verified;
+  c->refused = t.refused;
+  c->retry_200 = t.retry_200;
   c->rate = (double)t.answered / t.window_s;
   qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, cmp_u64);
   c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 50) : 0;
   c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 99) : 0;
   printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
-         "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s\n",
+         "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s",
          x->run + 1, bk_name[x->bk], n, n == 1 ? "" : "s",
          mode == CONV_SHARED ? "one shared conversation" : "a conversation each", c->rate,
          (unsigned long long)t.answered, t.window_s, c->p50_ms, c->p99_ms,
          (unsigned long long)verified, nconvs, nconvs == 1 ? "" : "s");
+  if (t.refused)
+    printf("; %llu answers 503 (store overloaded; retried at once with the same key, %llu of "
+           "them acknowledged by a 200)",
+           (unsigned long long)t.refused, (unsigned long long)t.retry_200);
+  printf("\n");
   fflush(stdout);
   r = 0;
 out:
@@ -679,6 +686,7 @@ static int cell_latency(ctx_t *x, int path) {
   c->received = nl;
   c->lost = p.n - nl;
   c->seq_errors = p.seq_errors;
+  c->refused = p.refused;
   for (size_t i = 0; i < nl; i++)
     if (lat[i] > (uint64_t)o->late_ms * 1000000u) c->late++;
   c->p50_ms = nl ? pct_ms(lat, nl, 50) : 0;
@@ -699,6 +707,7 @@ static int cell_latency(ctx_t *x, int path) {
   if (nl)
     printf("; latency p50 %.2f ms, p99 %.2f ms, max %.2f ms", c->p50_ms, c->p99_ms, c->max_ms);
   printf("; POST answered p50 %.2f ms, p99 %.2f ms", c->ack_p50_ms, c->ack_p99_ms);
+  if (p.refused) printf("; %llu answers 503 (retried at once)", (unsigned long long)p.refused);
   if (p.dup || p.seq_errors)
     printf("; %llu duplicates, %llu seqs out of order", (unsigned long long)p.dup,
            (unsigned long long)p.seq_errors);
@@ -782,16 +791,19 @@ out:
 
 /* ---- medians, tables, JSON ------------------------------------------------------ */
 
-/* The medians over the runs of one appends cell; 0 when no run has it. */
+/* The medians over the runs of one appends cell, and the 503s over all of
+ * them; returns the number of runs that have it. */
 static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
   double rate[MAX_RUNS], p50[MAX_RUNS], p99[MAX_RUNS];
   size_t n = 0;
+  memset(out, 0, sizeof *out);
   for (int r = 0; r < x->o->runs; r++) {
     const tput_t *c = &x->res->tput[r][bk][si][m];
     if (!c->have) continue;
     rate[n] = c->rate;
     p50[n] = c->p50_ms;
     p99[n++] = c->p99_ms;
+    out->refused += c->refused;
   }
   if (!n) return 0;
   out->have = 1;
@@ -814,6 +826,7 @@ static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
     out->received += c->received;
     out->lost += c->lost;
     out->late += c->late;
+    out->refused += c->refused;
     a50[n] = c->ack_p50_ms;
     a99[n] = c->ack_p99_ms;
     rate[n++] = c->send_rate;
@@ -839,9 +852,9 @@ static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
 static void print_tables(const ctx_t *x) {
   const options_t *o = x->o;
   tput_t med;
-  printf("\nappends/s, median of the runs (per-append latency p50 / p99, ms); closed-loop REST "
-         "senders, %lld ms windows after %lld ms of warm-up, pool %lld\n\n| senders | "
-         "conversations |",
+  printf("\nappends/s, median of the runs (per-append latency p50 / p99, ms; 503 answers over "
+         "all runs, if any); closed-loop REST senders, %lld ms windows after %lld ms of warm-up, "
+         "pool %lld\n\n| senders | conversations |",
          o->duration_ms, o->warmup_ms, o->pool);
   for (size_t i = 0; i < o->nbackends; i++) printf(" %s |", bk_name[o->backend[i]]);
   printf("\n| ---: | --- |");
@@ -852,7 +865,10 @@ static void print_tables(const ctx_t *x) {
       if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
       printf("| %d | %s |", o->senders[si], conv_name[m]);
       for (size_t i = 0; i < o->nbackends; i++) {
-        if (tput_median(x, o->backend[i], si, m, &med))
+        if (tput_median(x, o->backend[i], si, m, &med) && med.refused)
+          printf(" %.0f (%.2f / %.2f; %llu x 503) |", med.rate, med.p50_ms, med.p99_ms,
+                 (unsigned long long)med.refused);
+        else if (med.have)
           printf(" %.0f (%.2f / %.2f) |", med.rate, med.p50_ms, med.p99_ms);
         else
           printf(" - |");
@@ -915,17 +931,19 @@ static void print_tables(const ctx_t *x) {
 }
 
 static json_t *tput_json(const tput_t *c) {
-  return json_pack("{s:f, s:f, s:f, s:I, s:I}", "appendsPerSecond", c->rate, "p50Ms", c->p50_ms,
-                   "p99Ms", c->p99_ms, "answeredInWindow", (json_int_t)c->answered, "verified",
-                   (json_int_t)c->verified);
+  return json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I}", "appendsPerSecond", c->rate, "p50Ms",
+                   c->p50_ms, "p99Ms", c->p99_ms, "answeredInWindow", (json_int_t)c->answered,
+                   "verified", (json_int_t)c->verified, "refused503", (json_int_t)c->refused,
+                   "acknowledgedByRetry200", (json_int_t)c->retry_200);
 }
 
 static json_t *lat_json(const lat_t *c) {
-  return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "sent",
+  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "sent",
                    (json_int_t)c->sent, "received", (json_int_t)c->received, "lost",
-                   (json_int_t)c->lost, "late", (json_int_t)c->late, "p50Ms", c->p50_ms, "p99Ms",
-                   c->p99_ms, "maxMs", c->max_ms, "postP50Ms", c->ack_p50_ms, "postP99Ms",
-                   c->ack_p99_ms, "sendRate", c->send_rate, "writeLagMaxMs", c->lag_max_ms);
+                   (json_int_t)c->lost, "late", (json_int_t)c->late, "refused503",
+                   (json_int_t)c->refused, "p50Ms", c->p50_ms, "p99Ms", c->p99_ms, "maxMs",
+                   c->max_ms, "postP50Ms", c->ack_p50_ms, "postP99Ms", c->ack_p99_ms, "sendRate",
+                   c->send_rate, "writeLagMaxMs", c->lag_max_ms);
 }
 
 static int write_json(const ctx_t *x, int argc, char **argv) {
@@ -961,10 +979,10 @@ static int write_json(const ctx_t *x, int argc, char **argv) {
         }
         int n = tput_median(x, bk, si, m, &mc);
         if (!n) continue;
-        json_t *j =
-            json_pack("{s:s, s:s, s:i, s:s, s:i, s:f, s:f, s:f}", "figure", "appends", "backend",
-                      bk_name[bk], "senders", o->senders[si], "conversations", conv_name[m], "runs",
-                      n, "appendsPerSecond", mc.rate, "p50Ms", mc.p50_ms, "p99Ms", mc.p99_ms);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:f, s:f, s:f, s:I}", "figure", "appends",
+                              "backend", bk_name[bk], "senders", o->senders[si], "conversations",
+                              conv_name[m], "runs", n, "appendsPerSecond", mc.rate, "p50Ms",
+                              mc.p50_ms, "p99Ms", mc.p99_ms, "refused503", (json_int_t)mc.refused);
         json_array_append_new(med, j);
       }
     for (int path = 0; path < PATHS; path++) {
