@@ -439,6 +439,7 @@ int bench_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "baseline") == 0) return bench_baseline_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "admission") == 0)
     return bench_admission_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "store") == 0) return bench_store_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -451,6 +452,9 @@ int bench_main(int argc, char **argv) {
                "            (converger bench baseline --help)\n"
                "  admission the admission queue's acquire/release throughput, and a burst of\n"
                "            simultaneous hellos with admission on and off\n"
-               "            (converger bench admission --help)\n");
+               "            (converger bench admission --help)\n"
+               "  store     appends/s with 1..N concurrent senders and delivery latency on\n"
+               "            SQLite (synchronous full, normal) and PostgreSQL, same node and\n"
+               "            across two nodes (converger bench store --help)\n");
   return out == stdout ? 0 : 2;
 }

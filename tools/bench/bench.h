@@ -16,9 +16,14 @@
  *             and a burst of simultaneous hellos with admission on and off
  *             (tools/bench/admission.c, docs/benchmarks/admission.md; one
  *             burst is bench/burst.h's, with libconverger-client clients)
+ *   store     appends/s with concurrent REST senders and delivery latency,
+ *             same node and across two nodes, on SQLite (synchronous full
+ *             and normal) and PostgreSQL (tools/bench/store.c,
+ *             docs/benchmarks/store.md; the senders are bench/appender.h's)
  *
- * Main thread only; a benchmark owns the process while it runs (it raises
- * RLIMIT_NOFILE, pins itself to a CPU and handles SIGINT/SIGTERM).
+ * Main thread only; a benchmark owns the process while it runs (it handles
+ * SIGINT/SIGTERM; baseline and admission also raise RLIMIT_NOFILE and pin
+ * themselves to a CPU).
  */
 #ifndef CONVERGER_TOOLS_BENCH_H
 #define CONVERGER_TOOLS_BENCH_H
@@ -33,5 +38,9 @@ int bench_baseline_main(int argc, char **argv);
 
 /* `converger bench admission`; argv excludes "admission". Same statuses. */
 int bench_admission_main(int argc, char **argv);
+
+/* `converger bench store`; argv excludes "store". Same statuses; also 1
+ * when a conversation read back has a gap or messages were lost. */
+int bench_store_main(int argc, char **argv);
 
 #endif

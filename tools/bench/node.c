@@ -84,9 +84,19 @@ static int env_replaced(const char *var, const char *const *extra) {
   return 0;
 }
 
+/* 1 when `extra` sets the variable of `var` ("NAME=value"). */
+static int extra_sets(const char *var, const char *const *extra) {
+  const char *eq = strchr(var, '=');
+  size_t nl = eq ? (size_t)(eq - var) : strlen(var);
+  for (size_t i = 0; extra && extra[i]; i++)
+    if (strncmp(extra[i], var, nl) == 0 && extra[i][nl] == '=') return 1;
+  return 0;
+}
+
 /* The child's environment: ours without CONVERGER_* and WS_HANDSHAKE_*
- * settings, plus the bench's, then `extra` (which wins). NULL-terminated;
- * free each string and the array. */
+ * settings, plus the bench's, then `extra`. A name appears once: `extra`
+ * wins over the bench's own settings (getenv would return the first of two).
+ * NULL-terminated; free each string and the array. */
 static char **node_env(bench_t *b, const char *const *extra) {
   extern char **environ;
   size_t n = 0, nextra = 0;
@@ -97,6 +107,7 @@ static char **node_env(bench_t *b, const char *const *extra) {
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (!env_replaced(environ[i], extra)) env[k++] = strdup(environ[i]);
+  size_t base = k; /* the bench's own settings start here */
   env[k++] = run_str_printf("CONVERGER_LISTEN=127.0.0.1:%d", b->port);
   env[k++] = run_str_printf("CONVERGER_DATABASE_URL=sqlite:%s/c.db", b->dir);
   env[k++] = run_str_printf("CONVERGER_API_KEY=%s", b->api_key);
@@ -105,6 +116,18 @@ static char **node_env(bench_t *b, const char *const *extra) {
   env[k++] = strdup("CONVERGER_HEARTBEAT_MS=3600000");    /* no pings while measuring */
   env[k++] = strdup("CONVERGER_HELLO_TIMEOUT_MS=600000"); /* upgraded sockets wait for hello */
   env[k++] = strdup("CONVERGER_NODE_ID=bench");
+  /* The bench's own settings that `extra` replaces. Every slot is still
+   * non-NULL here unless strdup failed, which the check below catches. */
+  size_t kept = base;
+  for (size_t i = base; i < k; i++) {
+    if (env[i] && extra_sets(env[i], extra)) {
+      free(env[i]);
+      continue;
+    }
+    env[kept++] = env[i];
+  }
+  for (size_t i = kept; i < k; i++) env[i] = NULL;
+  k = kept;
   for (size_t i = 0; i < nextra; i++) env[k++] = strdup(extra[i]);
   for (size_t i = 0; i < k; i++)
     if (!env[i]) {

@@ -82,6 +82,14 @@ struct bench_s {
   restc_t *rest; /* rest_conns of them while the delivery phase runs */
   size_t rest_connected, rest_answers;
 
+  /* for `converger bench store` (bench/store.c); zero for the others */
+  const char *hello_conv; /* hello subscribes to this conversation (NULL: run_conv_name's) */
+  int ws_port;            /* WebSocket connections go to this port (0: b->port) */
+  /* Called for every "msg" frame before b->msgs is raised, with the frame's
+   * text (not NUL-terminated, valid during the call only) and its seq. */
+  void (*on_msg)(bench_t *b, int64_t seq, const char *frame, size_t len);
+  void *user; /* the on_msg callback's data */
+
   /* what completes the phase; done_ns is when it was complete */
   size_t want_open, want_synced, want_rest_connected, want_rest_answers;
   uint64_t want_msgs;

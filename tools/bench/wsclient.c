@@ -13,6 +13,7 @@
 #include "bench/run.h"
 #include "core/jitter.h"
 #include "core/util.h"
+#include "store/store.h"
 
 #define OPEN_WINDOW 256        /* connections connecting or upgrading at once */
 #define FRAME_MAX   (1u << 20) /* largest server frame accepted */
@@ -64,8 +65,9 @@ static void send_frame(wsc_t *c, int opcode, const void *payload, size_t len) {
 
 void wsc_send_hello(wsc_t *c) {
   bench_t *b = c->b;
-  char conv[32], wm[24], text[4096];
+  char conv[STORE_ID_MAX + 1], wm[24], text[4096];
   run_conv_name(b->fanout ? -1 : (int)(c->index % RUN_CONVS), conv);
+  if (b->hello_conv) snprintf(conv, sizeof conv, "%s", b->hello_conv);
   if (b->hello_watermark < 0)
     snprintf(wm, sizeof wm, "null");
   else
@@ -153,6 +155,7 @@ static void on_text(wsc_t *c, const char *p, size_t len) {
     int64_t seq = int_after(p, len, "\"seq\":");
     if (c->seq >= 0 && seq != c->seq + 1) b->seq_errors++;
     c->seq = seq;
+    if (b->on_msg) b->on_msg(b, seq, p, len);
     if (++b->msgs == b->want_msgs) b->msgs_done_ns = run_now_ns();
     run_maybe_done(b);
   } else if (IS_TYPE("synced")) {
@@ -332,14 +335,14 @@ static void ws_connect_cb(uv_connect_t *req, int status) {
                    "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
                    "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
                    "Sec-WebSocket-Protocol: converger.v1\r\n\r\n",
-                   b->port, key);
+                   b->ws_port ? b->ws_port : b->port, key);
   run_send(b, (uv_stream_t *)&c->tcp, text, (size_t)n);
 }
 
 /* Start connections until OPEN_WINDOW are connecting or upgrading. */
 void wsc_open_more(bench_t *b) {
   struct sockaddr_in addr;
-  uv_ip4_addr("127.0.0.1", b->port, &addr);
+  uv_ip4_addr("127.0.0.1", b->ws_port ? b->ws_port : b->port, &addr);
   while (!b->failed && b->opening < OPEN_WINDOW && b->next_open < b->nws) {
     wsc_t *c = &b->ws[b->next_open++];
     int r = uv_tcp_init(&b->loop, &c->tcp);

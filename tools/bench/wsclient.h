@@ -13,8 +13,10 @@
  * unpredictable enough for a benchmark, not for production. Frames are told
  * apart by their `"type":"..."` text: "synced" raises b->nsynced (and
  * records the hello -> synced latency in b->lat when it is allocated),
- * "msg" raises b->msgs and checks that seqs follow each other (else
- * b->seq_errors), "error" and "drain" fail the bench, pings are answered.
+ * "msg" calls b->on_msg when set, raises b->msgs and checks that seqs
+ * follow each other (else b->seq_errors), "error" and "drain" fail the
+ * bench, pings are answered. Connections go to b->ws_port when it is set
+ * (else b->port), and hello subscribes to b->hello_conv when it is set.
  *
  * Any loss of a connection (EOF, error, close frame, bad frame) fails the
  * bench, except while b->closing.

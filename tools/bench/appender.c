@@ -1,0 +1,483 @@
+/*
+ * appender.c: closed-loop and paced REST appenders of `converger bench
+ * store` (see bench/appender.h).
+ *
+ * One phase at a time owns a phase_t on the caller's stack: its sender
+ * connections, and for the paced phase its two timers (pace: every 1 ms,
+ * moves the messages that are due into a FIFO and writes them on idle
+ * connections; giveup: --wait after the last write). The phase is complete
+ * when done() says so; b->hold_until_ns is kept at UINT64_MAX so that
+ * run_maybe_done, which the WebSocket subscriber calls, never ends it.
+ */
+#include "bench/appender.h"
+
+#include <llhttp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+
+typedef struct phase_s phase_t;
+
+/* One keep-alive REST connection with at most one append in flight. */
+typedef struct {
+  uv_tcp_t tcp;
+  uv_connect_t creq;
+  llhttp_t parser;
+  phase_t *ph;
+  size_t index;
+  int handle; /* uv_tcp_init done and not closed yet */
+  int busy;   /* an append is in flight */
+  size_t conv_index;
+  uint64_t k;       /* appends written (throughput: the key's counter) */
+  uint64_t sent_ns; /* when the append in flight was first written */
+  int refused;      /* the append in flight was refused (503) at least once */
+  char key[48];     /* its Idempotency-Key */
+  size_t msg;       /* paced: the message in flight */
+  char body[256];   /* the answer's body, for error messages */
+  size_t blen;
+} sender_t;
+
+struct phase_s {
+  bench_t *b;
+  int paced;
+  int loading; /* 0 while connecting */
+  sender_t *snd;
+  size_t nsnd, connected, active;
+  const char *const *convs;
+  /* throughput */
+  uint64_t win_start, win_end;
+  appender_tput_t *tput;
+  size_t lat_cap;
+  /* paced */
+  appender_paced_t *pc;
+  long long wait_ms;
+  size_t next_sched, written, acked, received;
+  size_t *queue, qhead, qtail;
+  uv_timer_t pace, giveup;
+  int timers; /* the two timers are initialized */
+  int gave_up;
+};
+
+static char body_json[256]; /* {"sender":"bench","body":{...100 bytes...}} */
+static size_t body_len;
+
+static void body_init(void) {
+  if (body_len) return;
+  char text[APPENDER_BODY_BYTES - 11 + 1]; /* {"text":"..."} is 11 bytes + the text */
+  memset(text, 'x', sizeof text - 1);
+  text[sizeof text - 1] = '\0';
+  body_len = (size_t)snprintf(body_json, sizeof body_json,
+                              "{\"sender\":\"bench\",\"body\":{\"text\":\"%s\"}}", text);
+}
+
+/* The phase's want_* are ours: nothing of run_maybe_done's completes it. */
+static void quiet(bench_t *b) {
+  b->want_open = b->want_synced = b->want_rest_connected = b->want_rest_answers = 0;
+  b->want_msgs = 0;
+  b->hold_until_ns = UINT64_MAX;
+}
+
+static void done(phase_t *ph) {
+  bench_t *b = ph->b;
+  if (b->stopped || b->failed) return;
+  b->done_ns = run_now_ns();
+  b->stopped = 1;
+  uv_stop(&b->loop);
+}
+
+/* Write the append c->key to `conv`; a retry (c->refused) keeps the time
+ * of the first write. */
+static void write_append(sender_t *c, const char *conv) {
+  bench_t *b = c->ph->b;
+  char req[1024];
+  int n = snprintf(req, sizeof req,
+                   "POST /v1/conversations/%s/messages HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                   "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                   "Idempotency-Key: %s\r\nContent-Length: %zu\r\n\r\n%s",
+                   conv, b->port, b->api_key, c->key, body_len, body_json);
+  if (n < 0 || (size_t)n >= sizeof req) {
+    run_fail(b, "%s: the append request to %s does not fit %zu bytes", b->phase, conv, sizeof req);
+    return;
+  }
+  c->busy = 1;
+  if (!c->refused) {
+    c->k++;
+    c->sent_ns = run_now_ns();
+  }
+  run_send(b, (uv_stream_t *)&c->tcp, req, (size_t)n);
+}
+
+/* ---- throughput: closed-loop senders -------------------------------------------- */
+
+static void tput_next(sender_t *c) {
+  snprintf(c->key, sizeof c->key, "%zu-%llu", c->index, (unsigned long long)c->k);
+  write_append(c, c->ph->convs[c->conv_index]);
+}
+
+static void tput_answer(sender_t *c, uint64_t now) {
+  phase_t *ph = c->ph;
+  appender_tput_t *t = ph->tput;
+  t->acks[c->conv_index]++;
+  if (now >= ph->win_start && now <= ph->win_end) {
+    if (t->nlat == ph->lat_cap) {
+      size_t cap = ph->lat_cap ? ph->lat_cap * 2 : 4096;
+      uint64_t *l = realloc(t->lat_ns, cap * sizeof *l);
+      if (!l) {
+        run_fail(ph->b, "out of memory");
+        return;
+      }
+      t->lat_ns = l;
+      ph->lat_cap = cap;
+    }
+    t->lat_ns[t->nlat++] = now - c->sent_ns;
+    t->answered++;
+  }
+  if (now < ph->win_end)
+    tput_next(c);
+  else if (--ph->active == 0)
+    done(ph);
+}
+
+/* ---- paced: scheduled messages, one subscriber ------------------------------------ */
+
+static void paced_check(phase_t *ph) {
+  if (ph->acked == ph->pc->n && (ph->received == ph->pc->n || ph->gave_up)) done(ph);
+}
+
+static void giveup_cb(uv_timer_t *t) {
+  phase_t *ph = container_of(t, phase_t, giveup);
+  ph->gave_up = 1;
+  paced_check(ph);
+}
+
+/* Write queued messages on idle connections. */
+static void dispatch(phase_t *ph) {
+  appender_paced_t *p = ph->pc;
+  for (size_t i = 0; i < ph->nsnd && ph->qhead < ph->qtail && !ph->b->failed; i++) {
+    sender_t *c = &ph->snd[i];
+    if (c->busy) continue;
+    size_t m = ph->queue[ph->qhead++];
+    c->msg = m;
+    snprintf(c->key, sizeof c->key, "L%zu", m);
+    write_append(c, ph->convs[0]);
+    p->write_ns[m] = c->sent_ns;
+    if (++ph->written == p->n) uv_timer_start(&ph->giveup, giveup_cb, (uint64_t)ph->wait_ms, 0);
+  }
+}
+
+static void pace_cb(uv_timer_t *t) {
+  phase_t *ph = container_of(t, phase_t, pace);
+  appender_paced_t *p = ph->pc;
+  uint64_t now = run_now_ns();
+  while (ph->next_sched < p->n && p->sched_ns[ph->next_sched] <= now)
+    ph->queue[ph->qtail++] = ph->next_sched++;
+  dispatch(ph);
+  if (ph->next_sched == p->n) uv_timer_stop(&ph->pace);
+}
+
+static void paced_answer(sender_t *c, uint64_t now) {
+  phase_t *ph = c->ph;
+  ph->pc->ack_ns[c->msg] = now;
+  ph->acked++;
+  dispatch(ph);
+  paced_check(ph);
+}
+
+/* b->on_msg: note when message "L<i>" reached the subscriber. */
+static void paced_on_msg(bench_t *b, int64_t seq, const char *frame, size_t len) {
+  phase_t *ph = b->user;
+  appender_paced_t *p = ph->pc;
+  const char *k = memmem(frame, len, "\"id\":\"L", 7);
+  if (!k) return;
+  const char *q = k + 7, *end = frame + len;
+  size_t i = 0;
+  int any = 0;
+  for (; q < end && *q >= '0' && *q <= '9'; q++, any = 1) i = i * 10 + (size_t)(*q - '0');
+  if (!any || q >= end || *q != '"' || i >= p->n) return;
+  if (p->recv_ns[i]) {
+    p->dup++;
+    return;
+  }
+  p->recv_ns[i] = run_now_ns();
+  ph->received++;
+  paced_check(ph);
+}
+
+/* ---- the connections ------------------------------------------------------------- */
+
+static int on_begin(llhttp_t *p) {
+  ((sender_t *)p->data)->blen = 0;
+  return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len) {
+  sender_t *c = p->data;
+  size_t room = sizeof c->body - 1 - c->blen;
+  size_t n = len < room ? len : room;
+  memcpy(c->body + c->blen, at, n);
+  c->blen += n;
+  c->body[c->blen] = '\0';
+  return 0;
+}
+
+static int on_complete(llhttp_t *p) {
+  sender_t *c = p->data;
+  phase_t *ph = c->ph;
+  bench_t *b = ph->b;
+  uint64_t now = run_now_ns();
+  int st = llhttp_get_status_code(p);
+  if (!c->busy) {
+    run_fail(b, "%s: an answer (%d) with no append in flight", b->phase, st);
+    return 0;
+  }
+  c->busy = 0;
+  if (st == 503) { /* shed before it ran: the same append again */
+    c->refused = 1;
+    if (ph->paced)
+      ph->pc->refused++;
+    else
+      ph->tput->refused++;
+    if (!ph->paced && now >= ph->win_end) { /* nothing stored: this sender is done */
+      c->refused = 0;
+      if (--ph->active == 0) done(ph);
+      return 0;
+    }
+    write_append(c, ph->convs[c->conv_index]);
+    return 0;
+  }
+  if (st != 201 && !(st == 200 && c->refused)) {
+    c->body[c->blen] = '\0';
+    run_fail(b, "%s: an append to %s (key %s) answered %d: %s", b->phase, ph->convs[c->conv_index],
+             c->key, st, c->body);
+    return 0;
+  }
+  if (st == 200) {
+    if (ph->paced)
+      ph->pc->retry_200++;
+    else
+      ph->tput->retry_200++;
+  }
+  c->refused = 0;
+  if (ph->paced)
+    paced_answer(c, now);
+  else
+    tput_answer(c, now);
+  return 0;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  sender_t *c = container_of((uv_tcp_t *)h, sender_t, tcp);
+  buf->base = c->ph->b->read_buf;
+  buf->len = sizeof c->ph->b->read_buf;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  sender_t *c = container_of((uv_tcp_t *)s, sender_t, tcp);
+  bench_t *b = c->ph->b;
+  if (nread == 0) return;
+  if (nread < 0) {
+    uv_read_stop(s);
+    if (!b->closing)
+      run_fail(b, "%s: REST connection %zu: %s", b->phase, c->index,
+               nread == UV_EOF ? "closed by the node" : uv_strerror((int)nread));
+    return;
+  }
+  llhttp_errno_t e = llhttp_execute(&c->parser, buf->base, (size_t)nread);
+  if (e != HPE_OK && !b->failed)
+    run_fail(b, "%s: bad REST answer: %s", b->phase, llhttp_get_error_reason(&c->parser));
+}
+
+static void connect_cb(uv_connect_t *req, int status) {
+  sender_t *c = container_of(req, sender_t, creq);
+  phase_t *ph = c->ph;
+  bench_t *b = ph->b;
+  if (status == UV_ECANCELED || b->closing) return;
+  int e = status < 0 ? status : uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+  if (e != 0) {
+    run_fail(b, "%s: REST connection %zu: %s", b->phase, c->index, uv_strerror(e));
+    return;
+  }
+  if (++ph->connected == ph->nsnd && !ph->loading) done(ph);
+}
+
+/* Connect ph->nsnd senders to b->port and run the loop until all are. */
+static int senders_open(phase_t *ph) {
+  static llhttp_settings_t settings;
+  static int settings_ready;
+  bench_t *b = ph->b;
+  if (!settings_ready) {
+    llhttp_settings_init(&settings);
+    settings.on_message_begin = on_begin;
+    settings.on_body = on_body;
+    settings.on_message_complete = on_complete;
+    settings_ready = 1;
+  }
+  if (!(ph->snd = calloc(ph->nsnd, sizeof *ph->snd))) {
+    run_fail(b, "out of memory");
+    return -1;
+  }
+  struct sockaddr_in addr;
+  uv_ip4_addr("127.0.0.1", b->port, &addr);
+  for (size_t i = 0; i < ph->nsnd; i++) {
+    sender_t *c = &ph->snd[i];
+    c->ph = ph;
+    c->index = i;
+    llhttp_init(&c->parser, HTTP_RESPONSE, &settings);
+    c->parser.data = c;
+    int e = uv_tcp_init(&b->loop, &c->tcp);
+    if (e == 0) {
+      c->handle = 1;
+      b->handles++;
+      uv_tcp_nodelay(&c->tcp, 1);
+      e = uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)&addr, connect_cb);
+    }
+    if (e != 0) {
+      run_fail(b, "REST connection: %s", uv_strerror(e));
+      return -1;
+    }
+  }
+  quiet(b);
+  return run_phase(b, ph->paced ? "latency: connecting" : "appends: connecting");
+}
+
+static void handle_close_cb(uv_handle_t *h) {
+  bench_t *b = h->data;
+  b->handles--;
+}
+
+/* Close the senders (RST) and the timers, and let the close callbacks run. */
+static void phase_end(phase_t *ph) {
+  bench_t *b = ph->b;
+  b->closing = 1;
+  size_t left = b->handles;
+  for (size_t i = 0; ph->snd && i < ph->nsnd; i++) {
+    sender_t *c = &ph->snd[i];
+    if (!c->handle) continue;
+    c->handle = 0;
+    left--;
+    c->tcp.data = b;
+    if (uv_tcp_close_reset(&c->tcp, handle_close_cb) != 0)
+      uv_close((uv_handle_t *)&c->tcp, handle_close_cb);
+  }
+  if (ph->timers) {
+    ph->timers = 0;
+    left -= 2;
+    uv_close((uv_handle_t *)&ph->pace, handle_close_cb);
+    uv_close((uv_handle_t *)&ph->giveup, handle_close_cb);
+  }
+  run_drain_closes(b, left);
+  free(ph->snd);
+  ph->snd = NULL;
+  free(ph->queue);
+  ph->queue = NULL;
+  b->closing = 0;
+}
+
+/* ---- the two phases -------------------------------------------------------------- */
+
+int appender_throughput(bench_t *b, size_t nsenders, const char *const *convs, size_t nconvs,
+                        uint64_t warmup_ms, uint64_t duration_ms, appender_tput_t *out) {
+  memset(out, 0, sizeof *out);
+  body_init();
+  phase_t ph = {.b = b, .nsnd = nsenders, .convs = convs, .tput = out};
+  if (!(out->acks = calloc(nconvs, sizeof *out->acks))) {
+    run_fail(b, "out of memory");
+    return -1;
+  }
+  out->nconvs = nconvs;
+  int r = senders_open(&ph);
+  if (r == 0) {
+    ph.loading = 1;
+    ph.active = nsenders;
+    uint64_t t0 = run_now_ns();
+    ph.win_start = t0 + warmup_ms * 1000000u;
+    ph.win_end = ph.win_start + duration_ms * 1000000u;
+    out->window_s = (double)duration_ms / 1000.0;
+    for (size_t i = 0; i < nsenders && !b->failed; i++) {
+      ph.snd[i].conv_index = i % nconvs;
+      tput_next(&ph.snd[i]);
+    }
+    r = run_phase(b, "appends: sending");
+  }
+  phase_end(&ph);
+  return r;
+}
+
+void appender_tput_free(appender_tput_t *t) {
+  free(t->lat_ns);
+  free(t->acks);
+  memset(t, 0, sizeof *t);
+}
+
+int appender_paced(bench_t *b, size_t nconns, const char *conv, int sub_port, const char *sub_token,
+                   long long rate, long long duration_ms, long long wait_ms,
+                   appender_paced_t *out) {
+  memset(out, 0, sizeof *out);
+  body_init();
+  size_t n = (size_t)(rate * duration_ms / 1000);
+  if (n == 0) n = 1;
+  const char *const convs[1] = {conv};
+  phase_t ph = {.b = b, .paced = 1, .nsnd = nconns, .convs = convs, .pc = out, .wait_ms = wait_ms};
+  out->n = n;
+  out->sched_ns = calloc(n, sizeof *out->sched_ns);
+  out->write_ns = calloc(n, sizeof *out->write_ns);
+  out->ack_ns = calloc(n, sizeof *out->ack_ns);
+  out->recv_ns = calloc(n, sizeof *out->recv_ns);
+  ph.queue = calloc(n, sizeof *ph.queue);
+  if (!out->sched_ns || !out->write_ns || !out->ack_ns || !out->recv_ns || !ph.queue) {
+    free(ph.queue);
+    run_fail(b, "out of memory");
+    return -1;
+  }
+  uv_timer_init(&b->loop, &ph.pace);
+  uv_timer_init(&b->loop, &ph.giveup);
+  ph.pace.data = ph.giveup.data = b;
+  ph.timers = 1;
+  b->handles += 2;
+
+  char *own_token = b->token;
+  int r = senders_open(&ph);
+  if (r == 0) {
+    /* The subscriber: watermark null, so it starts live at the head. */
+    b->token = (char *)sub_token;
+    b->hello_conv = conv;
+    b->ws_port = sub_port;
+    if (wsc_set_begin(b, 1, 1, 0, -1) != 0) {
+      r = -1;
+    } else {
+      b->want_open = b->want_synced = 1;
+      wsc_open_more(b);
+      r = run_phase(b, "latency: subscribing");
+    }
+  }
+  if (r == 0) {
+    quiet(b);
+    b->on_msg = paced_on_msg;
+    b->user = &ph;
+    ph.loading = 1;
+    uint64_t t0 = run_now_ns();
+    for (size_t i = 0; i < n; i++) out->sched_ns[i] = t0 + (uint64_t)((double)i * 1e9 / rate);
+    uv_timer_start(&ph.pace, pace_cb, 1, 1);
+    pace_cb(&ph.pace);
+    r = run_phase(b, "latency: sending");
+    out->seq_errors = b->seq_errors;
+  }
+  b->on_msg = NULL;
+  b->user = NULL;
+  wsc_set_end(b);
+  b->token = own_token;
+  b->hello_conv = NULL;
+  b->ws_port = 0;
+  phase_end(&ph);
+  return r;
+}
+
+void appender_paced_free(appender_paced_t *p) {
+  free(p->sched_ns);
+  free(p->write_ns);
+  free(p->ack_ns);
+  free(p->recv_ns);
+  memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,1121 @@
+/*
+ * store.c: `converger bench store`, the store's figures end to end through
+ * real nodes (issue 5, "Benchmark"; docs/benchmarks/store.md), on each
+ * backend of --backends:
+ *   sqlite          SQLite, synchronous=full (the node's default)
+ *   sqlite-normal   SQLite, synchronous=normal
+ *   postgres        PostgreSQL as the server is configured (scripts/pg-tmp:
+ *                   fsync off, synchronous_commit off)
+ *   postgres-fsync  the same cluster with fsync, synchronous_commit and
+ *                   full_page_writes on (ALTER SYSTEM, only on a cluster the
+ *                   bench started itself)
+ *
+ * Figures, for each backend and run:
+ *   1. appends/s and per-append latency p50/p99 with N closed-loop REST
+ *      senders (each N of --senders), all to one shared conversation and
+ *      each to its own (--convs), counted over --duration-ms after
+ *      --warmup-ms (bench/appender.h); afterwards every conversation is read
+ *      back through REST and must hold seq 1..head with no gap, head being
+ *      the number of 201 answers;
+ *   2. delivery latency at --rate messages/s for --latency-ms: REST sends to
+ *      node A, one WebSocket subscriber on node A ("same node") and, on
+ *      PostgreSQL, on node B, a second node on the same database ("cross
+ *      node"); latency = the subscriber's receive time - the time the POST
+ *      was written, on this process's clock, matched by message id.
+ *      Messages not received --wait-ms after the last write are "lost";
+ *      received ones slower than --late-ms are "late".
+ *
+ * What it owns: the options, the PostgreSQL cluster it starts (scripts/pg-tmp
+ * start/stop in a temporary PG_TMP_DIR, stopped by that script by pid), the
+ * nodes of each backend run (bench/node.h: node A in `b`, node B in its own
+ * bench_t used for its process and blocking REST calls only; every client
+ * connection runs in b's loop), the results, the tables and the JSON.
+ * Nodes are not pinned to CPUs: the node, PostgreSQL and the bench share
+ * the machine. Each run uses new conversation ids, and on SQLite a new
+ * database; the backends' order rotates from run to run.
+ *
+ * Main thread only. Exit status: 0 when every figure was measured and
+ * verified (a cross-node phase in which not one message arrived counts as
+ * "no cross-node fan-out in this build", not as a failure), 1 when a phase
+ * failed, a conversation had a gap or a count mismatch, or messages were
+ * lost on the same node or partly lost across nodes, 2 on bad usage.
+ */
+#include "bench/bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/appender.h"
+#include "bench/node.h"
+#include "bench/restc.h"
+#include "bench/run.h"
+#include "cli/args.h"
+#include "core/util.h"
+#include "store/store.h"
+
+#ifndef CONVERGER_PG_TMP_DEFAULT
+#define CONVERGER_PG_TMP_DEFAULT "scripts/pg-tmp"
+#endif
+
+#define CMD         "converger bench store"
+#define MAX_RUNS    20
+#define MAX_COUNTS  8 /* values of --senders */
+#define MAX_SENDERS 256
+#define LIST_BUF    (4u << 20) /* one GET .../messages answer */
+#define PG_WAIT_MS  10000      /* for a reloaded setting to show */
+
+enum { BK_SQLITE, BK_SQLITE_NORMAL, BK_POSTGRES, BK_POSTGRES_FSYNC, BK_COUNT };
+static const char *const bk_name[BK_COUNT] = {"sqlite", "sqlite-normal", "postgres",
+                                              "postgres-fsync"};
+enum { CONV_SHARED, CONV_OWN, CONV_MODES };
+static const char *const conv_name[CONV_MODES] = {"shared", "own"};
+enum { PATH_SAME, PATH_CROSS, PATHS };
+static const char *const path_name[PATHS] = {"same node", "cross node"};
+
+static int is_pg(int bk) { return bk == BK_POSTGRES || bk == BK_POSTGRES_FSYNC; }
+
+typedef struct {
+  long long duration_ms, warmup_ms, rate, latency_ms, wait_ms, late_ms, runs, pool, timeout_s,
+      latency_conns;
+  int backend[BK_COUNT];
+  size_t nbackends;
+  int senders[MAX_COUNTS];
+  size_t nsenders;
+  int mode[CONV_MODES]; /* which of shared/own run */
+  const char *pg_url, *pg_tmp, *out;
+} options_t;
+
+typedef struct {
+  int have;
+  uint64_t answered, verified, refused, retry_200;
+  double rate, p50_ms, p99_ms;
+} tput_t;
+
+typedef struct {
+  int have;
+  uint64_t sent, received, lost, late, seq_errors, refused;
+  double p50_ms, p99_ms, max_ms, ack_p50_ms, ack_p99_ms, send_rate, lag_max_ms;
+} lat_t;
+
+typedef struct {
+  tput_t tput[MAX_RUNS][BK_COUNT][MAX_COUNTS][CONV_MODES];
+  lat_t lat[MAX_RUNS][BK_COUNT][PATHS];
+  char pg_settings[BK_COUNT][128]; /* as the last run read them */
+} results_t;
+
+/* The run of one backend: its nodes, ids and tokens. */
+typedef struct {
+  const options_t *o;
+  results_t *res;
+  bench_t *b;  /* node A, and the loop of every client connection */
+  bench_t *nb; /* node B (PostgreSQL), NULL otherwise */
+  char tag[40];
+  char *token_b;
+  int run, bk;
+  int bad; /* a verification failed or messages were lost: exit status 1 */
+  char *list_buf;
+  /* the PostgreSQL cluster */
+  char pg_url[STORE_URL_MAX];
+  char pg_dir[128]; /* PG_TMP_DIR of the cluster we started; "" when none */
+  int pg_durable;   /* -1 unknown, 0 off, 1 on */
+} ctx_t;
+
+/* ---- options -------------------------------------------------------------------- */
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: " CMD " [options]\n\n"
+          "Measures the store end to end through real nodes (`converger serve`, this\n"
+          "executable, on free 127.0.0.1 ports) on each backend:\n"
+          "  1. appends/s and per-append latency p50/p99 with N concurrent REST senders\n"
+          "     (closed loop, one POST .../messages in flight each), all to one shared\n"
+          "     conversation and each to its own; then every conversation is read back\n"
+          "     through REST and must be gapless, seq 1..head, head = the 201 answers;\n"
+          "  2. delivery latency at --rate messages/s: REST sends to node A, one\n"
+          "     WebSocket subscriber on node A (same node) and, on PostgreSQL, on node B,\n"
+          "     a second node on the same database (cross node).\n"
+          "Backends: sqlite (synchronous=full, the default), sqlite-normal\n"
+          "(synchronous=normal), postgres (the server's settings; scripts/pg-tmp runs\n"
+          "with fsync off), postgres-fsync (fsync, synchronous_commit and\n"
+          "full_page_writes turned on; only on a cluster the bench starts).\n"
+          "Results go to stdout, ending with Markdown tables of the medians; progress\n"
+          "to stderr.\n\n"
+          "  --backends LIST     of sqlite,sqlite-normal,postgres,postgres-fsync\n"
+          "                      [sqlite,sqlite-normal,postgres,postgres-fsync]\n"
+          "  --senders LIST      concurrent senders, each value 1..%d [1,8,32]\n"
+          "  --convs LIST        of shared,own [shared,own]; own is skipped for 1 sender\n"
+          "  --duration-ms N     measured window of each appends cell [3000]\n"
+          "  --warmup-ms N       sending before the window opens [500]\n"
+          "  --rate N            messages/s of the latency phase [1000]\n"
+          "  --latency-ms N      length of the latency phase [3000]\n"
+          "  --latency-conns N   REST connections carrying its sends [32]\n"
+          "  --wait-ms N         wait for missing deliveries after the last send [3000]\n"
+          "  --late-ms N         a delivery slower than this is late [1000]\n"
+          "  --runs N            runs of everything, medians reported (1..%d) [3]\n"
+          "  --pool N            the nodes' CONVERGER_POOL_SIZE [20]\n"
+          "  --pg-url URL        use this PostgreSQL database instead of starting one\n"
+          "                      (the bench adds its own rows with fresh ids; it never\n"
+          "                      deletes anything)\n"
+          "  --pg-tmp PATH       the script that starts one [%s]\n"
+          "  --out FILE          also write every run and the medians as JSON\n"
+          "  --timeout S         limit of each phase in seconds [60]\n"
+          "  --help              this text\n",
+          MAX_SENDERS, MAX_RUNS, CONVERGER_PG_TMP_DEFAULT);
+}
+
+/* Split a comma list into `words`; returns the count or -1 (too many). */
+static int split_list(const char *text, char words[][24], int max) {
+  int n = 0;
+  const char *p = text;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == 0 || len >= 24 || n == max) return -1;
+    memcpy(words[n], p, len);
+    words[n++][len] = '\0';
+    if (!comma) break;
+    p = comma + 1;
+    if (!*p) return -1;
+  }
+  return n;
+}
+
+static int parse_lists(options_t *o, const char *backends, const char *senders, const char *convs) {
+  char w[MAX_COUNTS * 2][24];
+  int n = split_list(backends, w, BK_COUNT);
+  if (n <= 0) {
+    fprintf(stderr, CMD ": invalid --backends \"%s\"\n", backends);
+    return -1;
+  }
+  o->nbackends = 0;
+  for (int i = 0; i < n; i++) {
+    int k = 0;
+    while (k < BK_COUNT && strcmp(w[i], bk_name[k]) != 0) k++;
+    if (k == BK_COUNT) {
+      fprintf(stderr,
+              CMD ": unknown backend \"%s\" in --backends (sqlite, sqlite-normal, postgres, "
+                  "postgres-fsync)\n",
+              w[i]);
+      return -1;
+    }
+    for (size_t j = 0; j < o->nbackends; j++)
+      if (o->backend[j] == k) {
+        fprintf(stderr, CMD ": backend \"%s\" twice in --backends\n", w[i]);
+        return -1;
+      }
+    o->backend[o->nbackends++] = k;
+  }
+  n = split_list(senders, w, MAX_COUNTS);
+  if (n <= 0) {
+    fprintf(stderr, CMD ": invalid --senders \"%s\": up to %d counts, comma-separated\n", senders,
+            MAX_COUNTS);
+    return -1;
+  }
+  o->nsenders = (size_t)n;
+  for (int i = 0; i < n; i++) {
+    long long v;
+    if (cli_parse_ll(w[i], 1, MAX_SENDERS, &v) != 0) {
+      fprintf(stderr, CMD ": invalid sender count \"%s\" in --senders: want 1..%d\n", w[i],
+              MAX_SENDERS);
+      return -1;
+    }
+    o->senders[i] = (int)v;
+  }
+  n = split_list(convs, w, CONV_MODES);
+  if (n <= 0) {
+    fprintf(stderr, CMD ": invalid --convs \"%s\" (shared, own)\n", convs);
+    return -1;
+  }
+  o->mode[CONV_SHARED] = o->mode[CONV_OWN] = 0;
+  for (int i = 0; i < n; i++) {
+    int k = strcmp(w[i], "shared") == 0 ? CONV_SHARED : strcmp(w[i], "own") == 0 ? CONV_OWN : -1;
+    if (k < 0) {
+      fprintf(stderr, CMD ": unknown value \"%s\" in --convs (shared, own)\n", w[i]);
+      return -1;
+    }
+    o->mode[k] = 1;
+  }
+  return 0;
+}
+
+/* Returns 0, 1 after --help, or -1 after printing why (exit status 2). */
+static int parse_options(options_t *o, int argc, char **argv) {
+  const char *backends = "sqlite,sqlite-normal,postgres,postgres-fsync", *senders = "1,8,32",
+             *convs = "shared,own";
+  /* The string options first; the rest goes to run_parse_int_options. */
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  if (!rest) return -1;
+  int nrest = 0;
+  static const char *const names[] = {"--backends", "--senders", "--convs",
+                                      "--pg-url",   "--pg-tmp",  "--out"};
+  const char **dest[] = {&backends, &senders, &convs, &o->pg_url, &o->pg_tmp, &o->out};
+  for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    int missing = 0;
+    size_t k = 0;
+    for (; k < CV_ARRAY_SIZE(names) && !v && !missing; k++)
+      v = cli_flag_value(argc, argv, &i, names[k], &missing);
+    if (missing) {
+      fprintf(stderr, CMD ": %s needs a value\n", argv[i]);
+      free(rest);
+      return -1;
+    }
+    if (v)
+      *dest[k - 1] = v;
+    else
+      rest[nrest++] = argv[i];
+  }
+  const run_int_opt_t opts[] = {
+      {"duration-ms", &o->duration_ms, 100, 3600000},
+      {"warmup-ms", &o->warmup_ms, 0, 600000},
+      {"rate", &o->rate, 1, 100000},
+      {"latency-ms", &o->latency_ms, 10, 600000},
+      {"latency-conns", &o->latency_conns, 1, MAX_SENDERS},
+      {"wait-ms", &o->wait_ms, 0, 600000},
+      {"late-ms", &o->late_ms, 1, 600000},
+      {"runs", &o->runs, 1, MAX_RUNS},
+      {"pool", &o->pool, 1, 512},
+      {"timeout", &o->timeout_s, 1, 86400},
+  };
+  int r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
+  free(rest);
+  if (r != 0) return r;
+  if (parse_lists(o, backends, senders, convs) != 0) return -1;
+  if (o->rate * o->latency_ms / 1000 > 10000000) {
+    fprintf(stderr, CMD ": --rate x --latency-ms is over 10 million messages\n");
+    return -1;
+  }
+  for (size_t i = 0; i < o->nbackends; i++)
+    if (o->backend[i] == BK_POSTGRES_FSYNC && o->pg_url) {
+      fprintf(stderr, CMD ": postgres-fsync changes the server's settings, so it runs only on a "
+                          "cluster the bench starts itself: drop --pg-url or postgres-fsync\n");
+      return -1;
+    }
+  if (o->pg_url && !store_backend_name(o->pg_url)) {
+    fprintf(stderr, CMD ": --pg-url \"%s\" is not a PostgreSQL URL (postgres://...)\n", o->pg_url);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- statistics ----------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Nearest rank of sorted `v` (n > 0), in ms. */
+static double pct_ms(const uint64_t *v, size_t n, int pct) {
+  size_t i = n * (size_t)pct / 100;
+  return (double)v[i < n ? i : n - 1] / 1e6;
+}
+
+static double median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- PostgreSQL: scripts/pg-tmp and the durability settings -------------------- */
+
+/* Run `script` ARG... with PG_TMP_DIR=dir; its stdout into `out` (NULL:
+ * inherited), its stderr inherited. Returns its exit status, or -1. */
+static int run_script(const char *script, const char *dir, const char *arg1, const char *arg2,
+                      const char *arg3, char *out, size_t cap) {
+  int fds[2] = {-1, -1};
+  if (out && pipe2(fds, O_CLOEXEC) != 0) return -1;
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (out) dup2(fds[1], 1);
+    setenv("PG_TMP_DIR", dir, 1);
+    signal(SIGPIPE, SIG_DFL);
+    execl(script, script, arg1, arg2, arg3, (char *)NULL);
+    dprintf(2, CMD ": cannot run %s: %s\n", script, strerror(errno));
+    _exit(127);
+  }
+  if (out) close(fds[1]);
+  if (pid < 0) {
+    if (out) close(fds[0]);
+    return -1;
+  }
+  size_t len = 0;
+  while (out) {
+    ssize_t n = read(fds[0], out + len, cap - 1 - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    len += (size_t)n;
+    if (len == cap - 1) break;
+  }
+  if (out) {
+    out[len] = '\0';
+    close(fds[0]);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int pg_start(ctx_t *x) {
+  const options_t *o = x->o;
+  if (access(o->pg_tmp, X_OK) != 0) {
+    fprintf(stderr,
+            CMD ": cannot run %s (%s); give --pg-tmp PATH or --pg-url URL, or leave postgres "
+                "out of --backends\n",
+            o->pg_tmp, strerror(errno));
+    return -1;
+  }
+  const char *tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp || strlen(tmp) > 60) tmp = "/tmp";
+  snprintf(x->pg_dir, sizeof x->pg_dir, "%s/cvg-bench-pg-XXXXXX", tmp);
+  if (!mkdtemp(x->pg_dir)) {
+    fprintf(stderr, CMD ": cannot create %s: %s\n", x->pg_dir, strerror(errno));
+    x->pg_dir[0] = '\0';
+    return -1;
+  }
+  char owner[24], out[1024];
+  snprintf(owner, sizeof owner, "%d", (int)getpid());
+  fprintf(stderr, "postgres: starting a throwaway cluster (%s start, PG_TMP_DIR=%s)\n", o->pg_tmp,
+          x->pg_dir);
+  int st = run_script(o->pg_tmp, x->pg_dir, "start", "--owner", owner, out, sizeof out);
+  char *nl = strchr(out, '\n');
+  if (nl) *nl = '\0';
+  if (st != 0 || strncmp(out, "postgres://", 11) != 0 || strlen(out) >= sizeof x->pg_url) {
+    fprintf(stderr, CMD ": %s start failed (status %d); see its message above\n", o->pg_tmp, st);
+    return -1;
+  }
+  memcpy(x->pg_url, out, strlen(out) + 1);
+  return 0;
+}
+
+static void pg_stop(ctx_t *x) {
+  if (!x->pg_dir[0]) return;
+  int st = run_script(x->o->pg_tmp, x->pg_dir, "stop", NULL, NULL, NULL, 0);
+  if (st != 0) fprintf(stderr, CMD ": %s stop ended with status %d\n", x->o->pg_tmp, st);
+  rmdir(x->pg_dir); /* pg-tmp stop removed it, unless start never got far */
+  x->pg_dir[0] = '\0';
+}
+
+static PGconn *pg_connect(const char *url, char *err, size_t cap) {
+  const char *const keys[] = {"dbname", "connect_timeout", NULL};
+  const char *const vals[] = {url, "5", NULL};
+  PGconn *c = PQconnectdbParams(keys, vals, 1);
+  if (PQstatus(c) != CONNECTION_OK) {
+    snprintf(err, cap, "%s", c ? PQerrorMessage(c) : "out of memory");
+    char *nl = strchr(err, '\n');
+    if (nl) *nl = '\0';
+    PQfinish(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* "fsync=on synchronous_commit=on full_page_writes=on" into out. */
+static int pg_settings(PGconn *c, char *out, size_t cap) {
+  static const char *const names[] = {"fsync", "synchronous_commit", "full_page_writes"};
+  size_t len = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < CV_ARRAY_SIZE(names); i++) {
+    char sql[64];
+    snprintf(sql, sizeof sql, "SHOW %s", names[i]);
+    PGresult *r = PQexec(c, sql);
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    if (ok)
+      len += (size_t)snprintf(out + len, cap - len, "%s%s=%s", i ? " " : "", names[i],
+                              PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (!ok || len >= cap) return -1;
+  }
+  return 0;
+}
+
+/* Turn the durability settings on (durable) or back to the cluster's own
+ * (postgresql.conf), and wait until a new session sees them. Only on the
+ * cluster we started. Returns 0 or -1 (b->err set). */
+static int pg_set_durable(ctx_t *x, int durable) {
+  bench_t *b = x->b;
+  char err[256], now[128];
+  if (x->pg_durable == durable) return 0;
+  PGconn *c = pg_connect(x->pg_url, err, sizeof err);
+  if (!c) {
+    run_fail(b, "postgres: cannot connect to %s: %s", x->pg_url, err);
+    return -1;
+  }
+  static const char *const on[] = {
+      "ALTER SYSTEM SET fsync = on", "ALTER SYSTEM SET synchronous_commit = on",
+      "ALTER SYSTEM SET full_page_writes = on", "SELECT pg_reload_conf()"};
+  static const char *const off[] = {
+      "ALTER SYSTEM RESET fsync", "ALTER SYSTEM RESET synchronous_commit",
+      "ALTER SYSTEM RESET full_page_writes", "SELECT pg_reload_conf()"};
+  for (size_t i = 0; i < 4; i++) {
+    PGresult *r = PQexec(c, durable ? on[i] : off[i]);
+    ExecStatusType s = PQresultStatus(r);
+    PQclear(r);
+    if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
+      run_fail(b, "postgres: %s: %s", durable ? on[i] : off[i], PQerrorMessage(c));
+      PQfinish(c);
+      return -1;
+    }
+  }
+  PQfinish(c);
+  /* The reload is asynchronous: poll from fresh sessions. */
+  const char *want = durable ? "fsync=on synchronous_commit=on" : "fsync=off";
+  uint64_t until = run_now_ns() + (uint64_t)PG_WAIT_MS * 1000000u;
+  for (;;) {
+    c = pg_connect(x->pg_url, err, sizeof err);
+    int r = c ? pg_settings(c, now, sizeof now) : -1;
+    PQfinish(c);
+    if (r == 0 && strncmp(now, want, strlen(want)) == 0) break;
+    if (run_now_ns() >= until || run_interrupted) {
+      run_fail(b, "postgres: the settings did not become \"%s\" within %d s (now: %s)", want,
+               PG_WAIT_MS / 1000, r == 0 ? now : err);
+      return -1;
+    }
+    run_sleep_ms(50);
+  }
+  x->pg_durable = durable;
+  return 0;
+}
+
+/* ---- nodes and setup ------------------------------------------------------------ */
+
+/* Start `nb` for backend x->bk as node `name` and wait until it is ready. */
+static int node_up(ctx_t *x, bench_t *nb, const char *name) {
+  char sync[64], db[STORE_URL_MAX + 32], pool[48], id[64];
+  const char *env[5] = {NULL};
+  size_t k = 0;
+  snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", x->o->pool);
+  snprintf(id, sizeof id, "CONVERGER_NODE_ID=bench-store-%s", name);
+  env[k++] = pool;
+  env[k++] = id;
+  if (is_pg(x->bk)) {
+    snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
+    env[k++] = db;
+  } else {
+    snprintf(sync, sizeof sync, "CONVERGER_SQLITE_SYNC=%s",
+             x->bk == BK_SQLITE_NORMAL ? "normal" : "full");
+    env[k++] = sync;
+  }
+  nb->node_cpu = -1; /* the node, PostgreSQL and the bench share the machine */
+  nb->timeout_s = (int)x->o->timeout_s;
+  if (bnode_start_env(nb, env) != 0 || bnode_wait_ready(nb) != 0) {
+    if (nb != x->b) run_fail(x->b, "node %s: %s", name, nb->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* One token covering every conversation, minted by node `nb` (its secret). */
+static char *mint_token(bench_t *b, bench_t *nb) {
+  char out[2048];
+  if (restc_expect(nb, "POST", "/v1/tokens",
+                   "{\"sub\":\"bench\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
+                   sizeof out) != 0) {
+    if (nb != b) run_fail(b, "node B: %s", nb->err);
+    return NULL;
+  }
+  json_t *v = json_loads(out, 0, NULL);
+  const char *t = json_string_value(json_object_get(v, "token"));
+  char *token = t ? strdup(t) : NULL;
+  json_decref(v);
+  if (!token) run_fail(b, "POST /v1/tokens: no token in %.200s", out);
+  return token;
+}
+
+static int conv_create(ctx_t *x, const char *id) {
+  char body[256];
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", id, x->tag);
+  return restc_expect(x->b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0);
+}
+
+/* Read `conv` back through REST, page by page: seq must run 1..head with
+ * no gap and head must be `want`. Returns 0, or -1 (b->err set, x->bad). */
+static int verify_conv(ctx_t *x, const char *conv, uint64_t want) {
+  bench_t *b = x->b;
+  char path[256];
+  int64_t after = 0, head = -1;
+  for (;;) {
+    snprintf(path, sizeof path, "/v1/conversations/%s/messages?after=%lld&limit=%d", conv,
+             (long long)after, STORE_REPLAY_PAGE_MAX);
+    if (restc_expect(b, "GET", path, NULL, NULL, 200, x->list_buf, LIST_BUF) != 0) return -1;
+    json_error_t je;
+    json_t *v = json_loads(x->list_buf, 0, &je);
+    json_t *msgs = json_object_get(v, "messages");
+    json_t *h = json_object_get(v, "head");
+    if (!json_is_array(msgs) || !json_is_integer(h)) {
+      json_decref(v);
+      run_fail(b, "GET %s: not a page of messages (%s)", path, v ? "fields missing" : je.text);
+      return -1;
+    }
+    head = json_integer_value(h);
+    size_t n = json_array_size(msgs);
+    for (size_t i = 0; i < n; i++) {
+      int64_t seq = json_integer_value(json_object_get(json_array_get(msgs, i), "seq"));
+      if (seq != after + 1) {
+        json_decref(v);
+        x->bad = 1;
+        run_fail(b, "conversation %s: seq %lld follows %lld: a gap", conv, (long long)seq,
+                 (long long)after);
+        return -1;
+      }
+      after = seq;
+    }
+    json_decref(v);
+    if (n == 0 || after >= head) break;
+  }
+  if (after != head || (uint64_t)head != want) {
+    x->bad = 1;
+    run_fail(b,
+             "conversation %s: read back seq 1..%lld, head %lld, but %llu appends were answered "
+             "201",
+             conv, (long long)after, (long long)head, (unsigned long long)want);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- the two figures ------------------------------------------------------------ */
+
+static int cell_appends(ctx_t *x, size_t si, int mode) {
+  bench_t *b = x->b;
+  int n = x->o->senders[si];
+  size_t nconvs = mode == CONV_SHARED ? 1 : (size_t)n;
+  char(*ids)[96] = calloc(nconvs, sizeof *ids);
+  const char **convs = calloc(nconvs, sizeof *convs);
+  appender_tput_t t = {0};
+  int r = -1;
+  if (!ids || !convs) {
+    run_fail(b, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < nconvs; i++) {
+    if (mode == CONV_SHARED)
+      snprintf(ids[i], sizeof ids[i], "%s-n%d-shared", x->tag, n);
+    else
+      snprintf(ids[i], sizeof ids[i], "%s-n%d-own%zu", x->tag, n, i);
+    convs[i] = ids[i];
+    if (conv_create(x, ids[i]) != 0) goto out;
+  }
+  if (appender_throughput(b, (size_t)n, convs, nconvs, (uint64_t)x->o->warmup_ms,
+                          (uint64_t)x->o->duration_ms, &t) != 0)
+    goto out;
+  uint64_t verified = 0;
+  for (size_t i = 0; i < nconvs; i++) {
+    if (verify_conv(x, ids[i], t.acks[i]) != 0) goto out;
+    verified += t.acks[i];
+  }
+  tput_t *c = &x->res->tput[x->run][x->bk][si][mode];
+  c->have = 1;
+  c->answered = t.answered;
+  c->verified = verified;
+  c->refused = t.refused;
+  c->retry_200 = t.retry_200;
+  c->rate = (double)t.answered / t.window_s;
+  qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, cmp_u64);
+  c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 50) : 0;
+  c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 99) : 0;
+  printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
+         "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s",
+         x->run + 1, bk_name[x->bk], n, n == 1 ? "" : "s",
+         mode == CONV_SHARED ? "one shared conversation" : "a conversation each", c->rate,
+         (unsigned long long)t.answered, t.window_s, c->p50_ms, c->p99_ms,
+         (unsigned long long)verified, nconvs, nconvs == 1 ? "" : "s");
+  if (t.refused)
+    printf("; %llu answers 503 (store overloaded; retried at once with the same key, %llu of "
+           "them acknowledged by a 200)",
+           (unsigned long long)t.refused, (unsigned long long)t.retry_200);
+  printf("\n");
+  fflush(stdout);
+  r = 0;
+out:
+  appender_tput_free(&t);
+  free(ids);
+  free(convs);
+  return r;
+}
+
+static int cell_latency(ctx_t *x, int path) {
+  bench_t *b = x->b;
+  const options_t *o = x->o;
+  char conv[64];
+  snprintf(conv, sizeof conv, "%s-lat-%s", x->tag, path == PATH_SAME ? "same" : "cross");
+  if (conv_create(x, conv) != 0) return -1;
+  appender_paced_t p = {0};
+  int sub_port = path == PATH_SAME ? b->port : x->nb->port;
+  const char *token = path == PATH_SAME ? b->token : x->token_b;
+  int r = appender_paced(b, (size_t)o->latency_conns, conv, sub_port, token, o->rate, o->latency_ms,
+                         o->wait_ms, &p);
+  if (r != 0) goto out;
+  r = -1;
+  if (verify_conv(x, conv, p.n) != 0) goto out;
+  lat_t *c = &x->res->lat[x->run][x->bk][path];
+  uint64_t *lat = calloc(p.n, sizeof *lat), *ack = calloc(p.n, sizeof *ack);
+  if (!lat || !ack) {
+    free(lat);
+    free(ack);
+    run_fail(b, "out of memory");
+    goto out;
+  }
+  size_t nl = 0;
+  uint64_t lag = 0;
+  for (size_t i = 0; i < p.n; i++) {
+    if (p.recv_ns[i]) lat[nl++] = p.recv_ns[i] - p.write_ns[i];
+    ack[i] = p.ack_ns[i] - p.write_ns[i];
+    if (p.write_ns[i] - p.sched_ns[i] > lag) lag = p.write_ns[i] - p.sched_ns[i];
+  }
+  qsort(lat, nl, sizeof *lat, cmp_u64);
+  qsort(ack, p.n, sizeof *ack, cmp_u64);
+  c->have = 1;
+  c->sent = p.n;
+  c->received = nl;
+  c->lost = p.n - nl;
+  c->seq_errors = p.seq_errors;
+  c->refused = p.refused;
+  for (size_t i = 0; i < nl; i++)
+    if (lat[i] > (uint64_t)o->late_ms * 1000000u) c->late++;
+  c->p50_ms = nl ? pct_ms(lat, nl, 50) : 0;
+  c->p99_ms = nl ? pct_ms(lat, nl, 99) : 0;
+  c->max_ms = nl ? (double)lat[nl - 1] / 1e6 : 0;
+  c->ack_p50_ms = pct_ms(ack, p.n, 50);
+  c->ack_p99_ms = pct_ms(ack, p.n, 99);
+  c->lag_max_ms = (double)lag / 1e6;
+  c->send_rate =
+      p.n > 1 ? (double)(p.n - 1) * 1e9 / (double)(p.write_ns[p.n - 1] - p.write_ns[0]) : 0;
+  free(lat);
+  free(ack);
+  printf("run %d, %s, %s: %llu messages sent at %.0f/s (writes at most %.1f ms behind schedule); "
+         "received %llu, lost %llu (waited %lld ms after the last send), late %llu (> %lld ms)",
+         x->run + 1, bk_name[x->bk], path_name[path], (unsigned long long)c->sent, c->send_rate,
+         c->lag_max_ms, (unsigned long long)c->received, (unsigned long long)c->lost, o->wait_ms,
+         (unsigned long long)c->late, o->late_ms);
+  if (nl)
+    printf("; latency p50 %.2f ms, p99 %.2f ms, max %.2f ms", c->p50_ms, c->p99_ms, c->max_ms);
+  printf("; POST answered p50 %.2f ms, p99 %.2f ms", c->ack_p50_ms, c->ack_p99_ms);
+  if (p.refused) printf("; %llu answers 503 (retried at once)", (unsigned long long)p.refused);
+  if (p.dup || p.seq_errors)
+    printf("; %llu duplicates, %llu seqs out of order", (unsigned long long)p.dup,
+           (unsigned long long)p.seq_errors);
+  printf("\n");
+  if (path == PATH_CROSS && nl == 0)
+    printf("run %d, %s, cross node: not one message reached node B's subscriber: this build does "
+           "not fan messages out across nodes\n",
+           x->run + 1, bk_name[x->bk]);
+  fflush(stdout);
+  if ((path == PATH_SAME && (c->lost || c->seq_errors)) || (path == PATH_CROSS && nl && c->lost))
+    x->bad = 1;
+  r = 0;
+out:
+  appender_paced_free(&p);
+  return r;
+}
+
+/* Everything of one backend in one run: nodes up, figures, nodes down. */
+static int backend_run(ctx_t *x) {
+  bench_t *b = x->b;
+  const options_t *o = x->o;
+  int r = -1;
+  char hex[7];
+  if (util_random_hex(hex, 3) != 0) {
+    run_fail(b, "cannot draw random ids");
+    return -1;
+  }
+  snprintf(x->tag, sizeof x->tag, "bs%d-%s-%s", x->run + 1, bk_name[x->bk], hex);
+  if (is_pg(x->bk)) {
+    if (x->pg_dir[0] && pg_set_durable(x, x->bk == BK_POSTGRES_FSYNC) != 0) return -1;
+    char err[256];
+    PGconn *c = pg_connect(x->pg_url, err, sizeof err);
+    if (!c || pg_settings(c, x->res->pg_settings[x->bk], sizeof x->res->pg_settings[x->bk]) != 0)
+      snprintf(x->res->pg_settings[x->bk], sizeof x->res->pg_settings[x->bk], "unknown (%.100s)",
+               c ? PQerrorMessage(c) : err);
+    PQfinish(c);
+  }
+  fprintf(stderr, "run %d, %s: starting node A%s\n", x->run + 1, bk_name[x->bk],
+          is_pg(x->bk) ? " and node B" : "");
+  if (node_up(x, b, "a") != 0) goto out;
+  if (is_pg(x->bk)) {
+    if (!(x->nb = calloc(1, sizeof *x->nb))) {
+      run_fail(b, "out of memory");
+      goto out;
+    }
+    if (node_up(x, x->nb, "b") != 0) goto out;
+  }
+  char body[256];
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"name\":\"bench store\"}", x->tag);
+  if (restc_expect(b, "POST", "/v1/channels", body, NULL, 201, NULL, 0) != 0) goto out;
+  if (!(b->token = mint_token(b, b))) goto out;
+  if (x->nb && !(x->token_b = mint_token(b, x->nb))) goto out;
+  if (is_pg(x->bk))
+    printf("run %d, %s: PostgreSQL %s\n", x->run + 1, bk_name[x->bk], x->res->pg_settings[x->bk]);
+  for (size_t si = 0; si < o->nsenders; si++)
+    for (int m = 0; m < CONV_MODES; m++) {
+      if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
+      if (cell_appends(x, si, m) != 0) goto out;
+    }
+  if (cell_latency(x, PATH_SAME) != 0) goto out;
+  if (x->nb && cell_latency(x, PATH_CROSS) != 0) goto out;
+  r = 0;
+out:
+  if (x->nb) {
+    if (x->nb->failed && !b->failed) run_fail(b, "node B: %s", x->nb->err);
+    if (b->failed) bnode_print_log_tail(x->nb, 10);
+    bnode_stop(x->nb);
+    bnode_remove_dir(x->nb);
+    free(x->nb);
+    x->nb = NULL;
+  }
+  if (b->failed) bnode_print_log_tail(b, 20);
+  bnode_stop(b);
+  bnode_remove_dir(b);
+  free(b->token);
+  b->token = NULL;
+  free(x->token_b);
+  x->token_b = NULL;
+  return r;
+}
+
+/* ---- medians, tables, JSON ------------------------------------------------------ */
+
+/* The medians over the runs of one appends cell, and the 503s over all of
+ * them; returns the number of runs that have it. */
+static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
+  double rate[MAX_RUNS], p50[MAX_RUNS], p99[MAX_RUNS];
+  size_t n = 0;
+  memset(out, 0, sizeof *out);
+  for (int r = 0; r < x->o->runs; r++) {
+    const tput_t *c = &x->res->tput[r][bk][si][m];
+    if (!c->have) continue;
+    rate[n] = c->rate;
+    p50[n] = c->p50_ms;
+    p99[n++] = c->p99_ms;
+    out->refused += c->refused;
+  }
+  if (!n) return 0;
+  out->have = 1;
+  out->rate = median(rate, n);
+  out->p50_ms = median(p50, n);
+  out->p99_ms = median(p99, n);
+  return (int)n;
+}
+
+/* Medians of the latencies over the runs that received something; totals
+ * of the counts over every run. */
+static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
+  double p50[MAX_RUNS], p99[MAX_RUNS], mx[MAX_RUNS], a50[MAX_RUNS], a99[MAX_RUNS], rate[MAX_RUNS];
+  size_t n = 0, nrecv = 0;
+  memset(out, 0, sizeof *out);
+  for (int r = 0; r < x->o->runs; r++) {
+    const lat_t *c = &x->res->lat[r][bk][path];
+    if (!c->have) continue;
+    out->sent += c->sent;
+    out->received += c->received;
+    out->lost += c->lost;
+    out->late += c->late;
+    out->refused += c->refused;
+    a50[n] = c->ack_p50_ms;
+    a99[n] = c->ack_p99_ms;
+    rate[n++] = c->send_rate;
+    if (c->received) {
+      p50[nrecv] = c->p50_ms;
+      p99[nrecv] = c->p99_ms;
+      mx[nrecv++] = c->max_ms;
+    }
+  }
+  if (!n) return 0;
+  out->have = 1;
+  out->ack_p50_ms = median(a50, n);
+  out->ack_p99_ms = median(a99, n);
+  out->send_rate = median(rate, n);
+  if (nrecv) {
+    out->p50_ms = median(p50, nrecv);
+    out->p99_ms = median(p99, nrecv);
+    out->max_ms = median(mx, nrecv);
+  }
+  return (int)n;
+}
+
+static void print_tables(const ctx_t *x) {
+  const options_t *o = x->o;
+  tput_t med;
+  printf("\nappends/s, median of the runs (per-append latency p50 / p99, ms; 503 answers over "
+         "all runs, if any); closed-loop REST senders, %lld ms windows after %lld ms of warm-up, "
+         "pool %lld\n\n| senders | conversations |",
+         o->duration_ms, o->warmup_ms, o->pool);
+  for (size_t i = 0; i < o->nbackends; i++) printf(" %s |", bk_name[o->backend[i]]);
+  printf("\n| ---: | --- |");
+  for (size_t i = 0; i < o->nbackends; i++) printf(" ---: |");
+  printf("\n");
+  for (size_t si = 0; si < o->nsenders; si++)
+    for (int m = 0; m < CONV_MODES; m++) {
+      if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
+      printf("| %d | %s |", o->senders[si], conv_name[m]);
+      for (size_t i = 0; i < o->nbackends; i++) {
+        if (tput_median(x, o->backend[i], si, m, &med) && med.refused)
+          printf(" %.0f (%.2f / %.2f; %llu x 503) |", med.rate, med.p50_ms, med.p99_ms,
+                 (unsigned long long)med.refused);
+        else if (med.have)
+          printf(" %.0f (%.2f / %.2f) |", med.rate, med.p50_ms, med.p99_ms);
+        else
+          printf(" - |");
+      }
+      printf("\n");
+    }
+  if (o->nbackends > 1) {
+    int base = o->backend[0];
+    printf("\nappends/s against %s (ratio of the medians)\n\n| senders | conversations |",
+           bk_name[base]);
+    for (size_t i = 1; i < o->nbackends; i++)
+      printf(" %s / %s |", bk_name[o->backend[i]], bk_name[base]);
+    printf("\n| ---: | --- |");
+    for (size_t i = 1; i < o->nbackends; i++) printf(" ---: |");
+    printf("\n");
+    for (size_t si = 0; si < o->nsenders; si++)
+      for (int m = 0; m < CONV_MODES; m++) {
+        if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
+        tput_t b0;
+        printf("| %d | %s |", o->senders[si], conv_name[m]);
+        int have0 = tput_median(x, base, si, m, &b0);
+        for (size_t i = 1; i < o->nbackends; i++) {
+          if (have0 && b0.rate > 0 && tput_median(x, o->backend[i], si, m, &med))
+            printf(" %.2f |", med.rate / b0.rate);
+          else
+            printf(" - |");
+        }
+        printf("\n");
+      }
+  }
+  printf("\ndelivery latency at %lld messages/s for %lld ms (POST written -> subscriber read), "
+         "median of the runs; counts are totals over the runs\n\n"
+         "| backend | subscriber | sent/s | received / sent | lost | late (> %lld ms) | p50 ms | "
+         "p99 ms | max ms | POST answered p50 / p99 ms |\n| --- | --- | ---: | ---: | ---: | ---: "
+         "| ---: | ---: | ---: | ---: |\n",
+         o->rate, o->latency_ms, o->late_ms);
+  for (size_t i = 0; i < o->nbackends; i++) {
+    int bk = o->backend[i];
+    for (int path = 0; path < PATHS; path++) {
+      lat_t l;
+      if (path == PATH_CROSS && !is_pg(bk)) {
+        printf("| %s | cross node | - | - | - | - | - | - | - | - (one node per SQLite file) |\n",
+               bk_name[bk]);
+        continue;
+      }
+      if (!lat_median(x, bk, path, &l)) continue;
+      if (!l.received)
+        printf("| %s | %s | %.0f | 0 / %llu | %llu | - | none delivered | - | - | %.2f / %.2f |\n",
+               bk_name[bk], path_name[path], l.send_rate, (unsigned long long)l.sent,
+               (unsigned long long)l.lost, l.ack_p50_ms, l.ack_p99_ms);
+      else
+        printf(
+            "| %s | %s | %.0f | %llu / %llu | %llu | %llu | %.2f | %.2f | %.2f | %.2f / %.2f |\n",
+            bk_name[bk], path_name[path], l.send_rate, (unsigned long long)l.received,
+            (unsigned long long)l.sent, (unsigned long long)l.lost, (unsigned long long)l.late,
+            l.p50_ms, l.p99_ms, l.max_ms, l.ack_p50_ms, l.ack_p99_ms);
+    }
+  }
+  fflush(stdout);
+}
+
+static json_t *tput_json(const tput_t *c) {
+  return json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I}", "appendsPerSecond", c->rate, "p50Ms",
+                   c->p50_ms, "p99Ms", c->p99_ms, "answeredInWindow", (json_int_t)c->answered,
+                   "verified", (json_int_t)c->verified, "refused503", (json_int_t)c->refused,
+                   "acknowledgedByRetry200", (json_int_t)c->retry_200);
+}
+
+static json_t *lat_json(const lat_t *c) {
+  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "sent",
+                   (json_int_t)c->sent, "received", (json_int_t)c->received, "lost",
+                   (json_int_t)c->lost, "late", (json_int_t)c->late, "refused503",
+                   (json_int_t)c->refused, "p50Ms", c->p50_ms, "p99Ms", c->p99_ms, "maxMs",
+                   c->max_ms, "postP50Ms", c->ack_p50_ms, "postP99Ms", c->ack_p99_ms, "sendRate",
+                   c->send_rate, "writeLagMaxMs", c->lag_max_ms);
+}
+
+static int write_json(const ctx_t *x, int argc, char **argv) {
+  const options_t *o = x->o;
+  json_t *root = json_object(), *cmd = json_array(), *runs = json_array(), *med = json_array();
+  json_array_append_new(cmd, json_string("converger"));
+  json_array_append_new(cmd, json_string("bench"));
+  json_array_append_new(cmd, json_string("store"));
+  for (int i = 0; i < argc; i++) json_array_append_new(cmd, json_string(argv[i]));
+  json_object_set_new(root, "command", cmd);
+  json_object_set_new(root, "options",
+                      json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "durationMs",
+                                (json_int_t)o->duration_ms, "warmupMs", (json_int_t)o->warmup_ms,
+                                "rate", (json_int_t)o->rate, "latencyMs", (json_int_t)o->latency_ms,
+                                "latencyConns", (json_int_t)o->latency_conns, "waitMs",
+                                (json_int_t)o->wait_ms, "lateMs", (json_int_t)o->late_ms, "runs",
+                                (json_int_t)o->runs, "pool", (json_int_t)o->pool));
+  for (size_t i = 0; i < o->nbackends; i++) {
+    int bk = o->backend[i];
+    for (size_t si = 0; si < o->nsenders; si++)
+      for (int m = 0; m < CONV_MODES; m++) {
+        tput_t mc;
+        for (int r = 0; r < o->runs; r++) {
+          const tput_t *c = &x->res->tput[r][bk][si][m];
+          if (!c->have) continue;
+          json_t *j = tput_json(c);
+          json_object_set_new(j, "figure", json_string("appends"));
+          json_object_set_new(j, "run", json_integer(r + 1));
+          json_object_set_new(j, "backend", json_string(bk_name[bk]));
+          json_object_set_new(j, "senders", json_integer(o->senders[si]));
+          json_object_set_new(j, "conversations", json_string(conv_name[m]));
+          json_array_append_new(runs, j);
+        }
+        int n = tput_median(x, bk, si, m, &mc);
+        if (!n) continue;
+        json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:i, s:f, s:f, s:f, s:I}", "figure", "appends",
+                              "backend", bk_name[bk], "senders", o->senders[si], "conversations",
+                              conv_name[m], "runs", n, "appendsPerSecond", mc.rate, "p50Ms",
+                              mc.p50_ms, "p99Ms", mc.p99_ms, "refused503", (json_int_t)mc.refused);
+        json_array_append_new(med, j);
+      }
+    for (int path = 0; path < PATHS; path++) {
+      lat_t l;
+      for (int r = 0; r < o->runs; r++) {
+        const lat_t *c = &x->res->lat[r][bk][path];
+        if (!c->have) continue;
+        json_t *j = lat_json(c);
+        json_object_set_new(j, "figure", json_string("latency"));
+        json_object_set_new(j, "run", json_integer(r + 1));
+        json_object_set_new(j, "backend", json_string(bk_name[bk]));
+        json_object_set_new(j, "subscriber", json_string(path_name[path]));
+        json_array_append_new(runs, j);
+      }
+      int n = lat_median(x, bk, path, &l);
+      if (!n) continue;
+      json_t *j = lat_json(&l);
+      json_object_set_new(j, "figure", json_string("latency"));
+      json_object_set_new(j, "backend", json_string(bk_name[bk]));
+      json_object_set_new(j, "subscriber", json_string(path_name[path]));
+      json_object_set_new(j, "runs", json_integer(n));
+      json_array_append_new(med, j);
+    }
+    if (is_pg(bk) && x->res->pg_settings[bk][0])
+      json_object_set_new(root, bk == BK_POSTGRES ? "postgresSettings" : "postgresFsyncSettings",
+                          json_string(x->res->pg_settings[bk]));
+  }
+  json_object_set_new(root, "runs", runs);
+  json_object_set_new(root, "medians", med);
+  int r = json_dump_file(root, o->out, JSON_INDENT(2) | JSON_SORT_KEYS);
+  json_decref(root);
+  if (r != 0) fprintf(stderr, CMD ": cannot write %s\n", o->out);
+  return r;
+}
+
+/* ---- main ----------------------------------------------------------------------- */
+
+static void on_signal(int sig) { run_interrupted = sig; }
+
+int bench_store_main(int argc, char **argv) {
+  options_t o = {.duration_ms = 3000,
+                 .warmup_ms = 500,
+                 .rate = 1000,
+                 .latency_ms = 3000,
+                 .wait_ms = 3000,
+                 .late_ms = 1000,
+                 .runs = 3,
+                 .pool = 20,
+                 .timeout_s = 60,
+                 .latency_conns = 32,
+                 .pg_tmp = CONVERGER_PG_TMP_DEFAULT};
+  int r = parse_options(&o, argc, argv);
+  if (r != 0) return r > 0 ? 0 : 2;
+  int want_pg = 0;
+  for (size_t i = 0; i < o.nbackends; i++) want_pg |= is_pg(o.backend[i]);
+
+  ctx_t x = {.o = &o, .pg_durable = -1};
+  x.res = calloc(1, sizeof *x.res);
+  x.b = calloc(1, sizeof *x.b);
+  x.list_buf = malloc(LIST_BUF);
+  if (!x.res || !x.b || !x.list_buf) {
+    fprintf(stderr, CMD ": out of memory\n");
+    free(x.res);
+    free(x.b);
+    free(x.list_buf);
+    return 1;
+  }
+  bench_t *b = x.b;
+  b->timeout_s = (int)o.timeout_s;
+  b->node_cpu = -1;
+  b->phase = "setup";
+
+  struct sigaction sa, old_int, old_term, old_hup;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
+  signal(SIGPIPE, SIG_IGN);
+  run_interrupted = 0;
+  jitter_seed_random(&b->rng);
+
+  int status = 1;
+  if (uv_loop_init(&b->loop) != 0) {
+    run_fail(b, "uv_loop_init failed");
+    goto out;
+  }
+  b->loop_ready = 1;
+  uv_timer_init(&b->loop, &b->watch);
+  if (want_pg) {
+    if (o.pg_url)
+      snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
+    else if (pg_start(&x) != 0)
+      goto out;
+    char redacted[STORE_URL_MAX];
+    store_url_redact(x.pg_url, redacted, sizeof redacted);
+    printf(CMD ": PostgreSQL at %s%s\n", redacted,
+           o.pg_url ? " (--pg-url)" : " (a throwaway cluster of scripts/pg-tmp)");
+  }
+  printf(CMD ": %lld run%s; appends: senders", o.runs, o.runs == 1 ? "" : "s");
+  for (size_t i = 0; i < o.nsenders; i++) printf("%s%d", i ? "," : " ", o.senders[i]);
+  printf(", %lld ms after %lld ms of warm-up; latency: %lld/s for %lld ms over %lld "
+         "connections; pool %lld; nodes not pinned to CPUs\n",
+         o.duration_ms, o.warmup_ms, o.rate, o.latency_ms, o.latency_conns, o.pool);
+  fflush(stdout);
+  for (int run = 0; run < o.runs && !b->failed; run++)
+    for (size_t i = 0; i < o.nbackends && !b->failed; i++) {
+      x.run = run;
+      x.bk = o.backend[(i + (size_t)run) % o.nbackends]; /* the order rotates */
+      if (backend_run(&x) != 0) goto out;
+    }
+  status = x.bad ? 1 : 0;
+out:
+  if (b->failed) fprintf(stderr, CMD ": FAILED: %s\n", b->err);
+  print_tables(&x);
+  if (o.out && write_json(&x, argc, argv) != 0) status = 1;
+  if (x.bad && !b->failed)
+    fprintf(stderr, CMD ": FAILED: messages were lost or out of order (see above)\n");
+  if (b->loop_ready) {
+    uv_close((uv_handle_t *)&b->watch, NULL);
+    for (int i = 0; i < 8 && uv_loop_alive(&b->loop); i++) uv_run(&b->loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&b->loop) != 0) fprintf(stderr, CMD ": the loop closed with open handles\n");
+  }
+  bnode_stop(b); /* no-ops unless a failure left them */
+  bnode_remove_dir(b);
+  pg_stop(&x);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
+  free(b->token);
+  free(b);
+  free(x.res);
+  free(x.list_buf);
+  return status;
+}
