@@ -116,6 +116,7 @@ static char **node_env(bench_t *b, const char *const *extra) {
   env[k++] = strdup("CONVERGER_HEARTBEAT_MS=3600000");    /* no pings while measuring */
   env[k++] = strdup("CONVERGER_HELLO_TIMEOUT_MS=600000"); /* upgraded sockets wait for hello */
   env[k++] = strdup("CONVERGER_NODE_ID=bench");
+  env[k++] = strdup("CONVERGER_DRAIN_SHUTDOWN_MS=0"); /* SIGTERM at the end: no drain */
   /* The bench's own settings that `extra` replaces. Every slot is still
    * non-NULL here unless strdup failed, which the check below catches. */
   size_t kept = base;
