@@ -69,6 +69,13 @@ static void timer_cb(uv_timer_t *t) {
   beat(node);
 }
 
+void membership_beat_now(node_t *node) {
+  membership_t *m = &node->membership;
+  if (uv_is_closing((uv_handle_t *)&m->timer)) return;
+  if (!m->in_flight) beat(node);
+  uv_timer_again(&m->timer); /* the next one a full period later */
+}
+
 void membership_start(node_t *node) {
   membership_t *m = &node->membership;
   uv_timer_init(node->loop, &m->timer);

@@ -47,4 +47,8 @@ void membership_start(struct node_s *node);
  * the exit by a whole store call. No beat is submitted afterwards. */
 void membership_stop(struct node_s *node);
 
+/* Beat now (unless a beat is in flight) instead of at the next period: the
+ * state changed (a drain began) and peers should know at once. */
+void membership_beat_now(struct node_s *node);
+
 #endif

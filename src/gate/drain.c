@@ -35,7 +35,7 @@ typedef struct {
   uint32_t id;        /* 0: none */
   int64_t window_ms;  /* afterMs drawn from [0, window) */
   int framing;        /* its peers job runs: frames not sent yet */
-  uint64_t deadline;  /* monotonic ms; 0 until the frames are sent */
+  uint64_t deadline;  /* monotonic ms: frames sent + window + grace; 0 before */
   int told;           /* connections sent a frame */
 } batch_t;
 
@@ -152,14 +152,14 @@ static void send_frames(drain_t *d, batch_t *b, peer_t *peers, size_t np) {
   for (conn_t *c = d->node->conns; c; c = c->next) {
     if (c->mode != CONN_WS || c->closing || c->drain_batch != b->id || c->drain_told) continue;
     int64_t after = b->window_ms > 0 ? jitter_range(&d->node->rng, 0, b->window_ms - 1) : 0;
-    char *f = frame_drain(after, pick_peer(d, peers, np), b->window_ms);
+    char *f = frame_drain(after, pick_peer(d, peers, np), b->window_ms + DRAIN_GRACE_MS);
     if (!f) continue; /* out of memory: it is closed at the deadline anyway */
     ws_send_text(c, f, strlen(f));
     free(f);
     c->drain_told = 1;
     b->told++;
   }
-  b->deadline = now + (uint64_t)b->window_ms;
+  b->deadline = now + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
 }
 
 static void peers_work(pool_job_t *job, store_t *db) {
@@ -294,6 +294,7 @@ int drain_start(drain_t *d, const char *why) {
            why, node->nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,
            node->cfg->drain_shutdown_ms);
   set_state_metric(d);
+  membership_beat_now(node); /* peers stop sending clients here */
   batch_begin(d, &d->drain);
   timer_run(d);
   return 0;

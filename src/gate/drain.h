@@ -9,8 +9,11 @@
  * uniform in [0, window), deadlineMs = window, and reconnectTo, a ready
  * peer picked by two random choices on spare capacity (fewer connections +
  * admission waiters wins; Mitzenmacher's "power of two choices"), or null.
- * Clients that move close with 1000 (make-before-break). After the window,
- * those still open are closed with 1012 at close_rate per second, paced
+ * Clients that move close with 1000 (make-before-break). deadlineMs is the
+ * window plus DRAIN_GRACE_MS, the time a client that drew an afterMs near
+ * the end needs to open its new connection and be welcomed before the old
+ * one may go. After that deadline, the connections still open are closed
+ * with 1012 at close_rate per second, paced
  * evenly, each with a jittered {"retryAfterMs": n}. The node stops (closing
  * what is left with 1001, finishing pool jobs, exit 0) when no WebSocket
  * connection is left, or at shutdown_ms after the drain began.
@@ -32,6 +35,8 @@
 #include <stdint.h>
 
 #include "node.h"
+
+#define DRAIN_GRACE_MS 2000 /* past the window: a migration's connect, hello, welcome */
 
 typedef struct drain_s drain_t;
 

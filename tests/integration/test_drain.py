@@ -1,0 +1,286 @@
+"""Drain and shed on one node (gate/drain.h): SIGTERM makes /readyz 503 at
+once and refuses new upgrades; every connection gets exactly one `drain`
+frame whose afterMs values fill the window evenly; clients that ignore it are
+closed with 1012 after the window at no more than the configured rate (+10 %),
+each with a parsable retryAfterMs; the node exits 0 before its shutdown
+deadline. POST /admin/shed moves a random share of a node that stays ready
+and leaves the rest untouched; POST /admin/drain, a second SIGTERM (ignored)
+and SIGINT during a drain."""
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import NodeCase, WsClient, mint_token  # noqa: E402
+
+try:
+    import websockets.exceptions
+    CLOSED = websockets.exceptions.ConnectionClosed
+except ImportError:  # reported by WsClient.connect
+    CLOSED = ConnectionError
+
+
+class Client:
+    """One subscriber. `obey`: on a drain frame, wait afterMs, then close with
+    1000 (a client that moves; where to is not this node's business). Else it
+    ignores the frame and waits to be closed."""
+
+    def __init__(self, node, conv, obey):
+        self.node, self.conv, self.obey = node, conv, obey
+        self.drains, self.closed_at, self.code, self.reason, self.moved = [], None, None, None, False
+
+    async def run(self, connected):
+        c = await WsClient.connect(self.node, timeout=20)
+        await c.hello(mint_token("u", [self.conv]), [{"conv": self.conv, "watermark": None}], timeout=20)
+        connected.release()
+        try:
+            while True:
+                m = await c.recv_json(120)
+                if m.get("type") == "drain":
+                    self.drains.append((time.monotonic(), m))
+                    if self.obey:
+                        await asyncio.sleep(m["afterMs"] / 1000.0)
+                        self.moved = True
+                        await c.ws.close(1000, "moved")
+                        return
+        except CLOSED:
+            self.closed_at = time.monotonic()
+            self.code, self.reason = c.ws.close_code, c.ws.close_reason
+
+
+async def connect_all(clients):
+    connected = asyncio.Semaphore(0)
+    tasks = [asyncio.create_task(cl.run(connected)) for cl in clients]
+    for _ in clients:
+        await asyncio.wait_for(connected.acquire(), 60)
+    return tasks
+
+
+def upgrade_status(node):
+    """Status and headers of a plain WebSocket upgrade request."""
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=5)
+    try:
+        conn.request("GET", "/v1/ws", headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol": "converger.v1"})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def max_in_window(times, width):
+    """The most events inside any window of `width` seconds."""
+    times = sorted(times)
+    best, j = 0, 0
+    for i in range(len(times)):
+        while times[i] - times[j] > width:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def metric(node, name):
+    st, _, text = node.get_text("/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+GRACE_MS = 2000  # DRAIN_GRACE_MS: deadlineMs = window + grace; 1012s start then
+
+
+class Drain(NodeCase):
+    WINDOW_MS, RATE, SHUTDOWN_MS = 2000, 50, 9000
+
+    def drain_node(self):
+        return self.node_start({"CONVERGER_DRAIN_WINDOW_MS": str(self.WINDOW_MS),
+                                "CONVERGER_DRAIN_CLOSE_RATE": str(self.RATE),
+                                "CONVERGER_DRAIN_SHUTDOWN_MS": str(self.SHUTDOWN_MS)})
+
+    def test_sigterm_drains_300_clients_100_of_them_ignoring(self):
+        n = self.drain_node()
+        conv = n.new_conv()
+        clients = [Client(n, conv, obey=(i % 3 != 0)) for i in range(300)]
+        ignoring = [c for c in clients if not c.obey]
+        self.assertEqual(len(ignoring), 100)
+
+        async def go():
+            tasks = await connect_all(clients)
+            t0 = time.monotonic()
+            os.kill(n.proc.pid, signal.SIGTERM)
+            # /readyz answers 503 at once
+            first_503 = None
+            while first_503 is None and time.monotonic() - t0 < 2:
+                st, _, js = await asyncio.to_thread(n.get, "/readyz", None, 1.0)
+                if st == 503:
+                    first_503 = time.monotonic() - t0
+                    self.assertEqual(js, {"status": "draining"})
+            self.assertIsNotNone(first_503)
+            self.assertLess(first_503, 0.1, "readyz still 200 %.3fs after SIGTERM" % first_503)
+            # a new upgrade is refused with 503 and a Retry-After
+            st, h, body = await asyncio.to_thread(upgrade_status, n)
+            self.assertEqual(st, 503, body)
+            self.assertGreaterEqual(int(h["retry-after"]), 1)
+            # REST still works while draining
+            st, _, js = await asyncio.to_thread(n.request, "POST", "/v1/conversations/%s/messages" % conv,
+                                                {"sender": "s", "body": "during the drain"})
+            self.assertEqual(st, 201, js)
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            rc = await asyncio.to_thread(n.proc.wait, 30)
+            return t0, time.monotonic() - t0, rc
+
+        t0, exited_after, rc = self.arun(go(), timeout=90)
+        self.assertEqual(rc, 0)
+        self.assertLess(exited_after, self.SHUTDOWN_MS / 1000.0, "exited %.2fs after SIGTERM" % exited_after)
+
+        # exactly one drain frame each, fields as the protocol says
+        for c in clients:
+            self.assertEqual(len(c.drains), 1, c.drains)
+            d = c.drains[0][1]
+            self.assertEqual(set(d), {"type", "afterMs", "reconnectTo", "deadlineMs"})
+            self.assertIsNone(d["reconnectTo"])  # a node alone has no peer
+            self.assertEqual(d["deadlineMs"], self.WINDOW_MS + GRACE_MS)
+            self.assertTrue(0 <= d["afterMs"] < self.WINDOW_MS, d)
+        # the afterMs values fill the window: no tenth of it holds over 20 %
+        slices = [0] * 10
+        for c in clients:
+            slices[c.drains[0][1]["afterMs"] * 10 // self.WINDOW_MS] += 1
+        self.assertLessEqual(max(slices), 60, slices)
+
+        # the ignoring clients: 1012 with a retry hint, after the deadline, paced
+        frames_at = min(c.drains[0][0] for c in clients)
+        closes = []
+        for c in ignoring:
+            self.assertEqual(c.code, 1012, (c.code, c.reason))
+            hint = json.loads(c.reason)["retryAfterMs"]
+            self.assertTrue(1000 <= hint <= 6000, c.reason)
+            closes.append(c.closed_at)
+        self.assertGreaterEqual(min(closes) - frames_at, (self.WINDOW_MS + GRACE_MS) / 1000.0 - 0.05)
+        self.assertLessEqual(max_in_window(closes, 1.0), self.RATE * 1.1,
+                             "closes in the busiest second, rate %d/s" % self.RATE)
+        # 100 closes at 50/s take about two seconds, not one burst
+        self.assertGreater(max(closes) - min(closes), 100 / self.RATE * 0.8)
+        for c in clients:
+            if c.obey:
+                self.assertTrue(c.moved)
+        log = n.log_text()
+        self.assertIn("SIGTERM: draining", log)
+        self.assertIn("drain complete", log)
+
+    def test_shed_a_quarter_of_400_node_stays_ready(self):
+        n = self.drain_node()
+        conv = n.new_conv()
+        clients = [Client(n, conv, obey=True) for _ in range(400)]
+
+        async def go():
+            tasks = await connect_all(clients)
+            st, _, js = await asyncio.to_thread(n.request, "POST", "/admin/shed",
+                                                {"fraction": 0.25, "windowMs": 1500})
+            self.assertEqual(st, 200, js)
+            self.assertEqual(js, {"chosen": 100, "connections": 400, "windowMs": 1500})
+            st, _, js = await asyncio.to_thread(n.request, "POST", "/admin/shed", {"fraction": 0.5})
+            self.assertEqual(st, 409, js)  # one shed at a time
+            deadline = time.monotonic() + 1.5 + GRACE_MS / 1000.0
+            while time.monotonic() < deadline:  # ready all along
+                st, _, _ = await asyncio.to_thread(n.get, "/readyz")
+                self.assertEqual(st, 200)
+                await asyncio.sleep(0.1)
+            # the rest are untouched: open, and still served live
+            st, _, js = await asyncio.to_thread(n.request, "POST", "/v1/conversations/%s/messages" % conv,
+                                                {"sender": "s", "body": "after the shed"})
+            self.assertEqual(st, 201, js)
+            await asyncio.sleep(0.5)
+            st, _, js = await asyncio.to_thread(n.request, "GET", "/admin/status")
+            self.assertEqual((js["state"], js["drain"], js["connections"]), ("ready", "ready", 300))
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.arun(go(), timeout=90)
+        moved = [c for c in clients if c.moved]
+        told = [c for c in clients if c.drains]
+        self.assertTrue(80 <= len(moved) <= 120, len(moved))  # 20 % .. 30 %
+        self.assertEqual(len(told), len(moved))
+        for c in clients:
+            self.assertLessEqual(len(c.drains), 1)
+            if not c.drains:
+                self.assertIsNone(c.code, "an untouched client was closed")
+        self.assertEqual(metric(n, "converger_drain_migrated_total"), len(moved))
+        self.assertEqual(metric(n, "converger_drain_state"), 0)
+
+    def test_shed_stragglers_are_closed_1012_after_the_window(self):
+        n = self.drain_node()
+        conv = n.new_conv()
+        clients = [Client(n, conv, obey=False) for _ in range(20)]
+
+        async def go():
+            tasks = await connect_all(clients)
+            t0 = time.monotonic()
+            st, _, js = await asyncio.to_thread(n.request, "POST", "/admin/shed",
+                                                {"fraction": 1, "windowMs": 500})
+            self.assertEqual((st, js["chosen"]), (200, 20), js)
+            await asyncio.wait_for(asyncio.gather(*tasks), 15)
+            return t0
+        t0 = self.arun(go(), timeout=30)
+        for c in clients:
+            self.assertEqual(c.code, 1012)
+            self.assertGreaterEqual(c.closed_at - t0, (500 + GRACE_MS) / 1000.0 - 0.05)
+        self.assertLessEqual(max_in_window([c.closed_at for c in clients], 0.2), self.RATE * 0.2 + 2)
+        self.assertEqual(metric(n, "converger_drain_closed_total"), 20)
+        self.assertEqual(n.get("/readyz")[0], 200)
+
+    def test_admin_drain_second_sigterm_ignored_sigint_stops(self):
+        n = self.drain_node()
+        conv = n.new_conv()
+        ws = harness.RawWs(n.port)
+        ws.hello(mint_token("u", [conv]), [{"conv": conv, "watermark": None}])
+        self.assertEqual(ws.recv_json()["type"], "welcome")
+        for key in (None, "wrong"):
+            st, _, js = n.request("POST", "/admin/drain", key=key)
+            self.assertEqual(st, 401, js)
+        st, _, js = n.request("POST", "/admin/drain")
+        self.assertEqual(st, 202, js)
+        self.assertEqual(js["state"], "draining")
+        m, _ = ws.recv_until(lambda f: f.get("type") == "drain")
+        self.assertEqual(m["deadlineMs"], self.WINDOW_MS + GRACE_MS)
+        st, _, js = n.request("POST", "/admin/drain")
+        self.assertEqual(st, 409, js)
+        self.assertEqual(n.request("POST", "/admin/shed", {"fraction": 0.5})[0], 409)
+        st, _, js = n.request("GET", "/admin/status")
+        self.assertEqual((js["state"], js["drain"]), ("draining", "draining"))
+        deadline = time.monotonic() + 2  # the drain beats at once; the write takes a moment
+        while n.request("GET", "/admin/cluster")[2]["nodes"][0]["state"] != "draining":
+            self.assertLess(time.monotonic(), deadline, "membership still says ready")
+            time.sleep(0.05)
+        os.kill(n.proc.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        self.assertTrue(n.running())
+        self.assertIn("SIGTERM again: already draining; ignored", n.log_text())
+        os.kill(n.proc.pid, signal.SIGINT)  # stops now: 1001, exit 0
+        code, _, _ = ws.expect_close(5)
+        self.assertEqual(code, 1001)
+        self.assertEqual(n.proc.wait(10), 0)
+
+    def test_bad_shed_requests(self):
+        n = self.drain_node()
+        for body in ({}, {"fraction": 0}, {"fraction": 1.5}, {"fraction": "x"},
+                     {"fraction": 0.5, "windowMs": -1}, {"fraction": 0.5, "windowMs": 1.5}):
+            st, _, js = n.request("POST", "/admin/shed", body)
+            self.assertEqual(st, 400, (body, js))
+            self.assertErrorBody(js, "bad_request")
+        self.assertEqual(n.request("GET", "/admin/shed")[0], 405)
+        self.assertEqual(n.request("POST", "/admin/shed", {"fraction": 0.5}, key=None)[0], 401)
+
+
+if __name__ == "__main__":
+    harness.main()
