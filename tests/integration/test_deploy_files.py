@@ -78,12 +78,21 @@ def stop_grace_s():
     return int(m.group(1)) / 1000.0
 
 
+def drain_grace_s():
+    """DRAIN_GRACE_MS of src/gate/drain.h: the paced closes begin that long
+    after the window."""
+    m = re.search(r"#define\s+DRAIN_GRACE_MS\s+(\d+)", read(os.path.join(ROOT, "src", "gate", "drain.h")))
+    if not m:
+        raise AssertionError("DRAIN_GRACE_MS not found in src/gate/drain.h")
+    return int(m.group(1)) / 1000.0
+
+
 def drain_seconds(values, connections):
-    """(window + connections / close rate, shutdown), both in seconds."""
+    """(window + grace + connections / close rate, shutdown), both in seconds."""
     window = int(values["CONVERGER_DRAIN_WINDOW_MS"]) / 1000.0
     rate = int(values["CONVERGER_DRAIN_CLOSE_RATE"])
     shutdown = int(values["CONVERGER_DRAIN_SHUTDOWN_MS"]) / 1000.0
-    return window + connections / rate, shutdown
+    return window + drain_grace_s() + connections / rate, shutdown
 
 
 def env_file_values():
