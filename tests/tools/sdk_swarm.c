@@ -45,21 +45,23 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define MAX_URLS        16
-#define LINE_MAX_BYTES  256
-#define CLOSE_WAIT_MS   15000
-#define FDS_PER_CLIENT  2   /* the welcomed connection and a migration's */
-#define FDS_SPARE       64
+#define MAX_URLS       16
+#define LINE_MAX_BYTES 256
+#define CLOSE_WAIT_MS  15000
+#define FDS_PER_CLIENT 2 /* the welcomed connection and a migration's */
+#define FDS_SPARE      64
 
 typedef struct {
   int idx;
   cvg_client_t *c;
-  int64_t last;          /* last seq delivered (0: none) */
-  uint64_t delivered;    /* on_message calls */
-  uint64_t gaps, dups;   /* deliveries that were not last + 1 */
+  int64_t last;        /* last seq delivered (0: none) */
+  uint64_t delivered;  /* on_message calls */
+  uint64_t gaps, dups; /* deliveries that were not last + 1 */
   uint64_t wrong_conv, id_mismatch;
   uint64_t error_frames; /* on_error calls */
-  uint64_t losses;       /* left CONNECTED/MIGRATING for CONNECTING/WAITING after the first welcome */
+  uint64_t losses; /* left CONNECTED/MIGRATING for CONNECTING/WAITING after the first welcome */
+  int64_t migrate_start; /* loop time its last drain migration began opening; -1: none */
+  int64_t migrate_ms;    /* longest migration, from opening to the new welcome */
   int welcomed;          /* welcomed at least once */
   int failed;            /* reached CVG_STATE_FAILED */
   int closed;            /* its close completed */
@@ -187,12 +189,33 @@ static int64_t offline_after_welcome(const sclient_t *s) {
   return s->welcomed ? s->final.offline_ms - s->offline_base : -1;
 }
 
-/* One JSON line on stdout: aggregates, the id of every seq, and one object
- * per client. */
+/* One JSON line on stdout:
+ *   ok, error                 done, or why not (a timeout, bad input)
+ *   clients, welcomed, head   N, clients welcomed at least once, H (-1: none)
+ *   min_last, max_last        lowest and highest last seq delivered
+ *   reached_head              clients that delivered H
+ *   gap_clients, dup_clients  clients that delivered a seq other than last + 1
+ *                             (beyond it / at or below it): must be 0
+ *   id_mismatches, wrong_conv deliveries with another id for a seq than another
+ *                             client saw, or of another conversation
+ *   failed_clients, error_frames, lost_clients (left a welcomed connection for
+ *                             no welcomed one: the SDK's CONNECTING/WAITING)
+ *   offline_ms_max, _sum, offline_nonzero_clients: offline_ms after the first
+ *                             welcome (see the top of the file)
+ *   migrations_min/_max, migrate_ms_max (longest drain migration, from
+ *                             opening the new connection to its welcome)
+ *   sdk_duplicates, sdk_gaps, sdk_unavailable, sdk_bad_frames, welcomes: sums of
+ *                             cvg_stats_t
+ *   final_nodes               {node id: clients whose welcomed connection is there}
+ *   ids                       the message id of seq 1 .. max_last
+ *   per_client                [{i, last, offline_ms, first_connect_ms, migrations,
+ *                             welcomes, attempts, gaps, dups, sdk_duplicates, losses,
+ *                             first_node, node, state, errors, last_error,
+ *                             migrate_ms}] */
 static void print_result(int ok, const char *error) {
   take_stats();
   json_t *nodes = json_object(), *per = json_array(), *idl = json_array();
-  int64_t min_last = INT64_MAX, max_last = 0, off_max = 0, off_sum = 0;
+  int64_t min_last = INT64_MAX, max_last = 0, off_max = 0, off_sum = 0, mig_ms_max = 0;
   uint64_t mig_min = UINT64_MAX, mig_max = 0;
   long gap_clients = 0, dup_clients = 0, failed = 0, off_nonzero = 0, reached = 0, lost = 0;
   uint64_t id_mismatch = 0, wrong_conv = 0, error_frames = 0, sdk_dups = 0, sdk_gaps = 0,
@@ -209,6 +232,7 @@ static void print_result(int ok, const char *error) {
       off_sum += off;
       off_nonzero++;
     }
+    if (s->migrate_ms > mig_ms_max) mig_ms_max = s->migrate_ms;
     if (st->migrations < mig_min) mig_min = st->migrations;
     if (st->migrations > mig_max) mig_max = st->migrations;
     gap_clients += s->gaps > 0;
@@ -228,15 +252,15 @@ static void print_result(int ok, const char *error) {
     json_object_set_new(nodes, node, json_integer(cnt ? json_integer_value(cnt) + 1 : 1));
     json_array_append_new(
         per, json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, "
-                       "s:I, s:s}",
+                       "s:I, s:s, s:I}",
                        "i", (int)i, "last", (json_int_t)s->last, "offline_ms", (json_int_t)off,
                        "first_connect_ms", (json_int_t)s->offline_base, "migrations",
-                       (json_int_t)st->migrations, "welcomes", (json_int_t)st->welcomes,
-                       "attempts", (json_int_t)st->attempts, "gaps", (json_int_t)s->gaps, "dups",
-                       (json_int_t)s->dups, "sdk_duplicates", (json_int_t)st->duplicates,
-                       "losses", (json_int_t)s->losses, "first_node", s->first_node, "node", node,
-                       "state", cvg_state_name(st->state), "errors", (json_int_t)s->error_frames,
-                       "last_error", s->last_error));
+                       (json_int_t)st->migrations, "welcomes", (json_int_t)st->welcomes, "attempts",
+                       (json_int_t)st->attempts, "gaps", (json_int_t)s->gaps, "dups",
+                       (json_int_t)s->dups, "sdk_duplicates", (json_int_t)st->duplicates, "losses",
+                       (json_int_t)s->losses, "first_node", s->first_node, "node", node, "state",
+                       cvg_state_name(st->state), "errors", (json_int_t)s->error_frames,
+                       "last_error", s->last_error, "migrate_ms", (json_int_t)s->migrate_ms));
   }
   for (int64_t q = 1; q <= max_last; q++)
     json_array_append_new(idl, q < ids_cap && ids[q] ? json_string(ids[q]) : json_null());
@@ -251,8 +275,8 @@ static void print_result(int ok, const char *error) {
       (json_int_t)error_frames, "lost_clients", (int)lost, "offline_ms_max", (json_int_t)off_max,
       "offline_ms_sum", (json_int_t)off_sum, "offline_nonzero_clients", (json_int_t)off_nonzero,
       "migrations_min", (json_int_t)(opt.clients ? mig_min : 0), "migrations_max",
-      (json_int_t)mig_max, "sdk_duplicates", (json_int_t)sdk_dups, "sdk_gaps",
-      (json_int_t)sdk_gaps, "final_nodes", nodes, "ids", idl, "per_client", per);
+      (json_int_t)mig_max, "sdk_duplicates", (json_int_t)sdk_dups, "sdk_gaps", (json_int_t)sdk_gaps,
+      "final_nodes", nodes, "ids", idl, "per_client", per);
   if (!r) {
     fprintf(stderr, "sdk_swarm: cannot build the result (out of memory)\n");
     exit_code = 1;
@@ -261,6 +285,7 @@ static void print_result(int ok, const char *error) {
   json_object_set_new(r, "sdk_unavailable", json_integer((json_int_t)unavailable));
   json_object_set_new(r, "sdk_bad_frames", json_integer((json_int_t)bad_frames));
   json_object_set_new(r, "welcomes", json_integer((json_int_t)welcomes));
+  json_object_set_new(r, "migrate_ms_max", json_integer((json_int_t)mig_ms_max));
   char *text = json_dumps(r, JSON_COMPACT);
   json_decref(r);
   if (!text) {
@@ -362,8 +387,7 @@ static void on_state(void *ud, cvg_state_t state, const char *detail) {
   sclient_t *s = ud;
   cvg_state_t prev = s->state;
   s->state = state;
-  if (opt.verbose)
-    fprintf(stderr, "client %d: %s: %s\n", s->idx, cvg_state_name(state), detail);
+  if (opt.verbose) fprintf(stderr, "client %d: %s: %s\n", s->idx, cvg_state_name(state), detail);
   if (state == CVG_STATE_FAILED) {
     s->failed = 1;
     fprintf(stderr, "sdk_swarm: client %d failed: %s\n", s->idx, detail);
@@ -384,11 +408,16 @@ static void on_state(void *ud, cvg_state_t state, const char *detail) {
     return;
   }
   if (!s->welcomed || finishing) return;
+  if (state == CVG_STATE_MIGRATING) s->migrate_start = (int64_t)uv_now(loop);
+  if (state == CVG_STATE_CONNECTED && prev == CVG_STATE_MIGRATING && s->migrate_start >= 0 &&
+      strncmp(detail, "migrated to", 11) == 0 &&
+      (int64_t)uv_now(loop) - s->migrate_start > s->migrate_ms)
+    s->migrate_ms = (int64_t)uv_now(loop) - s->migrate_start;
   if ((state == CVG_STATE_CONNECTING || state == CVG_STATE_WAITING) &&
       (prev == CVG_STATE_CONNECTED || prev == CVG_STATE_MIGRATING)) {
     s->losses++;
-    fprintf(stderr, "sdk_swarm: client %d lost its welcomed connection (%s -> %s): %s\n",
-            s->idx, cvg_state_name(prev), cvg_state_name(state), detail);
+    fprintf(stderr, "sdk_swarm: client %d lost its welcomed connection (%s -> %s): %s\n", s->idx,
+            cvg_state_name(prev), cvg_state_name(state), detail);
   } else if (state == CVG_STATE_CONNECTED && prev == CVG_STATE_CONNECTING && s->losses) {
     fprintf(stderr, "sdk_swarm: client %d welcomed again: %s\n", s->idx, detail);
   } else if (state == CVG_STATE_CONNECTED && prev == CVG_STATE_MIGRATING &&
@@ -449,8 +478,7 @@ static void on_message(void *ud, const cvg_message_t *m) {
     fprintf(stderr, "sdk_swarm: client %d: seq %lld has id %s, another client had %s\n", s->idx,
             (long long)m->seq, m->id, ids[m->seq]);
   }
-  if (head >= 0 && prev < head && s->last >= head && ++nreached == opt.clients)
-    finish_later(1, "");
+  if (head >= 0 && prev < head && s->last >= head && ++nreached == opt.clients) finish_later(1, "");
 }
 
 /* ---- stdin ------------------------------------------------------------------------ */
@@ -580,6 +608,7 @@ int main(int argc, char **argv) {
   for (long i = 0; i < opt.clients; i++) {
     char err[256];
     cl[i].idx = (int)i;
+    cl[i].migrate_start = -1;
     o.userdata = &cl[i];
     int rc = cvg_client_new(loop, &o, &cl[i].c, err, sizeof err);
     if (rc != 0) {
