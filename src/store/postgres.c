@@ -69,6 +69,7 @@
 #define IDLE_IN_TX_TIMEOUT_MS 10000 /* a transaction left open by a stuck peer */
 #define ANSWER_MARGIN_MS      2000  /* beyond statement_timeout, the client stops waiting */
 #define RECONNECT_PAUSE_MS    500   /* after a failed connect, calls fail at once this long */
+#define PREPARED_MAX          48    /* prepared statements per connection (the SQL_* constants) */
 /* pg_advisory_xact_lock key serializing store_migrate across nodes
  * ("converge" in ASCII). */
 #define MIGRATE_LOCK_KEY "7164779185366738789"
@@ -133,7 +134,6 @@ static const char *const migrations[] = {
   "WITH u AS (UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active)" \
   " SELECT id, name, presence, active, pg_notify('" STORE_NOTIFY_CHANNEL "',"                       \
   " 'c ' || active || ' ' || id) FROM u"
-#define SQL_NOTIFY "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
 /* One statement: no row comes back when the channel is missing; a taken id
  * is a unique violation. The channel's flags come from the same snapshot. */
 #define SQL_CONV_INSERT                                                                            \
@@ -158,14 +158,23 @@ static const char *const migrations[] = {
 #define SQL_APPEND_LOCK                                                                            \
   "SELECT c.active FROM conversations v JOIN channels c ON c.id = v.channel"                       \
   " WHERE v.id = $1 FOR NO KEY UPDATE OF v FOR SHARE OF c"
-#define SQL_MSG_BY_ID                                                                              \
-  "SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2"
-/* seq = head + 1 and the insert in one statement (one round trip), under
- * the lock above. */
-#define SQL_APPEND_INSERT                                                                          \
-  "WITH h AS (UPDATE conversations SET head = head + 1 WHERE id = $1 RETURNING head)"              \
-  " INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"                                     \
-  " SELECT $1::text, head, $2::text, $3::text, $4::text, $5::bigint FROM h RETURNING seq"
+/* After the lock: the message already stored under (conv, id), or, when
+ * there is none and the channel is active ($6), seq = head + 1 and the
+ * insert. Rows: (1, the stored message) or (0, the new seq), or none when
+ * the channel is inactive. The NOTIFY variant sends $7 (notify_template)
+ * with its chr(1)s replaced by the new seq, in the same statement. */
+#define SQL_APPEND_WITH                                                                            \
+  "WITH found AS (SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2)," \
+  " h AS (UPDATE conversations SET head = head + 1"                                                \
+  " WHERE id = $1 AND $6::boolean AND NOT EXISTS (SELECT 1 FROM found) RETURNING head),"          \
+  " ins AS (INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"                             \
+  " SELECT $1::text, head, $2::text, $3::text, $4::text, $5::bigint FROM h RETURNING seq)"
+#define SQL_APPEND_FOUND " SELECT 1, seq, id, sender, body, ts_ms FROM found UNION ALL"
+#define SQL_APPEND SQL_APPEND_WITH SQL_APPEND_FOUND " SELECT 0, seq, NULL, NULL, NULL, NULL FROM ins"
+#define SQL_APPEND_NOTIFY                                                                          \
+  SQL_APPEND_WITH ", n AS (SELECT pg_notify('" STORE_NOTIFY_CHANNEL "',"                          \
+  " replace($7::text, chr(1), seq::text)) FROM ins)" SQL_APPEND_FOUND                              \
+  " SELECT 0, ins.seq, NULL, NULL, NULL, NULL FROM ins, n"
 /* A page bounded by count ($4) and bytes ($5): `before` is what the rows
  * ahead of this one in the page weigh (bodies and senders, as sqlite.c
  * counts them), so a row is kept while the page is not yet full and the
@@ -202,6 +211,8 @@ typedef struct {
   int stmt_timeout_ms;  /* the session's statement_timeout */
   uint64_t retry_after; /* monotonic ms: no reconnect attempt before (after a failure) */
   int in_read;          /* between store_read_begin and store_read_end */
+  const char *prepared[PREPARED_MAX]; /* SQL of statement "c<i>" on `conn` */
+  int nprepared;
   int notify;           /* store_options_t.notify */
   char *(*notify_frame)(const char *conv, const store_msg_t *m);
 } pg_t;
@@ -274,11 +285,38 @@ static PGresult *wait_result(pg_t *s, uint64_t deadline) {
 
 /* Run one statement with `n` text parameters. 0 with the result in *out
  * (caller PQclears; out NULL: discarded), or a -CV_E... (logged). */
+/* The name of `sql`'s prepared statement on this connection ("c<i>" in
+ * `name`), preparing it first if it is new: the statements are the SQL_*
+ * constants, identified by address, so each is parsed and planned once
+ * per connection instead of on every call. 0, 1 when the cache is full
+ * (run it unnamed), or a -CV_E... */
+static int prepared(pg_t *s, const char *what, const char *sql, int n, char name[16]) {
+  for (int i = 0; i < s->nprepared; i++)
+    if (s->prepared[i] == sql) {
+      snprintf(name, 16, "c%d", i);
+      return 0;
+    }
+  if (s->nprepared == PREPARED_MAX) return 1;
+  snprintf(name, 16, "c%d", s->nprepared);
+  PGresult *r = NULL;
+  if (PQsendPrepare(s->conn, name, sql, n, NULL))
+    r = wait_result(s, util_mono_ms() + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS);
+  if (s->conn == NULL) return -CV_ESTORE; /* no answer in time: closed above */
+  int err = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : result_error(s, r, what);
+  PQclear(r);
+  if (!err) s->prepared[s->nprepared++] = sql;
+  return err;
+}
+
 static int run(pg_t *s, const char *what, const char *sql, int n, const char *const *params,
                PGresult **out) {
   if (out != NULL) *out = NULL;
   PGresult *r = NULL;
-  if (PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0))
+  char name[16];
+  int p = prepared(s, what, sql, n, name);
+  if (p < 0) return p;
+  if (p == 0 ? PQsendQueryPrepared(s->conn, name, n, params, NULL, NULL, 0)
+             : PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0))
     r = wait_result(s, util_mono_ms() + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS);
   if (s->conn == NULL) return -CV_ESTORE; /* no answer in time: closed above */
   ExecStatusType st = PQresultStatus(r);
@@ -325,6 +363,7 @@ static int connect_db(pg_t *s) {
   if (atomic_exchange(&connect_failing, 0)) log_info("store: connected to the database again");
   PQsetNoticeProcessor(c, pgconn_notice, NULL);
   s->conn = c;
+  s->nprepared = 0; /* a new session has none */
 
   char lock[24], stmt[24], idle[24];
   const char *const params[] = {lock, stmt, idle};
@@ -413,13 +452,13 @@ static int tx_rollback(pg_t *s, int err) {
 
 /* ---- row copies ------------------------------------------------------- */
 
-/* Columns: seq, id, sender, body, ts_ms. */
-static int msg_fill(const PGresult *r, int row, store_msg_t *m) {
-  m->seq = get_i64(r, row, 0);
-  store_copy_str(m->id, sizeof m->id, PQgetvalue(r, row, 1));
-  m->sender = strdup(PQgetvalue(r, row, 2));
-  m->body = strdup(PQgetvalue(r, row, 3));
-  m->ts_ms = get_i64(r, row, 4);
+/* Columns from `col`: seq, id, sender, body, ts_ms. */
+static int msg_fill(const PGresult *r, int row, int col, store_msg_t *m) {
+  m->seq = get_i64(r, row, col);
+  store_copy_str(m->id, sizeof m->id, PQgetvalue(r, row, col + 1));
+  m->sender = strdup(PQgetvalue(r, row, col + 2));
+  m->body = strdup(PQgetvalue(r, row, col + 3));
+  m->ts_ms = get_i64(r, row, col + 4);
   if (m->sender == NULL || m->body == NULL) {
     store_msg_clear(m);
     return -CV_ENOMEM;
@@ -656,44 +695,57 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
 
 /* ---- messages --------------------------------------------------------- */
 
-/* Inside the append transaction: NOTIFY the new message (store.h's
- * payload "m SEQ CONV", with "\nFRAME" when it fits the limit). */
-static int notify_append(pg_t *s, const char *conv, const char *id, const char *sender,
-                         const char *body, int64_t ts_ms, int64_t seq) {
-  store_msg_t m = {.seq = seq, .sender = (char *)sender, .body = (char *)body, .ts_ms = ts_ms};
+/* The NOTIFY payload of a new message (store.h: "m SEQ CONV\nFRAME", or
+ * "m SEQ CONV" when that does not fit the limit) as a template whose SEQs
+ * are chr(1), which SQL_APPEND_NOTIFY replaces with the seq it assigns: the
+ * payload is then sent in the statement that inserts, under the lock for
+ * no extra round trip. The frame is built with seq 0; its first "seq":0 is
+ * the frame's own field (it follows "conv", an id, which holds no quote),
+ * and a raw chr(1) cannot occur in JSON text (control characters are
+ * escaped), so nothing else is replaced. Heap string (caller frees); NULL
+ * when out of memory. */
+static char *notify_template(pg_t *s, const char *conv, const char *id, const char *sender,
+                             const char *body, int64_t ts_ms) {
+  store_msg_t m = {.seq = 0, .sender = (char *)sender, .body = (char *)body, .ts_ms = ts_ms};
   store_copy_str(m.id, sizeof m.id, id);
-  char head[24 + STORE_ID_MAX + 8];
-  int hn = snprintf(head, sizeof head, "m %" PRId64 " %s", seq, conv);
   char *frame = s->notify_frame != NULL ? s->notify_frame(conv, &m) : NULL;
-  char *payload = NULL;
-  if (frame != NULL && (size_t)hn + 1 + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
-      (payload = malloc((size_t)hn + 2 + strlen(frame))) != NULL)
-    sprintf(payload, "%s\n%s", head, frame);
+  const char *at = frame != NULL ? strstr(frame, "\"seq\":0,") : NULL;
+  char *out = NULL;
+  /* 20 digits per seq at most: "m " SEQ " " CONV "\n" FRAME with its seq */
+  if (at != NULL &&
+      4 + 2 * 20 + strlen(conv) + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
+      asprintf(&out, "m \x01 %s\n%.*s\"seq\":\x01%s", conv, (int)(at - frame), frame,
+               at + strlen("\"seq\":0")) < 0)
+    out = NULL;
+  if (out == NULL && asprintf(&out, "m \x01 %s", conv) < 0) out = NULL;
   free(frame);
-  const char *p = payload != NULL ? payload : head;
-  int err = run(s, "append notify", SQL_NOTIFY, 1, &p, NULL);
-  free(payload);
-  return err;
+  return out;
 }
 
-/* One transaction (READ COMMITTED): lock the conversation's row; a message
- * already stored under (conv, id) is the answer (a retry; looked up after
- * the lock, so a twin append that just committed is seen); else the
- * channel must be active, and head + 1 and the insert go in one statement.
- * Lock first, look up second: looking up before locking would miss a twin
- * committing in between and end in a unique violation instead of its
- * answer. */
+/* One transaction (READ COMMITTED): lock the conversation's row, then one
+ * statement (SQL_APPEND): a message already stored under (conv, id) is the
+ * answer (a retry; looked up after the lock, so a twin append that just
+ * committed is seen), else, if the channel is active, head + 1, the insert
+ * and the NOTIFY; then COMMIT. Lock first, look up second: looking up
+ * before locking would miss a twin committing in between and end in a
+ * unique violation instead of its answer. Two round trips under the lock. */
 static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
                      const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
   pg_t *s = pg(base);
   PGresult *r = NULL;
+  char *payload = NULL;
+  if (s->notify && (payload = notify_template(s, conv, id, sender, body, ts_ms)) == NULL)
+    return -CV_ENOMEM;
   int err = conn_ready(s);
   /* READ COMMITTED whatever the database's default: the lock below then
    * gives each later statement a snapshot that includes its holder's work */
   if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
-  if (err) return err;
+  if (err) {
+    free(payload);
+    return err;
+  }
 
-  int active = 0;
+  int active = 0, found = 0;
   err = run(s, "append lock", SQL_APPEND_LOCK, 1, &conv, &r);
   if (!err) {
     if (PQntuples(r) == 0)
@@ -702,54 +754,38 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
       active = get_i64(r, 0, 0) != 0;
     PQclear(r);
   }
-  if (!err) {
-    const char *const p[] = {conv, id};
-    err = run(s, "append", SQL_MSG_BY_ID, 2, p, &r);
-  }
-  if (!err) {
-    int found = PQntuples(r) > 0;
-    if (found) err = msg_fill(r, 0, out);
-    PQclear(r);
-    if (found && !err) {
-      /* A retry: the first message with this id, unchanged (even if the
-       * channel has been deactivated since). */
-      err = tx_commit(s);
-      if (err) {
-        store_msg_clear(out);
-        return tx_rollback(s, err);
-      }
-      return 0;
-    }
-  }
-  if (!err && !active) err = -CV_EINACTIVE;
-
   int64_t seq = 0;
   if (!err) {
     char ts[24];
-    const char *const p[] = {conv, id, sender, body, ts};
+    const char *const p[] = {conv, id, sender, body, ts, active ? "true" : "false", payload};
     fmt_i64(ts, ts_ms);
-    err = run(s, "append insert", SQL_APPEND_INSERT, 5, p, &r);
-    if (!err) {
-      if (PQntuples(r) == 1)
-        seq = get_i64(r, 0, 0);
-      else
-        err = -CV_ESTORE; /* the row was there a moment ago, under our lock */
-      PQclear(r);
-    }
+    err = run(s, "append", s->notify ? SQL_APPEND_NOTIFY : SQL_APPEND, s->notify ? 7 : 6, p, &r);
   }
-  if (!err && s->notify) err = notify_append(s, conv, id, sender, body, ts_ms, seq);
-  /* Copy before the commit, so running out of memory is still a rollback
-   * and never an acknowledged-but-unreported message. */
+  free(payload);
   if (!err) {
-    out->sender = strdup(sender);
-    out->body = strdup(body);
-    if (out->sender == NULL || out->body == NULL) err = -CV_ENOMEM;
+    if (PQntuples(r) == 0) {
+      err = active ? -CV_ESTORE : -CV_EINACTIVE; /* active: the row was there, under our lock */
+    } else if (get_i64(r, 0, 0) == 1) {
+      /* A retry: the first message with this id, unchanged (even if the
+       * channel has been deactivated since). */
+      found = 1;
+      err = msg_fill(r, 0, 1, out);
+    } else {
+      seq = get_i64(r, 0, 1);
+      /* Copy before the commit, so running out of memory is still a
+       * rollback and never an acknowledged-but-unreported message. */
+      out->sender = strdup(sender);
+      out->body = strdup(body);
+      if (out->sender == NULL || out->body == NULL) err = -CV_ENOMEM;
+    }
+    PQclear(r);
   }
   if (!err) err = tx_commit(s);
   if (err) {
     store_msg_clear(out);
     return tx_rollback(s, err);
   }
+  if (found) return 0;
   out->seq = seq;
   store_copy_str(out->id, sizeof out->id, id);
   out->ts_ms = ts_ms;
@@ -774,7 +810,7 @@ static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upt
   size_t len = (size_t)PQntuples(r);
   store_msg_t *v = NULL;
   if (len > 0 && (v = calloc(len, sizeof *v)) == NULL) err = -CV_ENOMEM;
-  for (size_t i = 0; !err && i < len; i++) err = msg_fill(r, (int)i, &v[i]);
+  for (size_t i = 0; !err && i < len; i++) err = msg_fill(r, (int)i, 0, &v[i]);
   PQclear(r);
   /* An empty page is either "nothing new" or "no such conversation". */
   if (!err && len == 0) {
