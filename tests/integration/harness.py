@@ -122,6 +122,15 @@ PG_TMP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "scripts", "pg-tmp")
 
 
+def pid_alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def psql():
     """psql next to the initdb pg-tmp uses: the newest Debian version."""
     dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),

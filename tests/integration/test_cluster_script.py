@@ -25,19 +25,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import pid_alive  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "cluster")
 CONFIG = os.path.join(ROOT, "deploy", "haproxy", "converger.cfg")
-
-
-def alive(pid):
-    """The process exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def port_free(port):
@@ -158,9 +150,9 @@ class ClusterScript(unittest.TestCase):
                 exe = os.path.basename(os.readlink("/proc/%d/exe" % pid))
             except OSError:
                 pass
-            if alive(pid) and exe in ("converger", "haproxy"):
+            if pid_alive(pid) and exe in ("converger", "haproxy"):
                 os.kill(pid, signal.SIGKILL)
-        if self.pids.get("pg") and alive(self.pids["pg"]):
+        if self.pids.get("pg") and pid_alive(self.pids["pg"]):
             subprocess.run([os.path.join(ROOT, "scripts", "pg-tmp"), "stop"],
                            env=dict(os.environ, PG_TMP_DIR=self.pg_dir), timeout=30)
 
@@ -190,7 +182,7 @@ class ClusterScript(unittest.TestCase):
             self.pids["node-%d" % n] = int(state["NODE%d_PID" % n])
         self.pg_dir = state["PG_TMP_DIR"]
         for name, pid in self.pids.items():
-            self.assertTrue(alive(pid), "%s (pid %d) not running" % (name, pid))
+            self.assertTrue(pid_alive(pid), "%s (pid %d) not running" % (name, pid))
         self.assertEqual(state["LB_URL"], "http://127.0.0.1:%d" % lb)
 
         # the summary names what a user needs
@@ -277,7 +269,7 @@ class ClusterScript(unittest.TestCase):
             self.fail("the script did not exit within 20 s of SIGTERM; stderr:\n%s" % self.stderr())
         self.assertEqual(rc, 143, self.stderr())
         for name, pid in self.pids.items():
-            self.assertFalse(alive(pid), "%s (pid %d) still running after the script exited" % (name, pid))
+            self.assertFalse(pid_alive(pid), "%s (pid %d) still running after the script exited" % (name, pid))
         self.assertFalse(os.path.exists(self.pg_dir), "PostgreSQL's directory left behind")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "cluster.state")))
         err = self.stderr()

@@ -15,19 +15,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import pid_alive  # noqa: E402
 from harness import psql  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PG_TMP = os.path.join(ROOT, "scripts", "pg-tmp")
-
-
-def alive(pid):
-    """The process exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def state_of(d):
@@ -93,7 +85,7 @@ class PgTmp(unittest.TestCase):
                          "postgres converger")
         self.assertEqual(self.query(url_a, "SHOW fsync"), "off")
         pid = int(state_of(a)["PID"])
-        self.assertTrue(alive(pid))
+        self.assertTrue(pid_alive(pid))
         if os.getuid() == 0:  # the server never runs as root
             self.assertNotEqual(os.stat("/proc/%d" % pid).st_uid, 0)
         # The unix socket in the directory works too.
@@ -117,7 +109,7 @@ class PgTmp(unittest.TestCase):
         pid_a = int(state_of(a)["PID"])
         r = self.pg_tmp("stop", env={"PG_TMP_DIR": a})
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertFalse(alive(pid_a))
+        self.assertFalse(pid_alive(pid_a))
         self.assertFalse(os.path.exists(a))
         self.assertEqual(self.pg_tmp("stop", env={"PG_TMP_DIR": a}).returncode, 0)
         r = self.pg_tmp("url", env={"PG_TMP_DIR": a})
@@ -148,13 +140,13 @@ class PgTmp(unittest.TestCase):
         self.addCleanup(owner.kill)
         self.start(d, "--owner", str(owner.pid))
         pid = int(state_of(d)["PID"])
-        self.assertTrue(alive(pid))
+        self.assertTrue(pid_alive(pid))
         owner.kill()
         owner.wait()
         deadline = time.time() + 15
-        while time.time() < deadline and (alive(pid) or os.path.exists(d)):
+        while time.time() < deadline and (pid_alive(pid) or os.path.exists(d)):
             time.sleep(0.2)
-        self.assertFalse(alive(pid), "the server outlived its owner")
+        self.assertFalse(pid_alive(pid), "the server outlived its owner")
         self.assertFalse(os.path.exists(d))
 
     def test_run_stops_on_failure(self):
@@ -166,7 +158,7 @@ class PgTmp(unittest.TestCase):
         self.assertEqual(r.returncode, 7, r.stderr)
         self.assertRegex(r.stdout, r"postgres://postgres@127\.0\.0\.1:\d+/converger")
         pid = int([l for l in r.stdout.splitlines() if l.startswith("PID=")][0][4:])
-        self.assertFalse(alive(pid))
+        self.assertFalse(pid_alive(pid))
         self.assertFalse(os.path.exists(d))
 
 

@@ -376,7 +376,6 @@ out:
 
 /* ---- main ------------------------------------------------------------------------ */
 
-static void on_signal(int sig) { run_interrupted = sig; }
 
 int bench_admission_main(int argc, char **argv) {
   options_t o = {.clients = 10000, .pool = 20, .ops = 20000000, .runs = 3, .timeout_s = 60};
@@ -408,14 +407,8 @@ int bench_admission_main(int argc, char **argv) {
     return 2;
   }
 
-  struct sigaction sa, old_int, old_term, old_hup;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGHUP, &sa, &old_hup);
-  signal(SIGPIPE, SIG_IGN);
+  run_signals_t signals;
+  run_signals_catch(&signals);
   run_interrupted = 0;
 
   int status = 1;
@@ -446,8 +439,6 @@ int bench_admission_main(int argc, char **argv) {
   fflush(stdout);
   status = 0;
 out:
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  sigaction(SIGHUP, &old_hup, NULL);
+  run_signals_restore(&signals);
   return status;
 }

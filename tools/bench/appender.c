@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/restc.h"
 #include "core/util.h"
 
 typedef struct phase_s phase_t;
@@ -214,11 +215,7 @@ static int on_begin(llhttp_t *p) {
 
 static int on_body(llhttp_t *p, const char *at, size_t len) {
   sender_t *c = p->data;
-  size_t room = sizeof c->body - 1 - c->blen;
-  size_t n = len < room ? len : room;
-  memcpy(c->body + c->blen, at, n);
-  c->blen += n;
-  c->body[c->blen] = '\0';
+  restc_body_add(c->body, sizeof c->body, &c->blen, at, len);
   return 0;
 }
 

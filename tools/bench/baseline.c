@@ -290,7 +290,6 @@ out:
 
 /* ---- main ---------------------------------------------------------------------- */
 
-static void on_signal(int sig) { run_interrupted = sig; }
 
 static void cpu_name(int cpu, char out[32]) {
   if (cpu >= 0)
@@ -364,14 +363,8 @@ int bench_baseline_main(int argc, char **argv) {
     return 2;
   }
 
-  struct sigaction sa, old_int, old_term, old_hup;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGHUP, &sa, &old_hup);
-  signal(SIGPIPE, SIG_IGN);
+  run_signals_t signals;
+  run_signals_catch(&signals);
   run_interrupted = 0;
   jitter_seed_random(&b->rng);
 
@@ -426,9 +419,7 @@ out:
   }
   bnode_stop(b);
   bnode_remove_dir(b);
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  sigaction(SIGHUP, &old_hup, NULL);
+  run_signals_restore(&signals);
   free(b->token);
   free(b);
   return status;

@@ -108,13 +108,17 @@ static int rest_on_begin(llhttp_t *p) {
   return 0;
 }
 
+void restc_body_add(char *buf, size_t cap, size_t *len, const char *at, size_t n) {
+  size_t room = cap - 1 - *len;
+  if (n > room) n = room;
+  memcpy(buf + *len, at, n);
+  *len += n;
+  buf[*len] = '\0';
+}
+
 static int rest_on_body(llhttp_t *p, const char *at, size_t len) {
   restc_t *r = p->data;
-  size_t room = sizeof r->body - 1 - r->blen;
-  size_t n = len < room ? len : room;
-  memcpy(r->body + r->blen, at, n);
-  r->blen += n;
-  r->body[r->blen] = '\0';
+  restc_body_add(r->body, sizeof r->body, &r->blen, at, len);
   return 0;
 }
 

@@ -201,3 +201,22 @@ int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_
   }
   return 0;
 }
+
+static void on_signal(int sig) { run_interrupted = sig; }
+
+void run_signals_catch(run_signals_t *saved) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &saved->old_int);
+  sigaction(SIGTERM, &sa, &saved->old_term);
+  sigaction(SIGHUP, &sa, &saved->old_hup);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+void run_signals_restore(const run_signals_t *saved) {
+  sigaction(SIGINT, &saved->old_int, NULL);
+  sigaction(SIGTERM, &saved->old_term, NULL);
+  sigaction(SIGHUP, &saved->old_hup, NULL);
+}

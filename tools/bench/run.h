@@ -114,6 +114,17 @@ int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_
                           size_t n, void (*usage)(FILE *out));
 
 /* The monotonic clock (uv_hrtime), in nanoseconds. */
+/* The handlers of SIGINT, SIGTERM and SIGHUP before run_signals_catch. */
+typedef struct {
+  struct sigaction old_int, old_term, old_hup;
+} run_signals_t;
+
+/* Catch SIGINT, SIGTERM and SIGHUP into run_interrupted (the bench stops
+ * and cleans up at its next check), ignore SIGPIPE; `saved` receives the
+ * previous handlers for run_signals_restore. Main thread. */
+void run_signals_catch(run_signals_t *saved);
+void run_signals_restore(const run_signals_t *saved);
+
 uint64_t run_now_ns(void);
 
 /* Record why the bench fails (printf-style, truncated to sizeof b->err)

@@ -1020,7 +1020,6 @@ static int write_json(const ctx_t *x, int argc, char **argv) {
 
 /* ---- main ----------------------------------------------------------------------- */
 
-static void on_signal(int sig) { run_interrupted = sig; }
 
 int bench_store_main(int argc, char **argv) {
   options_t o = {.duration_ms = 3000,
@@ -1055,14 +1054,8 @@ int bench_store_main(int argc, char **argv) {
   b->node_cpu = -1;
   b->phase = "setup";
 
-  struct sigaction sa, old_int, old_term, old_hup;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGHUP, &sa, &old_hup);
-  signal(SIGPIPE, SIG_IGN);
+  run_signals_t signals;
+  run_signals_catch(&signals);
   run_interrupted = 0;
   jitter_seed_random(&b->rng);
 
@@ -1110,9 +1103,7 @@ out:
   bnode_stop(b); /* no-ops unless a failure left them */
   bnode_remove_dir(b);
   pg_stop(&x);
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  sigaction(SIGHUP, &old_hup, NULL);
+  run_signals_restore(&signals);
   free(b->token);
   free(b);
   free(x.res);
