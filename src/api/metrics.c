@@ -61,7 +61,7 @@ static family_t families[] = {
      "Replay reads of the store, by kind (hello, fill).", NULL},
     {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},
     {"converger_drain_migrated_total", M_COUNTER,
-     "Connections told to move (drain or shed) that left before the node closed them.", NULL},
+     "Connections told to move (drain or shed) that then closed by themselves.", NULL},
     {"converger_drain_closed_total", M_COUNTER,
      "Connections the drain closed, by reason (paced: 1012 after the window; shutdown: at exit).",
      NULL},

@@ -30,6 +30,8 @@ static void beat_work(pool_job_t *job, store_t *db) {
                               util_now_ms());
 }
 
+static void beat(node_t *node);
+
 static void beat_done(pool_job_t *job) {
   beat_job_t *b = container_of(job, beat_job_t, job);
   node_t *node = b->node;
@@ -37,6 +39,10 @@ static void beat_done(pool_job_t *job) {
   int status = job->canceled ? -CV_ECANCELED : b->status;
   free(b);
   m->in_flight = 0;
+  if (m->again && status != -CV_ECANCELED && !uv_is_closing((uv_handle_t *)&m->timer)) {
+    m->again = 0; /* the state changed while this beat was written */
+    beat(node);
+  }
   if (status != 0 && status != -CV_ECANCELED && !m->failing) {
     log_warn("membership: cannot write this node's heartbeat: %s (retrying every %d ms)",
              cv_strerror(status), MEMBERSHIP_BEAT_MS);
@@ -72,7 +78,11 @@ static void timer_cb(uv_timer_t *t) {
 void membership_beat_now(node_t *node) {
   membership_t *m = &node->membership;
   if (uv_is_closing((uv_handle_t *)&m->timer)) return;
-  if (!m->in_flight) beat(node);
+  if (m->in_flight) { /* it may carry the old state: beat again when it is done */
+    m->again = 1;
+    return;
+  }
+  beat(node);
   uv_timer_again(&m->timer); /* the next one a full period later */
 }
 

@@ -33,6 +33,7 @@ struct node_s;
 typedef struct membership_s {
   uv_timer_t timer;
   int in_flight; /* a beat job was submitted and its done has not run */
+  int again;     /* membership_beat_now during a beat: one more when it is done */
   int failing;   /* the last beat failed (logged once per run of failures) */
 } membership_t;
 

@@ -5,10 +5,13 @@
  * WebSocket connection) or a shed's (a random share). A connection's
  * drain_batch says which one it belongs to (0: none). A batch begins with a
  * pool job that reads the live peers (reconnectTo), then sends its frames
- * and sets its deadline; at the deadline its connections still open go to
- * the close queue, which one timer empties at close_rate per second: the
- * number closed by time t since the queue began is at most
- * 1 + (t x rate / 1000), so closes are spread evenly, never in a burst.
+ * (or, if that read takes over FRAME_WAIT_MS, with the peers read last
+ * time) and sets its deadline. Only welcomed connections are told; one
+ * welcomed later in the batch is told then, for the rest of the window
+ * (drain_welcomed). At the deadline its connections still open go to the
+ * close queue, which one timer empties at close_rate per second through a
+ * token bucket holding at most one timer period's worth: closes are spread
+ * evenly, and a stalled loop does not make up for lost time in a burst.
  *
  * Owns: the timer, the close queue (each entry holds a conn_ref), the
  * peers job while it runs.
@@ -29,12 +32,14 @@
 #include "net/ws.h"
 #include "proto/frames.h"
 
-#define BATCH_DRAIN 1u /* the drain's batch; sheds count up from 2 */
+#define BATCH_DRAIN   1u  /* the drain's batch; sheds count up from 2 */
+#define FRAME_WAIT_MS 500 /* longest wait for the peers read before the frames go anyway */
 
 typedef struct {
   uint32_t id;        /* 0: none */
   int64_t window_ms;  /* afterMs drawn from [0, window) */
-  int framing;        /* its peers job runs: frames not sent yet */
+  int framing;        /* frames not sent yet (its peers job runs) */
+  uint64_t began;     /* monotonic ms: the batch began */
   uint64_t deadline;  /* monotonic ms: frames sent + window + grace; 0 before */
   int told;           /* connections sent a frame */
 } batch_t;
@@ -64,7 +69,11 @@ struct drain_s {
   batch_t drain, shed;
   conn_t **queue; /* paced closes, each with a conn_ref */
   size_t qhead, qlen, qcap;
-  uint64_t pace_start, paced; /* since the queue last became non-empty */
+  double tokens;     /* closes allowed now (token bucket) */
+  uint64_t tokens_at; /* monotonic ms of the last refill */
+  uint64_t every;    /* the timer's period, ms */
+  peer_t *peers;     /* ready peers from the last read (reconnectTo) */
+  size_t npeers;
   uint64_t migrated, closed;
 };
 
@@ -85,9 +94,9 @@ static void enqueue(drain_t *d, conn_t *c) {
       d->qcap = cap;
     }
   }
-  if (d->qhead == d->qlen) { /* empty: pacing starts now */
-    d->pace_start = util_mono_ms();
-    d->paced = 0;
+  if (d->qhead == d->qlen) { /* empty: the first close may go at once */
+    d->tokens = 1;
+    d->tokens_at = util_mono_ms();
   }
   conn_ref(c);
   d->queue[d->qlen++] = c;
@@ -97,7 +106,8 @@ static void enqueue(drain_t *d, conn_t *c) {
 static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   size_t n = 0;
   for (conn_t *c = d->node->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && (batch == 0 || c->drain_batch == batch)) {
+    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) &&
+        (batch == 0 || c->drain_batch == batch)) {
       enqueue(d, c);
       n++;
     }
@@ -107,7 +117,6 @@ static size_t enqueue_batch(drain_t *d, uint32_t batch) {
 static void close_paced(drain_t *d, conn_t *c) {
   char reason[48];
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", node_retry_hint(d->node));
-  c->drain_closed = 1;
   ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
   d->closed++;
   metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
@@ -115,13 +124,17 @@ static void close_paced(drain_t *d, conn_t *c) {
 
 static void pace(drain_t *d, uint64_t now) {
   double rate = d->node->cfg->drain_close_rate;
-  while (d->qhead < d->qlen) {
-    if ((double)d->paced >= 1.0 + (double)(now - d->pace_start) * rate / 1000.0) return;
+  double cap = rate * (double)d->every / 1000.0;
+  if (cap < 1) cap = 1;
+  d->tokens += (double)(now - d->tokens_at) * rate / 1000.0;
+  if (d->tokens > cap) d->tokens = cap;
+  d->tokens_at = now;
+  while (d->qhead < d->qlen && d->tokens >= 1) {
     conn_t *c = d->queue[d->qhead++];
-    /* conn_unref: 1 while it is open; one that left meanwhile costs no turn */
-    if (conn_unref(c) && !c->closing && c->mode == CONN_WS) {
+    /* conn_unref: 1 while it is open; one that left meanwhile costs nothing */
+    if (conn_unref(c) && !c->closing && c->mode == CONN_WS && !ws_close_sent(c)) {
       close_paced(d, c);
-      d->paced++;
+      d->tokens -= 1;
     }
   }
 }
@@ -147,19 +160,27 @@ static const char *pick_peer(drain_t *d, peer_t *p, size_t n) {
   return p[k].url;
 }
 
-static void send_frames(drain_t *d, batch_t *b, peer_t *peers, size_t np) {
-  uint64_t now = util_mono_ms();
-  for (conn_t *c = d->node->conns; c; c = c->next) {
-    if (c->mode != CONN_WS || c->closing || c->drain_batch != b->id || c->drain_told) continue;
-    int64_t after = b->window_ms > 0 ? jitter_range(&d->node->rng, 0, b->window_ms - 1) : 0;
-    char *f = frame_drain(after, pick_peer(d, peers, np), b->window_ms + DRAIN_GRACE_MS);
-    if (!f) continue; /* out of memory: it is closed at the deadline anyway */
-    ws_send_text(c, f, strlen(f));
-    free(f);
-    c->drain_told = 1;
-    b->told++;
-  }
-  b->deadline = now + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
+/* One drain frame to `c`: afterMs uniform in [0, window_ms), deadlineMs
+ * window_ms + DRAIN_GRACE_MS. */
+static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
+  int64_t after = window_ms > 0 ? jitter_range(&d->node->rng, 0, window_ms - 1) : 0;
+  char *f = frame_drain(after, pick_peer(d, d->peers, d->npeers), window_ms + DRAIN_GRACE_MS);
+  if (!f) return; /* out of memory: it is closed at the deadline anyway */
+  ws_send_text(c, f, strlen(f));
+  free(f);
+  c->drain_told = 1;
+  b->told++;
+}
+
+static void send_frames(drain_t *d, batch_t *b) {
+  b->framing = 0;
+  for (conn_t *c = d->node->conns; c; c = c->next)
+    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
+        c->drain_batch == b->id && !c->drain_told)
+      tell(d, b, c, b->window_ms);
+  b->deadline = util_mono_ms() + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
+  log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo)",
+           b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, d->npeers);
 }
 
 static void peers_work(pool_job_t *job, store_t *db) {
@@ -172,26 +193,24 @@ static void peers_done(pool_job_t *job) {
   drain_t *d = j->d;
   batch_t *b = j->batch;
   peer_t *peers = NULL;
-  size_t np = 0;
-  if (!job->canceled && !job->dropped && j->status == 0 && j->n > 0 &&
-      (peers = calloc(j->n, sizeof *peers)) != NULL) {
+  if (!job->canceled && !job->dropped && j->status == 0 &&
+      (peers = calloc(j->n + 1, sizeof *peers)) != NULL) {
+    size_t np = 0;
     for (size_t i = 0; i < j->n; i++) {
       const store_node_t *nd = &j->nodes[i];
       if (strcmp(nd->state, "ready") != 0 || strcmp(nd->id, d->node->cfg->node_id) == 0) continue;
       snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
       peers[np++].load = nd->connections + nd->waiters;
     }
-  } else if (j->status != 0 || job->dropped) {
-    log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo is null",
-             job->dropped ? "pool overloaded" : cv_strerror(j->status));
+    free(d->peers);
+    d->peers = peers;
+    d->npeers = np;
+  } else if (!job->canceled) {
+    log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo from the last read (%zu)",
+             job->dropped ? "pool overloaded" : cv_strerror(j->status), d->npeers);
   }
-  b->framing = 0;
-  if (!job->canceled) {
-    send_frames(d, b, peers, np);
-    log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo)",
-             b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, np);
-  }
-  free(peers);
+  /* Unless the frames already went (FRAME_WAIT_MS), or the node stops. */
+  if (!job->canceled && b->framing && b->id) send_frames(d, b);
   store_nodes_free(j->nodes);
   free(j);
 }
@@ -200,9 +219,9 @@ static void peers_done(pool_job_t *job) {
 static void batch_begin(drain_t *d, batch_t *b) {
   peers_job_t *j = calloc(1, sizeof *j);
   b->framing = 1;
-  if (!j) { /* no reconnectTo, but the frames still go */
-    b->framing = 0;
-    send_frames(d, b, NULL, 0);
+  b->began = util_mono_ms();
+  if (!j) { /* the peers of the last read, but the frames go now */
+    send_frames(d, b);
     return;
   }
   j->d = d;
@@ -219,6 +238,14 @@ static void set_state_metric(drain_t *d) { metrics_set("converger_drain_state", 
 static void timer_cb(uv_timer_t *t) {
   drain_t *d = t->data;
   uint64_t now = util_mono_ms();
+  if (d->stopped) return; /* the stop closes what is left */
+  batch_t *bs[] = {&d->drain, &d->shed};
+  for (int i = 0; i < 2; i++)
+    if (bs[i]->id && bs[i]->framing && now >= bs[i]->began + FRAME_WAIT_MS) {
+      log_warn("%s: the cluster's nodes not read within %d ms; reconnectTo from the last read",
+               bs[i] == &d->drain ? "drain" : "shed", FRAME_WAIT_MS);
+      send_frames(d, bs[i]);
+    }
   if (d->shed.id && !d->shed.framing && d->shed.deadline && now >= d->shed.deadline) {
     size_t n = enqueue_batch(d, d->shed.id);
     log_info("shed: window over: %d told, %zu still here, closing them with 1012 at %d/s",
@@ -235,9 +262,11 @@ static void timer_cb(uv_timer_t *t) {
   pace(d, now);
   if (d->draining && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
-    int left = d->node->nws;
-    if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
     release_queue(d);
+    int left = 0; /* open, with no close frame sent yet: the stop closes them */
+    for (conn_t *c = d->node->conns; c; c = c->next)
+      left += c->mode == CONN_WS && !c->closing && !ws_close_sent(c);
+    if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
     char why[160];
     snprintf(why, sizeof why, "drain %s after %llu ms: %llu moved, %llu closed with 1012, %d left",
              left ? "deadline" : "complete", (unsigned long long)(now - d->began_ms),
@@ -249,9 +278,9 @@ static void timer_cb(uv_timer_t *t) {
 
 static void timer_run(drain_t *d) {
   int rate = d->node->cfg->drain_close_rate;
-  uint64_t every = rate >= 1000 ? 1 : (uint64_t)(1000 / rate);
-  if (every > 20) every = 20; /* deadlines are checked at least this often */
-  if (!uv_is_active((uv_handle_t *)&d->timer)) uv_timer_start(&d->timer, timer_cb, 0, every);
+  d->every = rate >= 1000 ? 1 : (uint64_t)(1000 / rate);
+  if (d->every > 20) d->every = 20; /* deadlines are checked at least this often */
+  if (!uv_is_active((uv_handle_t *)&d->timer)) uv_timer_start(&d->timer, timer_cb, 0, d->every);
 }
 
 /* ---- public ------------------------------------------------------------- */
@@ -272,6 +301,7 @@ static void closed_cb(uv_handle_t *h) {
   drain_t *d = h->data;
   release_queue(d);
   free(d->queue);
+  free(d->peers);
   free(d);
 }
 
@@ -307,7 +337,8 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
   if (!all) return -CV_ENOMEM;
   int n = 0;
   for (conn_t *c = node->conns; c && n < node->nws; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && c->drain_batch == 0) all[n++] = c;
+    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed && c->drain_batch == 0)
+      all[n++] = c;
   int k = (int)(fraction * n + 0.5);
   if (k > n) k = n;
   /* A random k of them: the first k of a partial Fisher-Yates shuffle. */
@@ -333,8 +364,19 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
   return 0;
 }
 
+void drain_welcomed(drain_t *d, conn_t *c) {
+  batch_t *b = c->drain_batch == BATCH_DRAIN ? &d->drain
+               : c->drain_batch == d->shed.id ? &d->shed
+                                              : NULL;
+  if (!b || b->framing || c->drain_told || d->stopped) return; /* the batch's frames tell it */
+  uint64_t now = util_mono_ms();
+  if (now >= b->deadline) return; /* it is queued for its 1012 anyway */
+  int64_t left = (int64_t)(b->deadline - now) - DRAIN_GRACE_MS;
+  tell(d, b, c, left > 0 ? left : 0);
+}
+
 void drain_conn_closing(drain_t *d, conn_t *c) {
-  if (!c->drain_told || c->drain_closed || c->drain_counted || d->stopped) return;
+  if (!c->drain_told || c->closed_by_us || c->drain_counted || d->stopped) return;
   c->drain_counted = 1;
   d->migrated++;
   metrics_add("converger_drain_migrated_total", NULL, 1);

@@ -63,8 +63,13 @@ int drain_start(drain_t *d, const char *why);
  * draining or while another shed runs. */
 int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total);
 
-/* `c` is closing: one that was told to move and was not closed by us
- * counts as migrated. Idempotent. */
+/* `c` has just been welcomed: if it belongs to a drain or shed whose
+ * frames went out before, tell it now, with what is left of the window. */
+void drain_welcomed(drain_t *d, conn_t *c);
+
+/* `c` is closing: one that was told to move and that left by itself (its
+ * close frame, or its connection ending, first: not ws_close) counts as
+ * migrated. Idempotent. */
 void drain_conn_closing(drain_t *d, conn_t *c);
 
 /* 0 ready, 1 draining, 2 shedding (converger_drain_state). */

@@ -43,8 +43,9 @@ struct conn_s {
   unsigned reading : 1;
   unsigned shutdown_after_write : 1; /* half-close once output is flushed */
   unsigned shut : 1;                 /* uv_shutdown issued */
+  unsigned welcomed : 1;             /* the session sent `welcome` (proto/session.c) */
+  unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
   unsigned drain_told : 1;           /* sent a drain frame (gate/drain.h) */
-  unsigned drain_closed : 1;         /* closed by the drain's pacer (1012) */
   unsigned drain_counted : 1;        /* counted as migrated */
   uint32_t drain_batch;              /* the drain or shed it was chosen for; 0: none */
   int refs;                          /* pool jobs holding this conn */

@@ -303,6 +303,7 @@ void ws_send_frame(conn_t *c, const char *frame, size_t len) {
 void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
+  c->closed_by_us = 1;
   session_on_close(c->session); /* nothing more is admitted for it */
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
@@ -315,6 +316,8 @@ void ws_close(conn_t *c, int code, const char *reason) {
   }
   conn_shutdown(c);
 }
+
+int ws_close_sent(const conn_t *c) { return c->ws && c->ws->close_sent; }
 
 void ws_ping(conn_t *c) {
   ws_t *ws = c->ws;

@@ -62,6 +62,10 @@ char *ws_encode_text(const char *text, size_t text_len, size_t *len);
  * half-close and close. Further input is ignored. Idempotent. */
 void ws_close(conn_t *c, int code, const char *reason);
 
+/* 1 once a close frame went out on `c` (ours, or the answer to the
+ * peer's): nothing more is sent on it. */
+int ws_close_sent(const conn_t *c);
+
 /* Send a ping (heartbeat). */
 void ws_ping(conn_t *c);
 

@@ -571,6 +571,8 @@ static void hello_done(pool_job_t *job) {
     send_text_owned(c, frame_dump(welcome));
     json_decref(welcome);
     count_handshake("ok");
+    c->welcomed = 1;
+    if (c->drain_batch) drain_welcomed(s->node->drain, c); /* told now, not before welcome */
     for (size_t i = 0; i < h->n && !c->closing; i++) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;
