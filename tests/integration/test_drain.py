@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -318,6 +319,25 @@ class Drain(NodeCase):
         code, _, _ = ws.expect_close(5)
         self.assertEqual(code, 1001)
         self.assertEqual(n.proc.wait(10), 0)
+
+    def test_second_sigint_exits_at_once(self):
+        """SIGINT stops the node, which then waits for a store job in flight
+        (held 3 s here); a second SIGINT exits at once with 130."""
+        n = self.node_start({"CONVERGER_TEST_STORE_DELAY_MS": "3000",
+                             "CONVERGER_DRAIN_SHUTDOWN_MS": str(self.SHUTDOWN_MS)})
+        slow = threading.Thread(target=lambda: n.request("POST", "/v1/channels", {"name": "slow"},
+                                                         timeout=10), daemon=True)
+        slow.start()
+        time.sleep(0.3)  # the job is in the pool
+        os.kill(n.proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        self.assertTrue(n.running(), "the first SIGINT should wait for the job")
+        t0 = time.monotonic()
+        os.kill(n.proc.pid, signal.SIGINT)
+        self.assertEqual(n.proc.wait(5), 130)
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertIn("second SIGINT: exiting at once", n.log_text())
+        slow.join(10)
 
     def test_connection_welcomed_during_the_drain_is_told_after_welcome(self):
         """Upgraded before the drain, hello after it: the drain frame comes
