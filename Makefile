@@ -28,12 +28,14 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: setup $(BUILD_DIR)/CMakeCache.txt
 	@cmake --build $(BUILD_DIR) -j $(JOBS) -- --no-print-directory
 
-run: build
+run: setup $(BUILD_DIR)/CMakeCache.txt
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger -- --no-print-directory
 	$(BUILD_DIR)/converger serve $(ARGS)
 
 # build has run scripts/setup (haproxy included): the script only starts things.
+# Ctrl-C (130) and SIGTERM (143) are how it is meant to end: not an error.
 cluster: build
-	scripts/cluster --binary $(BUILD_DIR)/converger
+	@scripts/cluster --binary $(BUILD_DIR)/converger; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

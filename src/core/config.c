@@ -146,14 +146,18 @@ static int parse_listen(config_t *cfg, const char *v) {
 
 static int apply(config_t *cfg, const setting_t *s, const char *v, const char *src) {
   char **strp = (char **)((char *)cfg + s->offset);
+  char who[96]; /* what the user wrote: the flag, or the variable and where it came from */
+  if (strcmp(src, "flag") == 0)
+    snprintf(who, sizeof who, "--%s", s->flag);
+  else
+    snprintf(who, sizeof who, "%s (%s)", s->env, src);
   switch (s->kind) {
   case K_INT: {
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
     if (errno || *v == '\0' || *end || n < s->min || n > s->max) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want an integer in [%ld, %ld]\n", s->env,
-              src, v, s->min, s->max);
+      fprintf(stderr, "converger: invalid %s \"%s\": want an integer in [%ld, %ld]\n", who, v, s->min, s->max);
       return -CV_EINVAL;
     }
     *(int *)((char *)cfg + s->offset) = (int)n;
@@ -161,14 +165,14 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
   }
   case K_ENUM:
     if (!words_has(s->words, v)) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want one of %s\n", s->env, src, v,
+      fprintf(stderr, "converger: invalid %s \"%s\": want one of %s\n", who, v,
               s->words);
       return -CV_EINVAL;
     }
     break;
   case K_LISTEN:
     if (parse_listen(cfg, v) != 0) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want host:port\n", s->env, src, v);
+      fprintf(stderr, "converger: invalid %s \"%s\": want host:port\n", who, v);
       return -CV_EINVAL;
     }
     break;
@@ -177,28 +181,28 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
       char shown[512];
       store_url_redact(v, shown, sizeof shown);
       fprintf(stderr,
-              "converger: invalid %s (%s) \"%s\": want sqlite:PATH, "
+              "converger: invalid %s \"%s\": want sqlite:PATH, "
               "postgres://USER@HOST:PORT/DB or a libpq keyword string (host=... dbname=...)\n",
-              s->env, src, shown);
+              who, shown);
       return -CV_EINVAL;
     }
     break;
   case K_WSURL:
     if ((strncmp(v, "ws://", 5) != 0 || v[5] == '\0') &&
         (strncmp(v, "wss://", 6) != 0 || v[6] == '\0')) {
-      fprintf(stderr, "converger: invalid %s (%s) \"%s\": want ws://HOST... or wss://HOST...\n",
-              s->env, src, v);
+      fprintf(stderr, "converger: invalid %s \"%s\": want ws://HOST... or wss://HOST...\n",
+              who, v);
       return -CV_EINVAL;
     }
     if (strlen(v) > STORE_URL_MAX) {
-      fprintf(stderr, "converger: invalid %s (%s): longer than %d bytes\n", s->env, src,
+      fprintf(stderr, "converger: invalid %s: longer than %d bytes\n", who,
               STORE_URL_MAX);
       return -CV_EINVAL;
     }
     break;
   case K_STR:
     if (*v == '\0') {
-      fprintf(stderr, "converger: invalid %s (%s): empty\n", s->env, src);
+      fprintf(stderr, "converger: invalid %s: empty\n", who);
       return -CV_EINVAL;
     }
     break;

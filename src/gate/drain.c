@@ -42,6 +42,8 @@ typedef struct {
   uint64_t began;     /* monotonic ms: the batch began */
   uint64_t deadline;  /* monotonic ms: frames sent + window + grace; 0 before */
   int told;           /* connections sent a frame */
+  int moved;          /* of those, closed by themselves (the log's counts) */
+  int closed;         /* closed with 1012 by the pacer */
 } batch_t;
 
 typedef struct {
@@ -74,7 +76,6 @@ struct drain_s {
   uint64_t every;    /* the timer's period, ms */
   peer_t *peers;     /* ready peers from the last read (reconnectTo) */
   size_t npeers;
-  uint64_t migrated, closed;
 };
 
 /* ---- close queue -------------------------------------------------------- */
@@ -114,11 +115,18 @@ static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   return n;
 }
 
+static batch_t *batch_of(drain_t *d, const conn_t *c) {
+  return c->drain_batch == BATCH_DRAIN               ? &d->drain
+         : c->drain_batch && c->drain_batch == d->shed.id ? &d->shed
+                                                        : NULL;
+}
+
 static void close_paced(drain_t *d, conn_t *c) {
+  batch_t *b = batch_of(d, c);
+  if (b) b->closed++;
   char reason[48];
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", node_retry_hint(d->node));
   ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
-  d->closed++;
   metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
 }
 
@@ -248,15 +256,19 @@ static void timer_cb(uv_timer_t *t) {
     }
   if (d->shed.id && !d->shed.framing && d->shed.deadline && now >= d->shed.deadline) {
     size_t n = enqueue_batch(d, d->shed.id);
-    log_info("shed: window over: %d told, %zu still here, closing them with 1012 at %d/s",
-             d->shed.told, n, d->node->cfg->drain_close_rate);
+    if (n)
+      log_info("shed: window over: %d told, %d moved, %zu still here, closing them with 1012 "
+               "at %d/s",
+               d->shed.told, d->shed.moved, n, d->node->cfg->drain_close_rate);
+    else
+      log_info("shed: window over: %d told, %d moved, none left", d->shed.told, d->shed.moved);
     d->shed.id = 0;
     set_state_metric(d);
   }
   if (d->drain.id && !d->drain.framing && d->drain.deadline && now >= d->drain.deadline) {
     size_t n = enqueue_batch(d, 0);
     log_info("drain: window over: %llu moved, %zu still here, closing them with 1012 at %d/s",
-             (unsigned long long)d->migrated, n, d->node->cfg->drain_close_rate);
+             (unsigned long long)d->drain.moved, n, d->node->cfg->drain_close_rate);
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
   pace(d, now);
@@ -270,7 +282,7 @@ static void timer_cb(uv_timer_t *t) {
     char why[160];
     snprintf(why, sizeof why, "drain %s after %llu ms: %llu moved, %llu closed with 1012, %d left",
              left ? "deadline" : "complete", (unsigned long long)(now - d->began_ms),
-             (unsigned long long)d->migrated, (unsigned long long)d->closed, left);
+             (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
     d->stop(d->node, why);
   }
   if (!d->draining && !d->shed.id && d->qhead == d->qlen) uv_timer_stop(&d->timer);
@@ -378,7 +390,8 @@ void drain_welcomed(drain_t *d, conn_t *c) {
 void drain_conn_closing(drain_t *d, conn_t *c) {
   if (!c->drain_told || c->closed_by_us || c->drain_counted || d->stopped) return;
   c->drain_counted = 1;
-  d->migrated++;
+  batch_t *b = batch_of(d, c);
+  if (b) b->moved++;
   metrics_add("converger_drain_migrated_total", NULL, 1);
 }
 

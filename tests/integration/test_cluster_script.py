@@ -260,6 +260,24 @@ class ClusterScript(unittest.TestCase):
         st, _ = self.request(stats, "GET", "/")
         self.assertEqual(st, 200)
 
+        # a drained node (SIGTERM, no clients: it exits at once) is started again
+        first = self.pids["node-2"]
+        os.kill(first, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while True:
+            state = read_state(os.path.join(self.dir, "cluster.state"))
+            again = int(state["NODE2_PID"])
+            try:
+                if again != first and self.request(lb + 2, "GET", "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass  # between the exit and the restart
+            self.assertLess(time.monotonic(), deadline, "node-2 not back; stderr:\n%s" % self.stderr())
+            time.sleep(0.1)
+        self.assertFalse(pid_alive(first))
+        self.pids["node-2"] = again
+        self.assertIn("node-2 (pid %d) drained and exited 0; starting it again" % first, self.stderr())
+
         # SIGTERM: everything stops, the script exits
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
