@@ -724,13 +724,16 @@ static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     core->st.bad_frames++;
     return;
   }
-  if (slot_of(core, t) != core->active || !core->opt.migrate_on_drain || core->migrate_at >= 0 ||
-      live_count(core) > 1)
+  if (slot_of(core, t) != core->active || !core->opt.migrate_on_drain || live_count(core) > 1)
     return; /* without migration the server's 1012 close ends the connection */
+  int64_t at = now + clamp_ms(json_integer_value(after));
+  /* A second frame (a shed, then a drain with a shorter window) may only
+   * bring the move forward: its deadline is the one that counts. */
+  if (core->migrate_at >= 0 && core->migrate_at <= at) return;
   const char *url = json_string_value(to);
   free(core->migrate_url);
   core->migrate_url = url && wsurl_parse(url, NULL, NULL, 0) ? strdup(url) : NULL;
-  core->migrate_at = now + clamp_ms(json_integer_value(after));
+  core->migrate_at = at;
   core->last_url = t->url;
 }
 

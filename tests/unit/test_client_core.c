@@ -487,6 +487,33 @@ static void test_drain_is_make_before_break(void **state) {
   destroy(&h);
 }
 
+/* A shed's frame, then a drain's with a shorter window: the move comes
+ * forward to the earlier time; a later frame never pushes it back. */
+static void test_second_drain_frame_only_brings_the_move_forward(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  clear_acts(&h);
+  h.now = 1000;
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":500000,\"reconnectTo\":null,\"deadlineMs\":600000}");
+  assert_int_equal(h.timer_at, 501000);
+  h.now = 2000;
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":3000,\"reconnectTo\":\"ws://next:9/v1/ws\","
+       "\"deadlineMs\":32000}");
+  assert_int_equal(h.timer_at, 5000);
+  h.now = 3000;
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":9000,\"reconnectTo\":null,\"deadlineMs\":11000}");
+  assert_int_equal(h.timer_at, 5000);
+  fire(&h);
+  act_t *o = last(&h, CVG_ACT_OPEN, 0);
+  assert_non_null(o);
+  assert_int_equal(h.now, 5000);
+  assert_string_equal(o->url, "ws://next:9/v1/ws");
+  destroy(&h);
+}
+
 static void test_failed_migration_keeps_the_old_connection(void **state) {
   h_t h;
   cvg_sub_t subs[] = {{"c1", 0}};
@@ -910,6 +937,7 @@ int main(void) {
       cmocka_unit_test(test_hint_is_a_floor_and_welcome_resets),
       cmocka_unit_test(test_unacknowledged_sends_resent_with_same_id),
       cmocka_unit_test(test_drain_is_make_before_break),
+      cmocka_unit_test(test_second_drain_frame_only_brings_the_move_forward),
       cmocka_unit_test(test_failed_migration_keeps_the_old_connection),
       cmocka_unit_test(test_connect_and_idle_timeouts),
       cmocka_unit_test(test_bad_frames_are_counted_and_ignored),
