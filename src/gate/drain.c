@@ -329,8 +329,20 @@ int drain_start(drain_t *d, const char *why) {
   node->ready = 0;
   d->drain.id = BATCH_DRAIN;
   d->drain.window_ms = node->cfg->drain_window_ms;
+  /* The drain takes over a running shed: its connections are told again
+   * (the SDK keeps the earlier of two moves) and closed at the drain's
+   * deadline if they have not moved by then. */
+  uint32_t shed = d->shed.id;
+  if (shed) {
+    log_info("%s: the shed under way (%d told, %d moved) is folded into the drain", why,
+             d->shed.told, d->shed.moved);
+    d->shed.id = 0;
+  }
   for (conn_t *c = node->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && c->drain_batch == 0) c->drain_batch = BATCH_DRAIN;
+    if (c->mode == CONN_WS && !c->closing && (c->drain_batch == 0 || c->drain_batch == shed)) {
+      c->drain_batch = BATCH_DRAIN;
+      c->drain_told = 0;
+    }
   log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
            "rest closed at %d/s after it; exit when none is left or after %d ms",
            why, node->nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,

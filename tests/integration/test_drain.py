@@ -358,6 +358,34 @@ class Drain(NodeCase):
         self.assertGreaterEqual(m["deadlineMs"], GRACE_MS)
         ws.close()
 
+    def test_drain_takes_over_a_running_shed(self):
+        """A shed with a long window, then a drain: the shed's connections are
+        told again with the drain's window (the SDK keeps the earlier move)."""
+        n = self.drain_node()
+        conv = n.new_conv()
+        clients = []
+        for _ in range(2):
+            ws = harness.RawWs(n.port)
+            ws.hello(mint_token("u", [conv]), [{"conv": conv, "watermark": None}])
+            ws.recv_until(lambda f: f.get("type") == "synced")
+            clients.append(ws)
+        st, _, js = n.request("POST", "/admin/shed", {"fraction": 1, "windowMs": 600000})
+        self.assertEqual((st, js["chosen"]), (200, 2), js)
+        for ws in clients:
+            m, _ = ws.recv_until(lambda f: f.get("type") == "drain")
+            self.assertEqual(m["deadlineMs"], 600000 + GRACE_MS)
+        st, _, js = n.request("POST", "/admin/drain")
+        self.assertEqual(st, 202, js)
+        for ws in clients:
+            m, _ = ws.recv_until(lambda f: f.get("type") == "drain")
+            self.assertEqual(m["deadlineMs"], self.WINDOW_MS + GRACE_MS)
+            self.assertLess(m["afterMs"], self.WINDOW_MS)
+        self.assertIn("folded into the drain", n.log_text())
+        os.kill(n.proc.pid, signal.SIGINT)
+        for ws in clients:
+            self.assertEqual(ws.expect_close(5)[0], 1001)
+        self.assertEqual(n.proc.wait(10), 0)
+
     def test_bad_shed_requests(self):
         n = self.drain_node()
         for body in ({}, {"fraction": 0}, {"fraction": 1.5}, {"fraction": "x"},
