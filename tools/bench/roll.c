@@ -96,6 +96,7 @@ typedef struct {
   char *buf;
   size_t len, cap;
   int ready, ended, eof;
+  size_t nsamples; /* 100 ms buckets it sampled ("S" lines) */
 } worker_t;
 
 /* A histogram merged from the nodes' /metrics: cumulative counts by `le`. */
@@ -114,6 +115,8 @@ typedef struct {
   char *token;
   worker_t w[MAX_PROCS];
   size_t nworkers;
+  size_t sampled[MAX_PROCS]; /* each worker's nsamples, kept after workers_stop */
+  size_t nworkers_seen;
   uint64_t t0_ns;
   /* records from the workers */
   int64_t *off;
@@ -504,6 +507,7 @@ static void worker_line(ctx_t *x, worker_t *w, char *line) {
     char *p = line + 1;
     long long bucket = strtoll(p, &p, 10);
     if (bucket < 0) return;
+    if ((size_t)bucket + 1 > w->nsamples) w->nsamples = (size_t)bucket + 1;
     grow_buckets(x, (size_t)bucket + 1);
     if ((size_t)bucket >= x->nb) return;
     for (long long k = 0; k < x->o->nodes; k++)
@@ -638,8 +642,10 @@ static int workers_start(ctx_t *x) {
 }
 
 static void workers_stop(ctx_t *x) {
+  x->nworkers_seen = x->nworkers;
   for (size_t i = 0; i < x->nworkers; i++) {
     worker_t *w = &x->w[i];
+    x->sampled[i] = w->nsamples;
     if (w->pid > 0) {
       if (!w->ended) kill(w->pid, SIGKILL);
       int st;
@@ -847,7 +853,12 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
     for (long long k = 0; k < o->nodes; k++) fprintf(f, ",conn_%lld", k);
     for (long long k = 0; k < o->nodes; k++) fprintf(f, ",arrivals_%lld", k);
     fprintf(f, ",connected,sends_ok,sends_refused\n");
-    for (size_t b = 0; b < x->nb; b++) {
+    /* up to the last bucket every worker sampled (the first to finish its
+     * catch-up stops sampling first) */
+    size_t rows = x->nb;
+    for (size_t i = 0; i < x->nworkers_seen; i++)
+      if (x->sampled[i] < rows) rows = x->sampled[i];
+    for (size_t b = 0; b < rows; b++) {
       fprintf(f, "%zu", b * BUCKET_MS);
       uint64_t total = 0;
       for (long long k = 0; k < o->nodes; k++) {
