@@ -66,10 +66,10 @@
 typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
       restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s;
-  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff;
+  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission;
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
-  int close_mode, legacy;
+  int close_mode, legacy, admission_off;
 } options_t;
 
 /* The REST sender (its own thread). */
@@ -157,6 +157,8 @@ static void usage(FILE *out) {
           "  --settle-ms N          before the first restart and after the last [3000]\n"
           "  --wait-ms N            bound on the clients' catch-up at the end [60000]\n"
           "  --pool-size N          the nodes' CONVERGER_POOL_SIZE [20]\n"
+          "  --admission on|off     off: WS_HANDSHAKE_CONCURRENCY=100000, no handshake waits\n"
+          "                         in the admission queue (as bench admission) [on]\n"
           "  --seed N               the clients' random seed (0: the OS's) [0]\n"
           "  --pg-url URL           use this PostgreSQL instead of a throwaway one\n"
           "  --pg-tmp PATH          the script that starts one [%s]\n"
@@ -169,9 +171,10 @@ static int parse_options(options_t *o, int argc, char **argv) {
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   if (!rest) return -1;
   int nrest = 0;
-  static const char *const names[] = {"--pg-url", "--pg-tmp",       "--out",
-                                      "--drain",  "--clients-mode", "--backoff"};
-  const char **dest[] = {&o->pg_url, &o->pg_tmp, &o->out, &o->drain, &o->clients_mode, &o->backoff};
+  static const char *const names[] = {"--pg-url",       "--pg-tmp",  "--out",      "--drain",
+                                      "--clients-mode", "--backoff", "--admission"};
+  const char **dest[] = {&o->pg_url,       &o->pg_tmp,  &o->out,      &o->drain,
+                         &o->clients_mode, &o->backoff, &o->admission};
   for (int i = 0; i < argc; i++) {
     const char *v = NULL;
     int missing = 0;
@@ -216,6 +219,11 @@ static int parse_options(options_t *o, int argc, char **argv) {
     return -1;
   }
   o->legacy = strcmp(o->clients_mode, "legacy") == 0;
+  if (strcmp(o->admission, "on") != 0 && strcmp(o->admission, "off") != 0) {
+    fprintf(stderr, CMD ": --admission is on or off, not \"%s\"\n", o->admission);
+    return -1;
+  }
+  o->admission_off = strcmp(o->admission, "off") == 0;
   char name[32] = "";
   long long base = 0, cap = 0;
   int n = sscanf(o->backoff, "%31[a-z]:%lld:%lld", name, &base, &cap);
@@ -305,6 +313,7 @@ static int node_start(ctx_t *x, size_t k) {
                        pool,
                        "CONVERGER_HELLO_TIMEOUT_MS=10000",
                        o->close_mode ? "CONVERGER_DRAIN_MIGRATE=0" : "CONVERGER_DRAIN_MIGRATE=1",
+                       o->admission_off ? "WS_HANDSHAKE_CONCURRENCY=100000" : NULL,
                        NULL};
   nb->node_cpu = -1;
   nb->timeout_s = (int)o->timeout_s;
@@ -765,6 +774,8 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "drain_close_rate", json_integer(o->drain_close_rate));
   json_object_set_new(j, "clients_mode", json_string(o->clients_mode));
   json_object_set_new(j, "backoff", json_string(o->backoff));
+  json_object_set_new(j, "admission", json_string(o->admission));
+  json_object_set_new(j, "pool_size", json_integer(o->pool_size));
   json_object_set_new(j, "acked", json_integer((json_int_t)s->acked));
   json_object_set_new(j, "lost", json_integer((json_int_t)x->v_lost));
   json_object_set_new(j, "dup_delivered", json_integer((json_int_t)x->v_dup));
@@ -892,7 +903,8 @@ int bench_roll_main(int argc, char **argv) {
                  .out = "roll-out",
                  .drain = "migrate",
                  .clients_mode = "sdk",
-                 .backoff = "decorrelated"};
+                 .backoff = "decorrelated",
+                 .admission = "on"};
   int r = parse_options(&o, argc, argv);
   if (r != 0) return r > 0 ? 0 : 2;
 
