@@ -91,6 +91,9 @@ static const setting_t settings[] = {
       NULL, "drain: clients are told to move at a time drawn from [0, this) (ms)"),
     S("CONVERGER_DRAIN_CLOSE_RATE", "drain-close-rate", K_INT, drain_close_rate, "500", 1, 1000000,
       NULL, "drain: connections still open after the window are closed (1012) at this rate (per s)"),
+    S("CONVERGER_DRAIN_MIGRATE", "drain-migrate", K_INT, drain_migrate, "1", 0, 1, NULL,
+      "drain: 1 tell clients to move (drain frames) first; 0 no frames, the paced 1012 closes "
+      "begin at once (for experiments)"),
     S("CONVERGER_DRAIN_SHUTDOWN_MS", "drain-shutdown-ms", K_INT, drain_shutdown_ms, "60000", 0,
       86400000, NULL, "drain: the node closes what remains and exits this long after it began (ms)"),
     S("CONVERGER_TEST_STORE_DELAY_MS", "test-store-delay-ms", K_INT, test_store_delay_ms, "0", 0,

@@ -40,6 +40,7 @@ typedef struct {
   int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
   int drain_window_ms;        /* drain: afterMs drawn from [0, this), ms (gate/drain.h) */
   int drain_close_rate;       /* drain: paced 1012 closes per second after the window */
+  int drain_migrate;          /* drain: 1 drain frames first; 0 none, paced 1012 closes at once */
   int drain_shutdown_ms;      /* drain: exit this long after the drain began, ms */
   int test_store_delay_ms;    /* tests only: sleep before each store job, ms */
 } config_t;

@@ -349,7 +349,14 @@ int drain_start(drain_t *d, const char *why) {
            node->cfg->drain_shutdown_ms);
   set_state_metric(d);
   membership_beat_now(node); /* peers stop sending clients here */
-  batch_begin(d, &d->drain);
+  if (node->cfg->drain_migrate) {
+    batch_begin(d, &d->drain);
+  } else { /* no frames: the deadline is now, the paced 1012 closes begin at once */
+    d->drain.began = util_mono_ms();
+    d->drain.deadline = d->drain.began;
+    log_info("drain: CONVERGER_DRAIN_MIGRATE=0: no drain frames; closing at %d/s now",
+             node->cfg->drain_close_rate);
+  }
   timer_run(d);
   return 0;
 }

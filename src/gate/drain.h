@@ -14,7 +14,9 @@
  * the end needs to open its new connection and be welcomed before the old
  * one may go. After that deadline, the connections still open are closed
  * with 1012 at close_rate per second, paced
- * evenly, each with a jittered {"retryAfterMs": n}. The node stops (closing
+ * evenly, each with a jittered {"retryAfterMs": n}. With drain_migrate 0
+ * (CONVERGER_DRAIN_MIGRATE=0, for experiments) no frame is sent and the
+ * paced closes begin at once. The node stops (closing
  * what is left with 1001, finishing pool jobs, exit 0) when no WebSocket
  * connection is left, or at shutdown_ms after the drain began.
  *
@@ -45,7 +47,7 @@ typedef struct drain_s drain_t;
 typedef void (*drain_stop_cb)(node_t *node, const char *why);
 
 /* A drain controller for `node` with its settings from node->cfg
- * (drain_window_ms, drain_close_rate, drain_shutdown_ms). NULL when out of
+ * (drain_window_ms, drain_close_rate, drain_migrate, drain_shutdown_ms). NULL when out of
  * memory. */
 drain_t *drain_new(node_t *node, drain_stop_cb stop);
 

@@ -288,6 +288,33 @@ class Drain(NodeCase):
         self.assertEqual(codes.count(1001), 10 - codes.count(1012), codes)
         self.assertIn("drain deadline", n.log_text())
 
+    def test_drain_migrate_0_no_frames_paced_1012_at_once(self):
+        """CONVERGER_DRAIN_MIGRATE=0 (bench roll --drain close): no drain
+        frame, and the paced 1012 closes begin at once, not after the window."""
+        n = self.node_start({"CONVERGER_DRAIN_WINDOW_MS": "30000", "CONVERGER_DRAIN_CLOSE_RATE": "20",
+                             "CONVERGER_DRAIN_SHUTDOWN_MS": "20000", "CONVERGER_DRAIN_MIGRATE": "0"})
+        conv = n.new_conv()
+        clients = [Client(n, conv, obey=True) for _ in range(20)]
+
+        async def go():
+            tasks = await connect_all(clients)
+            t0 = time.monotonic()
+            os.kill(n.proc.pid, signal.SIGTERM)
+            await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            rc = await asyncio.to_thread(n.proc.wait, 20)
+            return rc, t0
+        rc, t0 = self.arun(go(), timeout=40)
+        self.assertEqual(rc, 0)
+        self.assertEqual([c.drains for c in clients], [[]] * 20)  # no drain frame
+        self.assertEqual(sorted(c.code for c in clients), [1012] * 20)
+        closes = sorted(c.closed_at - t0 for c in clients)
+        # 20 at 20/s: about 1 s in all, long before the 30 s window
+        self.assertLess(closes[-1], 5.0, closes)
+        self.assertLessEqual(max_in_window([c.closed_at for c in clients], 0.2), 20 * 0.2 + 2, closes)
+        for c in clients:
+            self.assertIn("retryAfterMs", json.loads(c.reason))
+        self.assertIn("CONVERGER_DRAIN_MIGRATE=0", n.log_text())
+
     def test_admin_drain_second_sigterm_ignored_sigint_stops(self):
         n = self.drain_node()
         conv = n.new_conv()

@@ -431,6 +431,7 @@ int bench_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "admission") == 0)
     return bench_admission_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "store") == 0) return bench_store_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "roll") == 0) return bench_roll_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -446,6 +447,8 @@ int bench_main(int argc, char **argv) {
                "            (converger bench admission --help)\n"
                "  store     appends/s with 1..N concurrent senders and delivery latency on\n"
                "            SQLite (synchronous full, normal) and PostgreSQL, same node and\n"
-               "            across two nodes (converger bench store --help)\n");
+               "            across two nodes (converger bench store --help)\n"
+               "  roll      a rolling restart of a PostgreSQL cluster under SDK clients and a\n"
+               "            REST sender, with loss verification (converger bench roll --help)\n");
   return out == stdout ? 0 : 2;
 }

@@ -20,6 +20,9 @@
  *             same node and across two nodes, on SQLite (synchronous full
  *             and normal) and PostgreSQL (tools/bench/store.c,
  *             docs/benchmarks/store.md; the senders are bench/appender.h's)
+ *   roll      a rolling restart of a PostgreSQL cluster under SDK clients in
+ *             worker processes (bench/rollw.h) and a REST sender, with loss
+ *             verification (tools/bench/roll.c, issue 7)
  *
  * Main thread only; a benchmark owns the process while it runs (it handles
  * SIGINT/SIGTERM; baseline and admission also raise RLIMIT_NOFILE and pin
@@ -42,5 +45,10 @@ int bench_admission_main(int argc, char **argv);
 /* `converger bench store`; argv excludes "store". Same statuses; also 1
  * when a conversation read back has a gap or messages were lost. */
 int bench_store_main(int argc, char **argv);
+
+/* `converger bench roll`; argv excludes "roll". Same statuses; also 1
+ * when an acknowledged message was missing, duplicated or out of order at
+ * a subscriber (tools/bench/roll.c). */
+int bench_roll_main(int argc, char **argv);
 
 #endif

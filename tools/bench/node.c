@@ -161,11 +161,12 @@ int bnode_start_env(bench_t *b, const char *const *extra_env) {
     b->dir[0] = '\0';
     return -1;
   }
-  if ((b->port = free_port()) < 0) {
+  if (!(b->keep_port && b->port > 0) && (b->port = free_port()) < 0) {
     run_fail(b, "cannot find a free loopback port: %s", strerror(errno));
     return -1;
   }
-  if (util_random_hex(b->api_key, 32) != 0 || util_random_hex(b->secret, 32) != 0) {
+  if (!b->keep_keys &&
+      (util_random_hex(b->api_key, 32) != 0 || util_random_hex(b->secret, 32) != 0)) {
     run_fail(b, "cannot generate the API key and token secret");
     return -1;
   }

@@ -30,7 +30,9 @@ typedef struct {
   uint64_t ns;
 } bnode_cpu_snap_t;
 
-/* Start the node: create b->dir, pick b->port, b->api_key and b->secret,
+/* Start the node: create b->dir, pick b->port (unless b->keep_port and
+ * b->port > 0: a restart on the same port), b->api_key and b->secret
+ * (unless b->keep_keys: nodes sharing one store and one token secret),
  * fork and exec `b->exe serve` (b->exe read from /proc/self/exe) with its
  * stdout and stderr in b->dir/node.log. Sets b->pid. Does not wait for it
  * to be ready (bnode_wait_ready). Returns 0 or -1 (b->err set; b->dir may

@@ -49,6 +49,8 @@ struct bench_s {
   int node_exited; /* reaped; node_status holds the wait status */
   int node_status;
   int port;
+  int keep_port; /* bnode_start reuses b->port (> 0) instead of picking a free one */
+  int keep_keys; /* bnode_start keeps b->api_key and b->secret instead of new ones */
   char dir[256]; /* temporary data directory; "" when none */
   char exe[PATH_MAX];
   char api_key[65], secret[65];

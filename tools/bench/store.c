@@ -57,6 +57,7 @@
 
 #include "bench/appender.h"
 #include "bench/node.h"
+#include "bench/pgtmp.h"
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "cli/args.h"
@@ -333,84 +334,18 @@ static double median(double *v, size_t n) {
 
 /* ---- PostgreSQL: scripts/pg-tmp and the durability settings -------------------- */
 
-/* Run `script` ARG... with PG_TMP_DIR=dir; its stdout into `out` (NULL:
- * inherited), its stderr inherited. Returns its exit status, or -1. */
-static int run_script(const char *script, const char *dir, const char *arg1, const char *arg2,
-                      const char *arg3, char *out, size_t cap) {
-  int fds[2] = {-1, -1};
-  if (out && pipe2(fds, O_CLOEXEC) != 0) return -1;
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (out) dup2(fds[1], 1);
-    setenv("PG_TMP_DIR", dir, 1);
-    signal(SIGPIPE, SIG_DFL);
-    execl(script, script, arg1, arg2, arg3, (char *)NULL);
-    dprintf(2, CMD ": cannot run %s: %s\n", script, strerror(errno));
-    _exit(127);
-  }
-  if (out) close(fds[1]);
-  if (pid < 0) {
-    if (out) close(fds[0]);
-    return -1;
-  }
-  size_t len = 0;
-  while (out) {
-    ssize_t n = read(fds[0], out + len, cap - 1 - len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    len += (size_t)n;
-    if (len == cap - 1) break;
-  }
-  if (out) {
-    out[len] = '\0';
-    close(fds[0]);
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int pg_start(ctx_t *x) {
-  const options_t *o = x->o;
-  if (access(o->pg_tmp, X_OK) != 0) {
+  if (access(x->o->pg_tmp, X_OK) != 0) {
     fprintf(stderr,
             CMD ": cannot run %s (%s); give --pg-tmp PATH or --pg-url URL, or leave postgres "
                 "out of --backends\n",
-            o->pg_tmp, strerror(errno));
+            x->o->pg_tmp, strerror(errno));
     return -1;
   }
-  const char *tmp = getenv("TMPDIR");
-  if (!tmp || !*tmp || strlen(tmp) > 60) tmp = "/tmp";
-  snprintf(x->pg_dir, sizeof x->pg_dir, "%s/cvg-bench-pg-XXXXXX", tmp);
-  if (!mkdtemp(x->pg_dir)) {
-    fprintf(stderr, CMD ": cannot create %s: %s\n", x->pg_dir, strerror(errno));
-    x->pg_dir[0] = '\0';
-    return -1;
-  }
-  char owner[24], out[1024];
-  snprintf(owner, sizeof owner, "%d", (int)getpid());
-  fprintf(stderr, "postgres: starting a throwaway cluster (%s start, PG_TMP_DIR=%s)\n", o->pg_tmp,
-          x->pg_dir);
-  int st = run_script(o->pg_tmp, x->pg_dir, "start", "--owner", owner, out, sizeof out);
-  char *nl = strchr(out, '\n');
-  if (nl) *nl = '\0';
-  if (st != 0 || strncmp(out, "postgres://", 11) != 0 || strlen(out) >= sizeof x->pg_url) {
-    fprintf(stderr, CMD ": %s start failed (status %d); see its message above\n", o->pg_tmp, st);
-    return -1;
-  }
-  memcpy(x->pg_url, out, strlen(out) + 1);
-  return 0;
+  return pgtmp_start(CMD, x->o->pg_tmp, x->pg_dir, sizeof x->pg_dir, x->pg_url, sizeof x->pg_url);
 }
 
-static void pg_stop(ctx_t *x) {
-  if (!x->pg_dir[0]) return;
-  int st = run_script(x->o->pg_tmp, x->pg_dir, "stop", NULL, NULL, NULL, 0);
-  if (st != 0) fprintf(stderr, CMD ": %s stop ended with status %d\n", x->o->pg_tmp, st);
-  rmdir(x->pg_dir); /* pg-tmp stop removed it, unless start never got far */
-  x->pg_dir[0] = '\0';
-}
+static void pg_stop(ctx_t *x) { pgtmp_stop(CMD, x->o->pg_tmp, x->pg_dir); }
 
 static PGconn *pg_connect(const char *url, char *err, size_t cap) {
   const char *const keys[] = {"dbname", "connect_timeout", NULL};

@@ -1,0 +1,1064 @@
+/*
+ * roll.c: `converger bench roll`, the rolling-restart harness (issue 7,
+ * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url),
+ * --nodes `converger serve` nodes on loopback sharing it, --clients SDK
+ * clients in --procs forked worker processes (bench/rollw.h), a paced REST
+ * sender, each node restarted in turn (SIGTERM, exit, start on the same
+ * port, /readyz, --restart-gap-ms), then a settle, the sender stopped, the
+ * clients' catch-up and the verification: every client delivered exactly
+ * 1..head of its conversation once, in order, head being the acknowledged
+ * appends of the sender.
+ *
+ * What it owns: the options, the nodes (one bench_t each, used for its
+ * process and blocking REST calls), the workers (pid and two sockets each),
+ * the sender thread (its own bench_t copies, so that its blocking calls
+ * share nothing with the main thread's), the aggregated records, and the
+ * files of --out.
+ *
+ * Threads: the main thread runs everything but the sender; the sender
+ * thread writes only its own struct, read by the main thread after
+ * pthread_join (the `stop` flag is the one shared field, atomic).
+ *
+ * Exit status: 0 when the run completed and verified, 1 when a phase failed
+ * or an acknowledged message was missing, duplicated or out of order at a
+ * subscriber, 2 on bad usage.
+ */
+#include "bench/bench.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/node.h"
+#include "bench/pgtmp.h"
+#include "bench/restc.h"
+#include "bench/rollw.h"
+#include "bench/run.h"
+#include "cli/args.h"
+#include "core/util.h"
+
+#define CMD          "converger bench roll"
+#define MAX_NODES    ROLLW_MAX_NODES
+#define MAX_PROCS    64
+#define FDS_SPARE    64
+#define BUCKET_MS    100
+#define LAT_BINS_MAX 60000
+
+#ifndef CONVERGER_PG_TMP_DEFAULT
+#define CONVERGER_PG_TMP_DEFAULT "scripts/pg-tmp"
+#endif
+
+typedef struct {
+  long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
+      restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s;
+  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission;
+  cvg_backoff_strategy_t strategy;
+  long long backoff_base_ms, backoff_cap_ms;
+  int close_mode, legacy, admission_off;
+} options_t;
+
+/* The REST sender (its own thread). */
+typedef struct {
+  bench_t *nb[MAX_NODES]; /* private copies: port and API key */
+  size_t nnodes, nconvs;
+  char **convs;
+  long long rate;
+  uint64_t t0_ns;
+  atomic_int stop;
+  /* results */
+  int64_t *head;  /* per conversation: highest acknowledged seq */
+  uint64_t *acks; /* per conversation: acknowledged messages */
+  uint64_t sent, acked, rest_503, rest_refused, rest_retries, rest_200, given_up;
+  uint32_t *ok_b, *refused_b; /* per 100 ms bucket */
+  size_t nbuckets;
+  char err[600];
+} sender_t;
+
+/* One worker process. */
+typedef struct {
+  pid_t pid;
+  int to, from; /* bench's ends of the sockets */
+  char *buf;
+  size_t len, cap;
+  int ready, ended, eof;
+  size_t nsamples; /* 100 ms buckets it sampled ("S" lines) */
+} worker_t;
+
+/* A histogram merged from the nodes' /metrics: cumulative counts by `le`. */
+typedef struct {
+  double le[64];
+  double count[64];
+  size_t n;
+} mhist_t;
+
+typedef struct {
+  options_t *o;
+  bench_t *node[MAX_NODES];
+  char pg_url[512], pg_dir[128];
+  char **convs, **urls;
+  char tag[40];
+  char *token;
+  worker_t w[MAX_PROCS];
+  size_t nworkers;
+  size_t sampled[MAX_PROCS]; /* each worker's nsamples, kept after workers_stop */
+  size_t nworkers_seen;
+  uint64_t t0_ns;
+  /* records from the workers */
+  int64_t *off;
+  size_t noff, coff;
+  uint32_t (*conn_b)[MAX_NODES]; /* per 100 ms bucket, connected per node */
+  uint32_t (*arr_b)[MAX_NODES];  /* per 100 ms bucket, welcomes per node */
+  size_t nb;
+  uint64_t lat[LAT_BINS_MAX];
+  unsigned long long v_ok, v_lost, v_dup, v_order, v_sdkdup, v_unav, v_runav, v_attempts, v_migr;
+  size_t nbad;
+  char bad[20][200];
+  /* restarts */
+  int64_t roll_from_ms, roll_to_ms;
+  int64_t restart_ms[MAX_NODES]; /* SIGTERM -> ready again */
+  mhist_t adm, pool;
+  int failed;
+  char err[512];
+} ctx_t;
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: " CMD " [options]\n\n"
+          "A rolling restart of a local cluster under SDK clients and a REST sender, with\n"
+          "loss verification (issue 7; docs/benchmarks/rolling-restart/).\n\n"
+          "  --nodes N              gateway nodes [3]\n"
+          "  --clients N            SDK clients [10000]\n"
+          "  --procs N              worker processes for the clients [2]\n"
+          "  --convs N              conversations [1000]\n"
+          "  --send-rate N          REST appends per second [200]\n"
+          "  --drain migrate|close  migrate: drain frames, make-before-break; close: no drain\n"
+          "                         frames, the paced 1012 closes begin at once [migrate]\n"
+          "  --drain-window-ms N    the nodes' drain window [30000]\n"
+          "  --drain-close-rate N   the nodes' paced closes per second [500]\n"
+          "  --clients-mode sdk|legacy  legacy: the clients ignore drain frames [sdk]\n"
+          "  --backoff S[:BASE[:CAP]]   SDK backoff strategy (decorrelated, full, equal,\n"
+          "                         exponential, additive, proportional), ms [decorrelated]\n"
+          "  --restart-gap-ms N     pause after a restarted node is ready [2000]\n"
+          "  --settle-ms N          before the first restart and after the last [3000]\n"
+          "  --wait-ms N            bound on the clients' catch-up at the end [60000]\n"
+          "  --pool-size N          the nodes' CONVERGER_POOL_SIZE [20]\n"
+          "  --admission on|off     off: WS_HANDSHAKE_CONCURRENCY=100000, no handshake waits\n"
+          "                         in the admission queue (as bench admission) [on]\n"
+          "  --seed N               the clients' random seed (0: the OS's) [0]\n"
+          "  --pg-url URL           use this PostgreSQL instead of a throwaway one\n"
+          "  --pg-tmp PATH          the script that starts one [%s]\n"
+          "  --out DIR              summary.json, report.md, timeline.csv [roll-out]\n"
+          "  --timeout S            bound on the whole run, seconds [1800]\n",
+          CONVERGER_PG_TMP_DEFAULT);
+}
+
+static int parse_options(options_t *o, int argc, char **argv) {
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  if (!rest) return -1;
+  int nrest = 0;
+  static const char *const names[] = {"--pg-url",       "--pg-tmp",  "--out",      "--drain",
+                                      "--clients-mode", "--backoff", "--admission"};
+  const char **dest[] = {&o->pg_url,       &o->pg_tmp,  &o->out,      &o->drain,
+                         &o->clients_mode, &o->backoff, &o->admission};
+  for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    int missing = 0;
+    size_t k = 0;
+    for (; k < CV_ARRAY_SIZE(names) && !v && !missing; k++)
+      v = cli_flag_value(argc, argv, &i, names[k], &missing);
+    if (missing) {
+      fprintf(stderr, CMD ": %s needs a value\n", argv[i]);
+      free(rest);
+      return -1;
+    }
+    if (v)
+      *dest[k - 1] = v;
+    else
+      rest[nrest++] = argv[i];
+  }
+  const run_int_opt_t opts[] = {
+      {"nodes", &o->nodes, 2, MAX_NODES},
+      {"clients", &o->clients, 1, 1000000},
+      {"procs", &o->procs, 1, MAX_PROCS},
+      {"convs", &o->convs, 1, 100000},
+      {"send-rate", &o->send_rate, 1, 100000},
+      {"drain-window-ms", &o->drain_window_ms, 0, 3600000},
+      {"drain-close-rate", &o->drain_close_rate, 1, 1000000},
+      {"restart-gap-ms", &o->restart_gap_ms, 0, 3600000},
+      {"settle-ms", &o->settle_ms, 0, 3600000},
+      {"wait-ms", &o->wait_ms, 0, 3600000},
+      {"pool-size", &o->pool_size, 1, 512},
+      {"seed", &o->seed, 0, (long long)1 << 62},
+      {"timeout", &o->timeout_s, 10, 86400},
+  };
+  int r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
+  free(rest);
+  if (r != 0) return r;
+  if (strcmp(o->drain, "migrate") != 0 && strcmp(o->drain, "close") != 0) {
+    fprintf(stderr, CMD ": --drain is migrate or close, not \"%s\"\n", o->drain);
+    return -1;
+  }
+  o->close_mode = strcmp(o->drain, "close") == 0;
+  if (strcmp(o->clients_mode, "sdk") != 0 && strcmp(o->clients_mode, "legacy") != 0) {
+    fprintf(stderr, CMD ": --clients-mode is sdk or legacy, not \"%s\"\n", o->clients_mode);
+    return -1;
+  }
+  o->legacy = strcmp(o->clients_mode, "legacy") == 0;
+  if (strcmp(o->admission, "on") != 0 && strcmp(o->admission, "off") != 0) {
+    fprintf(stderr, CMD ": --admission is on or off, not \"%s\"\n", o->admission);
+    return -1;
+  }
+  o->admission_off = strcmp(o->admission, "off") == 0;
+  char name[32] = "";
+  long long base = 0, cap = 0;
+  int n = sscanf(o->backoff, "%31[a-z]:%lld:%lld", name, &base, &cap);
+  if (n < 1 || cvg_backoff_parse(name, &o->strategy) != 0 || base < 0 || cap < 0) {
+    fprintf(stderr, CMD ": --backoff is STRATEGY[:BASE_MS[:CAP_MS]], not \"%s\"\n", o->backoff);
+    return -1;
+  }
+  o->backoff_base_ms = base;
+  o->backoff_cap_ms = cap;
+  if (o->convs > o->clients) o->convs = o->clients;
+  return 0;
+}
+
+/* ---- small helpers ---------------------------------------------------------------- */
+
+static int64_t ms_since(uint64_t t0) { return (int64_t)((uv_hrtime() - t0) / 1000000u); }
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+static void fail(ctx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(ctx_t *x, const char *fmt, ...) {
+  if (x->failed) return;
+  x->failed = 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(x->err, sizeof x->err, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, CMD ": %s\n", x->err);
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int64_t pct_i64(const int64_t *v, size_t n, double p) {
+  if (!n) return 0;
+  size_t i = (size_t)ceil(p * (double)n);
+  if (i < 1) i = 1;
+  return v[i - 1];
+}
+
+/* ---- nodes ------------------------------------------------------------------------ */
+
+static int node_start(ctx_t *x, size_t k) {
+  options_t *o = x->o;
+  bench_t *nb = x->node[k];
+  char db[600], id[48], pub[96], win[64], rate[64], shut[64], pool[48];
+  long long shutdown = o->drain_window_ms + 2000 +
+                       (o->clients * 1000 + o->drain_close_rate - 1) / o->drain_close_rate + 30000;
+  snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
+  snprintf(id, sizeof id, "CONVERGER_NODE_ID=roll-%zu", k);
+  snprintf(pub, sizeof pub, "CONVERGER_PUBLIC_URL=ws://127.0.0.1:%d/v1/ws", nb->port);
+  snprintf(win, sizeof win, "CONVERGER_DRAIN_WINDOW_MS=%lld", o->drain_window_ms);
+  snprintf(rate, sizeof rate, "CONVERGER_DRAIN_CLOSE_RATE=%lld", o->drain_close_rate);
+  snprintf(shut, sizeof shut, "CONVERGER_DRAIN_SHUTDOWN_MS=%lld", shutdown);
+  snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", o->pool_size);
+  const char *env[] = {db,
+                       id,
+                       pub,
+                       win,
+                       rate,
+                       shut,
+                       pool,
+                       "CONVERGER_HELLO_TIMEOUT_MS=10000",
+                       o->close_mode ? "CONVERGER_DRAIN_MIGRATE=0" : "CONVERGER_DRAIN_MIGRATE=1",
+                       o->admission_off ? "WS_HANDSHAKE_CONCURRENCY=100000" : NULL,
+                       NULL};
+  nb->node_cpu = -1;
+  nb->timeout_s = (int)o->timeout_s;
+  if (bnode_start_env(nb, env) != 0 || bnode_wait_ready(nb) != 0) {
+    fail(x, "node %zu: %s", k, nb->err);
+    bnode_print_log_tail(nb, 20);
+    return -1;
+  }
+  return 0;
+}
+
+/* Add the `name` histogram of one node's /metrics, times `sign`, into `h`. */
+static void scrape_hist(const char *text, const char *name, mhist_t *h, double sign) {
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "%s_bucket{", name);
+  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    if (strncmp(p, prefix, strlen(prefix)) != 0) continue;
+    const char *le = strstr(p, "le=\"");
+    const char *close = le ? strchr(le, '}') : NULL;
+    if (!le || !close) continue;
+    double v = strncmp(le + 4, "+Inf", 4) == 0 ? INFINITY : strtod(le + 4, NULL);
+    double c = strtod(close + 1, NULL);
+    size_t i = 0;
+    while (i < h->n && h->le[i] != v) i++;
+    if (i == h->n) {
+      if (h->n == 64) continue;
+      h->le[h->n] = v;
+      h->count[h->n++] = 0;
+    }
+    h->count[i] += sign * c;
+  }
+}
+
+/* Add node k's admission and pool wait histograms into the run's, or
+ * subtract them (`sign` -1: the counts before the restarts began, so that
+ * the figures cover the restarts and what follows only). */
+static void scrape(ctx_t *x, size_t k, double sign) {
+  static char text[1 << 20];
+  int st = restc_call(x->node[k], "GET", "/metrics", NULL, NULL, text, sizeof text);
+  if (st != 200) {
+    fprintf(stderr, CMD ": node %zu: GET /metrics: %d %s\n", k, st, x->node[k]->http_err);
+    return;
+  }
+  scrape_hist(text, "converger_protocol_admission_wait_ms", &x->adm, sign);
+  scrape_hist(text, "converger_pool_wait_ms", &x->pool, sign);
+}
+
+/* The upper bound (le) of the bucket under which fraction p of the
+ * observations fall (the nodes' buckets: 1, 2, 5, 10, 25, 50, 100, 250 ...
+ * ms), the largest finite bound when beyond it; 0 when there are none. */
+static double hist_pct(const mhist_t *h, double p) {
+  double total = 0;
+  for (size_t i = 0; i < h->n; i++)
+    if (isinf(h->le[i])) total = h->count[i];
+  if (total <= 0) return 0;
+  double best = INFINITY;
+  for (size_t i = 0; i < h->n; i++)
+    if (h->count[i] >= p * total && h->le[i] < best) best = h->le[i];
+  if (isinf(best)) { /* beyond the last finite bucket: report that bound */
+    double top = 0;
+    for (size_t i = 0; i < h->n; i++)
+      if (!isinf(h->le[i]) && h->le[i] > top) top = h->le[i];
+    return top;
+  }
+  return best;
+}
+
+static int setup(ctx_t *x) {
+  options_t *o = x->o;
+  bench_t *b = x->node[0];
+  char body[256];
+  snprintf(x->tag, sizeof x->tag, "roll%d", (int)getpid());
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"name\":\"%s\"}", x->tag, x->tag);
+  if (restc_expect(b, "POST", "/v1/channels", body, NULL, 201, NULL, 0) != 0) goto err;
+  x->convs = calloc((size_t)o->convs, sizeof *x->convs);
+  if (!x->convs) goto err;
+  for (long long i = 0; i < o->convs; i++) {
+    x->convs[i] = run_str_printf("%s-c%lld", x->tag, i);
+    if (!x->convs[i]) goto err;
+    snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", x->convs[i], x->tag);
+    if (restc_expect(b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0) != 0) goto err;
+  }
+  char out[2048];
+  if (restc_expect(b, "POST", "/v1/tokens",
+                   "{\"sub\":\"roll\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
+                   sizeof out) != 0)
+    goto err;
+  json_t *v = json_loads(out, 0, NULL);
+  const char *t = json_string_value(json_object_get(v, "token"));
+  x->token = t ? strdup(t) : NULL;
+  json_decref(v);
+  if (!x->token) {
+    fail(x, "POST /v1/tokens: no token in %.200s", out);
+    return -1;
+  }
+  return 0;
+err:
+  fail(x, "setup: %s", b->err[0] ? b->err : "out of memory");
+  return -1;
+}
+
+/* ---- the sender ------------------------------------------------------------------- */
+
+static void *sender_main(void *arg) {
+  sender_t *s = arg;
+  uint64_t start = uv_hrtime();
+  size_t node = 0;
+  for (uint64_t i = 0; !atomic_load(&s->stop) && !s->err[0]; i++) {
+    uint64_t due = start + (uint64_t)((double)i * 1e9 / (double)s->rate);
+    uint64_t now = uv_hrtime();
+    if (due > now) run_sleep_ms((long)((due - now) / 1000000u));
+    size_t conv = i % s->nconvs;
+    char path[160], body[160], key[64];
+    snprintf(path, sizeof path, "/v1/conversations/%s/messages", s->convs[conv]);
+    snprintf(key, sizeof key, "Idempotency-Key: m%llu\r\n", (unsigned long long)i);
+    snprintf(body, sizeof body, "{\"sender\":\"roll\",\"body\":{\"t\":%llu}}",
+             (unsigned long long)(uv_hrtime() - s->t0_ns));
+    s->sent++;
+    uint64_t first = uv_hrtime();
+    for (int attempt = 0;; attempt++) {
+      if (attempt > 0) {
+        s->rest_retries++;
+        node = (node + 1) % s->nnodes; /* another node */
+        run_sleep_ms(20);
+      }
+      char out[512];
+      bench_t *nb = s->nb[node];
+      int st = restc_call(nb, "POST", path, body, key, out, sizeof out);
+      size_t bucket = (size_t)((uv_hrtime() - s->t0_ns) / (BUCKET_MS * 1000000u));
+      if (bucket >= s->nbuckets) bucket = s->nbuckets - 1;
+      if (st == 201 || st == 200) {
+        json_t *v = json_loads(out, 0, NULL);
+        json_int_t seq = json_integer_value(json_object_get(v, "seq"));
+        json_decref(v);
+        if (seq <= 0) {
+          snprintf(s->err, sizeof s->err, "POST %s answered %d without a seq: %.200s", path, st,
+                   out);
+          break;
+        }
+        if (st == 200) s->rest_200++;
+        if (seq > s->head[conv]) s->head[conv] = seq;
+        s->acks[conv]++;
+        s->acked++;
+        s->ok_b[bucket]++;
+        break;
+      }
+      s->refused_b[bucket]++;
+      if (st == 503)
+        s->rest_503++;
+      else if (st < 0)
+        s->rest_refused++;
+      else {
+        snprintf(s->err, sizeof s->err, "POST %s answered %d: %.200s", path, st, out);
+        break;
+      }
+      if (uv_hrtime() - first > 60 * RUN_NS) { /* not acknowledged: not counted */
+        s->given_up++;
+        break;
+      }
+    }
+    node = (node + 1) % s->nnodes;
+  }
+  return NULL;
+}
+
+/* ---- workers ---------------------------------------------------------------------- */
+
+static void grow_buckets(ctx_t *x, size_t n) {
+  if (n <= x->nb) return;
+  void *a = realloc(x->conn_b, n * sizeof *x->conn_b);
+  if (a) x->conn_b = a;
+  void *c = realloc(x->arr_b, n * sizeof *x->arr_b);
+  if (c) x->arr_b = c;
+  if (!a || !c) return;
+  memset(x->conn_b + x->nb, 0, (n - x->nb) * sizeof *x->conn_b);
+  memset(x->arr_b + x->nb, 0, (n - x->nb) * sizeof *x->arr_b);
+  x->nb = n;
+}
+
+static void worker_line(ctx_t *x, worker_t *w, char *line) {
+  long long a, b;
+  if (strcmp(line, "ready") == 0)
+    w->ready = 1;
+  else if (strcmp(line, "E") == 0)
+    w->ended = 1;
+  else if (line[0] == 'A' && sscanf(line, "A %lld %lld", &a, &b) == 2) {
+    if (a < 0 || b < 0 || b >= MAX_NODES) return;
+    grow_buckets(x, (size_t)(a / BUCKET_MS) + 1);
+    if ((size_t)(a / BUCKET_MS) < x->nb) x->arr_b[a / BUCKET_MS][b]++;
+  } else if (line[0] == 'O' && sscanf(line, "O %lld", &a) == 1) {
+    if (x->noff == x->coff) {
+      size_t c = x->coff ? x->coff * 2 : 4096;
+      int64_t *p = realloc(x->off, c * sizeof *p);
+      if (!p) return;
+      x->off = p;
+      x->coff = c;
+    }
+    x->off[x->noff++] = a;
+  } else if (line[0] == 'S') {
+    char *p = line + 1;
+    long long bucket = strtoll(p, &p, 10);
+    if (bucket < 0) return;
+    if ((size_t)bucket + 1 > w->nsamples) w->nsamples = (size_t)bucket + 1;
+    grow_buckets(x, (size_t)bucket + 1);
+    if ((size_t)bucket >= x->nb) return;
+    for (long long k = 0; k < x->o->nodes; k++)
+      x->conn_b[bucket][k] += (uint32_t)strtoul(p, &p, 10);
+  } else if (line[0] == 'L' && sscanf(line, "L %lld %lld", &a, &b) == 2) {
+    if (a >= 0 && a < LAT_BINS_MAX) x->lat[a] += (uint64_t)b;
+  } else if (line[0] == 'X') {
+    unsigned long long ci, conv, dup, order;
+    long long last, head;
+    if (sscanf(line, "X %llu %llu %lld %lld %llu %llu", &ci, &conv, &last, &head, &dup, &order) ==
+            6 &&
+        x->nbad < 20) {
+      snprintf(x->bad[x->nbad], sizeof x->bad[0],
+               "client %llu (conversation %s): delivered 1..%lld of head %lld%s%s", ci,
+               conv < (unsigned long long)x->o->convs ? x->convs[conv] : "?", last, head,
+               dup ? ", duplicates" : "", order ? ", out of order" : "");
+      if (last < head)
+        snprintf(x->bad[x->nbad] + strlen(x->bad[x->nbad]),
+                 sizeof x->bad[0] - strlen(x->bad[x->nbad]), "; missing seqs %lld..%lld", last + 1,
+                 head);
+    }
+    x->nbad++;
+  } else if (line[0] == 'V') {
+    unsigned long long v[9];
+    if (sscanf(line, "V %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+               &v[4], &v[5], &v[6], &v[7], &v[8]) == 9) {
+      x->v_ok += v[0];
+      x->v_lost += v[1];
+      x->v_dup += v[2];
+      x->v_order += v[3];
+      x->v_sdkdup += v[4];
+      x->v_unav += v[5];
+      x->v_runav += v[6];
+      x->v_attempts += v[7];
+      x->v_migr += v[8];
+    }
+  }
+}
+
+/* Read what the workers wrote, for at most `ms`. */
+static void pump(ctx_t *x, int ms) {
+  struct pollfd pf[MAX_PROCS];
+  for (size_t i = 0; i < x->nworkers; i++)
+    pf[i] = (struct pollfd){.fd = x->w[i].eof ? -1 : x->w[i].from, .events = POLLIN};
+  if (poll(pf, x->nworkers, ms) <= 0) return;
+  for (size_t i = 0; i < x->nworkers; i++) {
+    worker_t *w = &x->w[i];
+    if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (w->cap - w->len < 65536) {
+      size_t c = w->cap ? w->cap * 2 : 1 << 17;
+      char *p = realloc(w->buf, c);
+      if (!p) continue;
+      w->buf = p;
+      w->cap = c;
+    }
+    ssize_t n = read(w->from, w->buf + w->len, w->cap - w->len - 1);
+    if (n <= 0) {
+      if (n == 0 || (errno != EINTR && errno != EAGAIN)) w->eof = 1;
+      continue;
+    }
+    w->len += (size_t)n;
+    w->buf[w->len] = '\0';
+    char *p = w->buf, *nl;
+    while ((nl = strchr(p, '\n')) != NULL) {
+      *nl = '\0';
+      worker_line(x, w, p);
+      p = nl + 1;
+    }
+    w->len -= (size_t)(p - w->buf);
+    memmove(w->buf, p, w->len);
+  }
+}
+
+static int workers_start(ctx_t *x) {
+  options_t *o = x->o;
+  size_t per = (size_t)((o->clients + o->procs - 1) / o->procs);
+  size_t first = 0;
+  for (long long i = 0; i < o->procs && first < (size_t)o->clients; i++) {
+    size_t n = (size_t)o->clients - first < per ? (size_t)o->clients - first : per;
+    int in[2], out[2]; /* in: bench -> worker; out: worker -> bench */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0 ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, out) != 0) {
+      fail(x, "socketpair: %s", strerror(errno));
+      return -1;
+    }
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      signal(SIGINT, SIG_IGN); /* the bench stops the workers */
+      signal(SIGTERM, SIG_DFL);
+      signal(SIGHUP, SIG_DFL);
+      close(in[0]);
+      close(out[0]);
+      for (size_t j = 0; j < x->nworkers; j++) {
+        close(x->w[j].to);
+        close(x->w[j].from);
+      }
+      rollw_options_t wo = {.fd_in = in[1],
+                            .fd_out = out[1],
+                            .first = first,
+                            .nclients = n,
+                            .nconvs = (size_t)o->convs,
+                            .convs = (const char *const *)x->convs,
+                            .urls = (const char *const *)x->urls,
+                            .nurls = (size_t)o->nodes,
+                            .token = x->token,
+                            .backoff = o->strategy,
+                            .backoff_base_ms = o->backoff_base_ms,
+                            .backoff_cap_ms = o->backoff_cap_ms,
+                            .migrate_on_drain = !o->legacy,
+                            .seed = (uint64_t)o->seed,
+                            .t0_ns = x->t0_ns,
+                            .wait_ms = o->wait_ms,
+                            .start_per_100ms = 100};
+      rollw_main(&wo);
+    }
+    close(in[1]);
+    close(out[1]);
+    if (pid < 0) {
+      close(in[0]);
+      close(out[0]);
+      fail(x, "fork: %s", strerror(errno));
+      return -1;
+    }
+    x->w[x->nworkers++] = (worker_t){.pid = pid, .to = in[0], .from = out[0]};
+    first += n;
+  }
+  return 0;
+}
+
+static void workers_stop(ctx_t *x) {
+  x->nworkers_seen = x->nworkers;
+  for (size_t i = 0; i < x->nworkers; i++) {
+    worker_t *w = &x->w[i];
+    x->sampled[i] = w->nsamples;
+    if (w->pid > 0) {
+      if (!w->ended) kill(w->pid, SIGKILL);
+      int st;
+      while (waitpid(w->pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      w->pid = 0;
+    }
+    close(w->to);
+    close(w->from);
+    free(w->buf);
+  }
+  x->nworkers = 0;
+}
+
+/* ---- the run ---------------------------------------------------------------------- */
+
+static int wait_all(ctx_t *x, int ready, int64_t bound_ms, const char *what) {
+  uint64_t t = uv_hrtime();
+  int64_t last_print = 0;
+  for (;;) {
+    size_t n = 0;
+    for (size_t i = 0; i < x->nworkers; i++) n += ready ? x->w[i].ready : x->w[i].ended;
+    if (n == x->nworkers) return 0;
+    for (size_t i = 0; i < x->nworkers; i++)
+      if (x->w[i].eof && !(ready ? x->w[i].ready : x->w[i].ended)) {
+        fail(x, "worker %zu ended before %s", i, what);
+        return -1;
+      }
+    if (run_interrupted) {
+      fail(x, "interrupted by signal %d", (int)run_interrupted);
+      return -1;
+    }
+    int64_t el = ms_since(t);
+    if (el > bound_ms) {
+      fail(x, "%zu of %zu workers reached \"%s\" within %lld ms", n, x->nworkers, what,
+           (long long)bound_ms);
+      return -1;
+    }
+    if (el - last_print >= 5000) {
+      last_print = el;
+      fprintf(stderr, "roll: waiting for %s: %zu/%zu workers\n", what, n, x->nworkers);
+    }
+    pump(x, 100);
+  }
+}
+
+static int sleep_pumping(ctx_t *x, int64_t ms) {
+  uint64_t t = uv_hrtime();
+  while (ms_since(t) < ms) {
+    if (run_interrupted) {
+      fail(x, "interrupted by signal %d", (int)run_interrupted);
+      return -1;
+    }
+    pump(x, 50);
+  }
+  return 0;
+}
+
+static int restart_node(ctx_t *x, size_t k) {
+  bench_t *nb = x->node[k];
+  int64_t t_term = ms_since(x->t0_ns);
+  scrape(x, k, 1);
+  fprintf(stderr, "roll: node %zu: SIGTERM at %.1f s\n", k, (double)t_term / 1000);
+  kill(nb->pid, SIGTERM);
+  long long bound = x->o->drain_window_ms + 2000 +
+                    (x->o->clients * 1000 + x->o->drain_close_rate - 1) / x->o->drain_close_rate +
+                    60000;
+  while (!bnode_gone(nb)) {
+    if (run_interrupted || ms_since(x->t0_ns) - t_term > bound) {
+      fail(x, "node %zu did not exit within %lld ms of SIGTERM", k, bound);
+      return -1;
+    }
+    pump(x, 20);
+  }
+  char why[96];
+  if (!WIFEXITED(nb->node_status) || WEXITSTATUS(nb->node_status) != 0) {
+    bnode_print_log_tail(nb, 20);
+    fail(x, "node %zu ended with %s after SIGTERM", k,
+         bnode_status_text(nb->node_status, why, sizeof why));
+    return -1;
+  }
+  int64_t t_exit = ms_since(x->t0_ns);
+  bnode_remove_dir(nb);
+  if (node_start(x, k) != 0) return -1;
+  x->restart_ms[k] = ms_since(x->t0_ns) - t_term;
+  fprintf(stderr, "roll: node %zu: exited after %.1f s, ready again after %.1f s\n", k,
+          (double)(t_exit - t_term) / 1000, (double)x->restart_ms[k] / 1000);
+  return sleep_pumping(x, x->o->restart_gap_ms);
+}
+
+/* ---- figures ---------------------------------------------------------------------- */
+
+static double lat_pct(const ctx_t *x, double p) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < LAT_BINS_MAX; i++) total += x->lat[i];
+  if (!total) return -1;
+  uint64_t want = (uint64_t)ceil(p * (double)total), seen = 0;
+  for (size_t i = 0; i < LAT_BINS_MAX; i++) {
+    seen += x->lat[i];
+    if (seen >= want) return (double)i + 1; /* the bin's upper bound */
+  }
+  return LAT_BINS_MAX;
+}
+
+static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, int status) {
+  options_t *o = x->o;
+  mkdir(o->out, 0755);
+  qsort(x->off, x->noff, sizeof *x->off, cmp_i64);
+  json_t *j = json_object();
+  json_object_set_new(j, "status", json_string(status == 0 ? "ok" : "failed"));
+  if (x->failed) json_object_set_new(j, "error", json_string(x->err));
+  json_object_set_new(j, "nodes", json_integer(o->nodes));
+  json_object_set_new(j, "clients", json_integer(o->clients));
+  json_object_set_new(j, "convs", json_integer(o->convs));
+  json_object_set_new(j, "drain", json_string(o->drain));
+  json_object_set_new(j, "drain_window_ms", json_integer(o->drain_window_ms));
+  json_object_set_new(j, "drain_close_rate", json_integer(o->drain_close_rate));
+  json_object_set_new(j, "clients_mode", json_string(o->clients_mode));
+  json_object_set_new(j, "backoff", json_string(o->backoff));
+  json_object_set_new(j, "admission", json_string(o->admission));
+  json_object_set_new(j, "pool_size", json_integer(o->pool_size));
+  json_object_set_new(j, "acked", json_integer((json_int_t)s->acked));
+  json_object_set_new(j, "lost", json_integer((json_int_t)x->v_lost));
+  json_object_set_new(j, "dup_delivered", json_integer((json_int_t)x->v_dup));
+  json_object_set_new(j, "out_of_order", json_integer((json_int_t)x->v_order));
+  json_object_set_new(j, "clients_verified", json_integer((json_int_t)x->v_ok));
+  json_object_set_new(j, "dup_on_wire", json_integer((json_int_t)x->v_sdkdup));
+  json_object_set_new(j, "disconnected_ms",
+                      json_pack("{s:I, s:I, s:I, s:I, s:I}", "drops", (json_int_t)x->noff, "p50",
+                                (json_int_t)pct_i64(x->off, x->noff, 0.50), "p95",
+                                (json_int_t)pct_i64(x->off, x->noff, 0.95), "p99",
+                                (json_int_t)pct_i64(x->off, x->noff, 0.99), "max",
+                                (json_int_t)(x->noff ? x->off[x->noff - 1] : 0)));
+  /* arrivals per second per node, over the restarts (first SIGTERM to the
+   * end of the settle after the last restart) */
+  json_t *arr = json_object();
+  int64_t from = x->roll_from_ms, to = x->roll_to_ms > from ? x->roll_to_ms : from + 1000;
+  size_t secs = (size_t)((to - from + 999) / 1000);
+  for (long long k = 0; k < o->nodes; k++) {
+    uint64_t peak = 0, total = 0;
+    for (size_t sec = 0; sec < secs; sec++) {
+      uint64_t c = 0;
+      for (size_t b = 0; b < 1000 / BUCKET_MS; b++) {
+        size_t bi = (size_t)(from / BUCKET_MS) + sec * (1000 / BUCKET_MS) + b;
+        if (bi < x->nb) c += x->arr_b[bi][k];
+      }
+      if (c > peak) peak = c;
+      total += c;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "roll-%lld", k);
+    json_object_set_new(arr, name,
+                        json_pack("{s:I, s:f, s:I}", "peak", (json_int_t)peak, "mean",
+                                  secs ? (double)total / (double)secs : 0.0, "restart_ms",
+                                  (json_int_t)x->restart_ms[k]));
+  }
+  json_object_set_new(j, "arrivals_per_s", arr);
+  json_object_set_new(j, "rest_sent", json_integer((json_int_t)s->sent));
+  json_object_set_new(j, "rest_503", json_integer((json_int_t)s->rest_503));
+  json_object_set_new(j, "rest_refused", json_integer((json_int_t)s->rest_refused));
+  json_object_set_new(j, "rest_retries", json_integer((json_int_t)s->rest_retries));
+  json_object_set_new(j, "rest_given_up", json_integer((json_int_t)s->given_up));
+  json_object_set_new(j, "unavailable", json_integer((json_int_t)x->v_unav));
+  json_object_set_new(j, "replay_unavailable", json_integer((json_int_t)x->v_runav));
+  json_object_set_new(j, "attempts", json_integer((json_int_t)x->v_attempts));
+  json_object_set_new(j, "migrations", json_integer((json_int_t)x->v_migr));
+  json_object_set_new(
+      j, "admission_wait_ms",
+      json_pack("{s:f, s:f}", "p95", hist_pct(&x->adm, 0.95), "max", hist_pct(&x->adm, 1.0)));
+  json_object_set_new(j, "pool_wait_peak_ms", json_real(hist_pct(&x->pool, 1.0)));
+  json_object_set_new(j, "live_latency_ms",
+                      json_pack("{s:f, s:f}", "p50", lat_pct(x, 0.50), "p99", lat_pct(x, 0.99)));
+  json_t *cmd = json_array();
+  json_array_append_new(cmd, json_string("converger bench roll"));
+  for (int i = 0; i < argc; i++) json_array_append_new(cmd, json_string(argv[i]));
+  json_object_set_new(j, "command", cmd);
+
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/summary.json", o->out);
+  if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+    fprintf(stderr, CMD ": cannot write %s\n", path);
+  char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+  if (text) printf("%s\n", text);
+
+  snprintf(path, sizeof path, "%s/report.md", o->out);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fprintf(f, "# converger bench roll\n\nCommand:\n\n```\nconverger bench roll");
+    for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
+    fprintf(f, "\n```\n\nStatus: %s%s%s\n\n", status == 0 ? "ok" : "FAILED", x->failed ? ": " : "",
+            x->failed ? x->err : "");
+    fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", text ? text : "{}");
+    if (x->nbad) {
+      fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
+              x->nbad < 20 ? x->nbad : (size_t)20);
+      for (size_t i = 0; i < x->nbad && i < 20; i++) fprintf(f, "- %s\n", x->bad[i]);
+    }
+    fclose(f);
+  }
+  free(text);
+  json_decref(j);
+
+  snprintf(path, sizeof path, "%s/timeline.csv", o->out);
+  f = fopen(path, "w");
+  if (f) {
+    fprintf(f, "t_ms");
+    for (long long k = 0; k < o->nodes; k++) fprintf(f, ",conn_%lld", k);
+    for (long long k = 0; k < o->nodes; k++) fprintf(f, ",arrivals_%lld", k);
+    fprintf(f, ",connected,sends_ok,sends_refused\n");
+    /* up to the last bucket every worker sampled (the first to finish its
+     * catch-up stops sampling first) */
+    size_t rows = x->nb;
+    for (size_t i = 0; i < x->nworkers_seen; i++)
+      if (x->sampled[i] < rows) rows = x->sampled[i];
+    for (size_t b = 0; b < rows; b++) {
+      fprintf(f, "%zu", b * BUCKET_MS);
+      uint64_t total = 0;
+      for (long long k = 0; k < o->nodes; k++) {
+        fprintf(f, ",%u", x->conn_b[b][k]);
+        total += x->conn_b[b][k];
+      }
+      for (long long k = 0; k < o->nodes; k++) fprintf(f, ",%u", x->arr_b[b][k]);
+      fprintf(f, ",%llu,%u,%u\n", (unsigned long long)total, b < s->nbuckets ? s->ok_b[b] : 0,
+              b < s->nbuckets ? s->refused_b[b] : 0);
+    }
+    fclose(f);
+  }
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+int bench_roll_main(int argc, char **argv) {
+  options_t o = {.nodes = 3,
+                 .clients = 10000,
+                 .procs = 2,
+                 .convs = 1000,
+                 .send_rate = 200,
+                 .drain_window_ms = 30000,
+                 .drain_close_rate = 500,
+                 .restart_gap_ms = 2000,
+                 .settle_ms = 3000,
+                 .wait_ms = 60000,
+                 .pool_size = 20,
+                 .timeout_s = 1800,
+                 .pg_tmp = CONVERGER_PG_TMP_DEFAULT,
+                 .out = "roll-out",
+                 .drain = "migrate",
+                 .clients_mode = "sdk",
+                 .backoff = "decorrelated",
+                 .admission = "on"};
+  int r = parse_options(&o, argc, argv);
+  if (r != 0) return r > 0 ? 0 : 2;
+
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
+  long long per = (o.clients + o.procs - 1) / o.procs;
+  if ((rlim_t)(per * 2 + FDS_SPARE) > rl.rlim_cur) { /* a migration holds two sockets */
+    fprintf(stderr,
+            CMD ": %lld clients per process need %lld descriptors; RLIMIT_NOFILE allows %llu: "
+                "raise --procs\n",
+            per, per * 2 + FDS_SPARE, (unsigned long long)rl.rlim_cur);
+    return 2;
+  }
+
+  static ctx_t x;
+  memset(&x, 0, sizeof x);
+  x.o = &o;
+  sender_t s = {.nnodes = (size_t)o.nodes, .nconvs = (size_t)o.convs, .rate = o.send_rate};
+  int status = 1;
+  run_signals_t signals;
+  run_signals_catch(&signals);
+  run_interrupted = 0;
+
+  for (long long k = 0; k < o.nodes; k++) {
+    if (!(x.node[k] = calloc(1, sizeof *x.node[k]))) {
+      fail(&x, "out of memory");
+      goto out;
+    }
+    x.node[k]->port = free_port();
+    x.node[k]->keep_port = 1;
+    x.node[k]->keep_keys = k > 0;
+  }
+  x.urls = calloc((size_t)o.nodes, sizeof *x.urls);
+  if (!x.urls) goto out;
+  for (long long k = 0; k < o.nodes; k++)
+    x.urls[k] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.node[k]->port);
+
+  if (o.pg_url)
+    snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
+  else if (pgtmp_start(CMD, o.pg_tmp, x.pg_dir, sizeof x.pg_dir, x.pg_url, sizeof x.pg_url) != 0) {
+    fail(&x, "no PostgreSQL");
+    goto out;
+  }
+  for (long long k = 0; k < o.nodes; k++) {
+    if (k > 0) {
+      memcpy(x.node[k]->api_key, x.node[0]->api_key, sizeof x.node[0]->api_key);
+      memcpy(x.node[k]->secret, x.node[0]->secret, sizeof x.node[0]->secret);
+    }
+    if (node_start(&x, (size_t)k) != 0) goto out;
+    x.node[k]->keep_keys = 1;
+  }
+  fprintf(stderr, "roll: %lld nodes ready (ports %d..), creating %lld conversations\n", o.nodes,
+          x.node[0]->port, o.convs);
+  if (setup(&x) != 0) goto out;
+
+  x.t0_ns = uv_hrtime();
+  if (workers_start(&x) != 0) goto out;
+  fprintf(stderr, "roll: %lld clients in %zu workers connecting\n", o.clients, x.nworkers);
+  if (wait_all(&x, 1, 120000 + o.clients * 10, "ready") != 0) goto out;
+  fprintf(stderr, "roll: every client welcomed after %.1f s\n", (double)ms_since(x.t0_ns) / 1000);
+
+  /* the sender */
+  s.t0_ns = x.t0_ns;
+  s.convs = x.convs;
+  s.nbuckets = (size_t)o.timeout_s * (1000 / BUCKET_MS) + 1;
+  s.head = calloc((size_t)o.convs, sizeof *s.head);
+  s.acks = calloc((size_t)o.convs, sizeof *s.acks);
+  s.ok_b = calloc(s.nbuckets, sizeof *s.ok_b);
+  s.refused_b = calloc(s.nbuckets, sizeof *s.refused_b);
+  for (long long k = 0; k < o.nodes; k++) {
+    s.nb[k] = calloc(1, sizeof *s.nb[k]);
+    if (!s.nb[k]) break;
+    s.nb[k]->port = x.node[k]->port;
+    memcpy(s.nb[k]->api_key, x.node[k]->api_key, sizeof s.nb[k]->api_key);
+  }
+  if (!s.head || !s.acks || !s.ok_b || !s.refused_b || !s.nb[o.nodes - 1]) {
+    fail(&x, "out of memory");
+    goto out;
+  }
+  pthread_t sender;
+  if (pthread_create(&sender, NULL, sender_main, &s) != 0) {
+    fail(&x, "cannot start the sender thread");
+    goto out;
+  }
+  if (sleep_pumping(&x, o.settle_ms) == 0) {
+    x.roll_from_ms = ms_since(x.t0_ns);
+    for (long long k = 0; k < o.nodes; k++) scrape(&x, (size_t)k, -1);
+    for (long long k = 0; k < o.nodes && !x.failed; k++) restart_node(&x, (size_t)k);
+    if (!x.failed) sleep_pumping(&x, o.settle_ms);
+    x.roll_to_ms = ms_since(x.t0_ns);
+  }
+  atomic_store(&s.stop, 1);
+  pthread_join(sender, NULL);
+  if (s.err[0]) fail(&x, "sender: %s", s.err);
+  if (x.failed) goto out;
+  for (long long c = 0; c < o.convs; c++)
+    if ((uint64_t)s.head[c] != s.acks[c]) {
+      fail(&x, "conversation %s: %llu acknowledged appends but head %lld", x.convs[c],
+           (unsigned long long)s.acks[c], (long long)s.head[c]);
+      goto out;
+    }
+  fprintf(stderr,
+          "roll: sender stopped: %llu acknowledged of %llu sent; waiting for the catch-up\n",
+          (unsigned long long)s.acked, (unsigned long long)s.sent);
+
+  /* the heads to every worker; they catch up, verify and report */
+  size_t cap = (size_t)o.convs * 21 + 16, len = 0;
+  char *line = malloc(cap);
+  if (!line) goto out;
+  len += (size_t)snprintf(line, cap, "heads");
+  for (long long c = 0; c < o.convs; c++)
+    len += (size_t)snprintf(line + len, cap - len, " %lld", (long long)s.head[c]);
+  line[len++] = '\n';
+  for (size_t i = 0; i < x.nworkers; i++)
+    if (write_all(x.w[i].to, line, len) != 0) fail(&x, "cannot write to worker %zu", i);
+  free(line);
+  if (x.failed || wait_all(&x, 0, o.wait_ms + 60000, "verified") != 0) goto out;
+  for (long long k = 0; k < o.nodes; k++) scrape(&x, (size_t)k, 1);
+  status = x.v_lost || x.v_dup || x.v_order || x.nbad ? 1 : 0;
+  if (x.nbad) {
+    fprintf(stderr, CMD ": %zu subscribers failed the verification (%llu messages missing):\n",
+            x.nbad, x.v_lost);
+    for (size_t i = 0; i < x.nbad && i < 20; i++) fprintf(stderr, "  %s\n", x.bad[i]);
+  }
+
+out:
+  workers_stop(&x);
+  for (long long k = 0; k < o.nodes; k++) {
+    if (!x.node[k]) continue;
+    if (x.failed) bnode_print_log_tail(x.node[k], 10);
+    bnode_stop(x.node[k]);
+    bnode_remove_dir(x.node[k]);
+  }
+  if (x.failed) status = 1;
+  write_outputs(&x, &s, argc, argv, status);
+  pgtmp_stop(CMD, o.pg_tmp, x.pg_dir);
+  run_signals_restore(&signals);
+  for (long long k = 0; k < o.nodes; k++) {
+    free(x.node[k]);
+    free(s.nb[k]);
+    if (x.urls) free(x.urls[k]);
+  }
+  for (long long c = 0; x.convs && c < o.convs; c++) free(x.convs[c]);
+  free(x.convs);
+  free(x.urls);
+  free(x.token);
+  free(x.off);
+  free(x.conn_b);
+  free(x.arr_b);
+  free(s.head);
+  free(s.acks);
+  free(s.ok_b);
+  free(s.refused_b);
+  return status;
+}
