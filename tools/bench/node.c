@@ -58,7 +58,7 @@ int bnode_gone(bench_t *b) {
   return 0;
 }
 
-static int free_port(void) {
+int bnode_free_port(void) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
@@ -161,7 +161,7 @@ int bnode_start_env(bench_t *b, const char *const *extra_env) {
     b->dir[0] = '\0';
     return -1;
   }
-  if (!(b->keep_port && b->port > 0) && (b->port = free_port()) < 0) {
+  if (!(b->keep_port && b->port > 0) && (b->port = bnode_free_port()) < 0) {
     run_fail(b, "cannot find a free loopback port: %s", strerror(errno));
     return -1;
   }

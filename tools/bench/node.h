@@ -37,6 +37,10 @@ typedef struct {
  * stdout and stderr in b->dir/node.log. Sets b->pid. Does not wait for it
  * to be ready (bnode_wait_ready). Returns 0 or -1 (b->err set; b->dir may
  * exist and is left for bnode_remove_dir). */
+/* A loopback TCP port that was free a moment ago (bound to 0, then
+ * closed), or -1. */
+int bnode_free_port(void);
+
 int bnode_start(bench_t *b);
 
 /* bnode_start with `extra_env`: NULL or a NULL-terminated array of

@@ -173,23 +173,12 @@ static int parse_options(options_t *o, int argc, char **argv) {
   int nrest = 0;
   static const char *const names[] = {"--pg-url",       "--pg-tmp",  "--out",      "--drain",
                                       "--clients-mode", "--backoff", "--admission"};
-  const char **dest[] = {&o->pg_url,       &o->pg_tmp,  &o->out,      &o->drain,
+  const char **const dest[] = {&o->pg_url,       &o->pg_tmp,  &o->out,      &o->drain,
                          &o->clients_mode, &o->backoff, &o->admission};
-  for (int i = 0; i < argc; i++) {
-    const char *v = NULL;
-    int missing = 0;
-    size_t k = 0;
-    for (; k < CV_ARRAY_SIZE(names) && !v && !missing; k++)
-      v = cli_flag_value(argc, argv, &i, names[k], &missing);
-    if (missing) {
-      fprintf(stderr, CMD ": %s needs a value\n", argv[i]);
-      free(rest);
-      return -1;
-    }
-    if (v)
-      *dest[k - 1] = v;
-    else
-      rest[nrest++] = argv[i];
+  if (run_split_string_options(CMD, argc, argv, names, dest, CV_ARRAY_SIZE(names), rest, &nrest) !=
+      0) {
+    free(rest);
+    return -1;
   }
   const run_int_opt_t opts[] = {
       {"nodes", &o->nodes, 2, MAX_NODES},
@@ -241,19 +230,6 @@ static int parse_options(options_t *o, int argc, char **argv) {
 
 static int64_t ms_since(uint64_t t0) { return (int64_t)((uv_hrtime() - t0) / 1000000u); }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 static void fail(ctx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(ctx_t *x, const char *fmt, ...) {
@@ -935,7 +911,7 @@ int bench_roll_main(int argc, char **argv) {
       fail(&x, "out of memory");
       goto out;
     }
-    x.node[k]->port = free_port();
+    x.node[k]->port = bnode_free_port();
     x.node[k]->keep_port = 1;
     x.node[k]->keep_keys = k > 0;
   }

@@ -220,3 +220,23 @@ void run_signals_restore(const run_signals_t *saved) {
   sigaction(SIGTERM, &saved->old_term, NULL);
   sigaction(SIGHUP, &saved->old_hup, NULL);
 }
+
+int run_split_string_options(const char *cmd, int argc, char **argv, const char *const *names,
+                             const char **const *dest, size_t n, char **rest, int *nrest) {
+  *nrest = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    int missing = 0;
+    size_t k = 0;
+    for (; k < n && !v && !missing; k++) v = cli_flag_value(argc, argv, &i, names[k], &missing);
+    if (missing) {
+      fprintf(stderr, "%s: %s needs a value\n", cmd, argv[i]);
+      return -1;
+    }
+    if (v)
+      *dest[k - 1] = v;
+    else
+      rest[(*nrest)++] = argv[i];
+  }
+  return 0;
+}

@@ -115,6 +115,14 @@ typedef struct {
 int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_opt_t *opts,
                           size_t n, void (*usage)(FILE *out));
 
+/* Take the `n` string options `names` ("--name VALUE" or "--name=VALUE")
+ * out of argv: each value goes to *dest[i] (pointing into argv), every
+ * other argument to `rest` (argc + 1 entries) in order, counted in *nrest,
+ * for run_parse_int_options. Returns 0, or -1 after printing "CMD: --name
+ * needs a value". Main thread. */
+int run_split_string_options(const char *cmd, int argc, char **argv, const char *const *names,
+                             const char **const *dest, size_t n, char **rest, int *nrest);
+
 /* The monotonic clock (uv_hrtime), in nanoseconds. */
 /* The handlers of SIGINT, SIGTERM and SIGHUP before run_signals_catch. */
 typedef struct {

@@ -259,22 +259,11 @@ static int parse_options(options_t *o, int argc, char **argv) {
   int nrest = 0;
   static const char *const names[] = {"--backends", "--senders", "--convs",
                                       "--pg-url",   "--pg-tmp",  "--out"};
-  const char **dest[] = {&backends, &senders, &convs, &o->pg_url, &o->pg_tmp, &o->out};
-  for (int i = 0; i < argc; i++) {
-    const char *v = NULL;
-    int missing = 0;
-    size_t k = 0;
-    for (; k < CV_ARRAY_SIZE(names) && !v && !missing; k++)
-      v = cli_flag_value(argc, argv, &i, names[k], &missing);
-    if (missing) {
-      fprintf(stderr, CMD ": %s needs a value\n", argv[i]);
-      free(rest);
-      return -1;
-    }
-    if (v)
-      *dest[k - 1] = v;
-    else
-      rest[nrest++] = argv[i];
+  const char **const dest[] = {&backends, &senders, &convs, &o->pg_url, &o->pg_tmp, &o->out};
+  if (run_split_string_options(CMD, argc, argv, names, dest, CV_ARRAY_SIZE(names), rest, &nrest) !=
+      0) {
+    free(rest);
+    return -1;
   }
   const run_int_opt_t opts[] = {
       {"duration-ms", &o->duration_ms, 100, 3600000},
