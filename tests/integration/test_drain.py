@@ -111,6 +111,18 @@ GRACE_MS = _drain_grace_ms()
 class Drain(NodeCase):
     WINDOW_MS, RATE, SHUTDOWN_MS = 2000, 50, 9000
 
+    def sigterm_and_wait(self, n, clients):
+        """Connect `clients`, SIGTERM the node, wait for every client to end
+        and the node to exit: (exit code, time of the SIGTERM, seconds to the exit)."""
+        async def go():
+            tasks = await connect_all(clients)
+            t0 = time.monotonic()
+            os.kill(n.proc.pid, signal.SIGTERM)
+            await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            rc = await asyncio.to_thread(n.proc.wait, 20)
+            return rc, t0, time.monotonic() - t0
+        return self.arun(go(), timeout=40)
+
     def drain_node(self):
         return self.node_start({"CONVERGER_DRAIN_WINDOW_MS": str(self.WINDOW_MS),
                                 "CONVERGER_DRAIN_CLOSE_RATE": str(self.RATE),
@@ -272,14 +284,7 @@ class Drain(NodeCase):
         conv = n.new_conv()
         clients = [Client(n, conv, obey=False) for _ in range(10)]
 
-        async def go():
-            tasks = await connect_all(clients)
-            t0 = time.monotonic()
-            os.kill(n.proc.pid, signal.SIGTERM)
-            await asyncio.wait_for(asyncio.gather(*tasks), 20)
-            rc = await asyncio.to_thread(n.proc.wait, 20)
-            return rc, time.monotonic() - t0
-        rc, took = self.arun(go(), timeout=40)
+        rc, t0, took = self.sigterm_and_wait(n, clients)
         self.assertEqual(rc, 0)
         self.assertTrue(3.4 <= took <= 3.5 + 10, took)  # the deadline, plus the stop's grace at most
         codes = sorted(c.code for c in clients)
@@ -296,14 +301,7 @@ class Drain(NodeCase):
         conv = n.new_conv()
         clients = [Client(n, conv, obey=True) for _ in range(20)]
 
-        async def go():
-            tasks = await connect_all(clients)
-            t0 = time.monotonic()
-            os.kill(n.proc.pid, signal.SIGTERM)
-            await asyncio.wait_for(asyncio.gather(*tasks), 20)
-            rc = await asyncio.to_thread(n.proc.wait, 20)
-            return rc, t0
-        rc, t0 = self.arun(go(), timeout=40)
+        rc, t0, _ = self.sigterm_and_wait(n, clients)
         self.assertEqual(rc, 0)
         self.assertEqual([c.drains for c in clients], [[]] * 20)  # no drain frame
         self.assertEqual(sorted(c.code for c in clients), [1012] * 20)
