@@ -217,8 +217,8 @@ static void peers_done(pool_job_t *job) {
     log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo from the last read (%zu)",
              job->dropped ? "pool overloaded" : cv_strerror(j->status), d->npeers);
   }
-  /* Unless the frames already went (FRAME_WAIT_MS), or the node stops. */
-  if (!job->canceled && b->framing && b->id) send_frames(d, b);
+  /* Unless the frames already went (FRAME_WAIT_MS), or the node stopped. */
+  if (!job->canceled && b->framing && b->id && !d->stopped) send_frames(d, b);
   store_nodes_free(j->nodes);
   free(j);
 }
