@@ -53,7 +53,7 @@ struct pgnotify_s {
   uint64_t deadline;    /* LISTEN_SENT, or a keepalive query in flight */
   uint64_t ping_due;    /* LISTENING: next keepalive query */
   int ping_out;         /* a keepalive query is in flight */
-  int lost;             /* listened before and lost it: the next LISTEN resyncs */
+  int lost;             /* listened before and lost it (for the log: every LISTEN resyncs) */
   int failures;         /* connection attempts failed in a row */
   uint64_t resync_due;  /* monotonic ms: a check of the subscriptions is due; 0: none */
   int resync_failures;  /* checks failed in a row */

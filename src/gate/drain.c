@@ -34,6 +34,7 @@
 
 #define BATCH_DRAIN   1u  /* the drain's batch; sheds count up from 2 */
 #define FRAME_WAIT_MS 500 /* longest wait for the peers read before the frames go anyway */
+#define DEADLINE_STEP_MS 20 /* the timer's period while no close is queued */
 
 typedef struct {
   uint32_t id;        /* 0: none */
@@ -285,13 +286,20 @@ static void timer_cb(uv_timer_t *t) {
              (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
     d->stop(d->node, why);
   }
-  if (!d->draining && !d->shed.id && d->qhead == d->qlen) uv_timer_stop(&d->timer);
+  if (!d->draining && !d->shed.id && d->qhead == d->qlen) {
+    uv_timer_stop(&d->timer);
+    return;
+  }
+  /* Every pacing period while closes are queued; otherwise only the
+   * deadlines need watching, at a coarser step. */
+  uint64_t want = d->qhead < d->qlen ? d->every : DEADLINE_STEP_MS;
+  if (uv_timer_get_repeat(&d->timer) != want) uv_timer_start(&d->timer, timer_cb, want, want);
 }
 
 static void timer_run(drain_t *d) {
   int rate = d->node->cfg->drain_close_rate;
   d->every = rate >= 1000 ? 1 : (uint64_t)(1000 / rate);
-  if (d->every > 20) d->every = 20; /* deadlines are checked at least this often */
+  if (d->every > DEADLINE_STEP_MS) d->every = DEADLINE_STEP_MS;
   if (!uv_is_active((uv_handle_t *)&d->timer)) uv_timer_start(&d->timer, timer_cb, 0, d->every);
 }
 
