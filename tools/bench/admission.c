@@ -85,21 +85,11 @@ static int parse_options(options_t *o, int argc, char **argv) {
 
 /* ---- medians -------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* The median of `n` values (sorted in place); INFINITY sorts last. */
-static double median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* The median of histogram bucket bounds: for an even `n` the upper of the
  * two middle values, so that the answer is a bucket bound. */
 static double median_bound(double *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
+  qsort(v, n, sizeof *v, run_cmp_double);
   return v[n / 2];
 }
 
@@ -194,7 +184,7 @@ static int part_queue(const options_t *o, int cpu, double med[2]) {
     printf("queue %s: %s, %d runs of %lld pairs on %s: runs", p ? "(b)" : "(a)", what[p], runs,
            o->ops, where);
     for (int i = 0; i < runs; i++) printf(" %.1f", r[i] / 1e6);
-    med[p] = median(r, (size_t)runs);
+    med[p] = run_median(r, (size_t)runs);
     printf(" M/s; median %.1f M pairs/s (min %.1f, max %.1f), %.1f ns per pair (target >= %d "
            "M/s: %s)\n",
            med[p] / 1e6, r[0] / 1e6, r[runs - 1] / 1e6, 1e9 / med[p], QUEUE_TARGET_MPS,
@@ -261,7 +251,7 @@ static void medians(const burst_result_t *r, int n, medians_t *m) {
     for (int i = 0; i < n; i++) v[i] = (double)(expr);                                             \
     m->field = f(v, (size_t)n);                                                                    \
   } while (0)
-#define MED(field, expr) MEDF(field, expr, median)
+#define MED(field, expr) MEDF(field, expr, run_median)
   MED(welcomed, r[i].welcomed);
   MED(refused, r[i].refused);
   MED(unavailable, r[i].unavailable);

@@ -118,11 +118,6 @@ static int parse_options(bench_t *b, int argc, char **argv, const cpu_set_t *all
 
 /* ---- the three phases ---------------------------------------------------------- */
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 static int phase_memory(bench_t *b, results_t *res) {
   size_t n = (size_t)b->conns;
   fprintf(stderr, "memory: opening %zu connections, one subscription each (watermark null)\n", n);
@@ -198,7 +193,7 @@ static int phase_handshakes(bench_t *b, int64_t watermark, results_t *res) {
     return -1;
   }
   double s = (double)(b->done_ns - t0) / RUN_NS;
-  qsort(b->lat, b->nlat, sizeof *b->lat, cmp_u64);
+  qsort(b->lat, b->nlat, sizeof *b->lat, run_cmp_u64);
   double p50 = (double)b->lat[b->nlat / 2] / 1e6;
   double p99 =
       (double)b->lat[b->nlat * 99 / 100 < b->nlat ? b->nlat * 99 / 100 : b->nlat - 1] / 1e6;

@@ -230,11 +230,6 @@ static void watch_cb(uv_timer_t *t) {
   }
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Nearest rank: the smallest value with at least p of the clients at or
  * below it; INFINITY when that client was never welcomed. */
 static double rank_ms(const uint64_t *sorted, size_t n, double p) {
@@ -262,7 +257,7 @@ static void collect(burst_t *bu, burst_result_t *r) {
   }
   r->p50_ms = r->p95_ms = r->max_ms = INFINITY;
   if (w) {
-    qsort(w, bu->n, sizeof *w, cmp_u64);
+    qsort(w, bu->n, sizeof *w, run_cmp_u64);
     r->p50_ms = rank_ms(w, bu->n, 0.50);
     r->p95_ms = rank_ms(w, bu->n, 0.95);
     r->max_ms = rank_ms(w, bu->n, 1.0);

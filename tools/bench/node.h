@@ -30,6 +30,10 @@ typedef struct {
   uint64_t ns;
 } bnode_cpu_snap_t;
 
+/* A loopback TCP port that was free a moment ago (bound to 0, then
+ * closed), or -1. */
+int bnode_free_port(void);
+
 /* Start the node: create b->dir, pick b->port (unless b->keep_port and
  * b->port > 0: a restart on the same port), b->api_key and b->secret
  * (unless b->keep_keys: nodes sharing one store and one token secret),
@@ -37,10 +41,6 @@ typedef struct {
  * stdout and stderr in b->dir/node.log. Sets b->pid. Does not wait for it
  * to be ready (bnode_wait_ready). Returns 0 or -1 (b->err set; b->dir may
  * exist and is left for bnode_remove_dir). */
-/* A loopback TCP port that was free a moment ago (bound to 0, then
- * closed), or -1. */
-int bnode_free_port(void);
-
 int bnode_start(bench_t *b);
 
 /* bnode_start with `extra_env`: NULL or a NULL-terminated array of

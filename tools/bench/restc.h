@@ -49,15 +49,15 @@ int restc_call(bench_t *b, const char *method, const char *path, const char *bod
 int restc_expect(bench_t *b, const char *method, const char *path, const char *body,
                  const char *extra, int want, char *out, size_t cap);
 
-/* Create one channel, RUN_CONVS conversations with RUN_SETUP_HEAD messages
- * each, the fan-out conversation (empty), and a token covering every
- * conversation, kept in b->token (malloc'ed; the caller frees it). Returns 0
- * or -1 (b->err set). */
 /* Append `n` bytes at `at` to the response body in `buf` (`cap` bytes,
  * `*len` used), truncating what does not fit and keeping it
  * NUL-terminated: the llhttp on_body of the bench's REST connections. */
 void restc_body_add(char *buf, size_t cap, size_t *len, const char *at, size_t n);
 
+/* Create one channel, RUN_CONVS conversations with RUN_SETUP_HEAD messages
+ * each, the fan-out conversation (empty), and a token covering every
+ * conversation, kept in b->token (malloc'ed; the caller frees it). Returns 0
+ * or -1 (b->err set). */
 int restc_setup(bench_t *b);
 
 /* Allocate b->rest and start connecting its b->rest_conns connections in

@@ -49,7 +49,8 @@ struct worker_s {
   int ready_sent, heads_in, finishing;
   int64_t *heads;
   int64_t heads_deadline;
-  char line[1 << 16];
+  char *line; /* one command line from the bench: the heads line is the longest */
+  size_t line_cap;
   size_t line_len;
   /* records */
   arrival_t *arr;
@@ -266,7 +267,7 @@ static void ctl_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   worker_t *w = h->data;
   buf->base = w->line + w->line_len;
-  buf->len = sizeof w->line - 1 - w->line_len;
+  buf->len = w->line_cap - 1 - w->line_len;
 }
 
 static void ctl_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -280,7 +281,7 @@ static void ctl_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   w->line[w->line_len] = '\0';
   char *nl = strchr(w->line, '\n');
   if (!nl) {
-    if (w->line_len >= sizeof w->line - 1) {
+    if (w->line_len >= w->line_cap - 1) {
       fprintf(stderr, "roll worker: command line too long\n");
       exit(1);
     }
@@ -301,9 +302,13 @@ void rollw_main(const rollw_options_t *o) {
   w.o = o;
   w.cl = calloc(o->nclients, sizeof *w.cl);
   w.heads = calloc(o->nconvs, sizeof *w.heads);
+  /* "heads" and one signed 64-bit number per conversation */
+  w.line_cap = 64 + o->nconvs * 21;
+  if (w.line_cap < (1 << 16)) w.line_cap = 1 << 16;
+  w.line = malloc(w.line_cap);
   w.lat = calloc(LAT_BINS, sizeof *w.lat);
   w.out = fdopen(o->fd_out, "w");
-  if (!w.cl || !w.heads || !w.lat || !w.out || uv_loop_init(&w.loop) != 0) {
+  if (!w.cl || !w.heads || !w.line || !w.lat || !w.out || uv_loop_init(&w.loop) != 0) {
     fprintf(stderr, "roll worker: out of memory\n");
     exit(1);
   }

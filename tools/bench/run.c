@@ -240,3 +240,18 @@ int run_split_string_options(const char *cmd, int argc, char **argv, const char 
   }
   return 0;
 }
+
+int run_cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int run_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double run_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, run_cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}

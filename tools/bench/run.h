@@ -123,7 +123,6 @@ int run_parse_int_options(const char *cmd, int argc, char **argv, const run_int_
 int run_split_string_options(const char *cmd, int argc, char **argv, const char *const *names,
                              const char **const *dest, size_t n, char **rest, int *nrest);
 
-/* The monotonic clock (uv_hrtime), in nanoseconds. */
 /* The handlers of SIGINT, SIGTERM and SIGHUP before run_signals_catch. */
 typedef struct {
   struct sigaction old_int, old_term, old_hup;
@@ -135,7 +134,16 @@ typedef struct {
 void run_signals_catch(run_signals_t *saved);
 void run_signals_restore(const run_signals_t *saved);
 
+/* The monotonic clock (uv_hrtime), in nanoseconds. */
 uint64_t run_now_ns(void);
+
+/* qsort comparators: ascending uint64_t, ascending double. */
+int run_cmp_u64(const void *a, const void *b);
+int run_cmp_double(const void *a, const void *b);
+
+/* The median of `n` >= 1 values (the mean of the middle two for an even
+ * n); sorts `v` in place. */
+double run_median(double *v, size_t n);
 
 /* Record why the bench fails (printf-style, truncated to sizeof b->err)
  * and stop the loop if it runs. Only the first failure is kept; later calls

@@ -300,25 +300,10 @@ static int parse_options(options_t *o, int argc, char **argv) {
 
 /* ---- statistics ----------------------------------------------------------------- */
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Nearest rank of sorted `v` (n > 0), in ms. */
 static double pct_ms(const uint64_t *v, size_t n, int pct) {
   size_t i = n * (size_t)pct / 100;
   return (double)v[i < n ? i : n - 1] / 1e6;
-}
-
-static double median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* ---- PostgreSQL: scripts/pg-tmp and the durability settings -------------------- */
@@ -551,7 +536,7 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   c->refused = t.refused;
   c->retry_200 = t.retry_200;
   c->rate = (double)t.answered / t.window_s;
-  qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, cmp_u64);
+  qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, run_cmp_u64);
   c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 50) : 0;
   c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 99) : 0;
   printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
@@ -603,8 +588,8 @@ static int cell_latency(ctx_t *x, int path) {
     ack[i] = p.ack_ns[i] - p.write_ns[i];
     if (p.write_ns[i] - p.sched_ns[i] > lag) lag = p.write_ns[i] - p.sched_ns[i];
   }
-  qsort(lat, nl, sizeof *lat, cmp_u64);
-  qsort(ack, p.n, sizeof *ack, cmp_u64);
+  qsort(lat, nl, sizeof *lat, run_cmp_u64);
+  qsort(ack, p.n, sizeof *ack, run_cmp_u64);
   c->have = 1;
   c->sent = p.n;
   c->received = nl;
@@ -731,9 +716,9 @@ static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
   }
   if (!n) return 0;
   out->have = 1;
-  out->rate = median(rate, n);
-  out->p50_ms = median(p50, n);
-  out->p99_ms = median(p99, n);
+  out->rate = run_median(rate, n);
+  out->p50_ms = run_median(p50, n);
+  out->p99_ms = run_median(p99, n);
   return (int)n;
 }
 
@@ -762,13 +747,13 @@ static int lat_median(const ctx_t *x, int bk, int path, lat_t *out) {
   }
   if (!n) return 0;
   out->have = 1;
-  out->ack_p50_ms = median(a50, n);
-  out->ack_p99_ms = median(a99, n);
-  out->send_rate = median(rate, n);
+  out->ack_p50_ms = run_median(a50, n);
+  out->ack_p99_ms = run_median(a99, n);
+  out->send_rate = run_median(rate, n);
   if (nrecv) {
-    out->p50_ms = median(p50, nrecv);
-    out->p99_ms = median(p99, nrecv);
-    out->max_ms = median(mx, nrecv);
+    out->p50_ms = run_median(p50, nrecv);
+    out->p99_ms = run_median(p99, nrecv);
+    out->max_ms = run_median(mx, nrecv);
   }
   return (int)n;
 }
