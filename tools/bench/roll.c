@@ -83,7 +83,7 @@ typedef struct {
   /* results */
   int64_t *head;  /* per conversation: highest acknowledged seq */
   uint64_t *acks; /* per conversation: acknowledged messages */
-  uint64_t sent, acked, rest_503, rest_refused, rest_retries, rest_200, given_up;
+  uint64_t sent, acked, rest_503, rest_refused, rest_retries, given_up;
   uint32_t *ok_b, *refused_b; /* per 100 ms bucket */
   size_t nbuckets;
   char err[600];
@@ -429,7 +429,6 @@ static void *sender_main(void *arg) {
                    out);
           break;
         }
-        if (st == 200) s->rest_200++;
         if (seq > s->head[conv]) s->head[conv] = seq;
         s->acks[conv]++;
         s->acked++;

@@ -67,7 +67,8 @@ static int64_t now_ms(const worker_t *w) {
   return (int64_t)((uv_hrtime() - w->o->t0_ns) / 1000000u);
 }
 
-int rollw_node_index(const char *node_id) {
+/* Parse one "roll-K" node id: K, or -1. */
+static int rollw_node_index(const char *node_id) {
   int k;
   char tail;
   if (!node_id || sscanf(node_id, "roll-%d%c", &k, &tail) != 1) return -1;

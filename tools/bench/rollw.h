@@ -69,7 +69,5 @@ typedef struct {
  * forked child only. */
 void rollw_main(const rollw_options_t *o) __attribute__((noreturn));
 
-/* Parse one "roll-K" node id: K, or -1. */
-int rollw_node_index(const char *node_id);
 
 #endif
