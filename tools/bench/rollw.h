@@ -69,5 +69,4 @@ typedef struct {
  * forked child only. */
 void rollw_main(const rollw_options_t *o) __attribute__((noreturn));
 
-
 #endif
