@@ -1,0 +1,26 @@
+/*
+ * gnuplot: draw PNG plots by running Debian's gnuplot (package gnuplot-nox,
+ * installed by scripts/setup) on a script. The benchmarks and the simulator
+ * write their data as CSV and describe each plot as a gnuplot script; this
+ * module only runs the program, so no plotting code of our own exists.
+ *
+ * Any thread; it blocks until gnuplot exits.
+ */
+#ifndef CONVERGER_TOOLS_PLOT_GNUPLOT_H
+#define CONVERGER_TOOLS_PLOT_GNUPLOT_H
+
+#include <stddef.h>
+
+/* Run `gnuplot` with `script` (NUL-terminated gnuplot commands; paths in
+ * it are relative to `dir`, or absolute) as its standard input, with `dir`
+ * (NULL: the current directory) as its working directory. The script
+ * chooses its own terminal and output, e.g. `set terminal pngcairo size
+ * 1000,500` and `set output "arrivals.png"`.
+ *
+ * Returns 0 when gnuplot exited 0. Otherwise -1, with a one-line reason in
+ * `err` (`errlen` bytes, always NUL-terminated): gnuplot not installed (run
+ * scripts/setup), killed, or its exit status with the first line it wrote to
+ * standard error. The caller decides whether a missing plot fails its run. */
+int gnuplot_run(const char *dir, const char *script, char *err, size_t errlen);
+
+#endif
