@@ -427,6 +427,7 @@ int bench_main(int argc, char **argv) {
     return bench_admission_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "store") == 0) return bench_store_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "roll") == 0) return bench_roll_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "compare") == 0) return bench_compare_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -444,6 +445,8 @@ int bench_main(int argc, char **argv) {
                "            SQLite (synchronous full, normal) and PostgreSQL, same node and\n"
                "            across two nodes (converger bench store --help)\n"
                "  roll      a rolling restart of a PostgreSQL cluster under SDK clients and a\n"
-               "            REST sender, with loss verification (converger bench roll --help)\n");
+               "            REST sender, with loss verification (converger bench roll --help)\n"
+               "  compare   preset sets of roll scenarios side by side, with overlay plots\n"
+               "            (converger bench compare --help)\n");
   return out == stdout ? 0 : 2;
 }

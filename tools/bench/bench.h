@@ -23,6 +23,10 @@
  *   roll      a rolling restart of a PostgreSQL cluster under SDK clients in
  *             worker processes (bench/rollw.h) and a REST sender, with loss
  *             verification (tools/bench/roll.c, issue 7)
+ *   compare   a preset set of roll scenarios side by side (adr: the
+ *             admission-queue decision record's before and after, and
+ *             converger's default; gw05: the drain lesson's no jitter against
+ *             full jitter), with overlay plots (tools/bench/compare.c)
  *
  * Main thread only; a benchmark owns the process while it runs (it handles
  * SIGINT/SIGTERM; baseline and admission also raise RLIMIT_NOFILE and pin
@@ -50,5 +54,11 @@ int bench_store_main(int argc, char **argv);
  * when an acknowledged message was missing, duplicated or out of order at
  * a subscriber (tools/bench/roll.c). */
 int bench_roll_main(int argc, char **argv);
+
+/* `converger bench compare`; argv excludes "compare". Runs each scenario as
+ * a child `converger bench roll`. Returns 0 when every scenario verified, 1
+ * when one failed, 2 on bad usage, 130 when interrupted by SIGINT/SIGTERM
+ * (forwarded to the running scenario). */
+int bench_compare_main(int argc, char **argv);
 
 #endif
