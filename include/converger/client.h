@@ -157,6 +157,9 @@ typedef struct {
   int64_t backoff_jitter_ms;  /* additive only; 0: 100 */
   int64_t connect_timeout_ms; /* from the attempt to the welcome; 0: 15 000 */
   int migrate_on_drain;       /* 1 (cvg_options_init): make-before-break on `drain` */
+  size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
+  size_t max_message_bytes;   /* largest send frame, bytes; 0: 65 536 (the node's default) */
+  uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
   cvg_reconnect_t reconnect;  /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
   /* 1: the server's retry hints are not a floor of the backoff: the
    * retryAfterMs of an `unavailable` error frame, of a 1012/1013 close
@@ -165,9 +168,6 @@ typedef struct {
    * its retryAfterMs. For experiments reproducing the old harness of the
    * admission-queue decision record only; 0 (the default) honours them. */
   int ignore_hints;
-  size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
-  size_t max_message_bytes;   /* largest send frame, bytes; 0: 65 536 (the node's default) */
-  uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
   cvg_callbacks_t cb;
   void *userdata;
 } cvg_options_t;

@@ -513,7 +513,8 @@ static void test_second_drain_frame_only_brings_the_move_forward(void **state) {
   uint32_t old = connect_first(&h, 0);
   clear_acts(&h);
   h.now = 1000;
-  text(&h, old, "{\"type\":\"drain\",\"afterMs\":500000,\"reconnectTo\":null,\"deadlineMs\":600000}");
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":500000,\"reconnectTo\":null,\"deadlineMs\":600000}");
   assert_int_equal(h.timer_at, 501000);
   h.now = 2000;
   text(&h, old,

@@ -1,10 +1,11 @@
 /*
  * roll.c: `converger bench roll`, the rolling-restart harness (issue 7,
  * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url),
- * --nodes `converger serve` nodes on loopback sharing it, --clients SDK
- * clients in --procs forked worker processes (bench/rollw.h), a paced REST
- * sender, each node restarted in turn (SIGTERM, exit, start on the same
- * port, /readyz, --restart-gap-ms), then a settle, the sender stopped, the
+ * --nodes `converger serve` nodes on loopback sharing it, optionally HAProxy
+ * in front of them (--lb haproxy, bench/rolllb.h), --clients SDK clients in
+ * --procs forked worker processes (bench/rollw.h), a paced REST sender,
+ * each node restarted in turn (SIGTERM, exit, start on the same port,
+ * /readyz, --restart-gap-ms), then a settle, the sender stopped, the
  * clients' catch-up and the verification: every client delivered exactly
  * 1..head of its conversation once, in order, head being the acknowledged
  * appends of the sender.
@@ -12,8 +13,8 @@
  * What it owns: the options, the nodes (one bench_t each, used for its
  * process and blocking REST calls), the workers (pid and two sockets each),
  * the sender thread (its own bench_t copies, so that its blocking calls
- * share nothing with the main thread's), the aggregated records, and the
- * files of --out.
+ * share nothing with the main thread's), HAProxy with --lb haproxy, the
+ * aggregated records, and the files of --out (the plots: bench/rollplot.h).
  *
  * Threads: the main thread runs everything but the sender; the sender
  * thread writes only its own struct, read by the main thread after
@@ -47,6 +48,7 @@
 #include "bench/node.h"
 #include "bench/pgtmp.h"
 #include "bench/restc.h"
+#include "bench/rolllb.h"
 #include "bench/rollplot.h"
 #include "bench/rollw.h"
 #include "bench/run.h"
@@ -67,8 +69,7 @@
 typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
       restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s;
-  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect,
-      *lb;
+  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb;
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
   int close_mode, legacy, admission_off, ignore_hints, reconnect_next, lb_haproxy;
@@ -120,7 +121,9 @@ typedef struct {
   options_t *o;
   bench_t *node[MAX_NODES];
   char pg_url[512], pg_dir[128];
-  char **convs, **urls;
+  char **convs, **urls; /* urls: every node's, or (--lb haproxy) the load balancer's only */
+  size_t nurls;
+  rolllb_t lb; /* --lb haproxy */
   char tag[40];
   char *token;
   worker_t w[MAX_PROCS];
@@ -204,12 +207,12 @@ static int parse_options(options_t *o, int argc, char **argv) {
       o->ignore_hints = 1;
     else
       args[nargs++] = argv[i];
-  static const char *const names[] = {"--pg-url",  "--pg-tmp",    "--out",       "--drain",
-                                      "--clients-mode", "--backoff", "--admission", "--reconnect",
-                                      "--lb"};
-  const char **const dest[] = {&o->pg_url,  &o->pg_tmp,    &o->out,       &o->drain,
-                               &o->clients_mode, &o->backoff, &o->admission, &o->reconnect,
-                               &o->lb};
+  static const char *const names[] = {"--pg-url",    "--pg-tmp",       "--out",
+                                      "--drain",     "--clients-mode", "--backoff",
+                                      "--admission", "--reconnect",    "--lb"};
+  const char **const dest[] = {&o->pg_url,    &o->pg_tmp,       &o->out,
+                               &o->drain,     &o->clients_mode, &o->backoff,
+                               &o->admission, &o->reconnect,    &o->lb};
   r = run_split_string_options(CMD, nargs, args, names, dest, CV_ARRAY_SIZE(names), rest, &nrest);
   free(args);
   if (r != 0) {
@@ -276,7 +279,6 @@ static int parse_options(options_t *o, int argc, char **argv) {
 
 static int64_t ms_since(uint64_t t0) { return (int64_t)((uv_hrtime() - t0) / 1000000u); }
 
-
 static void fail(ctx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(ctx_t *x, const char *fmt, ...) {
   if (x->failed) return;
@@ -321,7 +323,11 @@ static int node_start(ctx_t *x, size_t k) {
                        (o->clients * 1000 + o->drain_close_rate - 1) / o->drain_close_rate + 30000;
   snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
   snprintf(id, sizeof id, "CONVERGER_NODE_ID=roll-%zu", k);
-  snprintf(pub, sizeof pub, "CONVERGER_PUBLIC_URL=ws://127.0.0.1:%d/v1/ws", nb->port);
+  /* Behind the load balancer, a drain's reconnectTo names the load balancer
+   * (every peer's public URL is its URL): the move goes to a node it
+   * chooses among the ready ones. */
+  snprintf(pub, sizeof pub, "CONVERGER_PUBLIC_URL=ws://127.0.0.1:%d/v1/ws",
+           o->lb_haproxy ? x->lb.port : nb->port);
   snprintf(win, sizeof win, "CONVERGER_DRAIN_WINDOW_MS=%lld", o->drain_window_ms);
   snprintf(rate, sizeof rate, "CONVERGER_DRAIN_CLOSE_RATE=%lld", o->drain_close_rate);
   snprintf(shut, sizeof shut, "CONVERGER_DRAIN_SHUTDOWN_MS=%lld", shutdown);
@@ -647,14 +653,15 @@ static int workers_start(ctx_t *x) {
                             .nconvs = (size_t)o->convs,
                             .convs = (const char *const *)x->convs,
                             .urls = (const char *const *)x->urls,
-                            .nurls = (size_t)o->nodes,
+                            .nurls = x->nurls,
+                            .nnodes = (size_t)o->nodes,
                             .token = x->token,
                             .backoff = o->strategy,
                             .backoff_base_ms = o->backoff_base_ms,
                             .backoff_cap_ms = o->backoff_cap_ms,
                             .migrate_on_drain = !o->legacy,
-                            .reconnect = o->reconnect_next ? CVG_RECONNECT_NEXT
-                                                           : CVG_RECONNECT_RANDOM,
+                            .reconnect =
+                                o->reconnect_next ? CVG_RECONNECT_NEXT : CVG_RECONNECT_RANDOM,
                             .ignore_hints = o->ignore_hints,
                             .seed = (uint64_t)o->seed,
                             .t0_ns = x->t0_ns,
@@ -830,17 +837,19 @@ static void arrivals_json(const ctx_t *x, json_t *j) {
       uint64_t n = arrivals_over(x, k, r->sigterm_ms, r->to_ms, &pk, &sp);
       char name[32];
       snprintf(name, sizeof name, "roll-%zu", k);
-      json_object_set_new(per, name, json_pack("{s:I, s:f}", "peak", (json_int_t)pk, "mean",
-                                               sp > 0 ? (double)n / sp : 0.0));
+      json_object_set_new(
+          per, name,
+          json_pack("{s:I, s:f}", "peak", (json_int_t)pk, "mean", sp > 0 ? (double)n / sp : 0.0));
       if (pk > peak[k]) peak[k] = pk;
       total[k] += n;
     }
     secs += sp;
     restart_ms[r->node] = r->ready_ms - r->sigterm_ms;
-    json_array_append_new(ra, json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}", "node", (json_int_t)r->node,
-                                        "sigterm_ms", (json_int_t)r->sigterm_ms, "exit_ms",
-                                        (json_int_t)r->exit_ms, "ready_ms", (json_int_t)r->ready_ms,
-                                        "to_ms", (json_int_t)r->to_ms, "arrivals_per_s", per));
+    json_array_append_new(ra,
+                          json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}", "node", (json_int_t)r->node,
+                                    "sigterm_ms", (json_int_t)r->sigterm_ms, "exit_ms",
+                                    (json_int_t)r->exit_ms, "ready_ms", (json_int_t)r->ready_ms,
+                                    "to_ms", (json_int_t)r->to_ms, "arrivals_per_s", per));
   }
   json_t *arr = json_object();
   for (size_t k = 0; k < nodes; k++) {
@@ -876,9 +885,14 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
           "reconnect %s, load balancer %s, admission %s, pool %lld.\n\n",
           o->drain, o->drain_window_ms, o->drain_close_rate, o->clients_mode, o->backoff,
           o->ignore_hints ? " with the servers' retry hints ignored" : " (retry hints a floor)",
-          o->reconnect, o->lb, o->admission, o->pool_size);
-  fprintf(f, "Messages: %lld acknowledged, %lld lost, %lld delivered twice, %lld seen twice on "
-             "the wire (dropped by the SDK), %lld of %lld clients verified.\n\n",
+          o->reconnect,
+          o->lb_haproxy ? "HAProxy (haproxy.cfg; the nodes' public URL, so a "
+                          "drain's reconnectTo names it too)"
+                        : "none (every client has every node's URL)",
+          o->admission, o->pool_size);
+  fprintf(f,
+          "Messages: %lld acknowledged, %lld lost, %lld delivered twice, %lld seen twice on "
+          "the wire (dropped by the SDK), %lld of %lld clients verified.\n\n",
           (long long)json_integer_value(json_object_get(j, "acked")), (long long)x->v_lost,
           (long long)x->v_dup, (long long)x->v_sdkdup, (long long)x->v_ok, o->clients);
   if (plot_err && plot_err[0])
@@ -912,14 +926,16 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
   }
   fprintf(f, "\n`arrivals_per_s` per node: the busiest second of any restart span, and the "
              "mean over all the restart spans.\n\n");
-  fprintf(f, "Delivery latency (the sender's POST start to on_message, 1 ms bins): live "
-             "deliveries (sent after the client's current connection was welcomed) p50 %.0f / "
-             "p99 %.0f ms; all deliveries, replays after a reconnect included, p50 %.0f / p99 "
-             "%.0f ms.\n\n",
+  fprintf(f,
+          "Delivery latency (the sender's POST start to on_message, 1 ms bins): live "
+          "deliveries (sent after the client's current connection was welcomed) p50 %.0f / "
+          "p99 %.0f ms; all deliveries, replays after a reconnect included, p50 %.0f / p99 "
+          "%.0f ms.\n\n",
           lat_pct(x->live_lat, 0.50), lat_pct(x->live_lat, 0.99), lat_pct(x->lat, 0.50),
           lat_pct(x->lat, 0.99));
-  fprintf(f, "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %lld / "
-             "p95 %lld / p99 %lld / max %lld ms (every sample: disconnected_ms.csv).\n\n",
+  fprintf(f,
+          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %lld / "
+          "p95 %lld / p99 %lld / max %lld ms (every sample: disconnected_ms.csv).\n\n",
           x->noff, (long long)pct_i64(x->off, x->noff, 0.50),
           (long long)pct_i64(x->off, x->noff, 0.95), (long long)pct_i64(x->off, x->noff, 0.99),
           (long long)(x->noff ? x->off[x->noff - 1] : 0));
@@ -1118,8 +1134,19 @@ int bench_roll_main(int argc, char **argv) {
   }
   x.urls = calloc((size_t)o.nodes, sizeof *x.urls);
   if (!x.urls) goto out;
-  for (long long k = 0; k < o.nodes; k++)
-    x.urls[k] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.node[k]->port);
+  if (o.lb_haproxy) {
+    char why[300];
+    if (rolllb_init(&x.lb, why, sizeof why) != 0) {
+      fail(&x, "%s", why);
+      goto out;
+    }
+    x.urls[0] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.lb.port);
+    x.nurls = 1;
+  } else {
+    for (long long k = 0; k < o.nodes; k++)
+      x.urls[k] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.node[k]->port);
+    x.nurls = (size_t)o.nodes;
+  }
 
   if (o.pg_url)
     snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
@@ -1134,6 +1161,21 @@ int bench_roll_main(int argc, char **argv) {
     }
     if (node_start(&x, (size_t)k) != 0) goto out;
     x.node[k]->keep_keys = 1;
+  }
+  if (o.lb_haproxy) {
+    int ports[MAX_NODES];
+    char why[600];
+    for (long long k = 0; k < o.nodes; k++) ports[k] = x.node[k]->port;
+    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
+      fail(&x, "cannot create %s: %s", o.out, strerror(errno));
+      goto out;
+    }
+    if (rolllb_start(&x.lb, o.out, ports, (size_t)o.nodes, why, sizeof why) != 0) {
+      fail(&x, "--lb haproxy: %s", why);
+      goto out;
+    }
+    fprintf(stderr, "roll: HAProxy (pid %d) on port %d in front of the nodes (%s/haproxy.cfg)\n",
+            (int)x.lb.pid, x.lb.port, o.out);
   }
   fprintf(stderr, "roll: %lld nodes ready (ports %d..), creating %lld conversations\n", o.nodes,
           x.node[0]->port, o.convs);
@@ -1162,6 +1204,10 @@ int bench_roll_main(int argc, char **argv) {
   if (!s.head || !s.acks || !s.ok_b || !s.refused_b || !s.nb[o.nodes - 1]) {
     fail(&x, "out of memory");
     goto out;
+  }
+  if (o.lb_haproxy) { /* every append and its retries through the load balancer */
+    s.nnodes = 1;
+    s.nb[0]->port = x.lb.port;
   }
   pthread_t sender;
   if (pthread_create(&sender, NULL, sender_main, &s) != 0) {
@@ -1211,6 +1257,7 @@ int bench_roll_main(int argc, char **argv) {
 
 out:
   workers_stop(&x);
+  rolllb_stop(&x.lb);
   for (long long k = 0; k < o.nodes; k++) {
     if (!x.node[k]) continue;
     if (x.failed) bnode_print_log_tail(x.node[k], 10);

@@ -103,8 +103,7 @@ int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, siz
 }
 
 /* Count the samples of DIR/disconnected_ms.csv and find the largest. */
-static int read_disconnected(const char *dir, size_t *n, long long *max, char *err,
-                             size_t errlen) {
+static int read_disconnected(const char *dir, size_t *n, long long *max, char *err, size_t errlen) {
   char path[4096], line[64];
   snprintf(path, sizeof path, "%s/disconnected_ms.csv", dir);
   FILE *f = fopen(path, "r");
@@ -125,8 +124,8 @@ static int read_disconnected(const char *dir, size_t *n, long long *max, char *e
   return 0;
 }
 
-int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len,
-                         size_t *ndrops, char *err, size_t errlen) {
+int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len, size_t *ndrops,
+                         char *err, size_t errlen) {
   size_t n;
   long long max;
   if (read_disconnected(dir, &n, &max, err, errlen) != 0) return -1;
@@ -217,13 +216,12 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
 
   /* connected clients */
   if (head(s, SCRIPT_BYTES, out_dir, "connected.png",
-           "Connected (welcomed) clients, all nodes, 100 ms samples", "time (s)",
-           "clients") != 0 ||
+           "Connected (welcomed) clients, all nodes, 100 ms samples", "time (s)", "clients") != 0 ||
       roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
       appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
       append_path(s, SCRIPT_BYTES, out_dir, "timeline.csv") != 0 ||
-      appendf(s, SCRIPT_BYTES, " using ($1/1000):(column(%d)) with lines lw 1.5 title 'connected'\n",
-              conn) != 0 ||
+      appendf(s, SCRIPT_BYTES,
+              " using ($1/1000):(column(%d)) with lines lw 1.5 title 'connected'\n", conn) != 0 ||
       run(s, "connected.png", err, errlen) != 0)
     goto out;
 
@@ -255,8 +253,8 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
                   "title 'disconnected'",
                   n) != 0)
         goto toolong;
-    } else if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err,
-                                    errlen) != 0) {
+    } else if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err, errlen) !=
+               0) {
       goto out;
     }
     if (appendf(s, SCRIPT_BYTES, "\n") != 0) goto toolong;

@@ -44,8 +44,8 @@ int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, siz
  * y) as one plot element titled `label` (NULL: "disconnected"), or "" when
  * the run has no drop (then nothing is appended and 0 returned; *ndrops is
  * 0). *ndrops (may be NULL) receives the number of samples. Same returns. */
-int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len,
-                         size_t *ndrops, char *err, size_t errlen);
+int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len, size_t *ndrops,
+                         char *err, size_t errlen);
 
 /* Append `set object` / `set arrow` / `set label` commands that mark one
  * run's restarts (summary.json) on a time axis in seconds: a shaded

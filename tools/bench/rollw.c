@@ -174,7 +174,7 @@ static void write_records(worker_t *w) {
   for (size_t i = 0; i < w->noff; i++) fprintf(f, "O %lld\n", (long long)w->off[i]);
   for (size_t i = 0; i < w->nsamples; i++) {
     fprintf(f, "S %zu", i);
-    for (size_t k = 0; k < w->o->nurls; k++) fprintf(f, " %u", w->samples[i][k]);
+    for (size_t k = 0; k < w->o->nnodes; k++) fprintf(f, " %u", w->samples[i][k]);
     fputc('\n', f);
   }
   for (size_t i = 0; i < LAT_BINS; i++) {
@@ -320,7 +320,8 @@ void rollw_main(const rollw_options_t *o) {
   w.lat = calloc(LAT_BINS, sizeof *w.lat);
   w.live_lat = calloc(LAT_BINS, sizeof *w.live_lat);
   w.out = fdopen(o->fd_out, "w");
-  if (!w.cl || !w.heads || !w.line || !w.lat || !w.live_lat || !w.out || uv_loop_init(&w.loop) != 0) {
+  if (!w.cl || !w.heads || !w.line || !w.lat || !w.live_lat || !w.out ||
+      uv_loop_init(&w.loop) != 0) {
     fprintf(stderr, "roll worker: out of memory\n");
     exit(1);
   }

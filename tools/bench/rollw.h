@@ -58,8 +58,9 @@ typedef struct {
   size_t first, nclients; /* clients first .. first + nclients - 1 of the run */
   size_t nconvs;
   const char *const *convs; /* conversation ids */
-  const char *const *urls;  /* ws:// URL of every node */
+  const char *const *urls;  /* ws:// URL of every node, or the load balancer's one */
   size_t nurls;
+  size_t nnodes; /* nodes (indices of "roll-K" in welcomes; columns of "S" lines) */
   const char *token;
   cvg_backoff_strategy_t backoff;
   int64_t backoff_base_ms, backoff_cap_ms; /* 0: the SDK's defaults */
