@@ -248,6 +248,10 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
         return CVG_EINVAL;
       }
   }
+  if ((unsigned)opt->reconnect > CVG_RECONNECT_NEXT) {
+    set_err(err, errlen, "bad reconnect policy %d", (int)opt->reconnect);
+    return CVG_EINVAL;
+  }
   if ((unsigned)opt->backoff > CVG_BACKOFF_PROPORTIONAL || opt->backoff_base_ms < 0 ||
       opt->backoff_cap_ms < 0 || opt->backoff_jitter_ms < 0 || opt->connect_timeout_ms < 0) {
     set_err(err, errlen, "bad backoff or timeout option");
@@ -360,9 +364,12 @@ static void finish(cvg_core_t *core) {
 
 /* ---- connections ------------------------------------------------------------------ */
 
-/* A URL index at random, not `avoid` when there is another. */
+/* A URL index after a failure of URL `avoid` (-1: none, or a drain's
+ * reconnectTo): with CVG_RECONNECT_NEXT the one after it, otherwise one at
+ * random, not `avoid` when there is another. */
 static int pick_url(cvg_core_t *core, int avoid) {
   int n = (int)core->opt.nurls;
+  if (core->opt.reconnect == CVG_RECONNECT_NEXT && avoid >= 0 && avoid < n) return (avoid + 1) % n;
   if (n == 1 || avoid < 0 || avoid >= n) return (int)jitter_range(&core->rng, 0, n - 1);
   int k = (int)jitter_range(&core->rng, 0, n - 2);
   return k >= avoid ? k + 1 : k;
@@ -396,9 +403,9 @@ static void open_transport(cvg_core_t *core, int url, const char *url_text, int 
 }
 
 /* No transport is live and none is welcomed: wait for the backoff (with the
- * server's hint as a floor), then try another URL. */
+ * server's hint as a floor unless ignore_hints), then try another URL. */
 static void schedule_reconnect(cvg_core_t *core, int failed_url, const char *why, int64_t now) {
-  int64_t delay = cvg_backoff_next(&core->backoff, core->hint_ms);
+  int64_t delay = cvg_backoff_next(&core->backoff, core->opt.ignore_hints ? 0 : core->hint_ms);
   core->hint_ms = 0;
   core->last_url = failed_url;
   core->reconnect_at = now + delay;
@@ -707,7 +714,7 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     if (s && strcmp(code, "replay_unavailable") == 0) {
       /* sync again after the hint (or the first backoff step) */
       s->sync_pending = 0;
-      s->retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+      s->retry_at = now + (hint > 0 && !core->opt.ignore_hints ? hint : core->backoff.opt.base_ms);
     }
   }
   if (core->opt.cb.on_error)

@@ -17,8 +17,9 @@
  *   - reconnects after any loss with a backoff strategy (default
  *     decorrelated jitter, 250 ms, cap 10 s); a server retry hint
  *     (`retryAfterMs` of an `error` frame or of a 1012/1013 close reason) is
- *     a floor; a welcome resets the attempt count; the next attempt goes to
- *     a random URL other than the one that just failed;
+ *     a floor (unless ignore_hints); a welcome resets the attempt count; the
+ *     next attempt goes to a random URL other than the one that just failed
+ *     (or, with CVG_RECONNECT_NEXT, to the next URL in the list);
  *   - delivers each message once and in order per conversation: a message
  *     is delivered only when its seq is the watermark + 1; a seq at or below
  *     the watermark is a duplicate and dropped; a seq beyond watermark + 1
@@ -77,6 +78,17 @@ typedef enum {
   CVG_BACKOFF_PROPORTIONAL, /* min(cap, base * 2^n) * random in [0.5, 1.5] (the old harness of the
                                admission-queue decision record; experiments only) */
 } cvg_backoff_strategy_t;
+
+/* Which URL a reconnect goes to (cvg_options_t.reconnect). Either way the
+ * first attempt goes to a random URL, and a drain frame's `reconnectTo`,
+ * when it names a URL, is where the migration goes. */
+typedef enum {
+  CVG_RECONNECT_RANDOM = 0, /* a random URL other than the one that failed; the default (what a
+                               load balancer spreading reconnects over ready nodes does) */
+  CVG_RECONNECT_NEXT,       /* the URL after the one that failed, wrapping around (the old harness
+                               of the admission-queue decision record; experiments only: a drained
+                               node's clients all land on one survivor) */
+} cvg_reconnect_t;
 
 typedef enum {
   CVG_STATE_IDLE = 0,   /* created, not started */
@@ -148,6 +160,14 @@ typedef struct {
   size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
   size_t max_message_bytes;   /* largest send frame, bytes; 0: 65 536 (the node's default) */
   uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
+  cvg_reconnect_t reconnect;  /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
+  /* 1: the server's retry hints are not a floor of the backoff: the
+   * retryAfterMs of an `unavailable` error frame, of a 1012/1013 close
+   * reason and of an HTTP 503's Retry-After are ignored, and a
+   * `replay_unavailable` sync is retried after backoff_base_ms instead of
+   * its retryAfterMs. For experiments reproducing the old harness of the
+   * admission-queue decision record only; 0 (the default) honours them. */
+  int ignore_hints;
   cvg_callbacks_t cb;
   void *userdata;
 } cvg_options_t;

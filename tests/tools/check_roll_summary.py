@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Check a `converger bench roll` summary.json: the run completed, something
-was acknowledged, nothing was lost or delivered twice, every client verified.
+"""Check a `converger bench roll` run from its summary.json: the run
+completed, something was acknowledged, nothing was lost or delivered twice,
+every client verified; the figures and files of the --out directory are
+there (restarts, one per node; live and all-deliveries latency;
+disconnected_ms.csv; the three PNG plots; haproxy.cfg with --lb haproxy).
 Usage: check_roll_summary.py SUMMARY_JSON"""
 import json
+import os
 import sys
 
-s = json.load(open(sys.argv[1]))
+path = sys.argv[1]
+out = os.path.dirname(os.path.abspath(path))
+s = json.load(open(path))
 problems = []
 if s.get("status") != "ok":
     problems.append("status %r (%s)" % (s.get("status"), s.get("error", "")))
@@ -16,11 +22,43 @@ for key in ("lost", "dup_delivered", "out_of_order"):
         problems.append("%s = %r" % (key, s.get(key)))
 if s.get("clients_verified") != s.get("clients"):
     problems.append("%r of %r clients verified" % (s.get("clients_verified"), s.get("clients")))
-for key in ("disconnected_ms", "arrivals_per_s", "admission_wait_ms", "live_latency_ms"):
+for key in ("disconnected_ms", "arrivals_per_s", "admission_wait_ms", "live_latency_ms",
+            "delivery_latency_ms", "roll_from_ms", "roll_to_ms", "reconnect", "ignore_hints",
+            "lb"):
     if key not in s:
         problems.append("no %s" % key)
+for key in ("live_latency_ms", "delivery_latency_ms"):
+    lat = s.get(key, {})
+    if not (isinstance(lat.get("p50"), (int, float)) and lat.get("p50") >= 0 and
+            lat.get("p99", -1) >= lat.get("p50")):
+        problems.append("%s %r" % (key, lat))
+restarts = s.get("restarts", [])
+if len(restarts) != s.get("nodes"):
+    problems.append("%d restarts for %r nodes" % (len(restarts), s.get("nodes")))
+for r in restarts:
+    if not (r.get("sigterm_ms", -1) < r.get("exit_ms", -1) < r.get("ready_ms", -1) <= r.get("to_ms", -1)):
+        problems.append("restart times out of order: %r" % r)
+    if len(r.get("arrivals_per_s", {})) != s.get("nodes"):
+        problems.append("restart of %r: arrivals of %d nodes" % (r.get("node"), len(r.get("arrivals_per_s", {}))))
+try:
+    lines = open(os.path.join(out, "disconnected_ms.csv")).read().split()
+    samples = [int(v) for v in lines[1:]]
+    if lines[0] != "disconnected_ms" or samples != sorted(samples) or \
+            len(samples) != s["disconnected_ms"]["drops"]:
+        problems.append("disconnected_ms.csv: bad header, order or count")
+except (OSError, ValueError, IndexError, KeyError) as e:
+    problems.append("disconnected_ms.csv: %s" % e)
+for png in ("arrivals.png", "connected.png", "disconnected_cdf.png"):
+    try:
+        with open(os.path.join(out, png), "rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                problems.append("%s is not a PNG" % png)
+    except OSError as e:
+        problems.append("%s: %s" % (png, e))
+if s.get("lb") == "haproxy" and not os.path.exists(os.path.join(out, "haproxy.cfg")):
+    problems.append("--lb haproxy without haproxy.cfg")
 if problems:
     print("bench roll summary: " + "; ".join(problems))
     sys.exit(1)
-print("bench roll summary: %d acknowledged, 0 lost, 0 duplicated, %d clients verified"
-      % (s["acked"], s["clients"]))
+print("bench roll summary: %d acknowledged, 0 lost, 0 duplicated, %d clients verified, "
+      "%d restarts, plots drawn" % (s["acked"], s["clients"], len(restarts)))

@@ -109,8 +109,15 @@ static int count(h_t *h, cvg_action_type_t type) {
 
 static const char *const URLS3[] = {"ws://a:1/v1/ws", "ws://b:2/v1/ws", "ws://c:3/v1/ws"};
 
-static void make(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
-                 cvg_backoff_strategy_t strategy) {
+/* Options beyond make()'s: the reconnect policy, ignore_hints, backoff base. */
+typedef struct {
+  cvg_reconnect_t reconnect;
+  int ignore_hints;
+  int64_t base_ms;
+} more_t;
+
+static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
+                      cvg_backoff_strategy_t strategy, const more_t *more) {
   memset(h, 0, sizeof *h);
   h->timer_at = -1;
   cvg_options_t o;
@@ -126,8 +133,18 @@ static void make(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
   o.userdata = h;
+  if (more) {
+    o.reconnect = more->reconnect;
+    o.ignore_hints = more->ignore_hints;
+    o.backoff_base_ms = more->base_ms;
+  }
   char err[200];
   assert_int_equal(cvg_core_new(&o, &h->core, err, sizeof err), 0);
+}
+
+static void make(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
+                 cvg_backoff_strategy_t strategy) {
+  make_more(h, subs, nsubs, nurls, strategy, NULL);
 }
 
 static void text(h_t *h, uint32_t t, const char *fmt, ...) {
@@ -496,7 +513,8 @@ static void test_second_drain_frame_only_brings_the_move_forward(void **state) {
   uint32_t old = connect_first(&h, 0);
   clear_acts(&h);
   h.now = 1000;
-  text(&h, old, "{\"type\":\"drain\",\"afterMs\":500000,\"reconnectTo\":null,\"deadlineMs\":600000}");
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":500000,\"reconnectTo\":null,\"deadlineMs\":600000}");
   assert_int_equal(h.timer_at, 501000);
   h.now = 2000;
   text(&h, old,
@@ -928,6 +946,104 @@ static void test_storm_jitter_spreads_and_exponential_synchronises(void **state)
   }
 }
 
+/* CVG_RECONNECT_NEXT: every reconnect goes to the URL after the one that
+ * failed, wrapping around; the default never retries the failed one and
+ * reaches every other. */
+static void test_reconnect_next_goes_round_the_list(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t next = {.reconnect = CVG_RECONNECT_NEXT};
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &next);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  int prev = -1;
+  for (int i = 0; i < 9; i++) {
+    act_t *o = last(&h, CVG_ACT_OPEN, 0);
+    assert_non_null(o);
+    int k = -1;
+    for (int u = 0; u < 3; u++)
+      if (strcmp(o->url, URLS3[u]) == 0) k = u;
+    assert_true(k >= 0);
+    if (prev >= 0) assert_int_equal(k, (prev + 1) % 3);
+    prev = k;
+    uint32_t t = o->t;
+    clear_acts(&h);
+    cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "refused", 7, h.now);
+    take(&h);
+    fire(&h);
+  }
+  destroy(&h);
+  /* a welcomed connection lost with 1012: the next URL too */
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &next);
+  uint32_t t = connect_first(&h, 0);
+  int k = -1;
+  for (int u = 0; u < 3; u++)
+    if (strcmp(last(&h, CVG_ACT_OPEN, 0)->url, URLS3[u]) == 0) k = u;
+  clear_acts(&h);
+  cvg_core_closed(h.core, t, 1012, "{\"retryAfterMs\":10}", 19, h.now);
+  take(&h);
+  fire(&h);
+  assert_string_equal(last(&h, CVG_ACT_OPEN, 0)->url, URLS3[(k + 1) % 3]);
+  destroy(&h);
+}
+
+/* ignore_hints: a 1013 with retryAfterMs 5000 (and an `unavailable` frame
+ * with 6000, and a 503 given as 1013) does not hold back the next attempt:
+ * the backoff alone, below 5000 for a base of 100 ms; by default the hint
+ * is the floor. */
+static void test_ignore_hints_drops_the_floor(void **state) {
+  cvg_sub_t subs[] = {{"c1", 0}};
+  for (int ignore = 0; ignore <= 1; ignore++) {
+    h_t h;
+    more_t m = {.ignore_hints = ignore, .base_ms = 100};
+    make_more(&h, subs, 1, 2, CVG_BACKOFF_EQUAL, &m);
+    uint32_t t = connect_first(&h, 0);
+    text(&h, t,
+         "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"busy\","
+         "\"retryAfterMs\":6000}");
+    cvg_core_closed(h.core, t, 1013, "{\"retryAfterMs\":5000}", 21, h.now);
+    take(&h);
+    int64_t delay = h.timer_at - h.now;
+    if (ignore)
+      assert_true(delay >= 50 && delay < 5000);
+    else
+      assert_int_equal(delay, 6000);
+    fire(&h);
+    /* an HTTP 503 with Retry-After: 5 reaches the core as this 1013 */
+    cvg_core_closed(h.core, last(&h, CVG_ACT_OPEN, 0)->t, 1013, "{\"retryAfterMs\":5000}", 21,
+                    h.now);
+    take(&h);
+    delay = h.timer_at - h.now;
+    if (ignore)
+      assert_true(delay < 5000);
+    else
+      assert_true(delay >= 5000);
+    cvg_stats_t st;
+    cvg_core_stats(h.core, h.now, &st);
+    assert_int_equal(st.unavailable, 2); /* counted either way */
+    destroy(&h);
+  }
+}
+
+static void test_bad_reconnect_policy_is_refused(void **state) {
+  cvg_sub_t subs[] = {{"c1", 0}};
+  cvg_options_t o;
+  cvg_options_init(&o);
+  assert_int_equal(o.reconnect, CVG_RECONNECT_RANDOM);
+  assert_int_equal(o.ignore_hints, 0);
+  o.urls = URLS3;
+  o.nurls = 3;
+  o.token = "t";
+  o.subs = subs;
+  o.nsubs = 1;
+  o.reconnect = (cvg_reconnect_t)7;
+  cvg_core_t *core;
+  char err[200] = "";
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  assert_null(core);
+  assert_non_null(strstr(err, "reconnect"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_constructor_errors),
@@ -951,6 +1067,9 @@ int main(void) {
       cmocka_unit_test(test_server_durations_are_capped),
       cmocka_unit_test(test_constructor_rejects_unusable_urls),
       cmocka_unit_test(test_storm_jitter_spreads_and_exponential_synchronises),
+      cmocka_unit_test(test_reconnect_next_goes_round_the_list),
+      cmocka_unit_test(test_ignore_hints_drops_the_floor),
+      cmocka_unit_test(test_bad_reconnect_policy_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

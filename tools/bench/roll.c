@@ -1,10 +1,11 @@
 /*
  * roll.c: `converger bench roll`, the rolling-restart harness (issue 7,
  * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url),
- * --nodes `converger serve` nodes on loopback sharing it, --clients SDK
- * clients in --procs forked worker processes (bench/rollw.h), a paced REST
- * sender, each node restarted in turn (SIGTERM, exit, start on the same
- * port, /readyz, --restart-gap-ms), then a settle, the sender stopped, the
+ * --nodes `converger serve` nodes on loopback sharing it, optionally HAProxy
+ * in front of them (--lb haproxy, bench/rolllb.h), --clients SDK clients in
+ * --procs forked worker processes (bench/rollw.h), a paced REST sender,
+ * each node restarted in turn (SIGTERM, exit, start on the same port,
+ * /readyz, --restart-gap-ms), then a settle, the sender stopped, the
  * clients' catch-up and the verification: every client delivered exactly
  * 1..head of its conversation once, in order, head being the acknowledged
  * appends of the sender.
@@ -12,8 +13,8 @@
  * What it owns: the options, the nodes (one bench_t each, used for its
  * process and blocking REST calls), the workers (pid and two sockets each),
  * the sender thread (its own bench_t copies, so that its blocking calls
- * share nothing with the main thread's), the aggregated records, and the
- * files of --out.
+ * share nothing with the main thread's), HAProxy with --lb haproxy, the
+ * aggregated records, and the files of --out (the plots: bench/rollplot.h).
  *
  * Threads: the main thread runs everything but the sender; the sender
  * thread writes only its own struct, read by the main thread after
@@ -47,6 +48,8 @@
 #include "bench/node.h"
 #include "bench/pgtmp.h"
 #include "bench/restc.h"
+#include "bench/rolllb.h"
+#include "bench/rollplot.h"
 #include "bench/rollw.h"
 #include "bench/run.h"
 #include "cli/args.h"
@@ -66,10 +69,10 @@
 typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
       restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s;
-  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission;
+  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb;
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
-  int close_mode, legacy, admission_off;
+  int close_mode, legacy, admission_off, ignore_hints, reconnect_next, lb_haproxy;
 } options_t;
 
 /* The REST sender (its own thread). */
@@ -99,6 +102,14 @@ typedef struct {
   size_t nsamples; /* 100 ms buckets it sampled ("S" lines) */
 } worker_t;
 
+/* One node's restart, in ms on the timeline's clock (after t0). Its span,
+ * over which its arrivals are counted, is [sigterm_ms, to_ms). */
+typedef struct {
+  size_t node;
+  int64_t sigterm_ms, exit_ms, ready_ms;
+  int64_t to_ms; /* ready_ms + --restart-gap-ms (the pause before the next SIGTERM) */
+} restart_t;
+
 /* A histogram merged from the nodes' /metrics: cumulative counts by `le`. */
 typedef struct {
   double le[64];
@@ -110,7 +121,9 @@ typedef struct {
   options_t *o;
   bench_t *node[MAX_NODES];
   char pg_url[512], pg_dir[128];
-  char **convs, **urls;
+  char **convs, **urls; /* urls: every node's, or (--lb haproxy) the load balancer's only */
+  size_t nurls;
+  rolllb_t lb; /* --lb haproxy */
   char tag[40];
   char *token;
   worker_t w[MAX_PROCS];
@@ -124,13 +137,15 @@ typedef struct {
   uint32_t (*conn_b)[MAX_NODES]; /* per 100 ms bucket, connected per node */
   uint32_t (*arr_b)[MAX_NODES];  /* per 100 ms bucket, welcomes per node */
   size_t nb;
-  uint64_t lat[LAT_BINS_MAX];
+  uint64_t lat[LAT_BINS_MAX];      /* every delivery, 1 ms bins ("L" records) */
+  uint64_t live_lat[LAT_BINS_MAX]; /* live deliveries only ("M" records) */
   unsigned long long v_ok, v_lost, v_dup, v_order, v_sdkdup, v_unav, v_runav, v_attempts, v_migr;
   size_t nbad;
   char bad[20][200];
   /* restarts */
   int64_t roll_from_ms, roll_to_ms;
-  int64_t restart_ms[MAX_NODES]; /* SIGTERM -> ready again */
+  restart_t restarts[MAX_NODES];
+  size_t nrestarts;
   mhist_t adm, pool;
   int failed;
   char err[512];
@@ -153,6 +168,14 @@ static void usage(FILE *out) {
           "  --clients-mode sdk|legacy  legacy: the clients ignore drain frames [sdk]\n"
           "  --backoff S[:BASE[:CAP]]   SDK backoff strategy (decorrelated, full, equal,\n"
           "                         exponential, additive, proportional), ms [decorrelated]\n"
+          "  --ignore-hints         the SDK ignores the servers' retryAfterMs / Retry-After\n"
+          "                         (no backoff floor; the old harness, experiments only)\n"
+          "  --reconnect random|next  random: a reconnect goes to a random other node; next:\n"
+          "                         always to the next node (the old harness's flaw) [random]\n"
+          "  --lb haproxy|direct    haproxy: HAProxy on a free loopback port in front of the\n"
+          "                         nodes (/readyz checks, leastconn), the clients' and the\n"
+          "                         sender's one URL, and the nodes' public URL (reconnectTo);\n"
+          "                         direct: every client has every node's URL [direct]\n"
           "  --restart-gap-ms N     pause after a restarted node is ready [2000]\n"
           "  --settle-ms N          before the first restart and after the last [3000]\n"
           "  --wait-ms N            bound on the clients' catch-up at the end [60000]\n"
@@ -162,21 +185,37 @@ static void usage(FILE *out) {
           "  --seed N               the clients' random seed (0: the OS's) [0]\n"
           "  --pg-url URL           use this PostgreSQL instead of a throwaway one\n"
           "  --pg-tmp PATH          the script that starts one [%s]\n"
-          "  --out DIR              summary.json, report.md, timeline.csv [roll-out]\n"
+          "  --out DIR              summary.json, report.md, timeline.csv, disconnected_ms.csv,\n"
+          "                         arrivals.png, connected.png, disconnected_cdf.png (and\n"
+          "                         haproxy.cfg, haproxy.log with --lb haproxy) [roll-out]\n"
           "  --timeout S            bound on the whole run, seconds [1800]\n",
           CONVERGER_PG_TMP_DEFAULT);
 }
 
 static int parse_options(options_t *o, int argc, char **argv) {
+  int r;
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
-  if (!rest) return -1;
-  int nrest = 0;
-  static const char *const names[] = {"--pg-url",       "--pg-tmp",  "--out",      "--drain",
-                                      "--clients-mode", "--backoff", "--admission"};
-  const char **const dest[] = {&o->pg_url,       &o->pg_tmp,  &o->out,      &o->drain,
-                         &o->clients_mode, &o->backoff, &o->admission};
-  if (run_split_string_options(CMD, argc, argv, names, dest, CV_ARRAY_SIZE(names), rest, &nrest) !=
-      0) {
+  char **args = calloc((size_t)argc + 1, sizeof *args);
+  if (!rest || !args) {
+    free(rest);
+    free(args);
+    return -1;
+  }
+  int nrest = 0, nargs = 0;
+  for (int i = 0; i < argc; i++) /* the one flag without a value */
+    if (strcmp(argv[i], "--ignore-hints") == 0)
+      o->ignore_hints = 1;
+    else
+      args[nargs++] = argv[i];
+  static const char *const names[] = {"--pg-url",    "--pg-tmp",       "--out",
+                                      "--drain",     "--clients-mode", "--backoff",
+                                      "--admission", "--reconnect",    "--lb"};
+  const char **const dest[] = {&o->pg_url,    &o->pg_tmp,       &o->out,
+                               &o->drain,     &o->clients_mode, &o->backoff,
+                               &o->admission, &o->reconnect,    &o->lb};
+  r = run_split_string_options(CMD, nargs, args, names, dest, CV_ARRAY_SIZE(names), rest, &nrest);
+  free(args);
+  if (r != 0) {
     free(rest);
     return -1;
   }
@@ -195,7 +234,7 @@ static int parse_options(options_t *o, int argc, char **argv) {
       {"seed", &o->seed, 0, (long long)1 << 62},
       {"timeout", &o->timeout_s, 10, 86400},
   };
-  int r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
+  r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
   if (r != 0) return r;
   if (strcmp(o->drain, "migrate") != 0 && strcmp(o->drain, "close") != 0) {
@@ -213,6 +252,16 @@ static int parse_options(options_t *o, int argc, char **argv) {
     return -1;
   }
   o->admission_off = strcmp(o->admission, "off") == 0;
+  if (strcmp(o->reconnect, "random") != 0 && strcmp(o->reconnect, "next") != 0) {
+    fprintf(stderr, CMD ": --reconnect is random or next, not \"%s\"\n", o->reconnect);
+    return -1;
+  }
+  o->reconnect_next = strcmp(o->reconnect, "next") == 0;
+  if (strcmp(o->lb, "haproxy") != 0 && strcmp(o->lb, "direct") != 0) {
+    fprintf(stderr, CMD ": --lb is haproxy or direct, not \"%s\"\n", o->lb);
+    return -1;
+  }
+  o->lb_haproxy = strcmp(o->lb, "haproxy") == 0;
   char name[32] = "";
   long long base = 0, cap = 0;
   int n = sscanf(o->backoff, "%31[a-z]:%lld:%lld", name, &base, &cap);
@@ -229,7 +278,6 @@ static int parse_options(options_t *o, int argc, char **argv) {
 /* ---- small helpers ---------------------------------------------------------------- */
 
 static int64_t ms_since(uint64_t t0) { return (int64_t)((uv_hrtime() - t0) / 1000000u); }
-
 
 static void fail(ctx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(ctx_t *x, const char *fmt, ...) {
@@ -275,7 +323,11 @@ static int node_start(ctx_t *x, size_t k) {
                        (o->clients * 1000 + o->drain_close_rate - 1) / o->drain_close_rate + 30000;
   snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
   snprintf(id, sizeof id, "CONVERGER_NODE_ID=roll-%zu", k);
-  snprintf(pub, sizeof pub, "CONVERGER_PUBLIC_URL=ws://127.0.0.1:%d/v1/ws", nb->port);
+  /* Behind the load balancer, a drain's reconnectTo names the load balancer
+   * (every peer's public URL is its URL): the move goes to a node it
+   * chooses among the ready ones. */
+  snprintf(pub, sizeof pub, "CONVERGER_PUBLIC_URL=ws://127.0.0.1:%d/v1/ws",
+           o->lb_haproxy ? x->lb.port : nb->port);
   snprintf(win, sizeof win, "CONVERGER_DRAIN_WINDOW_MS=%lld", o->drain_window_ms);
   snprintf(rate, sizeof rate, "CONVERGER_DRAIN_CLOSE_RATE=%lld", o->drain_close_rate);
   snprintf(shut, sizeof shut, "CONVERGER_DRAIN_SHUTDOWN_MS=%lld", shutdown);
@@ -498,6 +550,8 @@ static void worker_line(ctx_t *x, worker_t *w, char *line) {
       x->conn_b[bucket][k] += (uint32_t)strtoul(p, &p, 10);
   } else if (line[0] == 'L' && sscanf(line, "L %lld %lld", &a, &b) == 2) {
     if (a >= 0 && a < LAT_BINS_MAX) x->lat[a] += (uint64_t)b;
+  } else if (line[0] == 'M' && sscanf(line, "M %lld %lld", &a, &b) == 2) {
+    if (a >= 0 && a < LAT_BINS_MAX) x->live_lat[a] += (uint64_t)b;
   } else if (line[0] == 'X') {
     unsigned long long ci, conv, dup, order;
     long long last, head;
@@ -599,12 +653,16 @@ static int workers_start(ctx_t *x) {
                             .nconvs = (size_t)o->convs,
                             .convs = (const char *const *)x->convs,
                             .urls = (const char *const *)x->urls,
-                            .nurls = (size_t)o->nodes,
+                            .nurls = x->nurls,
+                            .nnodes = (size_t)o->nodes,
                             .token = x->token,
                             .backoff = o->strategy,
                             .backoff_base_ms = o->backoff_base_ms,
                             .backoff_cap_ms = o->backoff_cap_ms,
                             .migrate_on_drain = !o->legacy,
+                            .reconnect =
+                                o->reconnect_next ? CVG_RECONNECT_NEXT : CVG_RECONNECT_RANDOM,
+                            .ignore_hints = o->ignore_hints,
                             .seed = (uint64_t)o->seed,
                             .t0_ns = x->t0_ns,
                             .wait_ms = o->wait_ms,
@@ -714,24 +772,227 @@ static int restart_node(ctx_t *x, size_t k) {
   int64_t t_exit = ms_since(x->t0_ns);
   bnode_remove_dir(nb);
   if (node_start(x, k) != 0) return -1;
-  x->restart_ms[k] = ms_since(x->t0_ns) - t_term;
+  int64_t t_ready = ms_since(x->t0_ns);
+  x->restarts[x->nrestarts++] = (restart_t){.node = k,
+                                            .sigterm_ms = t_term,
+                                            .exit_ms = t_exit,
+                                            .ready_ms = t_ready,
+                                            .to_ms = t_ready + x->o->restart_gap_ms};
   fprintf(stderr, "roll: node %zu: exited after %.1f s, ready again after %.1f s\n", k,
-          (double)(t_exit - t_term) / 1000, (double)x->restart_ms[k] / 1000);
+          (double)(t_exit - t_term) / 1000, (double)(t_ready - t_term) / 1000);
   return sleep_pumping(x, x->o->restart_gap_ms);
 }
 
 /* ---- figures ---------------------------------------------------------------------- */
 
-static double lat_pct(const ctx_t *x, double p) {
+/* The p-quantile of a 1 ms histogram (the bin's upper bound), -1 when empty. */
+static double lat_pct(const uint64_t *lat, double p) {
   uint64_t total = 0;
-  for (size_t i = 0; i < LAT_BINS_MAX; i++) total += x->lat[i];
+  for (size_t i = 0; i < LAT_BINS_MAX; i++) total += lat[i];
   if (!total) return -1;
   uint64_t want = (uint64_t)ceil(p * (double)total), seen = 0;
   for (size_t i = 0; i < LAT_BINS_MAX; i++) {
-    seen += x->lat[i];
+    seen += lat[i];
     if (seen >= want) return (double)i + 1; /* the bin's upper bound */
   }
   return LAT_BINS_MAX;
+}
+
+/* Welcomes on node `k` over [from_ms, to_ms) (whole 100 ms buckets): the
+ * busiest second, counted in 1 s windows from from_ms, in *peak; returns
+ * the total and the span's length in seconds in *secs. */
+static uint64_t arrivals_over(const ctx_t *x, size_t k, int64_t from_ms, int64_t to_ms,
+                              uint64_t *peak, double *secs) {
+  size_t b0 = (size_t)(from_ms / BUCKET_MS), b1 = (size_t)((to_ms + BUCKET_MS - 1) / BUCKET_MS);
+  uint64_t total = 0, sec = 0;
+  *peak = 0;
+  for (size_t b = b0; b < b1; b++) {
+    uint64_t c = b < x->nb ? x->arr_b[b][k] : 0;
+    total += c;
+    sec += c;
+    if ((b - b0) % (1000 / BUCKET_MS) == 1000 / BUCKET_MS - 1 || b + 1 == b1) {
+      if (sec > *peak) *peak = sec;
+      sec = 0;
+    }
+  }
+  *secs = b1 > b0 ? (double)(b1 - b0) * BUCKET_MS / 1000.0 : 0;
+  return total;
+}
+
+/* summary.json's `restarts` and `arrivals_per_s`: per restart, each node's
+ * arrivals over the restart's span; per node, the busiest second of any
+ * span and the mean over all spans, with the node's own SIGTERM -> ready. */
+static void arrivals_json(const ctx_t *x, json_t *j) {
+  size_t nodes = (size_t)x->o->nodes;
+  uint64_t peak[MAX_NODES] = {0}, total[MAX_NODES] = {0};
+  double secs = 0;
+  int64_t restart_ms[MAX_NODES] = {0};
+  json_t *ra = json_array();
+  for (size_t i = 0; i < x->nrestarts; i++) {
+    const restart_t *r = &x->restarts[i];
+    json_t *per = json_object();
+    double sp = 0;
+    for (size_t k = 0; k < nodes; k++) {
+      uint64_t pk;
+      uint64_t n = arrivals_over(x, k, r->sigterm_ms, r->to_ms, &pk, &sp);
+      char name[32];
+      snprintf(name, sizeof name, "roll-%zu", k);
+      json_object_set_new(
+          per, name,
+          json_pack("{s:I, s:f}", "peak", (json_int_t)pk, "mean", sp > 0 ? (double)n / sp : 0.0));
+      if (pk > peak[k]) peak[k] = pk;
+      total[k] += n;
+    }
+    secs += sp;
+    restart_ms[r->node] = r->ready_ms - r->sigterm_ms;
+    json_array_append_new(ra,
+                          json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}", "node", (json_int_t)r->node,
+                                    "sigterm_ms", (json_int_t)r->sigterm_ms, "exit_ms",
+                                    (json_int_t)r->exit_ms, "ready_ms", (json_int_t)r->ready_ms,
+                                    "to_ms", (json_int_t)r->to_ms, "arrivals_per_s", per));
+  }
+  json_t *arr = json_object();
+  for (size_t k = 0; k < nodes; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "roll-%zu", k);
+    json_object_set_new(arr, name,
+                        json_pack("{s:I, s:f, s:I}", "peak", (json_int_t)peak[k], "mean",
+                                  secs > 0 ? (double)total[k] / secs : 0.0, "restart_ms",
+                                  (json_int_t)restart_ms[k]));
+  }
+  json_object_set_new(j, "restarts", ra);
+  json_object_set_new(j, "arrivals_per_s", arr);
+}
+
+/* report.md: the command, the status, the plots, the restarts, the
+ * latencies, then every figure as summary.json has it. */
+static void write_report(const ctx_t *x, json_t *j, const char *summary_text, int argc, char **argv,
+                         int status, const char *plot_err) {
+  const options_t *o = x->o;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/report.md", o->out);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, CMD ": cannot write %s: %s\n", path, strerror(errno));
+    return;
+  }
+  fprintf(f, "# converger bench roll\n\nCommand:\n\n```\nconverger bench roll");
+  for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
+  fprintf(f, "\n```\n\nStatus: %s%s%s\n\n", status == 0 ? "ok" : "FAILED", x->failed ? ": " : "",
+          x->failed ? x->err : "");
+  fprintf(f,
+          "Options: drain %s (window %lld ms, %lld closes/s), clients %s, backoff %s%s, "
+          "reconnect %s, load balancer %s, admission %s, pool %lld.\n\n",
+          o->drain, o->drain_window_ms, o->drain_close_rate, o->clients_mode, o->backoff,
+          o->ignore_hints ? " with the servers' retry hints ignored" : " (retry hints a floor)",
+          o->reconnect,
+          o->lb_haproxy ? "HAProxy (haproxy.cfg; the nodes' public URL, so a "
+                          "drain's reconnectTo names it too)"
+                        : "none (every client has every node's URL)",
+          o->admission, o->pool_size);
+  fprintf(f,
+          "Messages: %lld acknowledged, %lld lost, %lld delivered twice, %lld seen twice on "
+          "the wire (dropped by the SDK), %lld of %lld clients verified.\n\n",
+          (long long)json_integer_value(json_object_get(j, "acked")), (long long)x->v_lost,
+          (long long)x->v_dup, (long long)x->v_sdkdup, (long long)x->v_ok, o->clients);
+  if (plot_err && plot_err[0])
+    fprintf(f, "Plots: not drawn (%s).\n\n", plot_err);
+  else
+    fprintf(f, "![arrivals per second per node](arrivals.png)\n\n"
+               "![connected clients](connected.png)\n\n"
+               "![CDF of disconnected time](disconnected_cdf.png)\n\n");
+  size_t nodes = (size_t)o->nodes;
+  fprintf(f, "Restarts (ms on the timeline's clock; arrivals per second over the span from the "
+             "SIGTERM to the end of the pause after ready, peak / mean):\n\n"
+             "| node | SIGTERM at | SIGTERM -> exit | SIGTERM -> ready |");
+  for (size_t k = 0; k < nodes; k++) fprintf(f, " arrivals roll-%zu |", k);
+  fprintf(f, "\n| ---: | ---: | ---: | ---: |");
+  for (size_t k = 0; k < nodes; k++) fprintf(f, " ---: |");
+  fputc('\n', f);
+  json_t *ra = json_object_get(j, "restarts");
+  for (size_t i = 0; i < x->nrestarts; i++) {
+    const restart_t *r = &x->restarts[i];
+    json_t *per = json_object_get(json_array_get(ra, i), "arrivals_per_s");
+    fprintf(f, "| roll-%zu | %lld | %lld | %lld |", r->node, (long long)r->sigterm_ms,
+            (long long)(r->exit_ms - r->sigterm_ms), (long long)(r->ready_ms - r->sigterm_ms));
+    for (size_t k = 0; k < nodes; k++) {
+      char name[32];
+      snprintf(name, sizeof name, "roll-%zu", k);
+      json_t *a = json_object_get(per, name);
+      fprintf(f, " %lld / %.1f |", (long long)json_integer_value(json_object_get(a, "peak")),
+              json_real_value(json_object_get(a, "mean")));
+    }
+    fputc('\n', f);
+  }
+  fprintf(f, "\n`arrivals_per_s` per node: the busiest second of any restart span, and the "
+             "mean over all the restart spans.\n\n");
+  fprintf(f,
+          "Delivery latency (the sender's POST start to on_message, 1 ms bins): live "
+          "deliveries (sent after the client's current connection was welcomed) p50 %.0f / "
+          "p99 %.0f ms; all deliveries, replays after a reconnect included, p50 %.0f / p99 "
+          "%.0f ms.\n\n",
+          lat_pct(x->live_lat, 0.50), lat_pct(x->live_lat, 0.99), lat_pct(x->lat, 0.50),
+          lat_pct(x->lat, 0.99));
+  fprintf(f,
+          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %lld / "
+          "p95 %lld / p99 %lld / max %lld ms (every sample: disconnected_ms.csv).\n\n",
+          x->noff, (long long)pct_i64(x->off, x->noff, 0.50),
+          (long long)pct_i64(x->off, x->noff, 0.95), (long long)pct_i64(x->off, x->noff, 0.99),
+          (long long)(x->noff ? x->off[x->noff - 1] : 0));
+  fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", summary_text ? summary_text : "{}");
+  if (x->nbad) {
+    fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
+            x->nbad < 20 ? x->nbad : (size_t)20);
+    for (size_t i = 0; i < x->nbad && i < 20; i++) fprintf(f, "- %s\n", x->bad[i]);
+  }
+  if (fclose(f) != 0) fprintf(stderr, CMD ": cannot write %s\n", path);
+}
+
+static void write_timeline(const ctx_t *x, const sender_t *s) {
+  const options_t *o = x->o;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/timeline.csv", o->out);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, CMD ": cannot write %s: %s\n", path, strerror(errno));
+    return;
+  }
+  fprintf(f, "t_ms");
+  for (long long k = 0; k < o->nodes; k++) fprintf(f, ",conn_%lld", k);
+  for (long long k = 0; k < o->nodes; k++) fprintf(f, ",arrivals_%lld", k);
+  fprintf(f, ",connected,sends_ok,sends_refused\n");
+  /* up to the last bucket every worker sampled (the first to finish its
+   * catch-up stops sampling first) */
+  size_t rows = x->nb;
+  for (size_t i = 0; i < x->nworkers_seen; i++)
+    if (x->sampled[i] < rows) rows = x->sampled[i];
+  for (size_t b = 0; b < rows; b++) {
+    fprintf(f, "%zu", b * BUCKET_MS);
+    uint64_t total = 0;
+    for (long long k = 0; k < o->nodes; k++) {
+      fprintf(f, ",%u", x->conn_b[b][k]);
+      total += x->conn_b[b][k];
+    }
+    for (long long k = 0; k < o->nodes; k++) fprintf(f, ",%u", x->arr_b[b][k]);
+    fprintf(f, ",%llu,%u,%u\n", (unsigned long long)total, b < s->nbuckets ? s->ok_b[b] : 0,
+            b < s->nbuckets ? s->refused_b[b] : 0);
+  }
+  if (fclose(f) != 0) fprintf(stderr, CMD ": cannot write %s\n", path);
+}
+
+/* disconnected_ms.csv: every drop's disconnected time, ascending (x->off
+ * is sorted). */
+static void write_disconnected(const ctx_t *x) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/disconnected_ms.csv", x->o->out);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, CMD ": cannot write %s: %s\n", path, strerror(errno));
+    return;
+  }
+  fprintf(f, "disconnected_ms\n");
+  for (size_t i = 0; i < x->noff; i++) fprintf(f, "%lld\n", (long long)x->off[i]);
+  if (fclose(f) != 0) fprintf(stderr, CMD ": cannot write %s\n", path);
 }
 
 static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, int status) {
@@ -749,8 +1010,12 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "drain_close_rate", json_integer(o->drain_close_rate));
   json_object_set_new(j, "clients_mode", json_string(o->clients_mode));
   json_object_set_new(j, "backoff", json_string(o->backoff));
+  json_object_set_new(j, "ignore_hints", json_boolean(o->ignore_hints));
+  json_object_set_new(j, "reconnect", json_string(o->reconnect));
+  json_object_set_new(j, "lb", json_string(o->lb));
   json_object_set_new(j, "admission", json_string(o->admission));
   json_object_set_new(j, "pool_size", json_integer(o->pool_size));
+  json_object_set_new(j, "restart_gap_ms", json_integer(o->restart_gap_ms));
   json_object_set_new(j, "acked", json_integer((json_int_t)s->acked));
   json_object_set_new(j, "lost", json_integer((json_int_t)x->v_lost));
   json_object_set_new(j, "dup_delivered", json_integer((json_int_t)x->v_dup));
@@ -763,30 +1028,9 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
                                 (json_int_t)pct_i64(x->off, x->noff, 0.95), "p99",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.99), "max",
                                 (json_int_t)(x->noff ? x->off[x->noff - 1] : 0)));
-  /* arrivals per second per node, over the restarts (first SIGTERM to the
-   * end of the settle after the last restart) */
-  json_t *arr = json_object();
-  int64_t from = x->roll_from_ms, to = x->roll_to_ms > from ? x->roll_to_ms : from + 1000;
-  size_t secs = (size_t)((to - from + 999) / 1000);
-  for (long long k = 0; k < o->nodes; k++) {
-    uint64_t peak = 0, total = 0;
-    for (size_t sec = 0; sec < secs; sec++) {
-      uint64_t c = 0;
-      for (size_t b = 0; b < 1000 / BUCKET_MS; b++) {
-        size_t bi = (size_t)(from / BUCKET_MS) + sec * (1000 / BUCKET_MS) + b;
-        if (bi < x->nb) c += x->arr_b[bi][k];
-      }
-      if (c > peak) peak = c;
-      total += c;
-    }
-    char name[32];
-    snprintf(name, sizeof name, "roll-%lld", k);
-    json_object_set_new(arr, name,
-                        json_pack("{s:I, s:f, s:I}", "peak", (json_int_t)peak, "mean",
-                                  secs ? (double)total / (double)secs : 0.0, "restart_ms",
-                                  (json_int_t)x->restart_ms[k]));
-  }
-  json_object_set_new(j, "arrivals_per_s", arr);
+  json_object_set_new(j, "roll_from_ms", json_integer(x->roll_from_ms));
+  json_object_set_new(j, "roll_to_ms", json_integer(x->roll_to_ms));
+  arrivals_json(x, j);
   json_object_set_new(j, "rest_sent", json_integer((json_int_t)s->sent));
   json_object_set_new(j, "rest_503", json_integer((json_int_t)s->rest_503));
   json_object_set_new(j, "rest_refused", json_integer((json_int_t)s->rest_refused));
@@ -801,7 +1045,11 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
       json_pack("{s:f, s:f}", "p95", hist_pct(&x->adm, 0.95), "max", hist_pct(&x->adm, 1.0)));
   json_object_set_new(j, "pool_wait_peak_ms", json_real(hist_pct(&x->pool, 1.0)));
   json_object_set_new(j, "live_latency_ms",
-                      json_pack("{s:f, s:f}", "p50", lat_pct(x, 0.50), "p99", lat_pct(x, 0.99)));
+                      json_pack("{s:f, s:f}", "p50", lat_pct(x->live_lat, 0.50), "p99",
+                                lat_pct(x->live_lat, 0.99)));
+  json_object_set_new(
+      j, "delivery_latency_ms",
+      json_pack("{s:f, s:f}", "p50", lat_pct(x->lat, 0.50), "p99", lat_pct(x->lat, 0.99)));
   json_t *cmd = json_array();
   json_array_append_new(cmd, json_string("converger bench roll"));
   for (int i = 0; i < argc; i++) json_array_append_new(cmd, json_string(argv[i]));
@@ -815,50 +1063,16 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   if (sj && fclose(sj) != 0) written = 0;
   if (!written) fprintf(stderr, CMD ": cannot write %s\n", path);
   if (text) printf("%s\n", text);
-
-  snprintf(path, sizeof path, "%s/report.md", o->out);
-  FILE *f = fopen(path, "w");
-  if (f) {
-    fprintf(f, "# converger bench roll\n\nCommand:\n\n```\nconverger bench roll");
-    for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
-    fprintf(f, "\n```\n\nStatus: %s%s%s\n\n", status == 0 ? "ok" : "FAILED", x->failed ? ": " : "",
-            x->failed ? x->err : "");
-    fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", text ? text : "{}");
-    if (x->nbad) {
-      fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
-              x->nbad < 20 ? x->nbad : (size_t)20);
-      for (size_t i = 0; i < x->nbad && i < 20; i++) fprintf(f, "- %s\n", x->bad[i]);
-    }
-    fclose(f);
-  }
+  write_timeline(x, s);
+  write_disconnected(x);
+  /* The plots read the three files just written. A missing plot does not
+   * fail the run: its verdict is about the messages. */
+  char plot_err[300] = "";
+  if (roll_plot(o->out, plot_err, sizeof plot_err) != 0)
+    fprintf(stderr, CMD ": plots: %s\n", plot_err);
+  write_report(x, j, text, argc, argv, status, plot_err);
   free(text);
   json_decref(j);
-
-  snprintf(path, sizeof path, "%s/timeline.csv", o->out);
-  f = fopen(path, "w");
-  if (f) {
-    fprintf(f, "t_ms");
-    for (long long k = 0; k < o->nodes; k++) fprintf(f, ",conn_%lld", k);
-    for (long long k = 0; k < o->nodes; k++) fprintf(f, ",arrivals_%lld", k);
-    fprintf(f, ",connected,sends_ok,sends_refused\n");
-    /* up to the last bucket every worker sampled (the first to finish its
-     * catch-up stops sampling first) */
-    size_t rows = x->nb;
-    for (size_t i = 0; i < x->nworkers_seen; i++)
-      if (x->sampled[i] < rows) rows = x->sampled[i];
-    for (size_t b = 0; b < rows; b++) {
-      fprintf(f, "%zu", b * BUCKET_MS);
-      uint64_t total = 0;
-      for (long long k = 0; k < o->nodes; k++) {
-        fprintf(f, ",%u", x->conn_b[b][k]);
-        total += x->conn_b[b][k];
-      }
-      for (long long k = 0; k < o->nodes; k++) fprintf(f, ",%u", x->arr_b[b][k]);
-      fprintf(f, ",%llu,%u,%u\n", (unsigned long long)total, b < s->nbuckets ? s->ok_b[b] : 0,
-              b < s->nbuckets ? s->refused_b[b] : 0);
-    }
-    fclose(f);
-  }
 }
 
 /* ---- main ------------------------------------------------------------------------- */
@@ -881,7 +1095,9 @@ int bench_roll_main(int argc, char **argv) {
                  .drain = "migrate",
                  .clients_mode = "sdk",
                  .backoff = "decorrelated",
-                 .admission = "on"};
+                 .admission = "on",
+                 .reconnect = "random",
+                 .lb = "direct"};
   int r = parse_options(&o, argc, argv);
   if (r != 0) return r > 0 ? 0 : 2;
 
@@ -918,8 +1134,19 @@ int bench_roll_main(int argc, char **argv) {
   }
   x.urls = calloc((size_t)o.nodes, sizeof *x.urls);
   if (!x.urls) goto out;
-  for (long long k = 0; k < o.nodes; k++)
-    x.urls[k] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.node[k]->port);
+  if (o.lb_haproxy) {
+    char why[300];
+    if (rolllb_init(&x.lb, why, sizeof why) != 0) {
+      fail(&x, "%s", why);
+      goto out;
+    }
+    x.urls[0] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.lb.port);
+    x.nurls = 1;
+  } else {
+    for (long long k = 0; k < o.nodes; k++)
+      x.urls[k] = run_str_printf("ws://127.0.0.1:%d/v1/ws", x.node[k]->port);
+    x.nurls = (size_t)o.nodes;
+  }
 
   if (o.pg_url)
     snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
@@ -934,6 +1161,21 @@ int bench_roll_main(int argc, char **argv) {
     }
     if (node_start(&x, (size_t)k) != 0) goto out;
     x.node[k]->keep_keys = 1;
+  }
+  if (o.lb_haproxy) {
+    int ports[MAX_NODES];
+    char why[600];
+    for (long long k = 0; k < o.nodes; k++) ports[k] = x.node[k]->port;
+    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
+      fail(&x, "cannot create %s: %s", o.out, strerror(errno));
+      goto out;
+    }
+    if (rolllb_start(&x.lb, o.out, ports, (size_t)o.nodes, why, sizeof why) != 0) {
+      fail(&x, "--lb haproxy: %s", why);
+      goto out;
+    }
+    fprintf(stderr, "roll: HAProxy (pid %d) on port %d in front of the nodes (%s/haproxy.cfg)\n",
+            (int)x.lb.pid, x.lb.port, o.out);
   }
   fprintf(stderr, "roll: %lld nodes ready (ports %d..), creating %lld conversations\n", o.nodes,
           x.node[0]->port, o.convs);
@@ -962,6 +1204,10 @@ int bench_roll_main(int argc, char **argv) {
   if (!s.head || !s.acks || !s.ok_b || !s.refused_b || !s.nb[o.nodes - 1]) {
     fail(&x, "out of memory");
     goto out;
+  }
+  if (o.lb_haproxy) { /* every append and its retries through the load balancer */
+    s.nnodes = 1;
+    s.nb[0]->port = x.lb.port;
   }
   pthread_t sender;
   if (pthread_create(&sender, NULL, sender_main, &s) != 0) {
@@ -1011,6 +1257,7 @@ int bench_roll_main(int argc, char **argv) {
 
 out:
   workers_stop(&x);
+  rolllb_stop(&x.lb);
   for (long long k = 0; k < o.nodes; k++) {
     if (!x.node[k]) continue;
     if (x.failed) bnode_print_log_tail(x.node[k], 10);

@@ -30,6 +30,7 @@ typedef struct {
   int node;            /* node index while welcomed, -1 otherwise */
   int welcomed;        /* welcomed at least once */
   int64_t drop_ms;     /* when the current drop began; -1: none */
+  uint64_t since_ns;   /* when the current connection was welcomed, ns after t0 */
   uint64_t welcomes;   /* stats.welcomes at the last arrival counted */
   uint64_t replay_unavailable;
 } wcl_t;
@@ -59,7 +60,8 @@ struct worker_s {
   size_t noff, coff;
   uint32_t (*samples)[ROLLW_MAX_NODES];
   size_t nsamples;
-  uint32_t *lat;
+  uint32_t *lat;      /* every delivery */
+  uint32_t *live_lat; /* live deliveries: sent after the current welcome */
   FILE *out;
 };
 
@@ -108,6 +110,7 @@ static void on_state(void *ud, cvg_state_t state, const char *detail) {
   if (state == CVG_STATE_CONNECTED && st.welcomes > c->welcomes) {
     /* a welcome: a first one, the end of a drop, or a migration */
     c->welcomes = st.welcomes;
+    c->since_ns = uv_hrtime() - w->o->t0_ns;
     c->node = rollw_node_index(st.node);
     push_arrival(w, t, c->node);
     if (!c->welcomed) {
@@ -138,7 +141,10 @@ static void on_message(void *ud, const cvg_message_t *m) {
     uint64_t now = uv_hrtime() - w->o->t0_ns;
     if (sent_ns > 0 && now >= (uint64_t)sent_ns) {
       uint64_t ms = (now - (uint64_t)sent_ns) / 1000000u;
-      w->lat[ms < LAT_BINS ? ms : LAT_BINS - 1]++;
+      size_t bin = ms < LAT_BINS ? ms : LAT_BINS - 1;
+      w->lat[bin]++;
+      /* live: sent after this connection's welcome (a replay was sent before) */
+      if ((uint64_t)sent_ns >= c->since_ns) w->live_lat[bin]++;
     }
   }
 }
@@ -168,11 +174,13 @@ static void write_records(worker_t *w) {
   for (size_t i = 0; i < w->noff; i++) fprintf(f, "O %lld\n", (long long)w->off[i]);
   for (size_t i = 0; i < w->nsamples; i++) {
     fprintf(f, "S %zu", i);
-    for (size_t k = 0; k < w->o->nurls; k++) fprintf(f, " %u", w->samples[i][k]);
+    for (size_t k = 0; k < w->o->nnodes; k++) fprintf(f, " %u", w->samples[i][k]);
     fputc('\n', f);
   }
-  for (size_t i = 0; i < LAT_BINS; i++)
+  for (size_t i = 0; i < LAT_BINS; i++) {
     if (w->lat[i]) fprintf(f, "L %zu %u\n", i, w->lat[i]);
+    if (w->live_lat[i]) fprintf(f, "M %zu %u\n", i, w->live_lat[i]);
+  }
   unsigned long long ok = 0, lost = 0, dup = 0, order = 0, sdkdup = 0, unav = 0, runav = 0,
                      attempts = 0, migrations = 0;
   for (size_t i = 0; i < w->o->nclients; i++) {
@@ -227,6 +235,8 @@ static void start_some(worker_t *w) {
     co.backoff_base_ms = o->backoff_base_ms;
     co.backoff_cap_ms = o->backoff_cap_ms;
     co.migrate_on_drain = o->migrate_on_drain;
+    co.reconnect = o->reconnect;
+    co.ignore_hints = o->ignore_hints;
     co.seed = o->seed ? o->seed * 1000003u + c->index + 1 : 0;
     co.cb.on_message = on_message;
     co.cb.on_state = on_state;
@@ -308,8 +318,10 @@ void rollw_main(const rollw_options_t *o) {
   if (w.line_cap < (1 << 16)) w.line_cap = 1 << 16;
   w.line = malloc(w.line_cap);
   w.lat = calloc(LAT_BINS, sizeof *w.lat);
+  w.live_lat = calloc(LAT_BINS, sizeof *w.live_lat);
   w.out = fdopen(o->fd_out, "w");
-  if (!w.cl || !w.heads || !w.line || !w.lat || !w.out || uv_loop_init(&w.loop) != 0) {
+  if (!w.cl || !w.heads || !w.line || !w.lat || !w.live_lat || !w.out ||
+      uv_loop_init(&w.loop) != 0) {
     fprintf(stderr, "roll worker: out of memory\n");
     exit(1);
   }

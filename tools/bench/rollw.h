@@ -4,7 +4,8 @@
  * A worker is a forked child of the bench. It runs `nclients` SDK clients
  * (libconverger-client, cvg_client_*) on one libuv loop, client i of the
  * whole run subscribed from watermark 0 to conversation i % nconvs and given
- * every node URL (direct mode: the SDK picks). It talks to the bench over
+ * every node URL (direct mode: the SDK picks) or the one URL of a load
+ * balancer (--lb haproxy). It talks to the bench over
  * two sockets (`fd_in` from the bench, `fd_out` to it, blocking), in text
  * lines:
  *
@@ -23,7 +24,12 @@
  *                    "S B N0 N1 ..."     connected clients per node in the
  *                                        100 ms bucket B
  *                    "L MS COUNT"        delivery latency histogram (1 ms
- *                                        bins: POST written -> on_message)
+ *                                        bins: the sender's POST start ->
+ *                                        on_message), every delivery
+ *                    "M MS COUNT"        the same for live deliveries only:
+ *                                        messages sent after the client's
+ *                                        current connection was welcomed
+ *                                        (replays after a reconnect left out)
  *                    "X CLIENT CONV LAST HEAD DUP ORDER"  a client that did
  *                                        not deliver exactly 1..HEAD once in
  *                                        order
@@ -52,12 +58,15 @@ typedef struct {
   size_t first, nclients; /* clients first .. first + nclients - 1 of the run */
   size_t nconvs;
   const char *const *convs; /* conversation ids */
-  const char *const *urls;  /* ws:// URL of every node */
+  const char *const *urls;  /* ws:// URL of every node, or the load balancer's one */
   size_t nurls;
+  size_t nnodes; /* nodes (indices of "roll-K" in welcomes; columns of "S" lines) */
   const char *token;
   cvg_backoff_strategy_t backoff;
   int64_t backoff_base_ms, backoff_cap_ms; /* 0: the SDK's defaults */
   int migrate_on_drain;                    /* 0: legacy clients (ignore `drain`) */
+  cvg_reconnect_t reconnect;               /* the SDK's reconnect policy */
+  int ignore_hints;                        /* 1: the SDK ignores retryAfterMs */
   uint64_t seed;                           /* 0: the OS's randomness */
   uint64_t t0_ns;
   int64_t wait_ms;         /* bound on the catch-up after "heads" */

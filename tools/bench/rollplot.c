@@ -1,0 +1,270 @@
+/*
+ * rollplot: see rollplot.h. Every plot is a gnuplot script built here as
+ * text and run by gnuplot_run; no data is transformed in C beyond finding
+ * columns by name and counting the disconnected samples.
+ */
+#include "bench/rollplot.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plot/gnuplot.h"
+
+#define SCRIPT_BYTES 16384
+#define MAX_COLS     64
+#define TERMINAL     "set terminal pngcairo size 1100,500 font 'sans,10'\n"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* printf onto the end of `buf`; -1 when it does not fit. */
+static int appendf(char *buf, size_t len, const char *fmt, ...) {
+  size_t used = strlen(buf);
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + used, len - used, fmt, ap);
+  va_end(ap);
+  return n < 0 || (size_t)n >= len - used ? -1 : 0;
+}
+
+/* 'DIR/FILE' quoted for gnuplot (a ' inside doubled) onto the end of `buf`. */
+static int append_path(char *buf, size_t len, const char *dir, const char *file) {
+  if (appendf(buf, len, "'") != 0) return -1;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  for (const char *p = path; *p; p++)
+    if (appendf(buf, len, *p == '\'' ? "''" : "%c", *p) != 0) return -1;
+  return appendf(buf, len, "'");
+}
+
+/* The header of DIR/timeline.csv: *nodes (arrivals_K columns) and the
+ * 1-based column numbers of arrivals_0.. and of `connected`. */
+static int timeline_columns(const char *dir, int *nodes, int arr_col[MAX_COLS], int *conn_col,
+                            char *err, size_t errlen) {
+  char path[4096], line[4096];
+  snprintf(path, sizeof path, "%s/timeline.csv", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  int ok = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  if (!ok) {
+    set_err(err, errlen, "%s: no header", path);
+    return -1;
+  }
+  line[strcspn(line, "\r\n")] = '\0';
+  *nodes = 0;
+  *conn_col = 0;
+  int col = 0;
+  for (char *save = NULL, *tok = strtok_r(line, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    col++;
+    int k;
+    char tail;
+    if (sscanf(tok, "arrivals_%d%c", &k, &tail) == 1 && k == *nodes && k < MAX_COLS)
+      arr_col[(*nodes)++] = col;
+    else if (strcmp(tok, "connected") == 0)
+      *conn_col = col;
+  }
+  if (*nodes == 0 || *conn_col == 0) {
+    set_err(err, errlen, "%s: no arrivals_0 or connected column", path);
+    return -1;
+  }
+  return 0;
+}
+
+int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len, char *err,
+                              size_t errlen) {
+  int nodes, arr[MAX_COLS], conn;
+  if (timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
+  for (int k = 0; k < nodes; k++) {
+    /* floor(t / 1 s) groups ten 100 ms buckets; `smooth frequency` sums them */
+    if ((k > 0 && appendf(buf, len, ", ") != 0) || append_path(buf, len, dir, "timeline.csv") ||
+        appendf(buf, len,
+                " using (floor($1/1000)):(column(%d)) smooth frequency with steps lw 1.5 "
+                "title '%s%sroll-%d'",
+                arr[k], label && label[0] ? label : "", label && label[0] ? " " : "", k) != 0) {
+      set_err(err, errlen, "plot script too long");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Count the samples of DIR/disconnected_ms.csv and find the largest. */
+static int read_disconnected(const char *dir, size_t *n, long long *max, char *err, size_t errlen) {
+  char path[4096], line[64];
+  snprintf(path, sizeof path, "%s/disconnected_ms.csv", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  *n = 0;
+  *max = 0;
+  while (fgets(line, sizeof line, f)) {
+    char *end;
+    long long v = strtoll(line, &end, 10);
+    if (end == line) continue; /* the header */
+    (*n)++;
+    if (v > *max) *max = v;
+  }
+  fclose(f);
+  return 0;
+}
+
+int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len, size_t *ndrops,
+                         char *err, size_t errlen) {
+  size_t n;
+  long long max;
+  if (read_disconnected(dir, &n, &max, err, errlen) != 0) return -1;
+  if (ndrops) *ndrops = n;
+  if (n == 0) return 0;
+  /* each sample adds 1/n; `smooth cumulative` sorts by x and sums */
+  if (append_path(buf, len, dir, "disconnected_ms.csv") != 0 ||
+      appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with steps lw 1.5 title '%s'", n,
+              label ? label : "disconnected") != 0) {
+    set_err(err, errlen, "plot script too long");
+    return -1;
+  }
+  return 0;
+}
+
+int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, size_t errlen) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  if (!j) {
+    set_err(err, errlen, "%s: %s", path, je.text);
+    return -1;
+  }
+  json_t *ra = json_object_get(j, "restarts");
+  size_t i;
+  json_t *r;
+  int rc = 0;
+  json_array_foreach(ra, i, r) {
+    double from = (double)json_integer_value(json_object_get(r, "sigterm_ms")) / 1000;
+    double ready = (double)json_integer_value(json_object_get(r, "ready_ms")) / 1000;
+    double to = (double)json_integer_value(json_object_get(r, "to_ms")) / 1000;
+    long long node = (long long)json_integer_value(json_object_get(r, "node"));
+    if (appendf(buf, len,
+                "set object rect from %.3f, graph 0 to %.3f, graph 1 behind "
+                "fillcolor rgb '#e8e8e8' fillstyle solid noborder\n"
+                "set arrow from %.3f, graph 0 to %.3f, graph 1 nohead dashtype 2 lc rgb '#999999'\n"
+                "set label 'roll-%lld' at %.3f, graph 0.97 offset 0.3,0 font ',8'\n",
+                from, ready, to, to, node, from) != 0) {
+      set_err(err, errlen, "plot script too long");
+      rc = -1;
+      break;
+    }
+  }
+  json_decref(j);
+  return rc;
+}
+
+/* The script's head: terminal, output DIR/PNG, CSV input, titles. */
+static int head(char *s, size_t len, const char *dir, const char *png, const char *title,
+                const char *xlabel, const char *ylabel) {
+  s[0] = '\0';
+  if (appendf(s, len, TERMINAL "set output ") != 0 || append_path(s, len, dir, png) != 0 ||
+      appendf(s, len,
+              "\nset datafile separator ','\nset title '%s'\nset xlabel '%s'\nset ylabel '%s'\n"
+              "set grid\nset key outside right top\n",
+              title, xlabel, ylabel) != 0)
+    return -1;
+  return 0;
+}
+
+static int run(const char *script, const char *png, char *err, size_t errlen) {
+  char e[400];
+  if (gnuplot_run(NULL, script, e, sizeof e) == 0) return 0;
+  set_err(err, errlen, "%s: %s", png, e);
+  return -1;
+}
+
+int roll_plot(const char *out_dir, char *err, size_t errlen) {
+  char *s = malloc(SCRIPT_BYTES);
+  if (!s) {
+    set_err(err, errlen, "out of memory");
+    return -1;
+  }
+  int rc = -1, nodes, arr[MAX_COLS], conn;
+  if (timeline_columns(out_dir, &nodes, arr, &conn, err, errlen) != 0) goto out;
+
+  /* arrivals per second per node, restarts marked */
+  if (head(s, SCRIPT_BYTES, out_dir, "arrivals.png",
+           "Arrivals (welcomes) per second on each node; shaded: SIGTERM to ready, dashed: "
+           "end of the restart span",
+           "time (s)", "welcomes per second") != 0 ||
+      roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
+      appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
+      roll_plot_arrivals_clause(out_dir, NULL, s, SCRIPT_BYTES, err, errlen) != 0 ||
+      appendf(s, SCRIPT_BYTES, "\n") != 0 || run(s, "arrivals.png", err, errlen) != 0)
+    goto out;
+
+  /* connected clients */
+  if (head(s, SCRIPT_BYTES, out_dir, "connected.png",
+           "Connected (welcomed) clients, all nodes, 100 ms samples", "time (s)", "clients") != 0 ||
+      roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
+      appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
+      append_path(s, SCRIPT_BYTES, out_dir, "timeline.csv") != 0 ||
+      appendf(s, SCRIPT_BYTES,
+              " using ($1/1000):(column(%d)) with lines lw 1.5 title 'connected'\n", conn) != 0 ||
+      run(s, "connected.png", err, errlen) != 0)
+    goto out;
+
+  /* CDF of disconnected time */
+  size_t n;
+  long long max;
+  if (read_disconnected(out_dir, &n, &max, err, errlen) != 0) goto out;
+  if (head(s, SCRIPT_BYTES, out_dir, "disconnected_cdf.png",
+           "CDF of disconnected time per drop (make-before-break moves are 0 ms)",
+           "disconnected (ms)", "fraction of drops") != 0 ||
+      appendf(s, SCRIPT_BYTES, "set yrange [0:1.05]\n") != 0)
+    goto toolong;
+  if (n == 0) {
+    if (appendf(s, SCRIPT_BYTES,
+                "set xrange [0:1000]\nset label 'no drop: no client lost its connection' at "
+                "graph 0.3, graph 0.5\nplot 1/0 notitle\n") != 0)
+      goto toolong;
+  } else {
+    if (max == 0 && appendf(s, SCRIPT_BYTES,
+                            "set xrange [-10:1000]\nset label 'all %zu drops were 0 ms "
+                            "(make-before-break)' at graph 0.3, graph 0.5\n",
+                            n) != 0)
+      goto toolong;
+    if (appendf(s, SCRIPT_BYTES, "plot ") != 0) goto toolong;
+    if (max == 0) { /* one point at (0, 1): a step line would not show */
+      if (append_path(s, SCRIPT_BYTES, out_dir, "disconnected_ms.csv") != 0 ||
+          appendf(s, SCRIPT_BYTES,
+                  " using 1:(1.0/%zu) smooth cumulative with points pt 7 ps 1.5 "
+                  "title 'disconnected'",
+                  n) != 0)
+        goto toolong;
+    } else if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err, errlen) !=
+               0) {
+      goto out;
+    }
+    if (appendf(s, SCRIPT_BYTES, "\n") != 0) goto toolong;
+  }
+  if (run(s, "disconnected_cdf.png", err, errlen) != 0) goto out;
+  rc = 0;
+  goto out;
+toolong:
+  set_err(err, errlen, "plot script too long");
+out:
+  free(s);
+  return rc;
+}
