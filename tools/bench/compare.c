@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/rollplot.h"
 #include "bench/run.h"
 #include "cli/args.h"
 #include "core/util.h"
@@ -231,7 +232,7 @@ static void restart_times(json_t *s, char *out, size_t outlen) {
  * writes OUT/NAME.1s.csv (t_s, fleet arrivals/s, the busiest node's
  * arrivals/s, fewest connected in the second). Returns 0 or -1. */
 static int write_seconds(const char *out, const char *name, double roll_from_ms) {
-  char path[PATH_MAX];
+  char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/%s/timeline.csv", out, name);
   FILE *in = fopen(path, "r");
   if (!in) return -1;
@@ -394,22 +395,35 @@ static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
       "(close to next welcome; a make-before-break move is 0)'\n"
       "set xlabel 'ms'\nset ylabel 'share of drops'\nset yrange [0:1]\nset key bottom right\n"
       "plot ");
-  for (size_t i = 0; i < p->nsc; i++)
-    ADD("%s'%s/disconnected_ms.csv' using 1:(1.0) skip 1 smooth cnormal with steps lw 2 "
-        "title '%s'",
-        i ? ", " : "", p->sc[i].name, p->sc[i].name);
-  ADD("\n");
 #undef ADD
-  if (n >= sizeof script) {
+  size_t elements = 0;
+  for (size_t i = 0; i < p->nsc; i++) {
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/%s", out, p->sc[i].name);
+    size_t before = strlen(script), drops = 0;
+    if (elements) strcat(script, ", ");
+    /* `out` is absolute (bench_compare_main), so `dir` reads the same for
+     * this process and for gnuplot in `out` */
+    if (roll_plot_cdf_clause(dir, p->sc[i].name, script, sizeof script, &drops, err, errlen) != 0) {
+      script[before] = '\0';
+      fprintf(stderr, CMD ": %s: %s\n", dir, err);
+      continue;
+    }
+    if (drops) elements++;
+    else script[before] = '\0';
+  }
+  if (!elements) strcat(script, "1/0 title 'no drop in any scenario'");
+  if (strlen(script) + 2 >= sizeof script) {
     snprintf(err, errlen, "plot script too long");
     return -1;
   }
+  strcat(script, "\n");
   return gnuplot_run(out, script, err, errlen);
 }
 
 static void write_md(const char *out, const preset_t *p, json_t **s, int *status, int argc,
                      char **argv, const char *plot_err) {
-  char path[PATH_MAX];
+  char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/compare.md", out);
   FILE *f = fopen(path, "w");
   if (!f) {
@@ -482,10 +496,12 @@ int bench_compare_main(int argc, char **argv) {
     snprintf(outbuf, sizeof outbuf, "compare-%s", p->name);
     out = outbuf;
   }
-  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+  char outabs[PATH_MAX];
+  if ((mkdir(out, 0755) != 0 && errno != EEXIST) || !realpath(out, outabs)) {
     fprintf(stderr, CMD ": cannot create %s: %s\n", out, strerror(errno));
     return 1;
   }
+  out = outabs;
 
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
@@ -498,7 +514,7 @@ int bench_compare_main(int argc, char **argv) {
   int status[MAX_SCENARIOS], result = 0;
   for (size_t i = 0; i < p->nsc; i++) status[i] = -1;
   for (size_t i = 0; i < p->nsc && !run_interrupted; i++) {
-    char dir[PATH_MAX];
+    char dir[PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/%s", out, p->sc[i].name);
     status[i] = run_scenario(&p->sc[i], window, fwd, nfwd, dir);
     if (status[i] == 2) { /* bad roll options: the same for every scenario */
@@ -506,7 +522,7 @@ int bench_compare_main(int argc, char **argv) {
       break;
     }
     if (status[i] != 0) result = 1;
-    char path[PATH_MAX + 16];
+    char path[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/summary.json", dir);
     s[i] = json_load_file(path, 0, NULL);
     if (s[i] && write_seconds(out, p->sc[i].name, num(s[i], "roll_from_ms")) != 0)

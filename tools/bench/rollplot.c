@@ -131,10 +131,13 @@ int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t l
   if (read_disconnected(dir, &n, &max, err, errlen) != 0) return -1;
   if (ndrops) *ndrops = n;
   if (n == 0) return 0;
-  /* each sample adds 1/n; `smooth cumulative` sorts by x and sums */
+  /* each sample adds 1/n; `smooth cumulative` sorts by x and sums. When
+   * every sample is 0 the CDF is one point at (0, 1), which a step line
+   * would not show. */
   if (append_path(buf, len, dir, "disconnected_ms.csv") != 0 ||
-      appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with steps lw 1.5 title '%s'", n,
-              label ? label : "disconnected") != 0) {
+      appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with %s title '%s'", n,
+              max == 0 ? "points pt 7 ps 1.5" : "steps lw 1.5", label ? label : "disconnected") !=
+          0) {
     set_err(err, errlen, "plot script too long");
     return -1;
   }
@@ -246,17 +249,8 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
                             n) != 0)
       goto toolong;
     if (appendf(s, SCRIPT_BYTES, "plot ") != 0) goto toolong;
-    if (max == 0) { /* one point at (0, 1): a step line would not show */
-      if (append_path(s, SCRIPT_BYTES, out_dir, "disconnected_ms.csv") != 0 ||
-          appendf(s, SCRIPT_BYTES,
-                  " using 1:(1.0/%zu) smooth cumulative with points pt 7 ps 1.5 "
-                  "title 'disconnected'",
-                  n) != 0)
-        goto toolong;
-    } else if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err, errlen) !=
-               0) {
+    if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err, errlen) != 0)
       goto out;
-    }
     if (appendf(s, SCRIPT_BYTES, "\n") != 0) goto toolong;
   }
   if (run(s, "disconnected_cdf.png", err, errlen) != 0) goto out;

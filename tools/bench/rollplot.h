@@ -41,7 +41,8 @@ int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, siz
                               size_t errlen);
 
 /* Append one run's CDF of disconnected time (ms on x, fraction of drops on
- * y) as one plot element titled `label` (NULL: "disconnected"), or "" when
+ * y) as one plot element titled `label` (NULL: "disconnected"): a step
+ * line, or one point at (0, 1) when every drop was 0 ms; or "" when
  * the run has no drop (then nothing is appended and 0 returned; *ndrops is
  * 0). *ndrops (may be NULL) receives the number of samples. Same returns. */
 int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len, size_t *ndrops,
