@@ -114,7 +114,9 @@ static void usage(FILE *out) {
           "                         against full jitter over the window\n"
           "  --drain-window-ms N    the window of the migrating scenarios [" DEFAULT_W "]\n"
           "  --out DIR              compare.md, the plots, one subdirectory per scenario\n"
-          "                         [compare-PRESET]\n\n"
+          "                         [compare-PRESET]\n"
+          "  --plot-only            run nothing: redraw the plots and compare.md from the\n"
+          "                         scenarios' outputs already in --out\n\n"
           "Every other option goes to each `bench roll` run (see converger bench roll\n"
           "--help), e.g. --clients, --nodes, --procs, --convs, --send-rate, --seed, --lb,\n"
           "--pg-url. The options a preset varies between its scenarios are refused.\n"
@@ -383,7 +385,10 @@ static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
       {"compare_connected.png", "clients connected (fewest in each second)", "clients", "4"},
   };
   for (size_t k = 0; k < CV_ARRAY_SIZE(over); k++) {
+    /* from 2 s before the first SIGTERM: the clients' first connections
+     * come earlier and would set the scale */
     ADD("set output '%s'\nset title '%s'\nset xlabel 's from the first SIGTERM'\n"
+        "set xrange [-2:*]\n"
         "set ylabel '%s'\nplot ",
         over[k].file, over[k].title, over[k].ylabel);
     for (size_t i = 0; i < p->nsc; i++)
@@ -393,7 +398,8 @@ static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
   }
   ADD("set output 'compare_disconnected_cdf.png'\nset title 'disconnected time per drop "
       "(close to next welcome; a make-before-break move is 0)'\n"
-      "set xlabel 'ms'\nset ylabel 'share of drops'\nset yrange [0:1]\nset key bottom right\n"
+      "set xlabel 'ms'\nset ylabel 'share of drops'\nset xrange [*:*]\nset yrange [0:1]\n"
+      "set offsets graph 0.02, 0, 0, 0\nset key bottom right\n"
       "plot ");
 #undef ADD
   size_t elements = 0;
@@ -421,8 +427,8 @@ static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
   return gnuplot_run(out, script, err, errlen);
 }
 
-static void write_md(const char *out, const preset_t *p, json_t **s, int *status, int argc,
-                     char **argv, const char *plot_err) {
+static void write_md(const char *out, const preset_t *p, json_t **s, int *status, int plot_only,
+                     int argc, char **argv, const char *plot_err) {
   char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/compare.md", out);
   FILE *f = fopen(path, "w");
@@ -430,8 +436,10 @@ static void write_md(const char *out, const preset_t *p, json_t **s, int *status
     fprintf(stderr, CMD ": cannot write %s: %s\n", path, strerror(errno));
     return;
   }
-  fprintf(f, "# converger bench compare --preset %s\n\n%s\n\nCommand:\n\n```\n" CMD, p->name,
-          p->what);
+  fprintf(f, "# converger bench compare --preset %s\n\n%s\n\n%s:\n\n```\n" CMD, p->name, p->what,
+          plot_only ? "Drawn from the scenarios' outputs (the runs' own commands are in "
+                      "their report.md) by"
+                    : "Command");
   for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
   fprintf(f, "\n```\n\nScenarios (each one's exact command is in its `report.md`):\n\n");
   for (size_t i = 0; i < p->nsc; i++) {
@@ -455,6 +463,7 @@ static void write_md(const char *out, const preset_t *p, json_t **s, int *status
 
 int bench_compare_main(int argc, char **argv) {
   const char *preset_name = NULL, *out = NULL, *window = DEFAULT_W;
+  int plot_only = 0;
   char *fwd[MAX_FWD];
   int nfwd = 0;
   for (int i = 0; i < argc; i++) {
@@ -470,6 +479,8 @@ int bench_compare_main(int argc, char **argv) {
       out = v;
     else if (!missing && (v = cli_flag_value(argc, argv, &i, "--drain-window-ms", &missing)))
       window = v;
+    else if (!missing && strcmp(argv[i], "--plot-only") == 0)
+      plot_only = 1;
     else if (missing)
       return cli_usage_error("bench compare", "an option needs a value");
     else if (nfwd == MAX_FWD)
@@ -516,15 +527,20 @@ int bench_compare_main(int argc, char **argv) {
   for (size_t i = 0; i < p->nsc && !run_interrupted; i++) {
     char dir[PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/%s", out, p->sc[i].name);
-    status[i] = run_scenario(&p->sc[i], window, fwd, nfwd, dir);
+    if (!plot_only) status[i] = run_scenario(&p->sc[i], window, fwd, nfwd, dir);
     if (status[i] == 2) { /* bad roll options: the same for every scenario */
       result = 2;
       break;
     }
-    if (status[i] != 0) result = 1;
     char path[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/summary.json", dir);
     s[i] = json_load_file(path, 0, NULL);
+    if (plot_only) {
+      json_t *st = json_object_get(s[i], "status");
+      status[i] = json_is_string(st) && strcmp(json_string_value(st), "ok") == 0 ? 0 : 1;
+      if (!s[i]) fprintf(stderr, CMD ": no %s\n", path);
+    }
+    if (status[i] != 0) result = 1;
     if (s[i] && write_seconds(out, p->sc[i].name, num(s[i], "roll_from_ms")) != 0)
       fprintf(stderr, CMD ": no timeline for %s\n", p->sc[i].name);
   }
@@ -535,7 +551,7 @@ int bench_compare_main(int argc, char **argv) {
     char err[300];
     int pr = plot(out, p, err, sizeof err);
     if (pr != 0) fprintf(stderr, CMD ": %s\n", err);
-    write_md(out, p, s, status, argc, argv, pr == 0 ? NULL : err);
+    write_md(out, p, s, status, plot_only, argc, argv, pr == 0 ? NULL : err);
     printf("converger bench compare --preset %s (%s/compare.md)\n\n", p->name, out);
     print_table(stdout, p, s);
   }
