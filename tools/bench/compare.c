@@ -232,46 +232,41 @@ static void restart_times(json_t *s, char *out, size_t outlen) {
 
 /* Sum the timeline's 100 ms buckets into seconds from the first SIGTERM:
  * writes OUT/NAME.1s.csv (t_s, fleet arrivals/s, the busiest node's
- * arrivals/s, fewest connected in the second). Returns 0 or -1. */
-static int write_seconds(const char *out, const char *name, double roll_from_ms) {
-  char path[PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/%s/timeline.csv", out, name);
+ * arrivals/s, fewest connected in the second). Returns 0, or -1 with the
+ * reason in err. */
+static int write_seconds(const char *out, const char *name, double roll_from_ms, char *err,
+                         size_t errlen) {
+  char dir[PATH_MAX + 64], path[PATH_MAX + 96];
+  int nodes, arr[ROLL_PLOT_MAX_NODES], conn;
+  snprintf(dir, sizeof dir, "%s/%s", out, name);
+  if (roll_timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
+  snprintf(path, sizeof path, "%s/timeline.csv", dir);
   FILE *in = fopen(path, "r");
-  if (!in) return -1;
   snprintf(path, sizeof path, "%s/%s.1s.csv", out, name);
-  FILE *o = fopen(path, "w");
+  FILE *o = in ? fopen(path, "w") : NULL;
   if (!o) {
-    fclose(in);
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
+    if (in) fclose(in);
     return -1;
   }
   char line[4096];
-  int arr_first = -1, narr = 0, conn_col = -1;
-  if (fgets(line, sizeof line, in)) {
-    int col = 0;
-    for (char *save, *t = strtok_r(line, ",\n", &save); t; t = strtok_r(NULL, ",\n", &save), col++) {
-      if (strncmp(t, "arrivals_", 9) == 0) {
-        if (arr_first < 0) arr_first = col;
-        narr++;
-      }
-      if (strcmp(t, "connected") == 0) conn_col = col;
-    }
-  }
+  if (!fgets(line, sizeof line, in)) line[0] = '\0'; /* the header, read above */
   fprintf(o, "t_s,arrivals,busiest_node_arrivals,connected_min\n");
   double from = isnan(roll_from_ms) ? 0 : roll_from_ms;
   long cur = LONG_MIN;
-  double total = 0, node[64] = {0}, cmin = INFINITY;
+  double total = 0, node[ROLL_PLOT_MAX_NODES] = {0}, cmin = INFINITY;
   for (;;) {
     int more = fgets(line, sizeof line, in) != NULL;
-    double v[160];
+    double v[2 * ROLL_PLOT_MAX_NODES + 8];
     int nv = 0;
     if (more)
-      for (char *save, *t = strtok_r(line, ",\n", &save); t && nv < 160;
+      for (char *save, *t = strtok_r(line, ",\n", &save); t && nv < (int)CV_ARRAY_SIZE(v);
            t = strtok_r(NULL, ",\n", &save))
         v[nv++] = strtod(t, NULL);
     long sec = more && nv > 0 ? (long)floor((v[0] - from) / 1000.0) : LONG_MAX;
     if (sec != cur && cur != LONG_MIN) {
       double busiest = 0;
-      for (int k = 0; k < narr && k < 64; k++) busiest = node[k] > busiest ? node[k] : busiest;
+      for (int k = 0; k < nodes; k++) busiest = node[k] > busiest ? node[k] : busiest;
       fprintf(o, "%ld,%.0f,%.0f,%.0f\n", cur, total, busiest, cmin);
       total = 0;
       memset(node, 0, sizeof node);
@@ -279,14 +274,19 @@ static int write_seconds(const char *out, const char *name, double roll_from_ms)
     }
     if (!more) break;
     cur = sec;
-    for (int k = 0; k < narr && k < 64 && arr_first + k < nv; k++) {
-      node[k] += v[arr_first + k];
-      total += v[arr_first + k];
-    }
-    if (conn_col >= 0 && conn_col < nv && v[conn_col] < cmin) cmin = v[conn_col];
+    for (int k = 0; k < nodes; k++)
+      if (arr[k] <= nv) { /* 1-based columns */
+        node[k] += v[arr[k] - 1];
+        total += v[arr[k] - 1];
+      }
+    if (conn <= nv && v[conn - 1] < cmin) cmin = v[conn - 1];
   }
   fclose(in);
-  return fclose(o) == 0 ? 0 : -1;
+  if (fclose(o) != 0) {
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
 }
 
 /* ---- the table, compare.md and the plots -------------------------------------------- */
@@ -541,8 +541,9 @@ int bench_compare_main(int argc, char **argv) {
       if (!s[i]) fprintf(stderr, CMD ": no %s\n", path);
     }
     if (status[i] != 0) result = 1;
-    if (s[i] && write_seconds(out, p->sc[i].name, num(s[i], "roll_from_ms")) != 0)
-      fprintf(stderr, CMD ": no timeline for %s\n", p->sc[i].name);
+    char err[300];
+    if (s[i] && write_seconds(out, p->sc[i].name, num(s[i], "roll_from_ms"), err, sizeof err) != 0)
+      fprintf(stderr, CMD ": %s\n", err);
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);

@@ -22,18 +22,10 @@
 #define STOP_WAIT_MS  5000
 #define EXEC_FAILED   127
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 int rolllb_init(rolllb_t *lb, char *err, size_t errlen) {
   memset(lb, 0, sizeof *lb);
   if ((lb->port = bnode_free_port()) < 0) {
-    set_err(err, errlen, "cannot find a free loopback port for HAProxy: %s", strerror(errno));
+    run_set_err(err, errlen, "cannot find a free loopback port for HAProxy: %s", strerror(errno));
     return -1;
   }
   return 0;
@@ -44,7 +36,7 @@ static int write_cfg(const rolllb_t *lb, const int *ports, size_t n, char *err, 
   snprintf(path, sizeof path, "%s/haproxy.cfg", lb->dir);
   FILE *f = fopen(path, "w");
   if (!f) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
     return -1;
   }
   fprintf(f,
@@ -81,7 +73,7 @@ static int write_cfg(const rolllb_t *lb, const int *ports, size_t n, char *err, 
           lb->port);
   for (size_t i = 0; i < n; i++) fprintf(f, "    server roll-%zu 127.0.0.1:%d\n", i, ports[i]);
   if (fclose(f) != 0) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
     return -1;
   }
   return 0;
@@ -126,7 +118,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
   int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (log_fd < 0 || null_fd < 0) {
-    set_err(err, errlen, "%s: %s", log, strerror(errno));
+    run_set_err(err, errlen, "%s: %s", log, strerror(errno));
     if (log_fd >= 0) close(log_fd);
     if (null_fd >= 0) close(null_fd);
     return -1;
@@ -150,7 +142,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
   close(log_fd);
   close(null_fd);
   if (pid < 0) {
-    set_err(err, errlen, "fork: %s", strerror(errno));
+    run_set_err(err, errlen, "fork: %s", strerror(errno));
     return -1;
   }
   setpgid(pid, pid);
@@ -158,7 +150,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
 
   bench_t *b = calloc(1, sizeof *b);
   if (!b) {
-    set_err(err, errlen, "out of memory");
+    run_set_err(err, errlen, "out of memory");
     rolllb_stop(lb);
     return -1;
   }
@@ -169,10 +161,10 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
   for (;;) {
     if (exited(lb, &status)) {
       if (WIFEXITED(status) && WEXITSTATUS(status) == EXEC_FAILED)
-        set_err(err, errlen, "haproxy not found (scripts/setup installs the Debian package)");
+        run_set_err(err, errlen, "haproxy not found (scripts/setup installs the Debian package)");
       else {
         log_tail(lb, tail, sizeof tail);
-        set_err(err, errlen, "haproxy exited at start (%s): %s",
+        run_set_err(err, errlen, "haproxy exited at start (%s): %s",
                 bnode_status_text(status, out, sizeof out), tail[0] ? tail : "no log");
       }
       break;
@@ -183,7 +175,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
       break;
     }
     if (run_interrupted || run_now_ns() - t0 > (uint64_t)READY_WAIT_MS * 1000000u) {
-      set_err(err, errlen, "HAProxy on port %d: GET /readyz answered %d within %d ms (%s)",
+      run_set_err(err, errlen, "HAProxy on port %d: GET /readyz answered %d within %d ms (%s)",
               lb->port, st, READY_WAIT_MS, st < 0 ? b->http_err : out);
       break;
     }

@@ -12,19 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/run.h"
 #include "plot/gnuplot.h"
 
 #define SCRIPT_BYTES 16384
-#define MAX_COLS     64
 #define TERMINAL     "set terminal pngcairo size 1100,500 font 'sans,10'\n"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* printf onto the end of `buf`; -1 when it does not fit. */
 static int appendf(char *buf, size_t len, const char *fmt, ...) {
@@ -46,21 +38,19 @@ static int append_path(char *buf, size_t len, const char *dir, const char *file)
   return appendf(buf, len, "'");
 }
 
-/* The header of DIR/timeline.csv: *nodes (arrivals_K columns) and the
- * 1-based column numbers of arrivals_0.. and of `connected`. */
-static int timeline_columns(const char *dir, int *nodes, int arr_col[MAX_COLS], int *conn_col,
-                            char *err, size_t errlen) {
+int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX_NODES],
+                          int *conn_col, char *err, size_t errlen) {
   char path[4096], line[4096];
   snprintf(path, sizeof path, "%s/timeline.csv", dir);
   FILE *f = fopen(path, "r");
   if (!f) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
     return -1;
   }
   int ok = fgets(line, sizeof line, f) != NULL;
   fclose(f);
   if (!ok) {
-    set_err(err, errlen, "%s: no header", path);
+    run_set_err(err, errlen, "%s: no header", path);
     return -1;
   }
   line[strcspn(line, "\r\n")] = '\0';
@@ -72,13 +62,13 @@ static int timeline_columns(const char *dir, int *nodes, int arr_col[MAX_COLS], 
     col++;
     int k;
     char tail;
-    if (sscanf(tok, "arrivals_%d%c", &k, &tail) == 1 && k == *nodes && k < MAX_COLS)
+    if (sscanf(tok, "arrivals_%d%c", &k, &tail) == 1 && k == *nodes && k < ROLL_PLOT_MAX_NODES)
       arr_col[(*nodes)++] = col;
     else if (strcmp(tok, "connected") == 0)
       *conn_col = col;
   }
   if (*nodes == 0 || *conn_col == 0) {
-    set_err(err, errlen, "%s: no arrivals_0 or connected column", path);
+    run_set_err(err, errlen, "%s: no arrivals_0 or connected column", path);
     return -1;
   }
   return 0;
@@ -86,8 +76,8 @@ static int timeline_columns(const char *dir, int *nodes, int arr_col[MAX_COLS], 
 
 int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len, char *err,
                               size_t errlen) {
-  int nodes, arr[MAX_COLS], conn;
-  if (timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
+  int nodes, arr[ROLL_PLOT_MAX_NODES], conn;
+  if (roll_timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
   for (int k = 0; k < nodes; k++) {
     /* floor(t / 1 s) groups ten 100 ms buckets; `smooth frequency` sums them */
     if ((k > 0 && appendf(buf, len, ", ") != 0) || append_path(buf, len, dir, "timeline.csv") ||
@@ -95,7 +85,7 @@ int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, siz
                 " using (floor($1/1000)):(column(%d)) smooth frequency with steps lw 1.5 "
                 "title '%s%sroll-%d'",
                 arr[k], label && label[0] ? label : "", label && label[0] ? " " : "", k) != 0) {
-      set_err(err, errlen, "plot script too long");
+      run_set_err(err, errlen, "plot script too long");
       return -1;
     }
   }
@@ -108,7 +98,7 @@ static int read_disconnected(const char *dir, size_t *n, long long *max, char *e
   snprintf(path, sizeof path, "%s/disconnected_ms.csv", dir);
   FILE *f = fopen(path, "r");
   if (!f) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    run_set_err(err, errlen, "%s: %s", path, strerror(errno));
     return -1;
   }
   *n = 0;
@@ -138,7 +128,7 @@ int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t l
       appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with %s title '%s'", n,
               max == 0 ? "points pt 7 ps 1.5" : "steps lw 1.5", label ? label : "disconnected") !=
           0) {
-    set_err(err, errlen, "plot script too long");
+    run_set_err(err, errlen, "plot script too long");
     return -1;
   }
   return 0;
@@ -150,7 +140,7 @@ int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, s
   json_error_t je;
   json_t *j = json_load_file(path, 0, &je);
   if (!j) {
-    set_err(err, errlen, "%s: %s", path, je.text);
+    run_set_err(err, errlen, "%s: %s", path, je.text);
     return -1;
   }
   json_t *ra = json_object_get(j, "restarts");
@@ -168,7 +158,7 @@ int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, s
                 "set arrow from %.3f, graph 0 to %.3f, graph 1 nohead dashtype 2 lc rgb '#999999'\n"
                 "set label 'roll-%lld' at %.3f, graph 0.97 offset 0.3,0 font ',8'\n",
                 from, ready, to, to, node, from) != 0) {
-      set_err(err, errlen, "plot script too long");
+      run_set_err(err, errlen, "plot script too long");
       rc = -1;
       break;
     }
@@ -193,18 +183,18 @@ static int head(char *s, size_t len, const char *dir, const char *png, const cha
 static int run(const char *script, const char *png, char *err, size_t errlen) {
   char e[400];
   if (gnuplot_run(NULL, script, e, sizeof e) == 0) return 0;
-  set_err(err, errlen, "%s: %s", png, e);
+  run_set_err(err, errlen, "%s: %s", png, e);
   return -1;
 }
 
 int roll_plot(const char *out_dir, char *err, size_t errlen) {
   char *s = malloc(SCRIPT_BYTES);
   if (!s) {
-    set_err(err, errlen, "out of memory");
+    run_set_err(err, errlen, "out of memory");
     return -1;
   }
-  int rc = -1, nodes, arr[MAX_COLS], conn;
-  if (timeline_columns(out_dir, &nodes, arr, &conn, err, errlen) != 0) goto out;
+  int rc = -1, nodes, arr[ROLL_PLOT_MAX_NODES], conn;
+  if (roll_timeline_columns(out_dir, &nodes, arr, &conn, err, errlen) != 0) goto out;
 
   /* arrivals per second per node, restarts marked */
   if (head(s, SCRIPT_BYTES, out_dir, "arrivals.png",
@@ -257,7 +247,7 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
   rc = 0;
   goto out;
 toolong:
-  set_err(err, errlen, "plot script too long");
+  run_set_err(err, errlen, "plot script too long");
 out:
   free(s);
   return rc;

@@ -22,6 +22,15 @@
 
 #include <stddef.h>
 
+#define ROLL_PLOT_MAX_NODES 64 /* arrivals_K columns read from timeline.csv */
+
+/* Read the header of DIR/timeline.csv: *nodes (the arrivals_0..K columns,
+ * at most ROLL_PLOT_MAX_NODES) and the 1-based column numbers of each
+ * arrivals_K (arr_col) and of `connected` (*conn_col). Returns 0, or -1
+ * when the file is unreadable or lacks those columns. */
+int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX_NODES],
+                          int *conn_col, char *err, size_t errlen);
+
 /* Draw into `out_dir` (a roll run's --out): arrivals.png (welcomes per
  * second on each node, summed from the 100 ms buckets, with each restart
  * shaded from its SIGTERM to ready and its span's end dashed),

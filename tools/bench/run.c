@@ -215,6 +215,14 @@ void run_signals_catch(run_signals_t *saved) {
   signal(SIGPIPE, SIG_IGN);
 }
 
+void run_set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
 void run_signals_restore(const run_signals_t *saved) {
   sigaction(SIGINT, &saved->old_int, NULL);
   sigaction(SIGTERM, &saved->old_term, NULL);
