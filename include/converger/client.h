@@ -160,6 +160,10 @@ typedef struct {
   size_t max_pending_sends;   /* sends waiting for `sent`; 0: 10 000 */
   size_t max_message_bytes;   /* largest send frame, bytes; 0: 65 536 (the node's default) */
   uint64_t seed;              /* random source; 0: seeded from the OS CSPRNG */
+  cvg_callbacks_t cb;
+  void *userdata;
+  /* Options for experiments, last so that the fields above keep the
+   * offsets they had before these were added. */
   cvg_reconnect_t reconnect;  /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
   /* 1: the server's retry hints are not a floor of the backoff: the
    * retryAfterMs of an `unavailable` error frame, of a 1012/1013 close
@@ -168,8 +172,6 @@ typedef struct {
    * its retryAfterMs. For experiments reproducing the old harness of the
    * admission-queue decision record only; 0 (the default) honours them. */
   int ignore_hints;
-  cvg_callbacks_t cb;
-  void *userdata;
 } cvg_options_t;
 
 /* Counters, readable at any time. */

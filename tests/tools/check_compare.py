@@ -14,7 +14,16 @@ header = "| figure | " + " | ".join(scenarios) + " |"
 if header not in md:
     problems.append("compare.md has no table header %r" % header)
 for name in scenarios:
-    s = json.load(open(os.path.join(out, name, "summary.json")))
+    path = os.path.join(out, name, "summary.json")
+    if not os.path.exists(path):
+        problems.append("%s: no summary.json" % name)
+        continue
+    s = json.load(open(path))
+    if s.get("clients_verified") != s.get("clients"):
+        problems.append("%s: %r of %r clients verified"
+                        % (name, s.get("clients_verified"), s.get("clients")))
+    if not os.path.exists(os.path.join(out, name + ".1s.csv")):
+        problems.append("%s: no %s.1s.csv" % (name, name))
     if s.get("status") != "ok":
         problems.append("%s: status %r" % (name, s.get("status")))
     for key in ("lost", "dup_delivered", "out_of_order"):

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,16 +46,22 @@
 #define MAX_FWD       64
 #define DEFAULT_W     "30000"
 
+/* status[] of a scenario besides roll's exit status */
+#define STATUS_NOT_RUN (-2) /* interrupted before it, or --plot-only without a summary */
+#define STATUS_KILLED  (-1) /* killed by a signal, or fork/exec failed */
+
 typedef struct {
-  const char *name;  /* subdirectory and column name */
-  const char *title; /* one line for the table's legend and the plots */
+  const char *name;           /* subdirectory and column name */
+  const char *title;          /* one line for the table's legend and the plots */
   const char *args[MAX_ARGS]; /* roll options; "@W" is the window option's value */
 } scenario_t;
 
 typedef struct {
   const char *name;
-  const char *what; /* one paragraph for compare.md */
-  const char *varied[10]; /* roll options the scenarios set, refused from the user */
+  const char *what;        /* one paragraph for compare.md */
+  const char *varied[10];  /* roll options the scenarios set, refused from the user */
+  const char *refused[4];  /* roll options that would break the preset's shapes */
+  const char *refused_why; /* ... and why */
   scenario_t sc[MAX_SCENARIOS];
   size_t nsc;
 } preset_t;
@@ -69,11 +76,14 @@ static const preset_t presets[] = {
      "closes). **converger**: this project's default (drain frames with `afterMs` over the "
      "window, make-before-break migration, decorrelated jitter).",
      {"--drain", "--drain-close-rate", "--admission", "--reconnect", "--ignore-hints", "--backoff",
-      "--drain-window-ms", "--clients-mode", NULL},
+      NULL},
+     {"--clients-mode", "--lb", NULL},
+     "converger's scenario needs SDK clients that follow drain frames, and behind one load "
+     "balancer URL the shapes' --reconnect next and random are the same",
      {{"before",
        "decision record, before: admission off, next node, hints ignored, proportional to 10 s",
-       {"--drain", "close", "--drain-close-rate", "500", "--admission", "off", "--reconnect", "next",
-        "--ignore-hints", "--backoff", "proportional:250:10000", NULL}},
+       {"--drain", "close", "--drain-close-rate", "500", "--admission", "off", "--reconnect",
+        "next", "--ignore-hints", "--backoff", "proportional:250:10000", NULL}},
       {"after",
        "decision record, after: admission on, random node, hints a floor, equal jitter to 5 s",
        {"--drain", "close", "--drain-close-rate", "500", "--admission", "on", "--reconnect",
@@ -88,20 +98,17 @@ static const preset_t presets[] = {
      "(**at-once**: `afterMs` 0 for all) against one that spreads the moves with full jitter "
      "over the window (**jitter**: `afterMs` uniform in the window). Both migrate "
      "make-before-break; only the window differs.",
-     {"--drain", "--drain-window-ms", "--clients-mode", NULL},
-     {{"at-once", "no jitter: every client told to move at once (window 0)",
+     {"--drain", NULL},
+     {"--clients-mode", NULL},
+     "both scenarios need SDK clients that follow drain frames",
+     {{"at-once",
+       "no jitter: every client told to move at once (window 0)",
        {"--drain", "migrate", "--drain-window-ms", "0", NULL}},
-      {"jitter", "full jitter: moves uniform over the window",
+      {"jitter",
+       "full jitter: moves uniform over the window",
        {"--drain", "migrate", "--drain-window-ms", "@W", NULL}}},
      2},
 };
-
-static volatile sig_atomic_t child_pid;
-
-static void on_signal(int sig) {
-  run_interrupted = sig;
-  if (child_pid > 0) kill((pid_t)child_pid, sig);
-}
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -119,7 +126,8 @@ static void usage(FILE *out) {
           "                         scenarios' outputs already in --out\n\n"
           "Every other option goes to each `bench roll` run (see converger bench roll\n"
           "--help), e.g. --clients, --nodes, --procs, --convs, --send-rate, --seed, --lb,\n"
-          "--pg-url. The options a preset varies between its scenarios are refused.\n"
+          "--pg-url (not --lb with adr). The options a preset varies between its\n"
+          "scenarios, and those that would break its shapes, are refused.\n"
           "Exit status: 0 when every scenario verified, 1 when one failed (see its\n"
           "report.md), 2 on bad usage, 130 when interrupted.\n");
 }
@@ -137,8 +145,10 @@ static int is_option(const char *a, const char *name) {
 }
 
 /* Run one scenario: this executable's `bench roll` with the preset's
- * options, the forwarded ones and --out DIR/NAME. Returns its exit status,
- * or -1 when it could not be started or was killed. */
+ * options, the forwarded ones and --out DIR/NAME. A stop signal caught by
+ * run_signals_catch is passed on as SIGTERM (roll then stops its nodes and
+ * PostgreSQL); the child is also sent SIGTERM if this process dies. Returns
+ * its exit status, or -1 when it could not be started or was killed. */
 static int run_scenario(const scenario_t *sc, const char *window, char **fwd, int nfwd,
                         const char *dir) {
   char exe[PATH_MAX];
@@ -162,23 +172,53 @@ static int run_scenario(const scenario_t *sc, const char *window, char **fwd, in
   fprintf(stderr, CMD ": scenario %s:", sc->name);
   for (int i = 1; i < a; i++) fprintf(stderr, " %s", argv[i]);
   fprintf(stderr, "\n");
+  /* Stop signals are blocked across fork, as in bench/node.c: one that
+   * reached the child before exec would run this process's handler there
+   * and be lost. */
+  sigset_t stop_sigs, old_mask;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGINT);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGHUP);
+  sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
+  pid_t parent = getpid();
+  fflush(NULL);
   pid_t pid = fork();
-  if (pid < 0) {
-    fprintf(stderr, CMD ": fork: %s\n", strerror(errno));
-    return -1;
-  }
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     /* roll prints its summary.json on stdout; compare's stdout is the table */
-    int devnull = open("/dev/null", O_WRONLY);
+    int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
     execv(exe, (char *const *)argv);
+    dprintf(2, CMD ": cannot run %s: %s\n", exe, strerror(errno));
     _exit(127);
   }
-  child_pid = pid;
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  int fork_errno = errno;
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  if (pid < 0) {
+    fprintf(stderr, CMD ": fork: %s\n", strerror(fork_errno));
+    return -1;
   }
-  child_pid = 0;
+  int st, forwarded = 0;
+  for (;;) {
+    if (run_interrupted && !forwarded) {
+      kill(pid, SIGTERM);
+      forwarded = 1;
+    }
+    if (waitpid(pid, &st, 0) == pid) break;
+    if (errno != EINTR) {
+      fprintf(stderr, CMD ": waitpid: %s\n", strerror(errno));
+      return -1;
+    }
+  }
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   fprintf(stderr, CMD ": scenario %s was killed by signal %d\n", sc->name, WTERMSIG(st));
   return -1;
@@ -208,8 +248,8 @@ static void per_node(json_t *s, const char *field, char *out, size_t outlen) {
   out[0] = '\0';
   json_object_foreach(arr, k, v) {
     double x = num(v, field);
-    len += (size_t)snprintf(out + len, len < outlen ? outlen - len : 0, "%s%.0f",
-                            len ? " / " : "", x);
+    len +=
+        (size_t)snprintf(out + len, len < outlen ? outlen - len : 0, "%s%.0f", len ? " / " : "", x);
     if (len >= outlen) break;
   }
   if (!out[0]) snprintf(out, outlen, "-");
@@ -370,13 +410,21 @@ static void print_table(FILE *f, const preset_t *p, json_t **s) {
 }
 
 /* The overlay plots in OUT: arrivals, connected and the CDF of disconnected
- * time, one line per scenario. Returns 0, or -1 with the reason in err. */
-static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
-  char script[8192];
-  size_t n = 0;
-#define ADD(...) n += (size_t)snprintf(script + n, n < sizeof script ? sizeof script - n : 0, __VA_ARGS__)
-  ADD("set terminal pngcairo size 1100,520 noenhanced\nset datafile separator ','\n"
-      "set key top right\nset grid\n");
+ * time, one line per scenario that has a summary (s[i]). Returns 0, or -1
+ * with the reason in err. */
+static int plot(const char *out, const preset_t *p, json_t **s, char *err, size_t errlen) {
+  /* the CDF clauses name their files by absolute path (`out` is absolute,
+   * bench_compare_main), so this holds one path per scenario and more */
+  size_t len = 16384 + MAX_SCENARIOS * 2 * (size_t)PATH_MAX;
+  char *script = malloc(len);
+  if (!script) {
+    run_set_err(err, errlen, "out of memory");
+    return -1;
+  }
+  script[0] = '\0';
+  int bad = gnuplot_appendf(script, len,
+                            "set terminal pngcairo size 1100,520 noenhanced\n"
+                            "set datafile separator ','\nset key top right\nset grid\n");
   static const struct {
     const char *file, *title, *ylabel, *col;
   } over[] = {
@@ -387,44 +435,58 @@ static int plot(const char *out, const preset_t *p, char *err, size_t errlen) {
   for (size_t k = 0; k < CV_ARRAY_SIZE(over); k++) {
     /* from 2 s before the first SIGTERM: the clients' first connections
      * come earlier and would set the scale */
-    ADD("set output '%s'\nset title '%s'\nset xlabel 's from the first SIGTERM'\n"
-        "set xrange [-2:*]\n"
-        "set ylabel '%s'\nplot ",
-        over[k].file, over[k].title, over[k].ylabel);
+    bad |= gnuplot_appendf(script, len,
+                           "set output '%s'\nset title '%s'\nset xlabel 's from the first "
+                           "SIGTERM'\nset xrange [-2:*]\nset ylabel '%s'\nplot ",
+                           over[k].file, over[k].title, over[k].ylabel);
+    size_t drawn = 0;
     for (size_t i = 0; i < p->nsc; i++)
-      ADD("%s'%s.1s.csv' using 1:%s skip 1 with steps lw 2 title '%s'", i ? ", " : "",
-          p->sc[i].name, over[k].col, p->sc[i].name);
-    ADD("\n");
+      if (s[i])
+        bad |= gnuplot_appendf(script, len,
+                               "%s'%s.1s.csv' using 1:%s skip 1 with steps lw 2 "
+                               "title '%s'",
+                               drawn++ ? ", " : "", p->sc[i].name, over[k].col, p->sc[i].name);
+    bad |= gnuplot_appendf(script, len, "%s\n", drawn ? "" : "1/0 title 'no scenario ran'");
   }
-  ADD("set output 'compare_disconnected_cdf.png'\nset title 'disconnected time per drop "
-      "(close to next welcome; a make-before-break move is 0)'\n"
-      "set xlabel 'ms'\nset ylabel 'share of drops'\nset xrange [*:*]\nset yrange [0:1]\n"
-      "set offsets graph 0.02, 0, 0, 0\nset key bottom right\n"
-      "plot ");
-#undef ADD
+  bad |= gnuplot_appendf(script, len,
+                         "set output 'compare_disconnected_cdf.png'\nset title 'disconnected time "
+                         "per drop (close to next welcome; a make-before-break move is 0)'\n"
+                         "set xlabel 'ms'\nset ylabel 'share of drops'\nset xrange [*:*]\n"
+                         "set yrange [0:1]\nset offsets graph 0.02, 0, 0, 0\n"
+                         "set key bottom right\nplot ");
   size_t elements = 0;
-  for (size_t i = 0; i < p->nsc; i++) {
+  for (size_t i = 0; i < p->nsc && !bad; i++) {
+    if (!s[i]) continue;
     char dir[PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/%s", out, p->sc[i].name);
     size_t before = strlen(script), drops = 0;
-    if (elements) strcat(script, ", ");
-    /* `out` is absolute (bench_compare_main), so `dir` reads the same for
-     * this process and for gnuplot in `out` */
-    if (roll_plot_cdf_clause(dir, p->sc[i].name, script, sizeof script, &drops, err, errlen) != 0) {
-      script[before] = '\0';
+    if ((elements && gnuplot_appendf(script, len, ", ") != 0) ||
+        roll_plot_cdf_clause(dir, p->sc[i].name, script, len, &drops, err, errlen) != 0) {
       fprintf(stderr, CMD ": %s: %s\n", dir, err);
-      continue;
+      drops = 0;
     }
-    if (drops) elements++;
-    else script[before] = '\0';
+    if (drops)
+      elements++;
+    else
+      script[before] = '\0';
   }
-  if (!elements) strcat(script, "1/0 title 'no drop in any scenario'");
-  if (strlen(script) + 2 >= sizeof script) {
-    snprintf(err, errlen, "plot script too long");
-    return -1;
-  }
-  strcat(script, "\n");
-  return gnuplot_run(out, script, err, errlen);
+  bad |=
+      gnuplot_appendf(script, len, "%s\n", elements ? "" : "1/0 title 'no drop in any scenario'");
+  int rc = -1;
+  if (bad)
+    run_set_err(err, errlen, "plot script too long");
+  else
+    rc = gnuplot_run(out, script, err, errlen);
+  free(script);
+  return rc;
+}
+
+/* What became of scenario i, for compare.md. */
+static const char *status_text(int st, char *buf, size_t len) {
+  if (st == STATUS_NOT_RUN) return "not run";
+  if (st == STATUS_KILLED) return "killed, or could not start";
+  snprintf(buf, len, "exit status %d", st);
+  return buf;
 }
 
 static void write_md(const char *out, const preset_t *p, json_t **s, int *status, int plot_only,
@@ -443,7 +505,9 @@ static void write_md(const char *out, const preset_t *p, json_t **s, int *status
   for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
   fprintf(f, "\n```\n\nScenarios (each one's exact command is in its `report.md`):\n\n");
   for (size_t i = 0; i < p->nsc; i++) {
-    fprintf(f, "- **%s** (exit status %d): %s. Options:", p->sc[i].name, status[i],
+    char buf[32];
+    fprintf(f, "- **%s** (%s): %s. Options:", p->sc[i].name,
+            plot_only ? "not run by this command" : status_text(status[i], buf, sizeof buf),
             p->sc[i].title);
     for (size_t a = 0; p->sc[i].args[a]; a++) fprintf(f, " `%s`", p->sc[i].args[a]);
     fprintf(f, " ([report](%s/report.md))\n", p->sc[i].name);
@@ -494,14 +558,21 @@ int bench_compare_main(int argc, char **argv) {
   long long w;
   if (cli_parse_ll(window, 0, 3600000, &w) != 0)
     return cli_usage_error("bench compare", "invalid --drain-window-ms (want 0..3600000)");
-  for (int i = 0; i < nfwd; i++)
+  for (int i = 0; i < nfwd; i++) {
+    char msg[300];
     for (size_t k = 0; p->varied[k]; k++)
       if (is_option(fwd[i], p->varied[k])) {
-        char msg[160];
         snprintf(msg, sizeof msg, "%s is what the %s preset varies between its scenarios", fwd[i],
                  p->name);
         return cli_usage_error("bench compare", msg);
       }
+    for (size_t k = 0; p->refused[k]; k++)
+      if (is_option(fwd[i], p->refused[k])) {
+        snprintf(msg, sizeof msg, "%s would break the %s preset: %s", fwd[i], p->name,
+                 p->refused_why);
+        return cli_usage_error("bench compare", msg);
+      }
+  }
   char outbuf[64];
   if (!out) {
     snprintf(outbuf, sizeof outbuf, "compare-%s", p->name);
@@ -514,48 +585,57 @@ int bench_compare_main(int argc, char **argv) {
   }
   out = outabs;
 
-  struct sigaction sa, old_int, old_term;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-
+  run_signals_t signals;
+  run_signals_catch(&signals);
   json_t *s[MAX_SCENARIOS] = {0};
   int status[MAX_SCENARIOS], result = 0;
-  for (size_t i = 0; i < p->nsc; i++) status[i] = -1;
+  for (size_t i = 0; i < p->nsc; i++) status[i] = STATUS_NOT_RUN;
   for (size_t i = 0; i < p->nsc && !run_interrupted; i++) {
-    char dir[PATH_MAX + 64];
+    static const char *const outputs[] = {"summary.json", "timeline.csv", "disconnected_ms.csv"};
+    char dir[PATH_MAX + 64], path[PATH_MAX + 96];
     snprintf(dir, sizeof dir, "%s/%s", out, p->sc[i].name);
-    if (!plot_only) status[i] = run_scenario(&p->sc[i], window, fwd, nfwd, dir);
-    if (status[i] == 2) { /* bad roll options: the same for every scenario */
-      result = 2;
-      break;
+    if (!plot_only) {
+      /* an earlier run's outputs in the same --out must not stand in for
+       * this run's, should it die before writing them */
+      for (size_t k = 0; k < CV_ARRAY_SIZE(outputs); k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, outputs[k]);
+        unlink(path);
+      }
+      snprintf(path, sizeof path, "%s/%s.1s.csv", out, p->sc[i].name);
+      unlink(path);
+      status[i] = run_scenario(&p->sc[i], window, fwd, nfwd, dir);
+      if (status[i] == 2) { /* bad roll options: the same for every scenario */
+        result = 2;
+        break;
+      }
     }
-    char path[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/summary.json", dir);
     s[i] = json_load_file(path, 0, NULL);
+    if (!s[i]) fprintf(stderr, CMD ": scenario %s: no %s\n", p->sc[i].name, path);
     if (plot_only) {
       json_t *st = json_object_get(s[i], "status");
-      status[i] = json_is_string(st) && strcmp(json_string_value(st), "ok") == 0 ? 0 : 1;
-      if (!s[i]) fprintf(stderr, CMD ": no %s\n", path);
+      status[i] = !s[i]                                                            ? STATUS_NOT_RUN
+                  : json_is_string(st) && strcmp(json_string_value(st), "ok") == 0 ? 0
+                                                                                   : 1;
     }
     if (status[i] != 0) result = 1;
+    /* time 0 of the overlays: the first SIGTERM (restarts[0].sigterm_ms) */
+    json_t *first = json_array_get(json_object_get(s[i], "restarts"), 0);
     char err[300];
-    if (s[i] && write_seconds(out, p->sc[i].name, num(s[i], "roll_from_ms"), err, sizeof err) != 0)
+    if (s[i] && write_seconds(out, p->sc[i].name, num(first, "sigterm_ms"), err, sizeof err) != 0)
       fprintf(stderr, CMD ": %s\n", err);
   }
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
+  run_signals_restore(&signals);
   if (run_interrupted) result = 130;
   if (result != 2) {
     char err[300];
-    int pr = plot(out, p, err, sizeof err);
+    int pr = plot(out, p, s, err, sizeof err);
     if (pr != 0) fprintf(stderr, CMD ": %s\n", err);
     write_md(out, p, s, status, plot_only, argc, argv, pr == 0 ? NULL : err);
     printf("converger bench compare --preset %s (%s/compare.md)\n\n", p->name, out);
     print_table(stdout, p, s);
   }
   for (size_t i = 0; i < p->nsc; i++) json_decref(s[i]);
+  if (result == 130) fprintf(stderr, CMD ": interrupted\n");
   return result;
 }

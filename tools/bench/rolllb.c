@@ -165,7 +165,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
       else {
         log_tail(lb, tail, sizeof tail);
         run_set_err(err, errlen, "haproxy exited at start (%s): %s",
-                bnode_status_text(status, out, sizeof out), tail[0] ? tail : "no log");
+                    bnode_status_text(status, out, sizeof out), tail[0] ? tail : "no log");
       }
       break;
     }
@@ -176,7 +176,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
     }
     if (run_interrupted || run_now_ns() - t0 > (uint64_t)READY_WAIT_MS * 1000000u) {
       run_set_err(err, errlen, "HAProxy on port %d: GET /readyz answered %d within %d ms (%s)",
-              lb->port, st, READY_WAIT_MS, st < 0 ? b->http_err : out);
+                  lb->port, st, READY_WAIT_MS, st < 0 ? b->http_err : out);
       break;
     }
     run_sleep_ms(50);

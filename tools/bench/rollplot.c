@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,26 +16,6 @@
 
 #define SCRIPT_BYTES 16384
 #define TERMINAL     "set terminal pngcairo size 1100,500 font 'sans,10'\n"
-
-/* printf onto the end of `buf`; -1 when it does not fit. */
-static int appendf(char *buf, size_t len, const char *fmt, ...) {
-  size_t used = strlen(buf);
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + used, len - used, fmt, ap);
-  va_end(ap);
-  return n < 0 || (size_t)n >= len - used ? -1 : 0;
-}
-
-/* 'DIR/FILE' quoted for gnuplot (a ' inside doubled) onto the end of `buf`. */
-static int append_path(char *buf, size_t len, const char *dir, const char *file) {
-  if (appendf(buf, len, "'") != 0) return -1;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", dir, file);
-  for (const char *p = path; *p; p++)
-    if (appendf(buf, len, *p == '\'' ? "''" : "%c", *p) != 0) return -1;
-  return appendf(buf, len, "'");
-}
 
 int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX_NODES],
                           int *conn_col, char *err, size_t errlen) {
@@ -74,17 +53,22 @@ int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX
   return 0;
 }
 
-int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len, char *err,
-                              size_t errlen) {
+/* One run's arrivals per second per node as gnuplot plot elements,
+ * comma-separated, each titled "LABEL roll-K" (label NULL or "": "roll-K"),
+ * x in seconds from the run's t=0, appended to `buf`. */
+static int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len,
+                                     char *err, size_t errlen) {
   int nodes, arr[ROLL_PLOT_MAX_NODES], conn;
   if (roll_timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
   for (int k = 0; k < nodes; k++) {
     /* floor(t / 1 s) groups ten 100 ms buckets; `smooth frequency` sums them */
-    if ((k > 0 && appendf(buf, len, ", ") != 0) || append_path(buf, len, dir, "timeline.csv") ||
-        appendf(buf, len,
-                " using (floor($1/1000)):(column(%d)) smooth frequency with steps lw 1.5 "
-                "title '%s%sroll-%d'",
-                arr[k], label && label[0] ? label : "", label && label[0] ? " " : "", k) != 0) {
+    if ((k > 0 && gnuplot_appendf(buf, len, ", ") != 0) ||
+        gnuplot_append_path(buf, len, dir, "timeline.csv") ||
+        gnuplot_appendf(buf, len,
+                        " using (floor($1/1000)):(column(%d)) smooth frequency with steps lw 1.5 "
+                        "title '%s%sroll-%d'",
+                        arr[k], label && label[0] ? label : "", label && label[0] ? " " : "",
+                        k) != 0) {
       run_set_err(err, errlen, "plot script too long");
       return -1;
     }
@@ -124,17 +108,21 @@ int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t l
   /* each sample adds 1/n; `smooth cumulative` sorts by x and sums. When
    * every sample is 0 the CDF is one point at (0, 1), which a step line
    * would not show. */
-  if (append_path(buf, len, dir, "disconnected_ms.csv") != 0 ||
-      appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with %s title '%s'", n,
-              max == 0 ? "points pt 7 ps 1.5" : "steps lw 1.5", label ? label : "disconnected") !=
-          0) {
+  if (gnuplot_append_path(buf, len, dir, "disconnected_ms.csv") != 0 ||
+      gnuplot_appendf(buf, len, " using 1:(1.0/%zu) smooth cumulative with %s title '%s'", n,
+                      max == 0 ? "points pt 7 ps 1.5" : "steps lw 1.5",
+                      label ? label : "disconnected") != 0) {
     run_set_err(err, errlen, "plot script too long");
     return -1;
   }
   return 0;
 }
 
-int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, size_t errlen) {
+/* `set object` / `set arrow` commands marking one run's restarts
+ * (summary.json) on a time axis in seconds: a shaded rectangle from SIGTERM
+ * to ready, a dashed line at the span's end. */
+static int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err,
+                                   size_t errlen) {
   char path[4096];
   snprintf(path, sizeof path, "%s/summary.json", dir);
   json_error_t je;
@@ -152,12 +140,13 @@ int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, s
     double ready = (double)json_integer_value(json_object_get(r, "ready_ms")) / 1000;
     double to = (double)json_integer_value(json_object_get(r, "to_ms")) / 1000;
     long long node = (long long)json_integer_value(json_object_get(r, "node"));
-    if (appendf(buf, len,
-                "set object rect from %.3f, graph 0 to %.3f, graph 1 behind "
-                "fillcolor rgb '#e8e8e8' fillstyle solid noborder\n"
-                "set arrow from %.3f, graph 0 to %.3f, graph 1 nohead dashtype 2 lc rgb '#999999'\n"
-                "set label 'roll-%lld' at %.3f, graph 0.97 offset 0.3,0 font ',8'\n",
-                from, ready, to, to, node, from) != 0) {
+    if (gnuplot_appendf(
+            buf, len,
+            "set object rect from %.3f, graph 0 to %.3f, graph 1 behind "
+            "fillcolor rgb '#e8e8e8' fillstyle solid noborder\n"
+            "set arrow from %.3f, graph 0 to %.3f, graph 1 nohead dashtype 2 lc rgb '#999999'\n"
+            "set label 'roll-%lld' at %.3f, graph 0.97 offset 0.3,0 font ',8'\n",
+            from, ready, to, to, node, from) != 0) {
       run_set_err(err, errlen, "plot script too long");
       rc = -1;
       break;
@@ -171,11 +160,13 @@ int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, s
 static int head(char *s, size_t len, const char *dir, const char *png, const char *title,
                 const char *xlabel, const char *ylabel) {
   s[0] = '\0';
-  if (appendf(s, len, TERMINAL "set output ") != 0 || append_path(s, len, dir, png) != 0 ||
-      appendf(s, len,
-              "\nset datafile separator ','\nset title '%s'\nset xlabel '%s'\nset ylabel '%s'\n"
-              "set grid\nset key outside right top\n",
-              title, xlabel, ylabel) != 0)
+  if (gnuplot_appendf(s, len, TERMINAL "set output ") != 0 ||
+      gnuplot_append_path(s, len, dir, png) != 0 ||
+      gnuplot_appendf(
+          s, len,
+          "\nset datafile separator ','\nset title '%s'\nset xlabel '%s'\nset ylabel '%s'\n"
+          "set grid\nset key outside right top\n",
+          title, xlabel, ylabel) != 0)
     return -1;
   return 0;
 }
@@ -202,19 +193,20 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
            "end of the restart span",
            "time (s)", "welcomes per second") != 0 ||
       roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
-      appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
+      gnuplot_appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
       roll_plot_arrivals_clause(out_dir, NULL, s, SCRIPT_BYTES, err, errlen) != 0 ||
-      appendf(s, SCRIPT_BYTES, "\n") != 0 || run(s, "arrivals.png", err, errlen) != 0)
+      gnuplot_appendf(s, SCRIPT_BYTES, "\n") != 0 || run(s, "arrivals.png", err, errlen) != 0)
     goto out;
 
   /* connected clients */
   if (head(s, SCRIPT_BYTES, out_dir, "connected.png",
            "Connected (welcomed) clients, all nodes, 100 ms samples", "time (s)", "clients") != 0 ||
       roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
-      appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
-      append_path(s, SCRIPT_BYTES, out_dir, "timeline.csv") != 0 ||
-      appendf(s, SCRIPT_BYTES,
-              " using ($1/1000):(column(%d)) with lines lw 1.5 title 'connected'\n", conn) != 0 ||
+      gnuplot_appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
+      gnuplot_append_path(s, SCRIPT_BYTES, out_dir, "timeline.csv") != 0 ||
+      gnuplot_appendf(s, SCRIPT_BYTES,
+                      " using ($1/1000):(column(%d)) with lines lw 1.5 title 'connected'\n",
+                      conn) != 0 ||
       run(s, "connected.png", err, errlen) != 0)
     goto out;
 
@@ -225,23 +217,24 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
   if (head(s, SCRIPT_BYTES, out_dir, "disconnected_cdf.png",
            "CDF of disconnected time per drop (make-before-break moves are 0 ms)",
            "disconnected (ms)", "fraction of drops") != 0 ||
-      appendf(s, SCRIPT_BYTES, "set yrange [0:1.05]\n") != 0)
+      gnuplot_appendf(s, SCRIPT_BYTES, "set yrange [0:1.05]\n") != 0)
     goto toolong;
   if (n == 0) {
-    if (appendf(s, SCRIPT_BYTES,
-                "set xrange [0:1000]\nset label 'no drop: no client lost its connection' at "
-                "graph 0.3, graph 0.5\nplot 1/0 notitle\n") != 0)
+    if (gnuplot_appendf(
+            s, SCRIPT_BYTES,
+            "set xrange [0:1000]\nset label 'no drop: no client lost its connection' at "
+            "graph 0.3, graph 0.5\nplot 1/0 notitle\n") != 0)
       goto toolong;
   } else {
-    if (max == 0 && appendf(s, SCRIPT_BYTES,
-                            "set xrange [-10:1000]\nset label 'all %zu drops were 0 ms "
-                            "(make-before-break)' at graph 0.3, graph 0.5\n",
-                            n) != 0)
+    if (max == 0 && gnuplot_appendf(s, SCRIPT_BYTES,
+                                    "set xrange [-10:1000]\nset label 'all %zu drops were 0 ms "
+                                    "(make-before-break)' at graph 0.3, graph 0.5\n",
+                                    n) != 0)
       goto toolong;
-    if (appendf(s, SCRIPT_BYTES, "plot ") != 0) goto toolong;
+    if (gnuplot_appendf(s, SCRIPT_BYTES, "plot ") != 0) goto toolong;
     if (roll_plot_cdf_clause(out_dir, "disconnected", s, SCRIPT_BYTES, NULL, err, errlen) != 0)
       goto out;
-    if (appendf(s, SCRIPT_BYTES, "\n") != 0) goto toolong;
+    if (gnuplot_appendf(s, SCRIPT_BYTES, "\n") != 0) goto toolong;
   }
   if (run(s, "disconnected_cdf.png", err, errlen) != 0) goto out;
   rc = 0;

@@ -1,19 +1,20 @@
 /*
  * rollplot: the PNG plots of one `converger bench roll` run (bench/roll.c),
  * drawn by gnuplot (plot/gnuplot.h) from the files the run wrote into its
- * --out directory, so that they can be drawn again, or overlaid with another
- * run's by `converger bench compare`, from the directory alone:
+ * --out directory, so that they can be drawn again from the directory alone;
+ * `converger bench compare` reads the same files to overlay runs:
  *
  *   timeline.csv         t_ms, conn_K..., arrivals_K..., connected, ...
  *                        (100 ms buckets; columns found by name)
  *   summary.json         `restarts`: node, sigterm_ms, ready_ms, to_ms
  *   disconnected_ms.csv  header `disconnected_ms`, one sample a line
  *
- * The clause functions write gnuplot text that names its data files by the
+ * roll_plot_cdf_clause writes gnuplot text that names its data file by the
  * directory given, as given (relative to gnuplot's working directory, which
- * roll_plot leaves as the caller's). Paths are single-quoted for gnuplot.
+ * roll_plot leaves as the caller's), single-quoted for gnuplot.
  *
- * Any thread; blocking file reads and, in roll_plot, a gnuplot process.
+ * roll_plot: main thread (gnuplot_run); the others: any thread. All block
+ * on file reads.
  * Errors: -1 with a one-line reason in `err` (`errlen` bytes, always
  * NUL-terminated when errlen > 0).
  */
@@ -40,15 +41,6 @@ int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX
  * unreadable or gnuplot failed (the plots drawn before stay). */
 int roll_plot(const char *out_dir, char *err, size_t errlen);
 
-/* Append to `buf` (`len` bytes, NUL-terminated, holding a string already)
- * one run's arrivals per second per node as gnuplot plot elements,
- * comma-separated, each titled "LABEL roll-K" (`label` NULL or "": "roll-K"),
- * x in seconds from the run's t=0. For `plot` after a caller's terminal and
- * `set datafile separator ","`. Returns 0, or -1 (timeline.csv unreadable,
- * or `buf` too small). */
-int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len, char *err,
-                              size_t errlen);
-
 /* Append one run's CDF of disconnected time (ms on x, fraction of drops on
  * y) as one plot element titled `label` (NULL: "disconnected"): a step
  * line, or one point at (0, 1) when every drop was 0 ms; or "" when
@@ -56,11 +48,5 @@ int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, siz
  * 0). *ndrops (may be NULL) receives the number of samples. Same returns. */
 int roll_plot_cdf_clause(const char *dir, const char *label, char *buf, size_t len, size_t *ndrops,
                          char *err, size_t errlen);
-
-/* Append `set object` / `set arrow` / `set label` commands that mark one
- * run's restarts (summary.json) on a time axis in seconds: a shaded
- * rectangle from SIGTERM to ready, a dashed line at the span's end. Returns
- * 0, or -1 (summary.json unreadable or `buf` too small). */
-int roll_plot_restart_marks(const char *dir, char *buf, size_t len, char *err, size_t errlen);
 
 #endif

@@ -137,7 +137,8 @@ void run_signals_restore(const run_signals_t *saved);
 /* printf a one-line reason into `err` (`errlen` bytes; nothing when err is
  * NULL or errlen 0), the error channel of the bench's helper modules. Any
  * thread. */
-void run_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void run_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The monotonic clock (uv_hrtime), in nanoseconds. */
 uint64_t run_now_ns(void);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,7 @@ int gnuplot_run(const char *dir, const char *script, char *err, size_t errlen) {
   if (pid == 0) {
     dup2(in[0], STDIN_FILENO);
     dup2(errp[1], STDERR_FILENO);
-    int devnull = open("/dev/null", O_WRONLY);
+    int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
     if (dir && chdir(dir) != 0) _exit(EXEC_FAILED - 1);
     execlp("gnuplot", "gnuplot", (char *)NULL);
@@ -68,19 +69,17 @@ int gnuplot_run(const char *dir, const char *script, char *err, size_t errlen) {
   int wr = write_all(in[1], script, strlen(script));
   close(in[1]);
   signal(SIGPIPE, old);
-  char buf[512];
+  char buf[1024]; /* the tail of gnuplot's stderr: its error is at the end */
   size_t n = 0;
   for (;;) {
+    if (n == sizeof buf - 1) { /* full: keep the second half */
+      memmove(buf, buf + n / 2, n - n / 2);
+      n -= n / 2;
+    }
     ssize_t r = read(errp[0], buf + n, sizeof buf - 1 - n);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     n += (size_t)r;
-    if (n == sizeof buf - 1) { /* keep the start, drain the rest */
-      char sink[4096];
-      while (read(errp[0], sink, sizeof sink) > 0) {
-      }
-      break;
-    }
   }
   buf[n] = '\0';
   close(errp[0]);
@@ -91,8 +90,11 @@ int gnuplot_run(const char *dir, const char *script, char *err, size_t errlen) {
       return -1;
     }
   }
-  char *nl = strchr(buf, '\n');
-  if (nl) *nl = '\0';
+  /* the last non-empty line: gnuplot's warnings come before its error */
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = '\0';
+  char *last = strrchr(buf, '\n');
+  last = last ? last + 1 : buf;
+  while (*last == ' ') last++;
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
   if (WIFEXITED(st) && WEXITSTATUS(st) == EXEC_FAILED)
     snprintf(err, errlen, "gnuplot not found (run scripts/setup: package gnuplot-nox)");
@@ -101,7 +103,28 @@ int gnuplot_run(const char *dir, const char *script, char *err, size_t errlen) {
   else if (WIFSIGNALED(st))
     snprintf(err, errlen, "gnuplot killed by signal %d", WTERMSIG(st));
   else
-    snprintf(err, errlen, "gnuplot exited %d: %s", WEXITSTATUS(st), buf[0] ? buf : "(no message)");
+    snprintf(err, errlen, "gnuplot exited %d: %s", WEXITSTATUS(st),
+             last[0] ? last : "(no message)");
   (void)wr; /* a failed write shows as gnuplot's own error or exit status */
   return -1;
+}
+
+int gnuplot_appendf(char *buf, size_t len, const char *fmt, ...) {
+  size_t used = strlen(buf);
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + used, len - used, fmt, ap);
+  va_end(ap);
+  return n < 0 || (size_t)n >= len - used ? -1 : 0;
+}
+
+int gnuplot_append_path(char *buf, size_t len, const char *dir, const char *file) {
+  if (gnuplot_appendf(buf, len, "'") != 0) return -1;
+  for (int part = 0; part < 2; part++) {
+    const char *p = part ? file : dir;
+    if (part && gnuplot_appendf(buf, len, "/") != 0) return -1;
+    for (; *p; p++)
+      if (gnuplot_appendf(buf, len, *p == '\'' ? "''" : "%c", *p) != 0) return -1;
+  }
+  return gnuplot_appendf(buf, len, "'");
 }
