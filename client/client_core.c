@@ -96,6 +96,7 @@ struct cvg_core_s {
   int active;                       /* slot of the welcomed transport, -1: none */
   int last_url;                     /* URL that failed or drains, avoided next; -1: none */
   int64_t reconnect_at, migrate_at; /* -1: none */
+  int64_t migrate_deadline;         /* the drain's deadlineMs on our clock; -1: none */
   char *migrate_url;                /* the drain's reconnectTo, or NULL */
   int64_t hint_ms;                  /* floor for the next backoff, from the transport lost last */
   int64_t offline_since;            /* -1 while welcomed */
@@ -263,7 +264,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   core->opt = *opt;
   core->active = -1;
   core->last_url = -1;
-  core->reconnect_at = core->migrate_at = core->timer_at = -1;
+  core->reconnect_at = core->migrate_at = core->timer_at = core->migrate_deadline = -1;
   core->offline_since = -1;
   core->sends_tail = &core->sends;
   if (!core->opt.connect_timeout_ms) core->opt.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
@@ -494,9 +495,22 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
     return;
   }
   if (was_migration && core->active >= 0) {
-    /* Keep the draining connection until the server closes it. */
-    set_state(core, CVG_STATE_CONNECTED, "drain migration failed (%s); keeping the connection",
-              why);
+    /* Keep the draining connection. Try the move again after the backoff
+     * (the hint a floor) if that is still before the drain's deadline, when
+     * the node closes what is left; otherwise wait for that close. */
+    int64_t delay = cvg_backoff_next(&core->backoff, core->opt.ignore_hints ? 0 : core->hint_ms);
+    core->hint_ms = 0;
+    if (core->migrate_deadline >= 0 && now + delay < core->migrate_deadline) {
+      free(core->migrate_url); /* a random other node this time */
+      core->migrate_url = NULL;
+      core->migrate_at = now + delay;
+      set_state(core, CVG_STATE_CONNECTED,
+                "drain migration failed (%s); keeping the connection, trying again in %lld ms", why,
+                (long long)delay);
+    } else {
+      set_state(core, CVG_STATE_CONNECTED, "drain migration failed (%s); keeping the connection",
+                why);
+    }
     return;
   }
   schedule_reconnect(core, url, why, now);
@@ -726,8 +740,10 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
 static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   json_t *after = json_object_get(j, "afterMs");
   json_t *to = json_object_get(j, "reconnectTo");
+  json_t *deadline = json_object_get(j, "deadlineMs");
   if (!json_is_integer(after) || json_integer_value(after) < 0 ||
-      (to && !json_is_null(to) && !json_is_string(to))) {
+      (to && !json_is_null(to) && !json_is_string(to)) ||
+      (deadline && (!json_is_integer(deadline) || json_integer_value(deadline) < 0))) {
     core->st.bad_frames++;
     return;
   }
@@ -741,6 +757,7 @@ static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   free(core->migrate_url);
   core->migrate_url = url && wsurl_parse(url, NULL, NULL, 0) ? strdup(url) : NULL;
   core->migrate_at = at;
+  core->migrate_deadline = deadline ? now + clamp_ms(json_integer_value(deadline)) : -1;
   core->last_url = t->url;
 }
 

@@ -28,7 +28,10 @@
  *     with the same id (the idempotency key) after the next welcome;
  *   - on `drain`, opens a second connection after `afterMs`, says hello with
  *     the current watermarks, and closes the old one with 1000 only once the
- *     new one is welcomed (make-before-break).
+ *     new one is welcomed (make-before-break). A move that fails keeps
+ *     the old connection and is tried again, on a random other URL, after
+ *     the backoff (the hint a floor) when that is still before the frame's
+ *     `deadlineMs`; otherwise the client waits for the server's close.
  *
  * Threads: a client (core or libuv) belongs to one thread, the one running
  * its loop; no function here may be called from another thread.
@@ -164,7 +167,7 @@ typedef struct {
   void *userdata;
   /* Options for experiments, last so that the fields above keep the
    * offsets they had before these were added. */
-  cvg_reconnect_t reconnect;  /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
+  cvg_reconnect_t reconnect; /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
   /* 1: the server's retry hints are not a floor of the backoff: the
    * retryAfterMs of an `unavailable` error frame, of a 1012/1013 close
    * reason and of an HTTP 503's Retry-After are ignored, and a

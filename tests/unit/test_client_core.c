@@ -532,6 +532,76 @@ static void test_second_drain_frame_only_brings_the_move_forward(void **state) {
   destroy(&h);
 }
 
+/* A move refused by the new node is tried again after the backoff (the
+ * hint a floor) while that is before the drain's deadline, on a random
+ * other node, and the retry still moves make-before-break. */
+static void test_failed_migration_is_retried_before_the_deadline(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  act_t *first = last(&h, CVG_ACT_OPEN, 0);
+  char old_url[256];
+  snprintf(old_url, sizeof old_url, "%s", first->url);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":10000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  clear_acts(&h);
+  int64_t failed_at = h.now;
+  cvg_core_closed(h.core, nt, 1013, "{\"retryAfterMs\":500}", 20, h.now);
+  take(&h);
+  assert_null(last(&h, CVG_ACT_OPEN, 0)); /* not at once */
+  assert_null(last(&h, CVG_ACT_CLOSE, 0));
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  assert_true(h.timer_at >= failed_at + 500);
+  assert_true(h.timer_at < failed_at + 10000);
+  fire(&h);
+  act_t *again = last(&h, CVG_ACT_OPEN, 0);
+  assert_non_null(again);
+  assert_string_not_equal(again->url, old_url); /* not the draining node */
+  assert_int_equal(h.state, CVG_STATE_MIGRATING);
+  uint32_t nt2 = again->t;
+  cvg_core_opened(h.core, nt2, h.now);
+  text(&h, nt2,
+       "{\"type\":\"welcome\",\"session\":\"4\",\"node\":\"n-other\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":false}]}");
+  act_t *c = last(&h, CVG_ACT_CLOSE, 0);
+  assert_non_null(c);
+  assert_int_equal(c->t, old);
+  assert_int_equal(c->code, 1000);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.migrations, 1);
+  assert_int_equal(st.offline_ms, 0);
+  destroy(&h);
+}
+
+/* When the backoff (or the hint) would end after the drain's deadline, the
+ * client does not try again and waits for the node's 1012. */
+static void test_failed_migration_past_the_deadline_is_not_retried(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":2000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  clear_acts(&h);
+  cvg_core_closed(h.core, nt, 1013, "{\"retryAfterMs\":5000}", 21, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  int64_t until = h.now + 60000;
+  while (h.timer_at >= 0 && h.timer_at < until) fire(&h);
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  /* a drain frame with a bad deadlineMs is a bad frame, not a move */
+  cvg_stats_t before, after;
+  cvg_core_stats(h.core, h.now, &before);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":\"soon\"}");
+  cvg_core_stats(h.core, h.now, &after);
+  assert_int_equal(after.bad_frames, before.bad_frames + 1);
+  destroy(&h);
+}
+
 static void test_failed_migration_keeps_the_old_connection(void **state) {
   h_t h;
   cvg_sub_t subs[] = {{"c1", 0}};
@@ -1055,6 +1125,8 @@ int main(void) {
       cmocka_unit_test(test_drain_is_make_before_break),
       cmocka_unit_test(test_second_drain_frame_only_brings_the_move_forward),
       cmocka_unit_test(test_failed_migration_keeps_the_old_connection),
+      cmocka_unit_test(test_failed_migration_is_retried_before_the_deadline),
+      cmocka_unit_test(test_failed_migration_past_the_deadline_is_not_retried),
       cmocka_unit_test(test_connect_and_idle_timeouts),
       cmocka_unit_test(test_bad_frames_are_counted_and_ignored),
       cmocka_unit_test(test_unauthorized_stops_for_good),
