@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -172,39 +171,13 @@ static int run_scenario(const scenario_t *sc, const char *window, char **fwd, in
   fprintf(stderr, CMD ": scenario %s:", sc->name);
   for (int i = 1; i < a; i++) fprintf(stderr, " %s", argv[i]);
   fprintf(stderr, "\n");
-  /* Stop signals are blocked across fork, as in bench/node.c: one that
-   * reached the child before exec would run this process's handler there
-   * and be lost. */
-  sigset_t stop_sigs, old_mask;
-  sigemptyset(&stop_sigs);
-  sigaddset(&stop_sigs, SIGINT);
-  sigaddset(&stop_sigs, SIGTERM);
-  sigaddset(&stop_sigs, SIGHUP);
-  sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
-  pid_t parent = getpid();
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    /* roll prints its summary.json on stdout; compare's stdout is the table */
-    int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
-    execv(exe, (char *const *)argv);
-    dprintf(2, CMD ": cannot run %s: %s\n", exe, strerror(errno));
-    _exit(127);
-  }
-  int fork_errno = errno;
-  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  /* roll prints its summary.json on stdout (to /dev/null here: compare's
+   * stdout is the table); it stops its nodes and PostgreSQL on SIGTERM,
+   * which it also gets if compare dies */
+  run_spawn_opts_t so = {.out_fd = -1, .err_fd = -1, .death_sig = SIGTERM, .cpu = -1};
+  pid_t pid = run_spawn((char *const *)argv, &so);
   if (pid < 0) {
-    fprintf(stderr, CMD ": fork: %s\n", strerror(fork_errno));
+    fprintf(stderr, CMD ": fork: %s\n", strerror(errno));
     return -1;
   }
   int st, forwarded = 0;

@@ -11,13 +11,11 @@
 #include <jansson.h>
 #include <limits.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -173,87 +171,44 @@ int bnode_start_env(bench_t *b, const char *const *extra_env) {
   char log_path[PATH_MAX];
   snprintf(log_path, sizeof log_path, "%s/node.log", b->dir);
   int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   char **env = node_env(b, extra_env);
-  if (log_fd < 0 || null_fd < 0 || !env) {
-    run_fail(b, "cannot prepare the node's log, stdin or environment: %s", strerror(errno));
+  if (log_fd < 0 || !env) {
+    run_fail(b, "cannot prepare the node's log or environment: %s", strerror(errno));
     if (log_fd >= 0) close(log_fd);
-    if (null_fd >= 0) close(null_fd);
     env_free(env);
     return -1;
   }
-  pid_t parent = getpid();
-  fflush(NULL);
-  /* Block the bench's stop signals across fork: one that arrived in the
-   * child before it resets its handlers would run the bench's handler
-   * there and be lost, and the node would run on until the SIGKILL
-   * fallback. The child unblocks them after resetting the handlers. */
-  sigset_t stop_sigs, old_mask;
-  sigemptyset(&stop_sigs);
-  sigaddset(&stop_sigs, SIGINT);
-  sigaddset(&stop_sigs, SIGTERM);
-  sigaddset(&stop_sigs, SIGHUP);
-  sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
-  pid_t pid = fork();
-  if (pid == 0) {
-    /* Child: its own process group (a terminal's Ctrl-C reaches the bench
-     * only, which then stops the node in order), killed if the bench dies. */
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    if (b->node_cpu >= 0) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(b->node_cpu, &set);
-      sched_setaffinity(0, sizeof set, &set);
-    }
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    dup2(null_fd, 0);
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    char *args[] = {b->exe, (char *)"serve", NULL};
-    execve(b->exe, args, env);
-    dprintf(2, "converger bench: cannot run %s: %s\n", b->exe, strerror(errno));
-    _exit(127);
-  }
+  /* its own process group (a terminal's Ctrl-C reaches the bench only,
+   * which then stops the node in order), killed if the bench dies */
+  char *args[] = {b->exe, (char *)"serve", NULL};
+  run_spawn_opts_t so = {.env = env,
+                         .out_fd = log_fd,
+                         .err_fd = log_fd,
+                         .death_sig = SIGKILL,
+                         .own_group = 1,
+                         .cpu = b->node_cpu};
+  pid_t pid = run_spawn(args, &so);
   int fork_errno = errno;
-  sigprocmask(SIG_SETMASK, &old_mask, NULL);
   close(log_fd);
-  close(null_fd);
   env_free(env);
   if (pid < 0) {
     run_fail(b, "fork: %s", strerror(fork_errno));
     return -1;
   }
-  setpgid(pid, pid); /* also here: no race with the child's own call */
   b->pid = pid;
   return 0;
 }
 
 void bnode_stop(bench_t *b) {
   if (b->pid <= 0) return;
-  kill(b->pid, SIGTERM);
-  uint64_t until = run_now_ns() + (uint64_t)STOP_WAIT_MS * 1000000u;
-  while (!bnode_gone(b)) {
-    if (run_now_ns() >= until) {
-      fprintf(stderr, "converger bench: the node did not stop within %d s; SIGKILL\n",
-              STOP_WAIT_MS / 1000);
-      kill(b->pid, SIGKILL);
-      int st;
-      while (waitpid(b->pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      b->node_status = st;
-      b->node_exited = 1;
-      b->pid = 0;
-      return;
-    }
-    run_sleep_ms(10);
+  int killed;
+  b->node_status = run_stop_child(b->pid, STOP_WAIT_MS, &killed);
+  b->node_exited = 1;
+  b->pid = 0;
+  if (killed) {
+    fprintf(stderr, "converger bench: the node did not stop within %d s; SIGKILL\n",
+            STOP_WAIT_MS / 1000);
+    return;
   }
   char why[96];
   if (!WIFEXITED(b->node_status) || WEXITSTATUS(b->node_status) != 0)

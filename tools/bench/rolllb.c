@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +19,6 @@
 
 #define READY_WAIT_MS 10000
 #define STOP_WAIT_MS  5000
-#define EXEC_FAILED   127
 
 int rolllb_init(rolllb_t *lb, char *err, size_t errlen) {
   memset(lb, 0, sizeof *lb);
@@ -116,36 +114,21 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
   snprintf(cfg, sizeof cfg, "%s/haproxy.cfg", dir);
   snprintf(log, sizeof log, "%s/haproxy.log", dir);
   int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (log_fd < 0 || null_fd < 0) {
+  if (log_fd < 0) {
     run_set_err(err, errlen, "%s: %s", log, strerror(errno));
-    if (log_fd >= 0) close(log_fd);
-    if (null_fd >= 0) close(null_fd);
     return -1;
   }
-  fflush(NULL);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0); /* a Ctrl-C reaches the bench, which stops it */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    dup2(null_fd, STDIN_FILENO);
-    dup2(log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
-    execlp("haproxy", "haproxy", "-db", "-f", cfg, (char *)NULL);
-    _exit(EXEC_FAILED);
-  }
+  /* its own process group: a Ctrl-C reaches the bench, which stops it */
+  char *args[] = {(char *)"haproxy", (char *)"-db", (char *)"-f", cfg, NULL};
+  run_spawn_opts_t so = {
+      .out_fd = log_fd, .err_fd = log_fd, .death_sig = SIGKILL, .own_group = 1, .cpu = -1};
+  pid_t pid = run_spawn(args, &so);
+  int fork_errno = errno;
   close(log_fd);
-  close(null_fd);
   if (pid < 0) {
-    run_set_err(err, errlen, "fork: %s", strerror(errno));
+    run_set_err(err, errlen, "fork: %s", strerror(fork_errno));
     return -1;
   }
-  setpgid(pid, pid);
   lb->pid = pid;
 
   bench_t *b = calloc(1, sizeof *b);
@@ -160,7 +143,7 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
   char out[256], tail[300];
   for (;;) {
     if (exited(lb, &status)) {
-      if (WIFEXITED(status) && WEXITSTATUS(status) == EXEC_FAILED)
+      if (WIFEXITED(status) && WEXITSTATUS(status) == RUN_EXEC_FAILED)
         run_set_err(err, errlen, "haproxy not found (scripts/setup installs the Debian package)");
       else {
         log_tail(lb, tail, sizeof tail);
@@ -188,19 +171,10 @@ int rolllb_start(rolllb_t *lb, const char *dir, const int *ports, size_t n, char
 
 void rolllb_stop(rolllb_t *lb) {
   if (lb->pid <= 0) return;
-  kill(lb->pid, SIGTERM);
-  int status;
-  uint64_t t0 = run_now_ns();
-  while (!exited(lb, &status)) {
-    if (run_now_ns() - t0 > (uint64_t)STOP_WAIT_MS * 1000000u) {
-      fprintf(stderr, "HAProxy (pid %d) still running %d ms after SIGTERM: SIGKILL\n", (int)lb->pid,
-              STOP_WAIT_MS);
-      kill(lb->pid, SIGKILL);
-      while (waitpid(lb->pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      lb->pid = 0;
-      return;
-    }
-    run_sleep_ms(20);
-  }
+  int killed;
+  run_stop_child(lb->pid, STOP_WAIT_MS, &killed);
+  if (killed)
+    fprintf(stderr, "HAProxy (pid %d) still running %d ms after SIGTERM: SIGKILL\n", (int)lb->pid,
+            STOP_WAIT_MS);
+  lb->pid = 0;
 }

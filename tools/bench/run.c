@@ -5,11 +5,17 @@
 #include "bench/run.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/node.h"
 #include "cli/args.h"
@@ -221,6 +227,72 @@ void run_set_err(char *err, size_t errlen, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
+}
+
+pid_t run_spawn(char *const argv[], const run_spawn_opts_t *o) {
+  sigset_t stop_sigs, old_mask;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGINT);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGHUP);
+  sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
+  pid_t parent = getpid();
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (o->own_group) setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, o->death_sig);
+    if (getppid() != parent) _exit(RUN_EXEC_FAILED);
+    if (o->cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(o->cpu, &set);
+      sched_setaffinity(0, sizeof set, &set);
+    }
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    dup2(o->out_fd >= 0 ? o->out_fd : null_fd, STDOUT_FILENO);
+    if (o->err_fd >= 0) dup2(o->err_fd, STDERR_FILENO);
+    if (o->env)
+      execvpe(argv[0], argv, o->env);
+    else
+      execvp(argv[0], argv);
+    dprintf(STDERR_FILENO, "converger bench: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(RUN_EXEC_FAILED);
+  }
+  int fork_errno = errno;
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  if (pid < 0) {
+    errno = fork_errno;
+    return -1;
+  }
+  if (o->own_group) setpgid(pid, pid); /* also here: no race with the child's own call */
+  return pid;
+}
+
+int run_stop_child(pid_t pid, int wait_ms, int *killed) {
+  int st = 0;
+  if (killed) *killed = 0;
+  kill(pid, SIGTERM);
+  uint64_t until = run_now_ns() + (uint64_t)wait_ms * 1000000u;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return st;
+    if (run_now_ns() >= until) break;
+    run_sleep_ms(10);
+  }
+  if (killed) *killed = 1;
+  kill(pid, SIGKILL);
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return st;
 }
 
 void run_signals_restore(const run_signals_t *saved) {

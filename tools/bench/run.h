@@ -140,6 +140,34 @@ void run_signals_restore(const run_signals_t *saved);
 void run_set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The exit status of a spawned child whose exec failed (as a shell's). */
+#define RUN_EXEC_FAILED 127
+
+/* How run_spawn starts a child. */
+typedef struct {
+  char *const *env; /* NULL: this process's environment */
+  int out_fd;       /* its stdout; -1: /dev/null */
+  int err_fd;       /* its stderr; -1: this process's */
+  int death_sig;    /* sent to it if this process dies (PR_SET_PDEATHSIG) */
+  int own_group;    /* 1: its own process group, so a terminal's Ctrl-C reaches
+                       the bench only, which then stops it in order */
+  int cpu;          /* pin it to this CPU; -1: no pinning */
+} run_spawn_opts_t;
+
+/* Start argv[0] (a path, or a name looked up in PATH) with argv, stdin
+ * from /dev/null. SIGINT, SIGTERM and SIGHUP are blocked across the fork,
+ * so that one arriving before the child has reset its handlers is not run
+ * by the bench's handler in the child and lost; the child resets them and
+ * SIGPIPE to their defaults. Returns the child's pid, or -1 with errno set
+ * (fork failed). A failed exec shows as exit status RUN_EXEC_FAILED, with a
+ * line on the child's stderr. Main thread. */
+pid_t run_spawn(char *const argv[], const run_spawn_opts_t *o);
+
+/* Stop a child run_spawn started: SIGTERM, then SIGKILL if it has not exited
+ * within wait_ms; reaps it. Returns its wait status, with *killed (may be
+ * NULL) set to 1 when SIGKILL was needed. Main thread. */
+int run_stop_child(pid_t pid, int wait_ms, int *killed);
+
 /* The monotonic clock (uv_hrtime), in nanoseconds. */
 uint64_t run_now_ns(void);
 
