@@ -31,7 +31,11 @@ int sim_main(int argc, char **argv) {
     fprintf(stderr, "converger sim: out of memory for %lld clients\n", (long long)p.clients);
     return 1;
   }
-  sim_run(&s, progress);
+  if (sim_run(&s, progress) != 0) {
+    fprintf(stderr, "converger sim: out of memory at %u s\n", s.now / SIM_TICKS_PER_S);
+    sim_free(&s);
+    return 1;
+  }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   json_t *sum = report_summary(&s);
   char err[512];
