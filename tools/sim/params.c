@@ -122,7 +122,7 @@ static void preset_fixed(sim_params_t *p) {
       .collapse_share = 100,
       .churn_per_million = 6154, /* 80 000 / 13 M */
       .lb = SIM_LB_RANDOM,
-      .hash_vnodes = 4,
+      .hash_vnodes = 16,
       .admission = SIM_ACCEPT_QUEUE,
       .refuse_wait_ms = 1000,
       .admission_cpu = 90,
