@@ -47,7 +47,7 @@ static const char *const backoff_names[] = {"decorrelated", "full",     "equal",
 
 /* Names are the struct's fields; flags spell '_' as '-' (param_flag). */
 static const param_t params[] = {
-    I(nodes, 1, 60000, "nodes", "gateway nodes"),
+    I(nodes, 1, 60000, "nodes", "gateway nodes"), /* a client keeps its node in 16 bits */
     I(clients, 1, 100000000, "clients", "clients, all connected at the start"),
     I(headroom, 1, 95, "%", "spare capacity: capacity = clients per node / (1 - headroom)"),
     I(handshake_rate, 1, 10000000, "/s", "handshakes per second of one node at 100 % CPU"),
@@ -199,7 +199,8 @@ int sim_params_load_file(sim_params_t *p, const char *path, char *err, size_t er
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) {
-    snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+    if (je.line > 0) snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+    else snprintf(err, errlen, "%s", je.text);
     return -1;
   }
   if (!json_is_object(root)) {
@@ -249,10 +250,6 @@ int sim_params_check(const sim_params_t *p, char *err, size_t errlen) {
   if (p->batch > p->nodes) {
     snprintf(err, errlen, "--batch %lld is more than --nodes %lld", (long long)p->batch,
              (long long)p->nodes);
-    return -1;
-  }
-  if (p->nodes > 65534) { /* a client keeps its node in 16 bits */
-    snprintf(err, errlen, "--nodes %lld: at most 65534", (long long)p->nodes);
     return -1;
   }
   if (p->hint_min_ms > p->hint_max_ms) {
