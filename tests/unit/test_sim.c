@@ -67,8 +67,10 @@ static void test_hash_is_sticky_and_skips_down_nodes(void **state) {
   for (uint32_t i = 0; i < 1000; i++) {
     uint16_t k = sim_lb_pick(&s, i);
     assert_int_not_equal(k, 3);
-    if (first[i] != 3) assert_int_equal(k, first[i]);
-    else moved++;
+    if (first[i] != 3)
+      assert_int_equal(k, first[i]);
+    else
+      moved++;
   }
   assert_true(moved > 0);
   sim_free(&s);
@@ -92,9 +94,9 @@ static void test_admission_queue_bound(void **state) {
   sim_params_t p = small(1, 300);
   p.admission = SIM_ACCEPT_QUEUE;
   p.handshake_rate = 1000;
-  p.headroom = 50;     /* capacity 600: load 0.5 */
+  p.headroom = 50;      /* capacity 600: load 0.5 */
   p.admission_cpu = 90; /* spare 0.4: 400 handshakes/s */
-  p.queue_ms = 500;    /* => at most 200 waiters */
+  p.queue_ms = 500;     /* => at most 200 waiters */
   p.queue_max = 10000;
   sim_t s;
   assert_int_equal(sim_init(&s, &p), 0);
@@ -117,7 +119,7 @@ static void test_refuse_bound(void **state) {
   sim_params_t p = small(1, 100);
   p.admission = SIM_ACCEPT_REFUSE;
   p.handshake_rate = 1000;
-  p.headroom = 50; /* spare 0.5 of 100 %: 500 handshakes/s */
+  p.headroom = 50;        /* spare 0.5 of 100 %: 500 handshakes/s */
   p.refuse_wait_ms = 100; /* => 50 */
   sim_t s;
   assert_int_equal(sim_init(&s, &p), 0);
@@ -216,8 +218,8 @@ static void test_migrate_moves_without_outage(void **state) {
 static void test_params_flags_and_errors(void **state) {
   sim_params_t p;
   const char *out;
-  char *ok[] = {"--scenario", "postmortem", "--nodes", "48", "--backoff", "full", "--out", "x",
-                "--headroom=35"};
+  char *ok[] = {"--scenario", "postmortem", "--nodes", "48",           "--backoff",
+                "full",       "--out",      "x",       "--headroom=35"};
   assert_int_equal(sim_params_parse(&p, &out, 9, ok), 0);
   assert_int_equal(p.nodes, 48);
   assert_int_equal(p.backoff, CVG_BACKOFF_FULL);
@@ -240,7 +242,8 @@ static void test_params_file(void **state) {
   char path[] = "/tmp/test_sim_XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
-  const char good[] = "{\"nodes\": 12, \"batch\": 2, \"drain-window-s\": 45, \"lb\": \"leastconn\"}";
+  const char good[] =
+      "{\"nodes\": 12, \"batch\": 2, \"drain-window-s\": 45, \"lb\": \"leastconn\"}";
   assert_int_equal(write(fd, good, sizeof good - 1), (ssize_t)(sizeof good - 1));
   close(fd);
   sim_params_t p;

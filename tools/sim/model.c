@@ -85,8 +85,8 @@ static void schedule(sim_t *s, uint32_t ci, int64_t delay_ms) {
 /* The SDK's next delay for `c` (client/backoff.c itself, on the client's
  * two words of backoff state). */
 static int64_t backoff_delay(sim_t *s, sim_client_t *c, int64_t hint_ms) {
-  cvg_backoff_t b = {.opt = s->backoff, .rng = &s->rng, .attempt = c->attempt,
-                     .prev_ms = c->prev_ms};
+  cvg_backoff_t b = {
+      .opt = s->backoff, .rng = &s->rng, .attempt = c->attempt, .prev_ms = c->prev_ms};
   int64_t d = cvg_backoff_next(&b, hint_ms);
   c->attempt = (uint8_t)(b.attempt < 255 ? b.attempt : 255);
   c->prev_ms = (uint32_t)b.prev_ms;
@@ -125,8 +125,10 @@ uint16_t sim_lb_pick(sim_t *s, uint32_t ci) {
     size_t lo = 0, hi = s->nring; /* first point >= key */
     while (lo < hi) {
       size_t mid = (lo + hi) / 2;
-      if (s->ring_pos[mid] < key) lo = mid + 1;
-      else hi = mid;
+      if (s->ring_pos[mid] < key)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     for (size_t i = 0; i < s->nring; i++) {
       uint16_t k = s->ring_node[(lo + i) % s->nring];
@@ -171,7 +173,6 @@ int sim_node_offer(sim_t *s, uint16_t k, uint32_t ci) {
     sim_client_t *c = &s->c[ci];
     n->q[(n->qhead + n->qlen++) % s->qcap] = ci;
     c->state = SIM_QUEUED;
-    c->target = k;
     return 1;
   }
   n->refused_step++;
@@ -220,7 +221,7 @@ static void welcome(sim_t *s, uint16_t k, uint32_t ci) {
   } else if (!(c->flags & SIM_F_CHURN)) {
     record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
   }
-  c->flags &= (uint8_t)~(SIM_F_MOVING | SIM_F_CHURN);
+  c->flags &= (uint8_t) ~(SIM_F_MOVING | SIM_F_CHURN);
   c->node = k;
   c->since = SIM_NONE;
   c->state = SIM_CONNECTED;
@@ -356,15 +357,14 @@ static void controller(sim_t *s) {
   if (s->batch_active) {
     int b = s->next_batch - 1, all_up = 1, all_empty = 1;
     if (p->drain == SIM_DRAIN_MIGRATE &&
-        s->now == s->batch_start + (uint32_t)((p->drain_window_s * 1000 + DRAIN_GRACE_MS) /
-                                              SIM_TICK_MS))
+        s->now ==
+            s->batch_start + (uint32_t)((p->drain_window_s * 1000 + DRAIN_GRACE_MS) / SIM_TICK_MS))
       close_stragglers(s);
     for (int64_t k = batch_first(s, b); k < batch_end(s, b); k++) {
       sim_node_t *n = &s->n[k];
       if (n->draining && n->conns == 0 && n->qlen == 0) {
         n->draining = 0;
         n->up = 0;
-        n->down_at = s->now;
         n->ready_at = s->now + (uint32_t)(p->restart_s * SIM_TICKS_PER_S);
       }
       if (!n->up && !n->draining && s->now >= n->ready_at) {
@@ -376,7 +376,8 @@ static void controller(sim_t *s) {
       if (n->draining) all_empty = 0;
       if (!n->up || n->draining) all_up = 0;
     }
-    if (all_empty && s->batch_empty_s[b] == SIM_NONE) s->batch_empty_s[b] = s->now / SIM_TICKS_PER_S;
+    if (all_empty && s->batch_empty_s[b] == SIM_NONE)
+      s->batch_empty_s[b] = s->now / SIM_TICKS_PER_S;
     if (all_up) {
       s->batch_active = 0;
       s->batch_done = s->now;
@@ -493,10 +494,17 @@ void sim_step(sim_t *s) {
     } else {
       c->flags &= (uint8_t)~SIM_F_PENDING;
       switch (c->state) {
-      case SIM_WAITING: attempt(s, ci, 0); break;
-      case SIM_MIGRATING: attempt(s, ci, 1); break;
-      case SIM_CLOSING: lose(s, ci, hint(s), 0); break;
-      default: break; /* cannot happen: connected and queued clients have no event */
+      case SIM_WAITING:
+        attempt(s, ci, 0);
+        break;
+      case SIM_MIGRATING:
+        attempt(s, ci, 1);
+        break;
+      case SIM_CLOSING:
+        lose(s, ci, hint(s), 0);
+        break;
+      default:
+        break; /* cannot happen: connected and queued clients have no event */
       }
     }
   }
@@ -591,8 +599,8 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->backoff = tmpl.opt;
   double per_node = (double)p->clients / (double)p->nodes;
   s->capacity = (int64_t)ceil(per_node / (1.0 - (double)p->headroom / 100.0));
-  s->churn_per_step = (double)p->clients * (double)p->churn_per_million / 1e6 / 60.0 /
-                      SIM_TICKS_PER_S;
+  s->churn_per_step =
+      (double)p->clients * (double)p->churn_per_million / 1e6 / 60.0 / SIM_TICKS_PER_S;
   s->nbatches = (int)((p->nodes + p->batch - 1) / p->batch);
   /* a queue never holds more than its policy's bound at the full rate */
   int64_t bound_ms = p->admission == SIM_ACCEPT_QUEUE ? p->queue_ms : p->refuse_wait_ms;
@@ -610,8 +618,8 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->batch_start_s = malloc((size_t)s->nbatches * sizeof *s->batch_start_s);
   s->batch_empty_s = malloc((size_t)s->nbatches * sizeof *s->batch_empty_s);
   s->reconnect99_s = malloc((size_t)s->nbatches * sizeof *s->reconnect99_s);
-  if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->hist || !s->sec || !s->batch_start_s ||
-      !s->batch_empty_s || !s->reconnect99_s || build_ring(s) != 0) {
+  if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->hist || !s->sec ||
+      !s->batch_start_s || !s->batch_empty_s || !s->reconnect99_s || build_ring(s) != 0) {
     sim_free(s);
     return -ENOMEM;
   }
@@ -628,9 +636,11 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   }
   for (uint32_t ci = 0; ci < (uint32_t)p->clients; ci++) {
     uint16_t k = (uint16_t)(ci % (uint32_t)p->nodes); /* spread evenly, as planned */
-    s->c[ci] = (sim_client_t){.due = 0, .since = SIM_NONE,
-                              .prev_ms = (uint32_t)s->backoff.base_ms, .node = k,
-                              .target = k, .state = SIM_CONNECTED};
+    s->c[ci] = (sim_client_t){.due = 0,
+                              .since = SIM_NONE,
+                              .prev_ms = (uint32_t)s->backoff.base_ms,
+                              .node = k,
+                              .state = SIM_CONNECTED};
     s->n[k].conns++;
   }
   s->connected = p->clients;

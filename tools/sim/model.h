@@ -8,7 +8,7 @@
  * event further away waits in its slot for the right turn (the client
  * keeps its due step). A handshake waits in its node's FIFO ring, served
  * at the node's spare CPU. Nothing is allocated per client: a client is
- * SIM_CLIENT_BYTES in one array. The arrays (not linked lists) let the
+ * 20 bytes in one array. The arrays (not linked lists) let the
  * loops prefetch the clients they are about to touch: at 13 M clients,
  * nearly all the time goes to those cache misses.
  *
@@ -44,21 +44,21 @@
 #include "core/jitter.h"
 #include "sim/params.h"
 
-#define SIM_TICK_MS        10      /* one step */
+#define SIM_TICK_MS        10 /* one step */
 #define SIM_TICKS_PER_S    (1000 / SIM_TICK_MS)
-#define SIM_WHEEL_SLOTS    16384   /* steps the wheel spans (164 s); a power of two */
+#define SIM_WHEEL_SLOTS    16384 /* steps the wheel spans (164 s); a power of two */
 #define SIM_NONE           UINT32_MAX
 #define SIM_NO_NODE        UINT16_MAX
-#define SIM_HIST_BIN_MS    100     /* outage histogram bins */
-#define SIM_HIST_BINS      36000   /* one hour of 100 ms bins; longer goes to the last */
-#define SIM_RATE_WINDOW_S  10      /* attempts per minute = attempts in 10 s * 6 */
-#define SIM_ALARM_DROP     0.05    /* the post-mortem's alarm: connections drop 5 % ... */
-#define SIM_ALARM_WINDOW_S 60      /* ... within 60 s */
+#define SIM_HIST_BIN_MS    100   /* outage histogram bins */
+#define SIM_HIST_BINS      36000 /* one hour of 100 ms bins; longer goes to the last */
+#define SIM_RATE_WINDOW_S  10    /* attempts per minute = attempts in 10 s * 6 */
+#define SIM_ALARM_DROP     0.05  /* the post-mortem's alarm: connections drop 5 % ... */
+#define SIM_ALARM_WINDOW_S 60    /* ... within 60 s */
 
 typedef enum {
   SIM_CONNECTED = 0, /* no pending event */
   SIM_WAITING,       /* no connection; next attempt pending */
-  SIM_QUEUED,        /* handshake waiting in `target`'s queue; maybe still connected to `node` */
+  SIM_QUEUED,        /* handshake waiting in a node's queue; maybe still connected to `node` */
   SIM_MIGRATING,     /* connected; drain move (or its retry) pending */
   SIM_CLOSING,       /* connected; drain close pending */
 } sim_state_t;
@@ -76,13 +76,11 @@ typedef struct {
   uint32_t since;   /* step the connection was lost (SIM_NONE: connected) */
   uint32_t prev_ms; /* the backoff's previous delay (decorrelated) */
   uint16_t node;    /* node connected to (SIM_NO_NODE: none) */
-  uint16_t target;  /* node of the handshake in progress */
   uint8_t state;    /* sim_state_t */
   uint8_t attempt;  /* attempts since the last welcome (saturates at 255) */
   uint8_t flags;    /* SIM_F_* */
-  uint8_t pad;
 } sim_client_t;
-#define SIM_CLIENT_BYTES sizeof(sim_client_t)
+_Static_assert(sizeof(sim_client_t) == 20, "a client is 20 bytes");
 
 /* A growable array of client ids (a wheel slot). */
 typedef struct {
@@ -91,20 +89,20 @@ typedef struct {
 } sim_slot_t;
 
 typedef struct {
-  int64_t conns;          /* connected clients */
-  uint32_t *q;            /* ring of queued handshakes, s->qcap entries */
-  uint32_t qhead;         /* index of the oldest */
+  int64_t conns;  /* connected clients */
+  uint32_t *q;    /* ring of queued handshakes, s->qcap entries */
+  uint32_t qhead; /* index of the oldest */
   int64_t qlen;
   int up, ready, draining;
-  uint32_t down_at, ready_at; /* steps: went down, back ready */
-  uint32_t closes;         /* drain closes scheduled so far */
-  double carry;            /* fraction of a handshake left from the last step */
-  double work;             /* this second: CPU-seconds of handshakes and refusals */
-  int64_t refused_step;    /* refusals in this step */
-  double cpu;              /* the last whole second's CPU (1.0 = 100 %; may exceed) */
-  int hot_s;               /* seconds in a row at >= 100 % */
-  int abort_s;             /* seconds in a row above abort_cpu */
-  int collapsed;           /* collapsed at least once */
+  uint32_t ready_at;    /* step it is ready again after a restart */
+  uint32_t closes;      /* drain closes scheduled so far */
+  double carry;         /* fraction of a handshake left from the last step */
+  double work;          /* this second: CPU-seconds of handshakes and refusals */
+  int64_t refused_step; /* refusals in this step */
+  double cpu;           /* the last whole second's CPU (1.0 = 100 %; may exceed) */
+  int hot_s;            /* seconds in a row at >= 100 % */
+  int abort_s;          /* seconds in a row above abort_cpu */
+  int collapsed;        /* collapsed at least once */
   int64_t welcomes_s, peak_welcomes;
 } sim_node_t;
 
@@ -119,8 +117,8 @@ typedef struct {
   sim_params_t p;
   jitter_rng_t rng;
   cvg_backoff_options_t backoff; /* normalised once by cvg_backoff_init */
-  int64_t capacity;             /* connections at 100 % CPU per node */
-  uint32_t now;                 /* current step */
+  int64_t capacity;              /* connections at 100 % CPU per node */
+  uint32_t now;                  /* current step */
   sim_client_t *c;
   sim_slot_t *wheel; /* SIM_WHEEL_SLOTS slots */
   sim_slot_t spare;  /* the array of the slot being run, kept for reuse */
@@ -129,7 +127,7 @@ typedef struct {
   sim_node_t *n;
   uint16_t *ready; /* ids of ready nodes */
   int nready;
-  uint8_t *drop;   /* per node: collapses at the end of this second */
+  uint8_t *drop; /* per node: collapses at the end of this second */
   /* the hash ring: points sorted by position */
   uint64_t *ring_pos;
   uint16_t *ring_node;
@@ -151,7 +149,7 @@ typedef struct {
   double disconnected_client_s; /* outages of the restart, not churn */
   int64_t *hist;                /* outage durations, SIM_HIST_BIN_MS bins */
   int64_t nhist;
-  int alarm_s;                  /* first second the alarm fired, -1: never */
+  int alarm_s; /* first second the alarm fired, -1: never */
   /* per second */
   sim_second_t *sec;
   int nsec;

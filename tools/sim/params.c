@@ -25,7 +25,7 @@ typedef enum { KIND_INT, KIND_ENUM } kind_t;
 typedef struct {
   const char *name; /* flag without "--", and the scenario FILE's key */
   kind_t kind;
-  size_t offset;    /* of an int64_t (KIND_INT) or an int (KIND_ENUM) */
+  size_t offset; /* of an int64_t (KIND_INT) or an int (KIND_ENUM) */
   long long min, max;
   const char *const *names; /* KIND_ENUM: value i is names[i], NULL-terminated */
   const char *unit, *help;
@@ -37,13 +37,13 @@ static const char *const drain_names[] = {"close", "migrate", NULL};
 static const char *const to_names[] = {"least", "two", NULL};
 static const char *const onoff_names[] = {"off", "on", NULL};
 /* In the order of cvg_backoff_strategy_t (converger/client.h). */
-static const char *const backoff_names[] = {"decorrelated", "full",     "equal",
-                                            "exponential",  "additive", "proportional", NULL};
+static const char *const backoff_names[] = {"decorrelated", "full",         "equal", "exponential",
+                                            "additive",     "proportional", NULL};
 
-#define I(field, lo, hi, unit, help) \
-  {#field, KIND_INT, offsetof(sim_params_t, field), lo, hi, NULL, unit, help}
-#define E(field, names, help) \
-  {#field, KIND_ENUM, offsetof(sim_params_t, field), 0, 0, names, "", help}
+#define I(field, lo, hi, unit, help)                                                               \
+  { #field, KIND_INT, offsetof(sim_params_t, field), lo, hi, NULL, unit, help }
+#define E(field, names, help)                                                                      \
+  { #field, KIND_ENUM, offsetof(sim_params_t, field), 0, 0, names, "", help }
 
 /* Names are the struct's fields; flags spell '_' as '-' (param_flag). */
 static const param_t params[] = {
@@ -78,7 +78,8 @@ static const param_t params[] = {
     I(settle_s, 0, 100000, "s", "wait after a batch is ready again before the next"),
     I(start_s, 0, 100000, "s", "first batch starts at"),
     I(restart_s, 0, 100000, "s", "a node's downtime, from empty to ready"),
-    E(drain, drain_names, "drain: close (1012 closes, then reconnect) or migrate (make-before-break)"),
+    E(drain, drain_names,
+      "drain: close (1012 closes, then reconnect) or migrate (make-before-break)"),
     I(drain_window_s, 0, 100000, "s", "migrate: moves spread uniformly over this window"),
     E(reconnect_to, to_names,
       "migrate: the move's target, least (most spare capacity) or two (two random choices)"),
@@ -199,8 +200,10 @@ int sim_params_load_file(sim_params_t *p, const char *path, char *err, size_t er
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) {
-    if (je.line > 0) snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    else snprintf(err, errlen, "%s", je.text);
+    if (je.line > 0)
+      snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+    else
+      snprintf(err, errlen, "%s", je.text);
     return -1;
   }
   if (!json_is_object(root)) {
@@ -281,14 +284,13 @@ json_t *sim_params_to_json(const sim_params_t *p) {
 void sim_params_usage(FILE *out) {
   sim_params_t def;
   preset_fixed(&def);
-  fprintf(out,
-          "usage: converger sim [--scenario postmortem|fixed|bench|FILE] [options]\n\n"
-          "A discrete-event simulation (10 ms steps) of a rolling restart of a gateway\n"
-          "fleet and the reconnects it causes (docs/benchmarks/sim.md). The scenario sets\n"
-          "every parameter; a FILE is a JSON object with the flags below as keys (without\n"
-          "\"--\"; '_' or '-'). Flags override the scenario.\n\n"
-          "  --scenario NAME|FILE   postmortem, fixed (the default), bench, or a JSON file\n"
-          "  --out DIR              summary.json, timeline.csv, sim.png (default sim-out)\n");
+  fprintf(out, "usage: converger sim [--scenario postmortem|fixed|bench|FILE] [options]\n\n"
+               "A discrete-event simulation (10 ms steps) of a rolling restart of a gateway\n"
+               "fleet and the reconnects it causes (docs/benchmarks/sim.md). The scenario sets\n"
+               "every parameter; a FILE is a JSON object with the flags below as keys (without\n"
+               "\"--\"; '_' or '-'). Flags override the scenario.\n\n"
+               "  --scenario NAME|FILE   postmortem, fixed (the default), bench, or a JSON file\n"
+               "  --out DIR              summary.json, timeline.csv, sim.png (default sim-out)\n");
   for (size_t i = 0; i < NPARAMS; i++) {
     const param_t *d = &params[i];
     char flag[64], dflt[64];

@@ -27,35 +27,35 @@ typedef enum { SIM_TO_LEAST = 0, SIM_TO_TWO } sim_reconnect_to_t;
 typedef struct {
   /* fleet */
   int64_t nodes, clients;
-  int64_t headroom;     /* capacity = clients per node / (1 - headroom) */
-  int64_t handshake_rate;   /* handshakes/s a node does at 100 % CPU, no other load */
-  int64_t refuse_cost;  /* CPU of a refused attempt, % of a handshake */
-  int64_t collapse_s;       /* seconds at 100 % CPU before a node drops clients */
-  int64_t collapse_share; /* share of its clients a collapsing node drops */
-  int64_t churn_per_million;  /* steady reconnects per minute per million clients */
+  int64_t headroom;          /* capacity = clients per node / (1 - headroom) */
+  int64_t handshake_rate;    /* handshakes/s a node does at 100 % CPU, no other load */
+  int64_t refuse_cost;       /* CPU of a refused attempt, % of a handshake */
+  int64_t collapse_s;        /* seconds at 100 % CPU before a node drops clients */
+  int64_t collapse_share;    /* share of its clients a collapsing node drops */
+  int64_t churn_per_million; /* steady reconnects per minute per million clients */
   /* load balancer and accept policy */
   int lb;                 /* sim_lb_t */
   int64_t hash_vnodes;    /* points per node on the consistent-hash ring */
   int admission;          /* sim_accept_t */
   int64_t refuse_wait_ms; /* refuse: longest start delay an attempt is taken with */
-  int64_t admission_cpu; /* queue: handshakes only while CPU is below this */
+  int64_t admission_cpu;  /* queue: handshakes only while CPU is below this */
   int64_t queue_ms;       /* queue: longest wait before a refusal */
   int64_t queue_max;      /* queue: most waiters per node */
   /* clients */
-  int backoff;            /* cvg_backoff_strategy_t */
+  int backoff; /* cvg_backoff_strategy_t */
   int64_t base_ms, cap_ms, jitter_ms;
-  int hints;              /* refusals and drain closes carry retryAfterMs */
+  int hints; /* refusals and drain closes carry retryAfterMs */
   int64_t hint_min_ms, hint_max_ms;
-  int64_t degraded_ms;    /* an outage longer than this degrades a session */
+  int64_t degraded_ms; /* an outage longer than this degrades a session */
   /* restart */
   int64_t batch, batch_interval_s, settle_s, start_s, restart_s;
-  int drain;              /* sim_drain_t */
-  int64_t drain_window_s; /* migrate: moves spread over this window */
-  int reconnect_to;       /* sim_reconnect_to_t: the move's target */
-  int64_t close_rate;     /* closes per second per node (0: all at once) */
-  int64_t pause_cpu;  /* 0: off; no batch starts while a survivor is above */
+  int drain;                  /* sim_drain_t */
+  int64_t drain_window_s;     /* migrate: moves spread over this window */
+  int reconnect_to;           /* sim_reconnect_to_t: the move's target */
+  int64_t close_rate;         /* closes per second per node (0: all at once) */
+  int64_t pause_cpu;          /* 0: off; no batch starts while a survivor is above */
   int64_t abort_cpu, abort_s; /* 0: off; abort when a survivor stays above */
-  int abort_alarm;        /* abort when the connections-drop alarm fires */
+  int abort_alarm;            /* abort when the connections-drop alarm fires */
   /* run */
   int64_t duration_s, seed;
 } sim_params_t;

@@ -35,13 +35,16 @@ json_t *report_summary(const sim_t *s) {
    * over the drain window (migrate) or the close pacing, and never over
    * less than the rate window. */
   double per_node = (double)p->clients / (double)p->nodes, spread_s;
-  if (p->drain == SIM_DRAIN_MIGRATE) spread_s = (double)p->drain_window_s;
-  else spread_s = p->close_rate > 0 ? per_node / (double)p->close_rate : 0;
+  if (p->drain == SIM_DRAIN_MIGRATE)
+    spread_s = (double)p->drain_window_s;
+  else
+    spread_s = p->close_rate > 0 ? per_node / (double)p->close_rate : 0;
   if (spread_s < SIM_RATE_WINDOW_S) spread_s = SIM_RATE_WINDOW_S;
   double unavoidable = (double)p->batch * per_node / spread_s * 60.0 + steady;
 
   json_t *r99 = json_array();
-  for (int b = 0; r99 && b < s->next_batch; b++) json_array_append_new(r99, seconds_or_null(s->reconnect99_s[b]));
+  for (int b = 0; r99 && b < s->next_batch; b++)
+    json_array_append_new(r99, seconds_or_null(s->reconnect99_s[b]));
   int64_t peak_max = 0;
   double peak_sum = 0;
   json_t *per_node_peaks = json_array();
@@ -68,17 +71,20 @@ json_t *report_summary(const sim_t *s) {
       "batches_started", (json_int_t)s->next_batch, "batches", (json_int_t)s->nbatches,
       "restart_aborted", s->aborted, "paused_s", (json_int_t)s->paused_s, "alarm_s",
       seconds_or_null(s->alarm_s), "displaced_clients", (json_int_t)s->displaced,
-      "attempts_per_displaced_client", s->displaced ? (double)non_churn / (double)s->displaced : 0.0,
-      "attempts", (json_int_t)s->attempts, "churn_attempts", (json_int_t)s->churn_attempts,
-      "refusals", (json_int_t)s->refusals, "peak_arrivals_per_node", "max", (json_int_t)peak_max,
-      "mean", peak_sum / (double)p->nodes, "per_node", per_node_peaks ? per_node_peaks : json_null(),
+      "attempts_per_displaced_client",
+      s->displaced ? (double)non_churn / (double)s->displaced : 0.0, "attempts",
+      (json_int_t)s->attempts, "churn_attempts", (json_int_t)s->churn_attempts, "refusals",
+      (json_int_t)s->refusals, "peak_arrivals_per_node", "max", (json_int_t)peak_max, "mean",
+      peak_sum / (double)p->nodes, "per_node", per_node_peaks ? per_node_peaks : json_null(),
       "disconnected_ms", "outages", (json_int_t)s->nhist, "p50",
       (json_int_t)sim_outage_percentile(s, 0.50), "p95", (json_int_t)sim_outage_percentile(s, 0.95),
       "p99", (json_int_t)sim_outage_percentile(s, 0.99), "max",
       (json_int_t)sim_outage_percentile(s, 1.0), "params", sim_params_to_json(p));
 }
 
-static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
+static double num(const json_t *o, const char *key) {
+  return json_number_value(json_object_get(o, key));
+}
 
 void report_print(const json_t *sum, FILE *out) {
   const json_t *dm = json_object_get(sum, "disconnected_ms");
@@ -103,18 +109,23 @@ void report_print(const json_t *sum, FILE *out) {
   size_t i;
   json_t *v;
   json_array_foreach(json_object_get(sum, "reconnect99_s"), i, v) {
-    if (json_is_null(v)) fprintf(out, "%snever", i ? " / " : "");
-    else fprintf(out, "%s%lld", i ? " / " : "", (long long)json_integer_value(v));
+    if (json_is_null(v))
+      fprintf(out, "%snever", i ? " / " : "");
+    else
+      fprintf(out, "%s%lld", i ? " / " : "", (long long)json_integer_value(v));
   }
   fprintf(out, " s |\n");
   if (json_is_null(done))
     fprintf(out, "| restart completed | no: %.0f of %.0f batches started%s |\n",
             num(sum, "batches_started"), num(sum, "batches"),
             json_is_true(json_object_get(sum, "restart_aborted")) ? ", aborted" : "");
-  else fprintf(out, "| restart completed | %.0f s |\n", json_number_value(done));
+  else
+    fprintf(out, "| restart completed | %.0f s |\n", json_number_value(done));
   fprintf(out, "| paused | %.0f s |\n", num(sum, "paused_s"));
-  if (json_is_null(alarm)) fprintf(out, "| connections-drop alarm | never |\n");
-  else fprintf(out, "| connections-drop alarm | at %.0f s |\n", json_number_value(alarm));
+  if (json_is_null(alarm))
+    fprintf(out, "| connections-drop alarm | never |\n");
+  else
+    fprintf(out, "| connections-drop alarm | at %.0f s |\n", json_number_value(alarm));
   fprintf(out, "| displaced clients | %.0f |\n", num(sum, "displaced_clients"));
   fprintf(out, "| attempts per displaced client | %.2f |\n",
           num(sum, "attempts_per_displaced_client"));
@@ -179,7 +190,8 @@ int report_write(const sim_t *s, const json_t *sum, const char *dir, char *err, 
   }
   const sim_params_t *p = &s->p;
   char title[256], script[sizeof plot_script + 512], perr[256];
-  snprintf(title, sizeof title, "converger sim: %lld nodes, %lld clients, lb %s, drain %s, seed %lld",
+  snprintf(title, sizeof title,
+           "converger sim: %lld nodes, %lld clients, lb %s, drain %s, seed %lld",
            (long long)p->nodes, (long long)p->clients,
            json_string_value(json_object_get(json_object_get(sum, "params"), "lb")),
            json_string_value(json_object_get(json_object_get(sum, "params"), "drain")),

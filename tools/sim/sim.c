@@ -12,11 +12,12 @@
 
 static void progress(const sim_t *s, int second) {
   const sim_second_t *r = &s->sec[second];
-  fprintf(stderr, "converger sim: %d/%lld s, connected %.2f %%, %lld attempts in the last s, "
-                  "busiest node %.0f %%, %lld collapses, batch %d/%d\n",
-          second + 1, (long long)s->p.duration_s, 100.0 * (double)r->connected / (double)s->p.clients,
-          (long long)r->attempts, 100 * r->max_cpu, (long long)s->collapses, s->next_batch,
-          s->nbatches);
+  fprintf(stderr,
+          "converger sim: %d/%lld s, connected %.2f %%, %lld attempts in the last s, "
+          "busiest node %.0f %%, %lld collapses, batch %d/%d\n",
+          second + 1, (long long)s->p.duration_s,
+          100.0 * (double)r->connected / (double)s->p.clients, (long long)r->attempts,
+          100 * r->max_cpu, (long long)s->collapses, s->next_batch, s->nbatches);
 }
 
 int sim_main(int argc, char **argv) {
