@@ -47,12 +47,12 @@ json_t *report_summary(const sim_t *s) {
     json_array_append_new(r99, seconds_or_null(s->reconnect99_s[b]));
   int64_t peak_max = 0;
   double peak_sum = 0;
-  json_t *per_node_peaks = json_array();
+  json_t *per_node_peaks = p->nodes <= 16 ? json_array() : NULL; /* a small fleet's, each */
   for (int64_t k = 0; k < p->nodes; k++) {
     int64_t w = s->n[k].peak_welcomes;
     if (w > peak_max) peak_max = w;
     peak_sum += (double)w;
-    if (per_node_peaks && p->nodes <= 16) json_array_append_new(per_node_peaks, json_integer(w));
+    if (per_node_peaks) json_array_append_new(per_node_peaks, json_integer(w));
   }
   int64_t done = s->restart_done && s->next_batch == s->nbatches
                      ? (int64_t)(s->restart_done - s->first_start) / SIM_TICKS_PER_S

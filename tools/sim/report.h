@@ -28,7 +28,7 @@
  * completed), batches_started, restart_aborted, paused_s, alarm_s,
  * displaced_clients, attempts_per_displaced_client, attempts, refusals,
  * peak_arrivals_per_node (max and mean over nodes of each node's busiest
- * second), disconnected_ms (p50, p95, p99, max of the restart's outages),
+ * second; per_node lists them for up to 16 nodes, null above), disconnected_ms (p50, p95, p99, max of the restart's outages),
  * params. */
 json_t *report_summary(const sim_t *s);
 
