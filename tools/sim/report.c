@@ -168,6 +168,7 @@ static const char plot_script[] =
     "set xlabel 'simulated time (s)'\n"
     "set ylabel 'percent'\n"
     "set yrange [0:*]\n"
+    "set offsets 0, 0, graph 0.06, 0\n" /* a connected share of 100 % clear of the border */
     "plot 'timeline.csv' every ::1 using 1:(100*$7) with lines lw 1.5 title 'connected share', "
     "'' every ::1 using 1:(100*$8) with lines title 'busiest node CPU'\n"
     "unset multiplot\n";
