@@ -9,6 +9,7 @@
 #include "cli/tail.h"
 #include "cli/token.h"
 #include "serve.h"
+#include "sim/sim.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -20,6 +21,7 @@ static void usage(FILE *out) {
           "  send     send one message over REST, with retries (see converger send --help)\n"
           "  tail     print the messages of conversations as they come (see converger tail --help)\n"
           "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
+          "  sim      simulate a rolling restart of a large fleet (see converger sim --help)\n"
           "  version  print the version\n",
           CONVERGER_VERSION);
 }
@@ -35,6 +37,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "send") == 0) return send_main(argc - 2, argv + 2);
   if (strcmp(cmd, "tail") == 0) return tail_main(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "sim") == 0) return sim_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("converger %s\n", CONVERGER_VERSION);
     return 0;

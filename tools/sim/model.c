@@ -1,0 +1,679 @@
+/*
+ * sim/model.c: the discrete-event model (see model.h for the rules and
+ * their sources).
+ *
+ * Owns every array of the sim_t. Invariants: a client is in one wheel slot
+ * iff SIM_F_PENDING; in exactly one node queue iff SIM_QUEUED; node != SIM_NO_NODE
+ * iff it holds a connection (counted in that node's conns and in
+ * s->connected); since == SIM_NONE iff it has a connection.
+ */
+#include "sim/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "gate/drain.h"
+
+#define PREFETCH   8    /* clients ahead that a loop asks the cache for */
+#define SPARE_KEEP 4096 /* largest slot array kept for reuse */
+
+/* ---- random ------------------------------------------------------------- */
+
+/* Uniform in [0, 1). */
+static double unit(jitter_rng_t *r) { return (double)(jitter_next(r) >> 11) * 0x1.0p-53; }
+
+/* Poisson-distributed count with mean `lambda` (Knuth below 30, normal
+ * approximation above). */
+static int64_t poisson(jitter_rng_t *r, double lambda) {
+  if (lambda <= 0) return 0;
+  if (lambda < 30) {
+    double l = exp(-lambda), p = 1.0;
+    int64_t k = -1;
+    do {
+      k++;
+      p *= unit(r);
+    } while (p > l);
+    return k;
+  }
+  /* Box-Muller */
+  double u1 = unit(r), u2 = unit(r);
+  double z = sqrt(-2.0 * log(u1 > 0 ? u1 : 0x1.0p-53)) * cos(2 * M_PI * u2);
+  double k = lambda + sqrt(lambda) * z + 0.5;
+  return k > 0 ? (int64_t)k : 0;
+}
+
+/* A client's point on the hash ring (murmur3's 64-bit finaliser). */
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+/* ---- time --------------------------------------------------------------- */
+
+static sim_second_t *cur(sim_t *s) {
+  int i = (int)(s->now / SIM_TICKS_PER_S);
+  return &s->sec[i < s->nsec ? i : s->nsec - 1];
+}
+
+/* Put client `ci` in the wheel `delay_ms` from now (at least one step). */
+static void schedule(sim_t *s, uint32_t ci, int64_t delay_ms) {
+  sim_client_t *c = &s->c[ci];
+  int64_t d = (delay_ms + SIM_TICK_MS - 1) / SIM_TICK_MS;
+  c->due = s->now + (uint32_t)(d < 1 ? 1 : d);
+  sim_slot_t *slot = &s->wheel[c->due & (SIM_WHEEL_SLOTS - 1)];
+  if (slot->n == slot->cap) {
+    uint32_t cap = slot->cap ? slot->cap * 2 : 64;
+    uint32_t *v = realloc(slot->v, cap * sizeof *v);
+    if (!v) {
+      s->failed = 1;
+      return;
+    }
+    slot->v = v;
+    slot->cap = cap;
+  }
+  slot->v[slot->n++] = ci;
+  c->flags |= SIM_F_PENDING;
+}
+
+/* The SDK's next delay for `c` (client/backoff.c itself, on the client's
+ * two words of backoff state). */
+static int64_t backoff_delay(sim_t *s, sim_client_t *c, int64_t hint_ms) {
+  cvg_backoff_t b = {
+      .opt = s->backoff, .rng = &s->rng, .attempt = c->attempt, .prev_ms = c->prev_ms};
+  int64_t d = cvg_backoff_next(&b, hint_ms);
+  c->attempt = (uint8_t)(b.attempt < 255 ? b.attempt : 255);
+  c->prev_ms = (uint32_t)b.prev_ms;
+  return d;
+}
+
+static int64_t hint(sim_t *s) {
+  return s->p.hints ? jitter_retry_hint(&s->rng, s->p.hint_min_ms, s->p.hint_max_ms) : 0;
+}
+
+/* ---- nodes -------------------------------------------------------------- */
+
+static void rebuild_ready(sim_t *s) {
+  s->nready = 0;
+  for (int64_t k = 0; k < s->p.nodes; k++)
+    if (s->n[k].ready) s->ready[s->nready++] = (uint16_t)k;
+}
+
+static int64_t node_load(const sim_t *s, uint16_t k) { return s->n[k].conns + s->n[k].qlen; }
+
+/* The ready node with the fewest connections and waiters. */
+static uint16_t least_loaded(const sim_t *s) {
+  uint16_t best = s->ready[0];
+  for (int i = 1; i < s->nready; i++)
+    if (node_load(s, s->ready[i]) < node_load(s, best)) best = s->ready[i];
+  return best;
+}
+
+uint16_t sim_lb_pick(sim_t *s, uint32_t ci) {
+  if (s->nready == 0) return SIM_NO_NODE;
+  switch (s->p.lb) {
+  case SIM_LB_LEASTCONN:
+    return least_loaded(s);
+  case SIM_LB_HASH: {
+    uint64_t key = mix64((uint64_t)ci ^ ((uint64_t)s->p.seed << 32));
+    size_t lo = 0, hi = s->nring; /* first point >= key */
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (s->ring_pos[mid] < key)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (size_t i = 0; i < s->nring; i++) {
+      uint16_t k = s->ring_node[(lo + i) % s->nring];
+      if (s->n[k].ready) return k;
+    }
+    return SIM_NO_NODE;
+  }
+  case SIM_LB_RANDOM:
+  default:
+    return s->ready[jitter_range(&s->rng, 0, s->nready - 1)];
+  }
+}
+
+/* A draining node's reconnectTo: the ready peer with the most spare
+ * capacity (DESIGN.md), or of two random ready peers the less loaded
+ * (src/gate/drain.c's pick_peer). */
+static uint16_t reconnect_to(sim_t *s) {
+  if (s->nready == 0) return SIM_NO_NODE;
+  if (s->p.reconnect_to == SIM_TO_LEAST) return least_loaded(s);
+  int i = (int)jitter_range(&s->rng, 0, s->nready - 1), j = i;
+  if (s->nready > 1) {
+    j = (int)jitter_range(&s->rng, 0, s->nready - 2);
+    if (j >= i) j++;
+  }
+  return node_load(s, s->ready[j]) < node_load(s, s->ready[i]) ? s->ready[j] : s->ready[i];
+}
+
+/* The CPU share handshakes may use on node `k` this instant: up to 100 %
+ * (refuse) or admission_cpu (queue), less the connections' load. */
+static double handshake_share(const sim_t *s, const sim_node_t *n) {
+  double limit = s->p.admission == SIM_ACCEPT_QUEUE ? (double)s->p.admission_cpu / 100.0 : 1.0;
+  return limit - (double)n->conns / (double)s->capacity;
+}
+
+int sim_node_offer(sim_t *s, uint16_t k, uint32_t ci) {
+  sim_node_t *n = &s->n[k];
+  double rate = (double)s->p.handshake_rate * handshake_share(s, n); /* per second */
+  int queue = s->p.admission == SIM_ACCEPT_QUEUE;
+  double bound_ms = (double)(queue ? s->p.queue_ms : s->p.refuse_wait_ms);
+  if (n->up && n->ready && rate > 0 && n->qlen < s->qcap &&
+      (double)(n->qlen + 1) * 1000.0 / rate <= bound_ms) {
+    sim_client_t *c = &s->c[ci];
+    n->q[(n->qhead + n->qlen++) % s->qcap] = ci;
+    c->state = SIM_QUEUED;
+    return 1;
+  }
+  n->refused_step++;
+  s->refusals++;
+  cur(s)->refusals++;
+  return 0;
+}
+
+/* Record the end of an outage of `ms` (a make-before-break move: 0). */
+static void record_outage(sim_t *s, sim_client_t *c, double ms) {
+  if (ms <= 0) {
+    s->moves++;
+    s->hist[0]++;
+  } else {
+    int64_t bin = (int64_t)(ms / SIM_HIST_BIN_MS) + 1;
+    s->hist[bin < SIM_HIST_BINS ? bin : SIM_HIST_BINS - 1]++;
+    s->disconnected_client_s += ms / 1000.0;
+    if (ms > (double)s->p.degraded_ms && !(c->flags & SIM_F_DEGRADED)) {
+      c->flags |= SIM_F_DEGRADED;
+      s->degraded_sessions++;
+    }
+  }
+  s->nhist++;
+}
+
+/* Client `ci` loses its connection: a drain close or the node going away
+ * (hint: the close's retryAfterMs, 0 none), a collapse, or churn. */
+static void lose(sim_t *s, uint32_t ci, int64_t hint_ms, int churn) {
+  sim_client_t *c = &s->c[ci];
+  s->n[c->node].conns--;
+  s->connected--;
+  c->node = SIM_NO_NODE;
+  c->since = s->now;
+  c->flags = (uint8_t)(churn ? c->flags | SIM_F_CHURN : c->flags & ~SIM_F_CHURN);
+  if (c->state == SIM_QUEUED) return; /* a move in progress becomes a reconnect */
+  c->state = SIM_WAITING;
+  if (!(c->flags & SIM_F_PENDING)) schedule(s, ci, backoff_delay(s, c, hint_ms));
+}
+
+static void welcome(sim_t *s, uint16_t k, uint32_t ci) {
+  sim_client_t *c = &s->c[ci];
+  if (c->node != SIM_NO_NODE) { /* make-before-break */
+    s->n[c->node].conns--;
+    s->connected--;
+    record_outage(s, c, 0);
+  } else if (!(c->flags & SIM_F_CHURN)) {
+    record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+  }
+  c->flags &= (uint8_t) ~(SIM_F_MOVING | SIM_F_CHURN);
+  c->node = k;
+  c->since = SIM_NONE;
+  c->state = SIM_CONNECTED;
+  c->attempt = 0;
+  c->prev_ms = (uint32_t)s->backoff.base_ms;
+  s->n[k].conns++;
+  s->n[k].welcomes_s++;
+  s->connected++;
+  cur(s)->welcomes++;
+}
+
+/* A refused attempt of `ci`: back off (a move keeps its connection). */
+static void refused(sim_t *s, uint32_t ci, int64_t hint_ms) {
+  sim_client_t *c = &s->c[ci];
+  c->state = c->node != SIM_NO_NODE ? SIM_MIGRATING : SIM_WAITING;
+  c->flags &= (uint8_t)~SIM_F_MOVING;
+  schedule(s, ci, backoff_delay(s, c, hint_ms));
+}
+
+/* A connection attempt: through the load balancer, or a drain move to the
+ * draining node's reconnectTo. */
+static void attempt(sim_t *s, uint32_t ci, int move) {
+  sim_client_t *c = &s->c[ci];
+  s->attempts++;
+  if (c->flags & SIM_F_CHURN) s->churn_attempts++;
+  cur(s)->attempts++;
+  uint16_t k = move ? reconnect_to(s) : sim_lb_pick(s, ci);
+  if (k == SIM_NO_NODE) {
+    refused(s, ci, 0);
+    return;
+  }
+  if (sim_node_offer(s, k, ci)) {
+    if (move) c->flags |= SIM_F_MOVING;
+  } else {
+    refused(s, ci, hint(s));
+  }
+}
+
+/* Serve node `k`'s queue for one step and account its CPU work. */
+static void node_step(sim_t *s, uint16_t k) {
+  sim_node_t *n = &s->n[k];
+  const double dt = SIM_TICK_MS / 1000.0, rate = (double)s->p.handshake_rate;
+  double refuse_work = (double)n->refused_step * (double)s->p.refuse_cost / 100.0 / rate;
+  double spare = (1.0 - (double)n->conns / (double)s->capacity) * dt - refuse_work;
+  double allowed = handshake_share(s, n) * dt;
+  if (allowed > spare) allowed = spare;
+  double budget = allowed > 0 ? allowed * rate + n->carry : 0;
+  int64_t served = 0;
+  while (n->qlen > 0 && budget >= 1.0) {
+    if (n->qlen > PREFETCH) __builtin_prefetch(&s->c[n->q[(n->qhead + PREFETCH) % s->qcap]], 1);
+    uint32_t ci = n->q[n->qhead];
+    n->qhead = (uint32_t)((n->qhead + 1) % s->qcap);
+    n->qlen--;
+    welcome(s, k, ci);
+    budget -= 1.0;
+    served++;
+  }
+  n->carry = n->qlen > 0 && budget > 0 ? budget : 0;
+  n->work += (double)served / rate + refuse_work;
+  n->refused_step = 0;
+}
+
+/* Refuse everything in node `k`'s queue (it starts draining). */
+static void flush_queue(sim_t *s, uint16_t k) {
+  sim_node_t *n = &s->n[k];
+  while (n->qlen > 0) {
+    uint32_t ci = n->q[n->qhead];
+    n->qhead = (uint32_t)((n->qhead + 1) % s->qcap);
+    n->qlen--;
+    n->refused_step++;
+    s->refusals++;
+    cur(s)->refusals++;
+    refused(s, ci, hint(s));
+  }
+}
+
+/* ---- restart controller ------------------------------------------------- */
+
+static int64_t batch_first(const sim_t *s, int b) { return (int64_t)b * s->p.batch; }
+static int64_t batch_end(const sim_t *s, int b) {
+  int64_t e = batch_first(s, b) + s->p.batch;
+  return e < s->p.nodes ? e : s->p.nodes;
+}
+
+/* Every client of the batch's nodes: `close` closes them (all at once, or
+ * paced at close_rate per node), `migrate` gives each a move time. */
+static void start_batch(sim_t *s) {
+  int b = s->next_batch++;
+  int64_t first = batch_first(s, b), end = batch_end(s, b);
+  for (int64_t k = first; k < end; k++) {
+    s->n[k].ready = 0;
+    s->n[k].draining = 1;
+    s->n[k].closes = 0;
+    flush_queue(s, (uint16_t)k);
+  }
+  rebuild_ready(s);
+  s->batch_active = 1;
+  s->batch_start = s->now;
+  if (b == 0) s->first_start = s->now;
+  s->batch_start_s[b] = s->now / SIM_TICKS_PER_S;
+  for (int64_t k = first; k < end; k++) s->displaced += s->n[k].conns;
+  for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
+    sim_client_t *c = &s->c[ci];
+    if (c->node == SIM_NO_NODE || c->node < first || c->node >= end) continue;
+    if (c->state != SIM_CONNECTED) { /* cannot happen between batches; closed if it did */
+      lose(s, ci, hint(s), 0);
+    } else if (s->p.drain == SIM_DRAIN_MIGRATE) {
+      int64_t w = s->p.drain_window_s * 1000;
+      c->state = SIM_MIGRATING;
+      schedule(s, ci, w > 0 ? jitter_range(&s->rng, 0, w - 1) : 0);
+    } else if (s->p.close_rate == 0) {
+      lose(s, ci, hint(s), 0);
+    } else {
+      c->state = SIM_CLOSING;
+      schedule(s, ci, (int64_t)s->n[c->node].closes++ * 1000 / s->p.close_rate);
+    }
+  }
+}
+
+/* Migrate: at window + DRAIN_GRACE_MS, the batch's nodes close whoever is
+ * still connected to them (at once). */
+static void close_stragglers(sim_t *s) {
+  int b = s->next_batch - 1;
+  int64_t first = batch_first(s, b), end = batch_end(s, b);
+  for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
+    uint16_t k = s->c[ci].node;
+    if (k != SIM_NO_NODE && k >= first && k < end) lose(s, ci, hint(s), 0);
+  }
+}
+
+static void controller(sim_t *s) {
+  const sim_params_t *p = &s->p;
+  if (s->batch_active) {
+    int b = s->next_batch - 1, all_up = 1, all_empty = 1;
+    if (p->drain == SIM_DRAIN_MIGRATE &&
+        s->now ==
+            s->batch_start + (uint32_t)((p->drain_window_s * 1000 + DRAIN_GRACE_MS) / SIM_TICK_MS))
+      close_stragglers(s);
+    for (int64_t k = batch_first(s, b); k < batch_end(s, b); k++) {
+      sim_node_t *n = &s->n[k];
+      if (n->draining && n->conns == 0 && n->qlen == 0) {
+        n->draining = 0;
+        n->up = 0;
+        n->ready_at = s->now + (uint32_t)(p->restart_s * SIM_TICKS_PER_S);
+      }
+      if (!n->up && !n->draining && s->now >= n->ready_at) {
+        n->up = n->ready = 1;
+        n->hot_s = n->abort_s = 0;
+        n->cpu = 0;
+        rebuild_ready(s);
+      }
+      if (n->draining) all_empty = 0;
+      if (!n->up || n->draining) all_up = 0;
+    }
+    if (all_empty && s->batch_empty_s[b] == SIM_NONE)
+      s->batch_empty_s[b] = s->now / SIM_TICKS_PER_S;
+    if (all_up) {
+      s->batch_active = 0;
+      s->batch_done = s->now;
+      if (s->next_batch == s->nbatches) s->restart_done = s->now;
+    }
+    return;
+  }
+  if (s->aborted || s->next_batch >= s->nbatches) return;
+  if (s->now < (uint32_t)(p->start_s * SIM_TICKS_PER_S)) return;
+  if (s->next_batch > 0 &&
+      (s->now < s->batch_start + (uint32_t)(p->batch_interval_s * SIM_TICKS_PER_S) ||
+       s->now < s->batch_done + (uint32_t)(p->settle_s * SIM_TICKS_PER_S)))
+    return;
+  if (s->paused_now) return;
+  start_batch(s);
+}
+
+/* ---- seconds ------------------------------------------------------------ */
+
+/* Drop collapse_share of the clients of every node marked `drop`. */
+static void collapse(sim_t *s, const uint8_t *drop) {
+  double share = (double)s->p.collapse_share / 100.0;
+  for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
+    uint16_t k = s->c[ci].node;
+    if (k != SIM_NO_NODE && drop[k] && (share >= 1.0 || unit(&s->rng) < share)) lose(s, ci, 0, 0);
+  }
+}
+
+static void end_second(sim_t *s) {
+  const sim_params_t *p = &s->p;
+  int sec = (int)(s->now / SIM_TICKS_PER_S);
+  sim_second_t *row = &s->sec[sec];
+  uint8_t *drop = s->drop;
+  int ndrop = 0, b = s->batch_active ? s->next_batch - 1 : -1;
+  double survivor_max = 0;
+  for (int64_t k = 0; k < p->nodes; k++) {
+    sim_node_t *n = &s->n[k];
+    if (n->welcomes_s > n->peak_welcomes) n->peak_welcomes = n->welcomes_s;
+    n->welcomes_s = 0;
+    if (!n->up) continue;
+    n->cpu = (double)n->conns / (double)s->capacity + n->work;
+    n->work = 0;
+    if (n->cpu > row->max_cpu) row->max_cpu = n->cpu;
+    int in_batch = b >= 0 && k >= batch_first(s, b) && k < batch_end(s, b);
+    if (n->ready && !in_batch && n->cpu > survivor_max) survivor_max = n->cpu;
+    if (n->cpu >= 0.99) { /* at 100 % */
+      row->nodes_hot++;
+      row->on_hot += n->conns;
+      if (++n->hot_s >= p->collapse_s) {
+        drop[k] = 1;
+        ndrop++;
+        n->hot_s = 0;
+        s->collapses++;
+        if (!n->collapsed) s->nodes_collapsed++;
+        n->collapsed = 1;
+      }
+    } else {
+      n->hot_s = 0;
+    }
+    n->abort_s = p->abort_cpu > 0 && n->ready && !in_batch && n->cpu * 100 > (double)p->abort_cpu
+                     ? n->abort_s + 1
+                     : 0;
+    if (n->abort_s >= p->abort_s) s->aborted = 1;
+  }
+  if (ndrop) {
+    collapse(s, drop);
+    memset(drop, 0, (size_t)p->nodes);
+  }
+  row->nodes_ready = s->nready;
+  row->connected = s->connected;
+  row->disconnected = p->clients - s->connected;
+  row->collapses = (int)s->collapses;
+  row->batch = s->next_batch;
+  s->paused_now = p->pause_cpu > 0 && survivor_max * 100 > (double)p->pause_cpu;
+  row->paused = s->paused_now && !s->batch_active && !s->aborted && s->next_batch < s->nbatches &&
+                s->now >= (uint32_t)(p->start_s * SIM_TICKS_PER_S);
+  s->paused_s += row->paused;
+  /* the connections-drop alarm */
+  if (s->alarm_s < 0) {
+    for (int t = sec - 1; t >= 0 && t >= sec - SIM_ALARM_WINDOW_S; t--)
+      if ((double)(s->sec[t].connected - row->connected) > SIM_ALARM_DROP * (double)p->clients) {
+        s->alarm_s = sec;
+        if (p->abort_alarm) s->aborted = 1;
+        break;
+      }
+  }
+  for (int i = 0; i < s->nbatches; i++)
+    if (s->batch_empty_s[i] != SIM_NONE && s->reconnect99_s[i] < 0 &&
+        (double)row->connected >= 0.99 * (double)p->clients)
+      s->reconnect99_s[i] = sec - (int)s->batch_start_s[i];
+}
+
+/* ---- steps -------------------------------------------------------------- */
+
+void sim_step(sim_t *s) {
+  controller(s);
+  /* churn: ordinary reconnects of connected clients */
+  int64_t churn = poisson(&s->rng, s->churn_per_step);
+  for (int64_t i = 0; i < churn; i++) {
+    uint32_t ci = (uint32_t)jitter_range(&s->rng, 0, s->p.clients - 1);
+    if (s->c[ci].state == SIM_CONNECTED) lose(s, ci, 0, 1);
+  }
+  /* due events: run the slot's array while new events go to a fresh one */
+  sim_slot_t *slot = &s->wheel[s->now & (SIM_WHEEL_SLOTS - 1)], run = *slot;
+  *slot = s->spare;
+  slot->n = 0;
+  for (uint32_t i = 0; i < run.n; i++) {
+    if (i + PREFETCH < run.n) __builtin_prefetch(&s->c[run.v[i + PREFETCH]], 1);
+    uint32_t ci = run.v[i];
+    sim_client_t *c = &s->c[ci];
+    if (c->due != s->now) { /* a later turn of the wheel */
+      c->flags &= (uint8_t)~SIM_F_PENDING;
+      schedule(s, ci, (int64_t)(c->due - s->now) * SIM_TICK_MS);
+    } else {
+      c->flags &= (uint8_t)~SIM_F_PENDING;
+      switch (c->state) {
+      case SIM_WAITING:
+        attempt(s, ci, 0);
+        break;
+      case SIM_MIGRATING:
+        attempt(s, ci, 1);
+        break;
+      case SIM_CLOSING:
+        lose(s, ci, hint(s), 0);
+        break;
+      default:
+        break; /* cannot happen: connected and queued clients have no event */
+      }
+    }
+  }
+  if (run.cap > SPARE_KEEP) { /* a burst's array: do not let it settle in another slot */
+    free(run.v);
+    run = (sim_slot_t){0};
+  }
+  s->spare = run;
+  for (int64_t k = 0; k < s->p.nodes; k++)
+    if (s->n[k].up) node_step(s, (uint16_t)k);
+  s->now++;
+  if (s->now % SIM_TICKS_PER_S == 0) {
+    s->now--; /* the second's own index */
+    end_second(s);
+    s->now++;
+  }
+}
+
+/* Outages still open at the end count up to the end. */
+static void finish(sim_t *s) {
+  for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
+    sim_client_t *c = &s->c[ci];
+    if (c->node == SIM_NO_NODE && !(c->flags & SIM_F_CHURN))
+      record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+  }
+}
+
+int sim_run(sim_t *s, void (*progress)(const sim_t *s, int second)) {
+  uint32_t end = (uint32_t)(s->p.duration_s * SIM_TICKS_PER_S);
+  while (s->now < end) {
+    sim_step(s);
+    if (s->failed) return -ENOMEM;
+    if (progress && s->now % (60 * SIM_TICKS_PER_S) == 0)
+      progress(s, (int)(s->now / SIM_TICKS_PER_S) - 1);
+  }
+  finish(s);
+  return 0;
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+/* The client array, in transparent huge pages where the kernel allows
+ * them (THP "madvise"): random access to 13 M clients otherwise misses the
+ * TLB on nearly every event. NULL when out of memory. */
+static sim_client_t *alloc_clients(size_t n) {
+  void *p = mmap(NULL, n * sizeof(sim_client_t), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  madvise(p, n * sizeof(sim_client_t), MADV_HUGEPAGE); /* advice: failure is harmless */
+  return p;
+}
+
+typedef struct {
+  uint64_t pos;
+  uint16_t node;
+} point_t;
+
+static int cmp_point(const void *a, const void *b) {
+  const point_t *x = a, *y = b;
+  return x->pos < y->pos ? -1 : x->pos > y->pos ? 1 : (int)x->node - (int)y->node;
+}
+
+static int build_ring(sim_t *s) {
+  s->nring = (size_t)(s->p.nodes * s->p.hash_vnodes);
+  point_t *pts = malloc(s->nring * sizeof *pts);
+  s->ring_pos = malloc(s->nring * sizeof *s->ring_pos);
+  s->ring_node = malloc(s->nring * sizeof *s->ring_node);
+  if (!pts || !s->ring_pos || !s->ring_node) {
+    free(pts);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < s->nring; i++)
+    pts[i] = (point_t){jitter_next(&s->rng), (uint16_t)(i / (size_t)s->p.hash_vnodes)};
+  qsort(pts, s->nring, sizeof *pts, cmp_point);
+  for (size_t i = 0; i < s->nring; i++) {
+    s->ring_pos[i] = pts[i].pos;
+    s->ring_node[i] = pts[i].node;
+  }
+  free(pts);
+  return 0;
+}
+
+int sim_init(sim_t *s, const sim_params_t *p) {
+  memset(s, 0, sizeof *s);
+  s->p = *p;
+  jitter_seed(&s->rng, (uint64_t)p->seed);
+  cvg_backoff_t tmpl;
+  cvg_backoff_init(&tmpl,
+                   &(cvg_backoff_options_t){(cvg_backoff_strategy_t)p->backoff, p->base_ms,
+                                            p->cap_ms, p->jitter_ms},
+                   &s->rng);
+  s->backoff = tmpl.opt;
+  double per_node = (double)p->clients / (double)p->nodes;
+  s->capacity = (int64_t)ceil(per_node / (1.0 - (double)p->headroom / 100.0));
+  s->churn_per_step =
+      (double)p->clients * (double)p->churn_per_million / 1e6 / 60.0 / SIM_TICKS_PER_S;
+  s->nbatches = (int)((p->nodes + p->batch - 1) / p->batch);
+  /* a queue never holds more than its policy's bound at the full rate */
+  int64_t bound_ms = p->admission == SIM_ACCEPT_QUEUE ? p->queue_ms : p->refuse_wait_ms;
+  s->qcap = p->handshake_rate * bound_ms / 1000 + 1;
+  if (p->admission == SIM_ACCEPT_QUEUE && s->qcap > p->queue_max) s->qcap = p->queue_max;
+  s->nsec = (int)p->duration_s;
+  s->alarm_s = -1;
+  s->c = alloc_clients((size_t)p->clients);
+  s->wheel = calloc(SIM_WHEEL_SLOTS, sizeof *s->wheel);
+  s->n = calloc((size_t)p->nodes, sizeof *s->n);
+  s->ready = malloc((size_t)p->nodes * sizeof *s->ready);
+  s->drop = calloc((size_t)p->nodes, 1);
+  s->hist = calloc(SIM_HIST_BINS, sizeof *s->hist);
+  s->sec = calloc((size_t)s->nsec, sizeof *s->sec);
+  s->batch_start_s = malloc((size_t)s->nbatches * sizeof *s->batch_start_s);
+  s->batch_empty_s = malloc((size_t)s->nbatches * sizeof *s->batch_empty_s);
+  s->reconnect99_s = malloc((size_t)s->nbatches * sizeof *s->reconnect99_s);
+  if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->hist || !s->sec ||
+      !s->batch_start_s || !s->batch_empty_s || !s->reconnect99_s || build_ring(s) != 0) {
+    sim_free(s);
+    return -ENOMEM;
+  }
+  for (int i = 0; i < s->nbatches; i++) {
+    s->batch_start_s[i] = s->batch_empty_s[i] = SIM_NONE;
+    s->reconnect99_s[i] = -1;
+  }
+  for (int64_t k = 0; k < p->nodes; k++) {
+    s->n[k] = (sim_node_t){.up = 1, .ready = 1, .q = malloc((size_t)s->qcap * sizeof(uint32_t))};
+    if (!s->n[k].q) {
+      sim_free(s);
+      return -ENOMEM;
+    }
+  }
+  for (uint32_t ci = 0; ci < (uint32_t)p->clients; ci++) {
+    uint16_t k = (uint16_t)(ci % (uint32_t)p->nodes); /* spread evenly, as planned */
+    s->c[ci] = (sim_client_t){.due = 0,
+                              .since = SIM_NONE,
+                              .prev_ms = (uint32_t)s->backoff.base_ms,
+                              .node = k,
+                              .state = SIM_CONNECTED};
+    s->n[k].conns++;
+  }
+  s->connected = p->clients;
+  rebuild_ready(s);
+  return 0;
+}
+
+void sim_free(sim_t *s) {
+  if (s->c) munmap(s->c, (size_t)s->p.clients * sizeof *s->c);
+  for (size_t i = 0; s->wheel && i < SIM_WHEEL_SLOTS; i++) free(s->wheel[i].v);
+  free(s->wheel);
+  free(s->spare.v);
+  for (int64_t k = 0; s->n && k < s->p.nodes; k++) free(s->n[k].q);
+  free(s->n);
+  free(s->ready);
+  free(s->drop);
+  free(s->ring_pos);
+  free(s->ring_node);
+  free(s->hist);
+  free(s->sec);
+  free(s->batch_start_s);
+  free(s->batch_empty_s);
+  free(s->reconnect99_s);
+  memset(s, 0, sizeof *s);
+}
+
+int64_t sim_outage_percentile(const sim_t *s, double q) {
+  if (s->nhist == 0) return -1;
+  int64_t rank = (int64_t)ceil(q * (double)s->nhist), seen = 0;
+  if (rank < 1) rank = 1;
+  for (int64_t i = 0; i < SIM_HIST_BINS; i++) {
+    seen += s->hist[i];
+    if (seen >= rank) return i * SIM_HIST_BIN_MS; /* bin i > 0 holds [i-1, i) * 100 ms */
+  }
+  return (SIM_HIST_BINS - 1) * SIM_HIST_BIN_MS;
+}
