@@ -13,8 +13,14 @@
  * token bucket holding at most one timer period's worth: closes are spread
  * evenly, and a stalled loop does not make up for lost time in a burst.
  *
+ * reconnectTo is spread.h's water-filling: when a batch's frames go, the
+ * peers read last (ready, not this node: L_i), the connections of the other
+ * nodes in state "draining" and the batch's own connections (C; so D = C +
+ * the others) make one spread_t that every frame of the batch, also those
+ * told later (drain_welcomed), draws from.
+ *
  * Owns: the timer, the close queue (each entry holds a conn_ref), the
- * peers job while it runs.
+ * peers job while it runs, the peers and the spread of the last read.
  */
 #include "gate/drain.h"
 
@@ -28,6 +34,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "gate/admission.h"
+#include "gate/spread.h"
 #include "net/conn.h"
 #include "net/ws.h"
 #include "proto/frames.h"
@@ -77,6 +84,8 @@ struct drain_s {
   uint64_t every;    /* the timer's period, ms */
   peer_t *peers;     /* ready peers from the last read (reconnectTo) */
   size_t npeers;
+  int64_t others_draining; /* connections of the other draining nodes, last read */
+  spread_t spread;   /* the current batch's reconnectTo picks (n 0: none) */
 };
 
 /* ---- close queue -------------------------------------------------------- */
@@ -155,25 +164,38 @@ static void release_queue(drain_t *d) {
 
 /* ---- frames ------------------------------------------------------------- */
 
-/* Two random choices (Mitzenmacher): of two peers drawn at random, the one
- * with the lower load; the pick then counts one more, so a batch spreads. */
-static const char *pick_peer(drain_t *d, peer_t *p, size_t n) {
-  if (n == 0) return NULL;
-  size_t i = (size_t)jitter_range(&d->node->rng, 0, (int64_t)n - 1), j = i;
-  if (n > 1) {
-    j = (size_t)jitter_range(&d->node->rng, 0, (int64_t)n - 2);
-    if (j >= i) j++;
-  }
-  size_t k = p[j].load < p[i].load ? j : i;
-  p[k].load++;
-  return p[k].url;
+/* The batch's spread from the last read: L_i the peers' loads (with what
+ * earlier batches sent them), C the batch's connections still to tell, D =
+ * C + the other draining nodes' connections. Out of memory: no spread, and
+ * the frames say reconnectTo null (the client picks from its own list). */
+static void spread_build(drain_t *d, batch_t *b) {
+  spread_free(&d->spread);
+  if (d->npeers == 0) return;
+  int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
+  if (!load) return;
+  for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
+  for (conn_t *x = d->node->conns; x; x = x->next)
+    c += x->mode == CONN_WS && !x->closing && !ws_close_sent(x) && x->drain_batch == b->id &&
+         !x->drain_told;
+  if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
+    log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
+             b->id == BATCH_DRAIN ? "drain" : "shed");
+  free(load);
+}
+
+/* reconnectTo for the next connection (spread.h), counted on the peer. */
+static const char *pick_peer(drain_t *d) {
+  if (d->spread.n == 0 || d->spread.n != d->npeers) return NULL;
+  size_t k = spread_pick(&d->spread, &d->node->rng);
+  d->peers[k].load++;
+  return d->peers[k].url;
 }
 
 /* One drain frame to `c`: afterMs uniform in [0, window_ms), deadlineMs
  * window_ms + DRAIN_GRACE_MS. */
 static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   int64_t after = window_ms > 0 ? jitter_range(&d->node->rng, 0, window_ms - 1) : 0;
-  char *f = frame_drain(after, pick_peer(d, d->peers, d->npeers), window_ms + DRAIN_GRACE_MS);
+  char *f = frame_drain(after, pick_peer(d), window_ms + DRAIN_GRACE_MS);
   if (!f) return; /* out of memory: it is closed at the deadline anyway */
   ws_send_text(c, f, strlen(f));
   free(f);
@@ -183,13 +205,16 @@ static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
 
 static void send_frames(drain_t *d, batch_t *b) {
   b->framing = 0;
+  spread_build(d, b);
   for (conn_t *c = d->node->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
         c->drain_batch == b->id && !c->drain_told)
       tell(d, b, c, b->window_ms);
   b->deadline = util_mono_ms() + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
-  log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo)",
-           b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, d->npeers);
+  log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo, "
+           "level %.0f, %zu below it)",
+           b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, d->npeers,
+           d->spread.target, d->spread.deficits);
 }
 
 static void peers_work(pool_job_t *job, store_t *db) {
@@ -205,21 +230,34 @@ static void peers_done(pool_job_t *job) {
   if (!job->canceled && !job->dropped && j->status == 0 &&
       (peers = calloc(j->n + 1, sizeof *peers)) != NULL) {
     size_t np = 0;
+    int64_t others = 0;
     for (size_t i = 0; i < j->n; i++) {
       const store_node_t *nd = &j->nodes[i];
-      if (strcmp(nd->state, "ready") != 0 || strcmp(nd->id, d->node->cfg->node_id) == 0) continue;
+      if (strcmp(nd->id, d->node->cfg->node_id) == 0) continue; /* C: its live count */
+      if (strcmp(nd->state, "draining") == 0) others += nd->connections;
+      if (strcmp(nd->state, "ready") != 0) continue;
       snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
       peers[np++].load = nd->connections + nd->waiters;
     }
     free(d->peers);
     d->peers = peers;
     d->npeers = np;
+    d->others_draining = others;
   } else if (!job->canceled) {
     log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo from the last read (%zu)",
              job->dropped ? "pool overloaded" : cv_strerror(j->status), d->npeers);
   }
-  /* Unless the frames already went (FRAME_WAIT_MS), or the node stopped. */
-  if (!job->canceled && b->framing && b->id && !d->stopped) send_frames(d, b);
+  /* Unless the frames already went (FRAME_WAIT_MS), or the node stopped.
+   * When they went, the fresher read makes the spread for those told
+   * later; new peers with an old spread would pick the wrong indices. */
+  if (!job->canceled && b->id && !d->stopped) {
+    if (b->framing)
+      send_frames(d, b);
+    else if (peers)
+      spread_build(d, b);
+  } else if (peers) {
+    spread_free(&d->spread);
+  }
   store_nodes_free(j->nodes);
   free(j);
 }
@@ -322,6 +360,7 @@ static void closed_cb(uv_handle_t *h) {
   release_queue(d);
   free(d->queue);
   free(d->peers);
+  spread_free(&d->spread);
   free(d);
 }
 

@@ -7,8 +7,11 @@
  * 503, upgrades 503 + Retry-After, membership row "draining"; REST keeps
  * working). Every WebSocket connection gets one `drain` frame: afterMs
  * uniform in [0, window), deadlineMs = window, and reconnectTo, a ready
- * peer picked by two random choices on spare capacity (fewer connections +
- * admission waiters wins; Mitzenmacher's "power of two choices"), or null.
+ * peer drawn in proportion to this node's share of how far the peer is
+ * below the level the fleet will reach once every draining node is empty
+ * (connections + admission waiters; gate/spread.h), so that a restarted,
+ * empty node gets most of the moves; two random choices once that share
+ * is used up; null when no peer is ready.
  * Clients that move close with 1000 (make-before-break). deadlineMs is the
  * window plus DRAIN_GRACE_MS, the time a client that drew an afterMs near
  * the end needs to open its new connection and be welcomed before the old
