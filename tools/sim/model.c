@@ -142,12 +142,55 @@ uint16_t sim_lb_pick(sim_t *s, uint32_t ci) {
   }
 }
 
-/* A draining node's reconnectTo: the ready peer with the most spare
- * capacity (DESIGN.md), or of two random ready peers the less loaded
- * (src/gate/drain.c's pick_peer). */
-static uint16_t reconnect_to(sim_t *s) {
+static void spreads_free(sim_t *s) {
+  for (int i = 0; i < s->nspread; i++) spread_free(&s->spread[i]);
+  free(s->spread);
+  free(s->spread_ids);
+  s->spread = NULL;
+  s->spread_ids = NULL;
+  s->nspread = 0;
+}
+
+/* The spreads of the batch that begins to drain (nodes [first, end), out of
+ * ready already): L_i the ready nodes' connections + waiters now, D the
+ * batch's connections. Out of memory: s->failed. */
+static void spreads_build(sim_t *s, int64_t first, int64_t end) {
+  spreads_free(s);
+  int64_t dsum = 0;
+  for (int64_t k = first; k < end; k++) dsum += s->n[k].conns;
+  int64_t *load = malloc(((size_t)s->nready + 1) * sizeof *load);
+  s->spread = calloc((size_t)(end - first), sizeof *s->spread);
+  s->spread_ids = malloc(((size_t)s->nready + 1) * sizeof *s->spread_ids);
+  if (!load || !s->spread || !s->spread_ids) {
+    free(load);
+    spreads_free(s);
+    s->failed = 1;
+    return;
+  }
+  for (int i = 0; i < s->nready; i++) {
+    s->spread_ids[i] = s->ready[i];
+    load[i] = node_load(s, s->ready[i]);
+  }
+  s->spread_first = first;
+  s->nspread = (int)(end - first);
+  for (int64_t k = first; k < end; k++)
+    if (spread_init(&s->spread[k - first], load, (size_t)s->nready, s->n[k].conns, dsum) != 0)
+      s->failed = 1;
+  free(load);
+}
+
+/* A draining node's reconnectTo for a client of node `from`: `spread` (its
+ * spread_t; src/gate/drain.c), `least`, the ready peer with the most spare
+ * capacity (DESIGN.md), or `two`, of two random ready peers the less
+ * loaded. A spread's pick that is no longer ready falls back to `two`. */
+static uint16_t reconnect_to(sim_t *s, uint16_t from) {
   if (s->nready == 0) return SIM_NO_NODE;
   if (s->p.reconnect_to == SIM_TO_LEAST) return least_loaded(s);
+  if (s->p.reconnect_to == SIM_TO_SPREAD && from >= s->spread_first &&
+      from - s->spread_first < s->nspread && s->spread[from - s->spread_first].n > 0) {
+    uint16_t k = s->spread_ids[spread_pick(&s->spread[from - s->spread_first], &s->rng)];
+    if (s->n[k].ready) return k;
+  }
   int i = (int)jitter_range(&s->rng, 0, s->nready - 1), j = i;
   if (s->nready > 1) {
     j = (int)jitter_range(&s->rng, 0, s->nready - 2);
@@ -248,7 +291,7 @@ static void attempt(sim_t *s, uint32_t ci, int move) {
   s->attempts++;
   if (c->flags & SIM_F_CHURN) s->churn_attempts++;
   cur(s)->attempts++;
-  uint16_t k = move ? reconnect_to(s) : sim_lb_pick(s, ci);
+  uint16_t k = move ? reconnect_to(s, c->node) : sim_lb_pick(s, ci);
   if (k == SIM_NO_NODE) {
     refused(s, ci, 0);
     return;
@@ -318,6 +361,8 @@ static void start_batch(sim_t *s) {
     flush_queue(s, (uint16_t)k);
   }
   rebuild_ready(s);
+  if (s->p.drain == SIM_DRAIN_MIGRATE && s->p.reconnect_to == SIM_TO_SPREAD)
+    spreads_build(s, first, end);
   s->batch_active = 1;
   s->batch_start = s->now;
   if (b == 0) s->first_start = s->now;
@@ -379,6 +424,7 @@ static void controller(sim_t *s) {
     if (all_empty && s->batch_empty_s[b] == SIM_NONE)
       s->batch_empty_s[b] = s->now / SIM_TICKS_PER_S;
     if (all_up) {
+      spreads_free(s); /* the drain is over */
       s->batch_active = 0;
       s->batch_done = s->now;
       if (s->next_batch == s->nbatches) s->restart_done = s->now;
@@ -664,6 +710,7 @@ void sim_free(sim_t *s) {
   free(s->batch_start_s);
   free(s->batch_empty_s);
   free(s->reconnect99_s);
+  spreads_free(s);
   memset(s, 0, sizeof *s);
 }
 

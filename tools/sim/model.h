@@ -27,10 +27,13 @@
  *   a retryAfterMs hint is a floor.
  * - drain `close`: 1012 closes at close_rate per node; `migrate`: each
  *   client moves at a uniform time in the window (the drain lesson) to the
- *   node's reconnectTo pick, make-before-break: the ready peer with the most
- *   spare capacity (DESIGN.md), or the less loaded of two random ready
- *   peers (as src/gate/drain.c picks); stragglers are closed at
- *   window + 2 s (DRAIN_GRACE_MS).
+ *   node's reconnectTo pick, make-before-break: `spread`, what
+ *   src/gate/drain.c does (gate/spread.h: each draining node's water-filling
+ *   share from the loads when the batch began, drawn when the client moves,
+ *   the same distribution as drawing at frame time), `least`, the ready peer
+ *   with the most spare capacity at move time (DESIGN.md; an oracle), or
+ *   `two`, the less loaded of two random ready peers at move time;
+ *   stragglers are closed at window + 2 s (DRAIN_GRACE_MS).
  * - every random draw comes from one jitter_rng_t seeded with `seed`.
  *
  * One thread; a sim_t is used by the thread that made it.
@@ -42,6 +45,7 @@
 
 #include "backoff.h"
 #include "core/jitter.h"
+#include "gate/spread.h"
 #include "sim/params.h"
 
 #define SIM_TICK_MS        10 /* one step */
@@ -143,6 +147,12 @@ typedef struct {
   uint32_t *batch_start_s; /* per batch: start second */
   uint32_t *batch_empty_s; /* per batch: second its nodes were all empty (SIM_NONE: not yet) */
   int32_t *reconnect99_s;  /* per batch: -1 until reached */
+  /* reconnectTo spread: one per node of the batch draining now (batch
+   * order), over the nodes ready when it began (spread_ids) */
+  spread_t *spread;
+  int nspread;
+  int64_t spread_first; /* node id of spread[0] */
+  uint16_t *spread_ids;
   /* totals */
   int64_t attempts, churn_attempts, displaced, refusals, collapses, nodes_collapsed;
   int64_t moves, degraded_sessions;

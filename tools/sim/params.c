@@ -34,7 +34,7 @@ typedef struct {
 static const char *const lb_names[] = {"random", "hash", "leastconn", NULL};
 static const char *const accept_names[] = {"refuse", "queue", NULL};
 static const char *const drain_names[] = {"close", "migrate", NULL};
-static const char *const to_names[] = {"least", "two", NULL};
+static const char *const to_names[] = {"least", "two", "spread", NULL};
 static const char *const onoff_names[] = {"off", "on", NULL};
 /* In the order of cvg_backoff_strategy_t (converger/client.h). */
 static const char *const backoff_names[] = {"decorrelated", "full",         "equal", "exponential",
@@ -82,7 +82,8 @@ static const param_t params[] = {
       "drain: close (1012 closes, then reconnect) or migrate (make-before-break)"),
     I(drain_window_s, 0, 100000, "s", "migrate: moves spread uniformly over this window"),
     E(reconnect_to, to_names,
-      "migrate: the move's target, least (most spare capacity) or two (two random choices)"),
+      "migrate: the move's target, spread (src/gate/spread.h, what converger does), least (most "
+      "spare capacity, live) or two (two random choices)"),
     I(close_rate, 0, 100000000, "/s per node", "pace of drain closes (0: all at once)"),
     I(pause_cpu, 0, 100, "%", "no batch starts while a survivor's CPU is above (0: off)"),
     I(abort_cpu, 0, 100, "%", "abort the restart when a survivor stays above (0: off)"),
@@ -144,7 +145,7 @@ static void preset_fixed(sim_params_t *p) {
       .restart_s = 10,
       .drain = SIM_DRAIN_MIGRATE,
       .drain_window_s = 30,
-      .reconnect_to = SIM_TO_LEAST,
+      .reconnect_to = SIM_TO_SPREAD,
       .close_rate = 0,
       .pause_cpu = 75,
       .abort_cpu = 0,

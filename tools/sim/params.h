@@ -22,7 +22,7 @@
 typedef enum { SIM_LB_RANDOM = 0, SIM_LB_HASH, SIM_LB_LEASTCONN } sim_lb_t;
 typedef enum { SIM_ACCEPT_REFUSE = 0, SIM_ACCEPT_QUEUE } sim_accept_t;
 typedef enum { SIM_DRAIN_CLOSE = 0, SIM_DRAIN_MIGRATE } sim_drain_t;
-typedef enum { SIM_TO_LEAST = 0, SIM_TO_TWO } sim_reconnect_to_t;
+typedef enum { SIM_TO_LEAST = 0, SIM_TO_TWO, SIM_TO_SPREAD } sim_reconnect_to_t;
 
 typedef struct {
   /* fleet */
