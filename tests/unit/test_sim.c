@@ -1,5 +1,6 @@
 /* Unit tests for tools/sim: load balancer picks, the accept policies'
- * bounds, the collapse rule, determinism, and parameter parsing. */
+ * bounds, the collapse rule, determinism, reconnectTo at fleet shape, and
+ * parameter parsing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -215,6 +216,34 @@ static void test_migrate_moves_without_outage(void **state) {
   sim_free(&s);
 }
 
+/* The fixed fleet at 1/10 (sim.reduced's): reconnectTo by two random
+ * choices leaves the restarted nodes nearly empty and the 75 % pause stops
+ * the restart; spread (converger's drain) completes it, as least does. */
+static void test_reconnect_to_refills_restarted_nodes(void **state) {
+  const int to[] = {SIM_TO_SPREAD, SIM_TO_LEAST, SIM_TO_TWO};
+  for (int i = 0; i < 3; i++) {
+    sim_params_t p;
+    assert_int_equal(sim_params_preset(&p, "fixed"), 0);
+    p.nodes = 48;
+    p.clients = 100000;
+    p.batch = 3;
+    p.seed = 7;
+    p.reconnect_to = to[i];
+    sim_t s;
+    assert_int_equal(sim_init(&s, &p), 0);
+    assert_int_equal(sim_run(&s, NULL), 0);
+    if (to[i] == SIM_TO_TWO) {
+      assert_int_equal(s.restart_done, 0);
+      assert_true(s.next_batch < s.nbatches);
+    } else {
+      assert_true(s.restart_done > 0);
+      assert_int_equal(s.collapses, 0);
+      assert_int_equal(s.moves, s.displaced);
+    }
+    sim_free(&s);
+  }
+}
+
 static void test_params_flags_and_errors(void **state) {
   sim_params_t p;
   const char *out;
@@ -276,6 +305,7 @@ int main(void) {
       cmocka_unit_test(test_collapse_rule),
       cmocka_unit_test(test_same_seed_same_summary),
       cmocka_unit_test(test_migrate_moves_without_outage),
+      cmocka_unit_test(test_reconnect_to_refills_restarted_nodes),
       cmocka_unit_test(test_params_flags_and_errors),
       cmocka_unit_test(test_params_file),
   };
