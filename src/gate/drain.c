@@ -85,7 +85,7 @@ struct drain_s {
   peer_t *peers;     /* ready peers from the last read (reconnectTo) */
   size_t npeers;
   int64_t others_draining; /* connections of the other draining nodes, last read */
-  spread_t spread;   /* the current batch's reconnectTo picks (n 0: none) */
+  spread_t spread;         /* the current batch's reconnectTo picks (n 0: none) */
 };
 
 /* ---- close queue -------------------------------------------------------- */

@@ -34,13 +34,13 @@
 #include "core/jitter.h"
 
 typedef struct {
-  size_t n;         /* peers */
-  int64_t *load;    /* L_i plus the picks so far (the fallback's counts) */
-  int64_t *budget;  /* remaining budget per peer, milli-clients */
-  int64_t *tree;    /* Fenwick tree over budget, 1-based (tree[0] unused) */
-  int64_t total;    /* sum of budget, milli-clients */
-  double target;    /* T, clients per peer */
-  size_t deficits;  /* peers below T at init */
+  size_t n;        /* peers */
+  int64_t *load;   /* L_i plus the picks so far (the fallback's counts) */
+  int64_t *budget; /* remaining budget per peer, milli-clients */
+  int64_t *tree;   /* Fenwick tree over budget, 1-based (tree[0] unused) */
+  int64_t total;   /* sum of budget, milli-clients */
+  double target;   /* T, clients per peer */
+  size_t deficits; /* peers below T at init */
 } spread_t;
 
 /* Set up `s` for one draining node. `peer_load`: npeers loads (clients,
