@@ -20,7 +20,12 @@
  * - accept policy `refuse`: an attempt is taken only if its handshake can
  *   start within refuse_wait_ms; `queue`: the admission queue of the
  *   admission-queue decision record, a FIFO wait bounded in time and length,
- *   handshakes run only while the CPU is below admission_cpu.
+ *   handshakes run only while the CPU is below admission_cpu. Under both, a
+ *   waiter keeps the step it was queued and is refused once it has waited
+ *   past the bound (the node's spare CPU may fall after it was taken).
+ * - reconnect99_s per batch: a client on a batch's nodes when it begins
+ *   draining is stamped with the batch; the batch is reconnected once its
+ *   nodes are empty and <= 1 % of those clients are without a connection.
  * - collapse (the reconnect-storm post-mortem's cascade): a node at 100 %
  *   CPU for collapse_s seconds in a row drops collapse_share of its clients.
  * - clients back off with the SDK's own cvg_backoff_next (client/backoff.h);
