@@ -8,7 +8,8 @@ least one node collapsed, sessions degraded, more than one attempt per
 displaced client.
 fixed (--scenario fixed): no collapse, at most 1.2 attempts per displaced
 client, peak at most 1.5x what the restart makes unavoidable, restart
-completed, no session degraded."""
+completed, no session degraded.
+Both: every figure the issue asks for is present."""
 import json
 import sys
 
@@ -21,6 +22,16 @@ def want(ok, text):
     if not ok:
         problems.append(text)
 
+
+# the figures issue 8 asks for
+for key in ("steady_attempts_per_min", "peak_attempts_per_min", "peak_node_cpu",
+            "nodes_collapsed", "client_minutes_disconnected", "sessions_degraded_share",
+            "reconnect99_s", "restart_completed_s", "displaced_clients",
+            "attempts_per_displaced_client"):
+    want(key in s, "no %s" % key)
+if problems:
+    print("sim %s summary: %s" % (mode, "; ".join(problems)))
+    sys.exit(1)
 
 if mode == "storm":
     want(s["storm_ratio"] >= 100, "storm ratio %.1f < 100" % s["storm_ratio"])

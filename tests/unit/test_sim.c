@@ -130,6 +130,83 @@ static void test_refuse_bound(void **state) {
   sim_free(&s);
 }
 
+/* Waiters taken at one rate are refused once they have waited past the
+ * bound, when the node's handshake rate fell to 0 after they were queued
+ * (here its connections reach 100 % of capacity): refusals with the hint,
+ * backing off, connection kept (these are moves). */
+static void test_waiters_time_out(void **state) {
+  const sim_accept_t policy[] = {SIM_ACCEPT_QUEUE, SIM_ACCEPT_REFUSE};
+  for (int i = 0; i < 2; i++) {
+    sim_params_t p = small(1, 1000);
+    p.admission = policy[i];
+    p.handshake_rate = 1000;
+    p.headroom = 50; /* capacity 2000: load 0.5 */
+    p.queue_ms = 500;
+    p.refuse_wait_ms = 500;
+    p.hints = 1;
+    p.hint_min_ms = p.hint_max_ms = 3000;
+    sim_t s;
+    assert_int_equal(sim_init(&s, &p), 0);
+    int taken = 0;
+    for (uint32_t ci = 0; ci < 100; ci++) taken += sim_node_offer(&s, 0, ci);
+    assert_int_equal(taken, 100);
+    s.capacity = 1000; /* the 1000 connections now fill the node: rate 0 */
+    for (int t = 0; t <= 500 / SIM_TICK_MS; t++) sim_step(&s); /* waited 500 ms: not past */
+    assert_int_equal(s.n[0].qlen, 100);                        /* nothing served */
+    assert_int_equal(s.refusals, 0);
+    sim_step(&s);
+    assert_int_equal(s.n[0].qlen, 0);
+    assert_int_equal(s.refusals, 100);
+    assert_int_equal(s.sec[0].refusals, 100);
+    for (uint32_t ci = 0; ci < 100; ci++) {
+      assert_int_equal(s.c[ci].state, SIM_MIGRATING);
+      assert_true(s.c[ci].flags & SIM_F_PENDING);
+      assert_true(s.c[ci].due >= s.now - 1 + 3000 / SIM_TICK_MS); /* the hint is a floor */
+    }
+    assert_true(s.n[0].refuse_share > 0); /* their refusal cost CPU */
+    sim_free(&s);
+  }
+}
+
+/* The admission check counts the CPU the last step's refusals took. */
+static void test_refusal_work_lowers_admission(void **state) {
+  sim_params_t p = small(1, 100);
+  p.admission = SIM_ACCEPT_REFUSE;
+  p.handshake_rate = 1000;
+  p.headroom = 50;        /* spare 0.5: 500 handshakes/s */
+  p.refuse_wait_ms = 100; /* => 50 */
+  sim_t s;
+  assert_int_equal(sim_init(&s, &p), 0);
+  s.n[0].refuse_share = 0.25; /* => 0.25: 250/s, 25 */
+  int taken = 0;
+  for (uint32_t i = 0; i < 100; i++) taken += sim_node_offer(&s, 0, i);
+  assert_int_equal(taken, 25);
+  sim_free(&s);
+}
+
+/* reconnect99_s is per batch: a batch of 1 node in 200 (0.5 % of the
+ * clients) whose clients stay out 20 s (the hint's floor) reports about
+ * 20 s, though 99 % of all clients were connected all along. */
+static void test_reconnect99_is_per_batch(void **state) {
+  sim_params_t p = small(200, 20000);
+  p.drain = SIM_DRAIN_CLOSE;
+  p.close_rate = 0;
+  p.hints = 1;
+  p.hint_min_ms = p.hint_max_ms = 20000;
+  p.start_s = 1;
+  p.batch_interval_s = 1000; /* one batch in the run */
+  p.pause_cpu = 0;
+  p.duration_s = 40;
+  sim_t s;
+  assert_int_equal(sim_init(&s, &p), 0);
+  assert_int_equal(sim_run(&s, NULL), 0);
+  assert_int_equal(s.next_batch, 1);
+  assert_int_equal(s.batch_displaced[0], 100);
+  assert_int_equal(s.batch_out[0], 0);
+  assert_true(s.reconnect99_s[0] >= 20 && s.reconnect99_s[0] <= 21);
+  sim_free(&s);
+}
+
 /* A node at 100 % CPU for collapse_s seconds in a row drops its clients. */
 static void test_collapse_rule(void **state) {
   sim_params_t p = small(2, 1000);
@@ -302,6 +379,9 @@ int main(void) {
       cmocka_unit_test(test_leastconn_picks_the_emptiest),
       cmocka_unit_test(test_admission_queue_bound),
       cmocka_unit_test(test_refuse_bound),
+      cmocka_unit_test(test_waiters_time_out),
+      cmocka_unit_test(test_refusal_work_lowers_admission),
+      cmocka_unit_test(test_reconnect99_is_per_batch),
       cmocka_unit_test(test_collapse_rule),
       cmocka_unit_test(test_same_seed_same_summary),
       cmocka_unit_test(test_migrate_moves_without_outage),

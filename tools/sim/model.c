@@ -199,22 +199,31 @@ static uint16_t reconnect_to(sim_t *s, uint16_t from) {
   return node_load(s, s->ready[j]) < node_load(s, s->ready[i]) ? s->ready[j] : s->ready[i];
 }
 
-/* The CPU share handshakes may use on node `k` this instant: up to 100 %
- * (refuse) or admission_cpu (queue), less the connections' load. */
-static double handshake_share(const sim_t *s, const sim_node_t *n) {
+/* The CPU share handshakes may use on node `k`, given `refuse` of it goes
+ * to refusals: up to 100 % (refuse) or admission_cpu (queue), less the
+ * connections' load, and never more than what the refusals leave. */
+static double handshake_share(const sim_t *s, const sim_node_t *n, double refuse) {
+  double load = (double)n->conns / (double)s->capacity;
   double limit = s->p.admission == SIM_ACCEPT_QUEUE ? (double)s->p.admission_cpu / 100.0 : 1.0;
-  return limit - (double)n->conns / (double)s->capacity;
+  double share = limit - load;
+  return share < 1.0 - load - refuse ? share : 1.0 - load - refuse;
+}
+
+/* The policy's wait bound, in ms. */
+static int64_t wait_bound_ms(const sim_t *s) {
+  return s->p.admission == SIM_ACCEPT_QUEUE ? s->p.queue_ms : s->p.refuse_wait_ms;
 }
 
 int sim_node_offer(sim_t *s, uint16_t k, uint32_t ci) {
   sim_node_t *n = &s->n[k];
-  double rate = (double)s->p.handshake_rate * handshake_share(s, n); /* per second */
-  int queue = s->p.admission == SIM_ACCEPT_QUEUE;
-  double bound_ms = (double)(queue ? s->p.queue_ms : s->p.refuse_wait_ms);
+  double rate = (double)s->p.handshake_rate * handshake_share(s, n, n->refuse_share); /* per s */
+  double bound_ms = (double)wait_bound_ms(s);
   if (n->up && n->ready && rate > 0 && n->qlen < s->qcap &&
       (double)(n->qlen + 1) * 1000.0 / rate <= bound_ms) {
     sim_client_t *c = &s->c[ci];
-    n->q[(n->qhead + n->qlen++) % s->qcap] = ci;
+    uint32_t slot = (uint32_t)((n->qhead + n->qlen++) % s->qcap);
+    n->q[slot] = ci;
+    n->qt[slot] = s->now;
     c->state = SIM_QUEUED;
     return 1;
   }
@@ -231,7 +240,7 @@ static void record_outage(sim_t *s, sim_client_t *c, double ms) {
     s->hist[0]++;
   } else {
     int64_t bin = (int64_t)(ms / SIM_HIST_BIN_MS) + 1;
-    s->hist[bin < SIM_HIST_BINS ? bin : SIM_HIST_BINS - 1]++;
+    s->hist[bin < s->nbins ? bin : s->nbins - 1]++;
     s->disconnected_client_s += ms / 1000.0;
     if (ms > (double)s->p.degraded_ms && !(c->flags & SIM_F_DEGRADED)) {
       c->flags |= SIM_F_DEGRADED;
@@ -241,12 +250,22 @@ static void record_outage(sim_t *s, sim_client_t *c, double ms) {
   s->nhist++;
 }
 
+/* Record the end of a churn outage of `ms` (not the restart's). */
+static void record_churn_outage(sim_t *s, sim_client_t *c, double ms) {
+  s->churn_disconnected_client_s += ms / 1000.0;
+  if (ms > (double)s->p.degraded_ms && !(c->flags & SIM_F_CHURN_DEGRADED)) {
+    c->flags |= SIM_F_CHURN_DEGRADED;
+    s->churn_degraded_sessions++;
+  }
+}
+
 /* Client `ci` loses its connection: a drain close or the node going away
  * (hint: the close's retryAfterMs, 0 none), a collapse, or churn. */
 static void lose(sim_t *s, uint32_t ci, int64_t hint_ms, int churn) {
   sim_client_t *c = &s->c[ci];
   s->n[c->node].conns--;
   s->connected--;
+  if (c->batch) s->batch_out[c->batch - 1]++;
   c->node = SIM_NO_NODE;
   c->since = s->now;
   c->flags = (uint8_t)(churn ? c->flags | SIM_F_CHURN : c->flags & ~SIM_F_CHURN);
@@ -261,8 +280,12 @@ static void welcome(sim_t *s, uint16_t k, uint32_t ci) {
     s->n[c->node].conns--;
     s->connected--;
     record_outage(s, c, 0);
-  } else if (!(c->flags & SIM_F_CHURN)) {
-    record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+  } else {
+    if (c->flags & SIM_F_CHURN)
+      record_churn_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+    else
+      record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+    if (c->batch) s->batch_out[c->batch - 1]--;
   }
   c->flags &= (uint8_t) ~(SIM_F_MOVING | SIM_F_CHURN);
   c->node = k;
@@ -303,14 +326,27 @@ static void attempt(sim_t *s, uint32_t ci, int move) {
   }
 }
 
-/* Serve node `k`'s queue for one step and account its CPU work. */
+/* Refuse node `k`'s head waiter (a timeout or a flush). */
+static void refuse_head(sim_t *s, sim_node_t *n) {
+  uint32_t ci = n->q[n->qhead];
+  n->qhead = (uint32_t)((n->qhead + 1) % s->qcap);
+  n->qlen--;
+  n->refused_step++;
+  s->refusals++;
+  cur(s)->refusals++;
+  refused(s, ci, hint(s));
+}
+
+/* Serve node `k`'s queue for one step and account its CPU work. Waiters
+ * queued longer than the policy's bound are refused first (the rate may
+ * have fallen since they were taken). */
 static void node_step(sim_t *s, uint16_t k) {
   sim_node_t *n = &s->n[k];
   const double dt = SIM_TICK_MS / 1000.0, rate = (double)s->p.handshake_rate;
+  uint32_t bound = (uint32_t)(wait_bound_ms(s) / SIM_TICK_MS);
+  while (n->qlen > 0 && s->now - n->qt[n->qhead] > bound) refuse_head(s, n);
   double refuse_work = (double)n->refused_step * (double)s->p.refuse_cost / 100.0 / rate;
-  double spare = (1.0 - (double)n->conns / (double)s->capacity) * dt - refuse_work;
-  double allowed = handshake_share(s, n) * dt;
-  if (allowed > spare) allowed = spare;
+  double allowed = handshake_share(s, n, refuse_work / dt) * dt;
   double budget = allowed > 0 ? allowed * rate + n->carry : 0;
   int64_t served = 0;
   while (n->qlen > 0 && budget >= 1.0) {
@@ -324,21 +360,14 @@ static void node_step(sim_t *s, uint16_t k) {
   }
   n->carry = n->qlen > 0 && budget > 0 ? budget : 0;
   n->work += (double)served / rate + refuse_work;
+  n->refuse_share = refuse_work / dt;
   n->refused_step = 0;
 }
 
 /* Refuse everything in node `k`'s queue (it starts draining). */
 static void flush_queue(sim_t *s, uint16_t k) {
   sim_node_t *n = &s->n[k];
-  while (n->qlen > 0) {
-    uint32_t ci = n->q[n->qhead];
-    n->qhead = (uint32_t)((n->qhead + 1) % s->qcap);
-    n->qlen--;
-    n->refused_step++;
-    s->refusals++;
-    cur(s)->refusals++;
-    refused(s, ci, hint(s));
-  }
+  while (n->qlen > 0) refuse_head(s, n);
 }
 
 /* ---- restart controller ------------------------------------------------- */
@@ -367,10 +396,15 @@ static void start_batch(sim_t *s) {
   s->batch_start = s->now;
   if (b == 0) s->first_start = s->now;
   s->batch_start_s[b] = s->now / SIM_TICKS_PER_S;
-  for (int64_t k = first; k < end; k++) s->displaced += s->n[k].conns;
+  int64_t batch_conns = 0;
+  for (int64_t k = first; k < end; k++) batch_conns += s->n[k].conns;
+  s->displaced += batch_conns;
+  s->batch_displaced[b] = batch_conns;
+  if (batch_conns > s->max_batch_displaced) s->max_batch_displaced = batch_conns;
   for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
     sim_client_t *c = &s->c[ci];
     if (c->node == SIM_NO_NODE || c->node < first || c->node >= end) continue;
+    c->batch = (uint16_t)(b + 1);    /* b < nodes < SIM_NO_NODE: no overflow */
     if (c->state != SIM_CONNECTED) { /* cannot happen between batches; closed if it did */
       lose(s, ci, hint(s), 0);
     } else if (s->p.drain == SIM_DRAIN_MIGRATE) {
@@ -510,9 +544,11 @@ static void end_second(sim_t *s) {
         break;
       }
   }
-  for (int i = 0; i < s->nbatches; i++)
+  /* a batch is reconnected once its nodes are empty and at most 1 % of the
+   * clients it displaced are without a connection */
+  for (int i = 0; i < s->next_batch; i++)
     if (s->batch_empty_s[i] != SIM_NONE && s->reconnect99_s[i] < 0 &&
-        (double)row->connected >= 0.99 * (double)p->clients)
+        (double)s->batch_out[i] <= 0.01 * (double)s->batch_displaced[i])
       s->reconnect99_s[i] = sec - (int)s->batch_start_s[i];
 }
 
@@ -573,7 +609,10 @@ void sim_step(sim_t *s) {
 static void finish(sim_t *s) {
   for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
     sim_client_t *c = &s->c[ci];
-    if (c->node == SIM_NO_NODE && !(c->flags & SIM_F_CHURN))
+    if (c->node != SIM_NO_NODE) continue;
+    if (c->flags & SIM_F_CHURN)
+      record_churn_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
+    else
       record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
   }
 }
@@ -659,13 +698,17 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->n = calloc((size_t)p->nodes, sizeof *s->n);
   s->ready = malloc((size_t)p->nodes * sizeof *s->ready);
   s->drop = calloc((size_t)p->nodes, 1);
-  s->hist = calloc(SIM_HIST_BINS, sizeof *s->hist);
+  s->nbins = p->duration_s * (1000 / SIM_HIST_BIN_MS) + 2; /* up to the whole run */
+  s->hist = calloc((size_t)s->nbins, sizeof *s->hist);
   s->sec = calloc((size_t)s->nsec, sizeof *s->sec);
   s->batch_start_s = malloc((size_t)s->nbatches * sizeof *s->batch_start_s);
   s->batch_empty_s = malloc((size_t)s->nbatches * sizeof *s->batch_empty_s);
   s->reconnect99_s = malloc((size_t)s->nbatches * sizeof *s->reconnect99_s);
+  s->batch_displaced = calloc((size_t)s->nbatches, sizeof *s->batch_displaced);
+  s->batch_out = calloc((size_t)s->nbatches, sizeof *s->batch_out);
   if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->hist || !s->sec ||
-      !s->batch_start_s || !s->batch_empty_s || !s->reconnect99_s || build_ring(s) != 0) {
+      !s->batch_start_s || !s->batch_empty_s || !s->reconnect99_s || !s->batch_displaced ||
+      !s->batch_out || build_ring(s) != 0) {
     sim_free(s);
     return -ENOMEM;
   }
@@ -674,8 +717,11 @@ int sim_init(sim_t *s, const sim_params_t *p) {
     s->reconnect99_s[i] = -1;
   }
   for (int64_t k = 0; k < p->nodes; k++) {
-    s->n[k] = (sim_node_t){.up = 1, .ready = 1, .q = malloc((size_t)s->qcap * sizeof(uint32_t))};
-    if (!s->n[k].q) {
+    s->n[k] = (sim_node_t){.up = 1,
+                           .ready = 1,
+                           .q = malloc((size_t)s->qcap * sizeof(uint32_t)),
+                           .qt = malloc((size_t)s->qcap * sizeof(uint32_t))};
+    if (!s->n[k].q || !s->n[k].qt) {
       sim_free(s);
       return -ENOMEM;
     }
@@ -699,7 +745,10 @@ void sim_free(sim_t *s) {
   for (size_t i = 0; s->wheel && i < SIM_WHEEL_SLOTS; i++) free(s->wheel[i].v);
   free(s->wheel);
   free(s->spare.v);
-  for (int64_t k = 0; s->n && k < s->p.nodes; k++) free(s->n[k].q);
+  for (int64_t k = 0; s->n && k < s->p.nodes; k++) {
+    free(s->n[k].q);
+    free(s->n[k].qt);
+  }
   free(s->n);
   free(s->ready);
   free(s->drop);
@@ -710,6 +759,8 @@ void sim_free(sim_t *s) {
   free(s->batch_start_s);
   free(s->batch_empty_s);
   free(s->reconnect99_s);
+  free(s->batch_displaced);
+  free(s->batch_out);
   spreads_free(s);
   memset(s, 0, sizeof *s);
 }
@@ -718,9 +769,9 @@ int64_t sim_outage_percentile(const sim_t *s, double q) {
   if (s->nhist == 0) return -1;
   int64_t rank = (int64_t)ceil(q * (double)s->nhist), seen = 0;
   if (rank < 1) rank = 1;
-  for (int64_t i = 0; i < SIM_HIST_BINS; i++) {
+  for (int64_t i = 0; i < s->nbins; i++) {
     seen += s->hist[i];
     if (seen >= rank) return i * SIM_HIST_BIN_MS; /* bin i > 0 holds [i-1, i) * 100 ms */
   }
-  return (SIM_HIST_BINS - 1) * SIM_HIST_BIN_MS;
+  return (s->nbins - 1) * SIM_HIST_BIN_MS;
 }

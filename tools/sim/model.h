@@ -20,7 +20,12 @@
  * - accept policy `refuse`: an attempt is taken only if its handshake can
  *   start within refuse_wait_ms; `queue`: the admission queue of the
  *   admission-queue decision record, a FIFO wait bounded in time and length,
- *   handshakes run only while the CPU is below admission_cpu.
+ *   handshakes run only while the CPU is below admission_cpu. Under both, a
+ *   waiter keeps the step it was queued and is refused once it has waited
+ *   past the bound (the node's spare CPU may fall after it was taken).
+ * - reconnect99_s per batch: a client on a batch's nodes when it begins
+ *   draining is stamped with the batch; the batch is reconnected once its
+ *   nodes are empty and <= 1 % of those clients are without a connection.
  * - collapse (the reconnect-storm post-mortem's cascade): a node at 100 %
  *   CPU for collapse_s seconds in a row drops collapse_share of its clients.
  * - clients back off with the SDK's own cvg_backoff_next (client/backoff.h);
@@ -53,11 +58,10 @@
 #define SIM_WHEEL_SLOTS    16384 /* steps the wheel spans (164 s); a power of two */
 #define SIM_NONE           UINT32_MAX
 #define SIM_NO_NODE        UINT16_MAX
-#define SIM_HIST_BIN_MS    100   /* outage histogram bins */
-#define SIM_HIST_BINS      36000 /* one hour of 100 ms bins; longer goes to the last */
-#define SIM_RATE_WINDOW_S  10    /* attempts per minute = attempts in 10 s * 6 */
-#define SIM_ALARM_DROP     0.05  /* the post-mortem's alarm: connections drop 5 % ... */
-#define SIM_ALARM_WINDOW_S 60    /* ... within 60 s */
+#define SIM_HIST_BIN_MS    100  /* outage histogram bins */
+#define SIM_RATE_WINDOW_S  10   /* attempts per minute = attempts in 10 s * 6 */
+#define SIM_ALARM_DROP     0.05 /* the post-mortem's alarm: connections drop 5 % ... */
+#define SIM_ALARM_WINDOW_S 60   /* ... within 60 s */
 
 typedef enum {
   SIM_CONNECTED = 0, /* no pending event */
@@ -68,10 +72,11 @@ typedef enum {
 } sim_state_t;
 
 enum {
-  SIM_F_PENDING = 1,  /* in the wheel */
-  SIM_F_CHURN = 2,    /* this outage is ordinary churn, not the restart's */
-  SIM_F_DEGRADED = 4, /* counted in sessions_degraded */
-  SIM_F_MOVING = 8,   /* SIM_QUEUED as a make-before-break move */
+  SIM_F_PENDING = 1,         /* in the wheel */
+  SIM_F_CHURN = 2,           /* this outage is ordinary churn, not the restart's */
+  SIM_F_DEGRADED = 4,        /* counted in sessions_degraded */
+  SIM_F_MOVING = 8,          /* SIM_QUEUED as a make-before-break move */
+  SIM_F_CHURN_DEGRADED = 16, /* counted in churn_degraded_sessions */
 };
 
 /* One client: 20 bytes. */
@@ -83,6 +88,7 @@ typedef struct {
   uint8_t state;    /* sim_state_t */
   uint8_t attempt;  /* attempts since the last welcome (saturates at 255) */
   uint8_t flags;    /* SIM_F_* */
+  uint16_t batch;   /* 1 + the batch that displaced it last (0: none); fits in the padding */
 } sim_client_t;
 _Static_assert(sizeof(sim_client_t) == 20, "a client is 20 bytes");
 
@@ -95,6 +101,7 @@ typedef struct {
 typedef struct {
   int64_t conns;  /* connected clients */
   uint32_t *q;    /* ring of queued handshakes, s->qcap entries */
+  uint32_t *qt;   /* the step each entry was queued (same ring) */
   uint32_t qhead; /* index of the oldest */
   int64_t qlen;
   int up, ready, draining;
@@ -103,6 +110,7 @@ typedef struct {
   double carry;         /* fraction of a handshake left from the last step */
   double work;          /* this second: CPU-seconds of handshakes and refusals */
   int64_t refused_step; /* refusals in this step */
+  double refuse_share;  /* CPU share the last step's refusals took */
   double cpu;           /* the last whole second's CPU (1.0 = 100 %; may exceed) */
   int hot_s;            /* seconds in a row at >= 100 % */
   int abort_s;          /* seconds in a row above abort_cpu */
@@ -144,9 +152,12 @@ typedef struct {
   uint32_t batch_start, batch_done, first_start, restart_done;
   int paused_now;
   int64_t paused_s;
-  uint32_t *batch_start_s; /* per batch: start second */
-  uint32_t *batch_empty_s; /* per batch: second its nodes were all empty (SIM_NONE: not yet) */
-  int32_t *reconnect99_s;  /* per batch: -1 until reached */
+  uint32_t *batch_start_s;  /* per batch: start second */
+  uint32_t *batch_empty_s;  /* per batch: second its nodes were all empty (SIM_NONE: not yet) */
+  int32_t *reconnect99_s;   /* per batch: -1 until reached */
+  int64_t *batch_displaced; /* per batch: clients on its nodes when it began */
+  int64_t *batch_out;       /* per batch: of those, now without a connection */
+  int64_t max_batch_displaced;
   /* reconnectTo spread: one per node of the batch draining now (batch
    * order), over the nodes ready when it began (spread_ids) */
   spread_t *spread;
@@ -156,10 +167,12 @@ typedef struct {
   /* totals */
   int64_t attempts, churn_attempts, displaced, refusals, collapses, nodes_collapsed;
   int64_t moves, degraded_sessions;
-  double disconnected_client_s; /* outages of the restart, not churn */
-  int64_t *hist;                /* outage durations, SIM_HIST_BIN_MS bins */
-  int64_t nhist;
-  int alarm_s; /* first second the alarm fired, -1: never */
+  double disconnected_client_s;       /* outages of the restart, not churn */
+  double churn_disconnected_client_s; /* outages of churn */
+  int64_t churn_degraded_sessions;
+  int64_t *hist;        /* outage durations, SIM_HIST_BIN_MS bins */
+  int64_t nhist, nbins; /* outages; bins (they span the run) */
+  int alarm_s;          /* first second the alarm fired, -1: never */
   /* per second */
   sim_second_t *sec;
   int nsec;
@@ -188,7 +201,10 @@ void sim_free(sim_t *s);
 uint16_t sim_lb_pick(sim_t *s, uint32_t ci);
 
 /* Offer client `ci`'s handshake to node `k` under the accept policy:
- * 1 queued (served later), 0 refused (counted as CPU work on the node). */
+ * 1 queued (served later), 0 refused (counted as CPU work on the node).
+ * Taken only if the queue, at the rate the node's spare CPU gives now
+ * (less the last step's refusal work), reaches it within the bound; a
+ * waiter still queued past the bound (the rate fell) is refused then. */
 int sim_node_offer(sim_t *s, uint16_t k, uint32_t ci);
 
 /* Outage percentile `q` (0..1) of the restart's outages, in ms (bin upper

@@ -303,6 +303,11 @@ void sim_params_usage(FILE *out) {
       snprintf(dflt, sizeof dflt, "%s", d->names[*enum_field(&def, d)]);
     fprintf(out, "  --%-20s %s (default %s)\n", flag, d->help, dflt);
   }
+  fprintf(out, "\nFigures: reconnect99_s is per batch, from its start until its nodes are empty\n"
+               "and at most 1 %% of the clients it displaced are without a connection (a\n"
+               "make-before-break move never disconnects). client_minutes_disconnected and\n"
+               "sessions_degraded_share count the restart's outages only; churn's are in\n"
+               "churn_client_minutes_disconnected and churn_sessions_degraded_share.\n");
   fprintf(out, "\nDefaults are the fixed scenario's. Exit status: 0 after a run, 1 when the\n"
                "output cannot be written, 2 on a bad flag, value or scenario.\n");
 }

@@ -17,6 +17,18 @@ static double attempts_per_min(const sim_t *s, int t) {
   return (double)sum * 60.0 / SIM_RATE_WINDOW_S;
 }
 
+/* The most attempts in any 60 consecutive seconds (the whole run if
+ * shorter). */
+static int64_t peak_attempts_60s(const sim_t *s) {
+  int64_t sum = 0, best = 0;
+  for (int t = 0; t < s->nsec; t++) {
+    sum += s->sec[t].attempts;
+    if (t >= 60) sum -= s->sec[t - 60].attempts;
+    if (sum > best) best = sum;
+  }
+  return best;
+}
+
 static json_t *seconds_or_null(int64_t v) { return v >= 0 ? json_integer(v) : json_null(); }
 
 json_t *report_summary(const sim_t *s) {
@@ -31,16 +43,17 @@ json_t *report_summary(const sim_t *s) {
     if ((double)(s->sec[t].disconnected + s->sec[t].on_hot) > 0.01 * (double)p->clients)
       degraded_s++;
   }
-  /* What the restart makes unavoidable: a batch's clients once each, spread
-   * over the drain window (migrate) or the close pacing, and never over
-   * less than the rate window. */
+  /* What the restart makes unavoidable: the clients of the batch that
+   * displaced the most, once each, spread over the drain window (migrate)
+   * or the close pacing, and never over less than the rate window. */
   double per_node = (double)p->clients / (double)p->nodes, spread_s;
   if (p->drain == SIM_DRAIN_MIGRATE)
     spread_s = (double)p->drain_window_s;
   else
     spread_s = p->close_rate > 0 ? per_node / (double)p->close_rate : 0;
   if (spread_s < SIM_RATE_WINDOW_S) spread_s = SIM_RATE_WINDOW_S;
-  double unavoidable = (double)p->batch * per_node / spread_s * 60.0 + steady;
+  double unavoidable = (double)s->max_batch_displaced / spread_s * 60.0 + steady;
+  double peak60 = (double)peak_attempts_60s(s);
 
   json_t *r99 = json_array();
   for (int b = 0; r99 && b < s->next_batch; b++)
@@ -58,28 +71,33 @@ json_t *report_summary(const sim_t *s) {
                      ? (int64_t)(s->restart_done - s->first_start) / SIM_TICKS_PER_S
                      : -1;
   int64_t non_churn = s->attempts - s->churn_attempts;
+  json_t *per_displaced =
+      s->displaced ? json_real((double)non_churn / (double)s->displaced) : json_null();
   return json_pack(
-      "{s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f, s:f, s:I, s:o, s:o, s:I, s:I, s:b, s:I, s:o,"
-      " s:I, s:f, s:I, s:I, s:I, s:{s:I, s:f, s:o}, s:{s:I, s:I, s:I, s:I, s:I}, s:o}",
+      "{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:o, s:o, s:I,"
+      " s:I, s:b, s:I, s:o, s:I, s:o, s:I, s:I, s:I, s:{s:I, s:f, s:o}, s:{s:I, s:I, s:I, s:I, "
+      "s:I},"
+      " s:o}",
       "steady_attempts_per_min", steady, "peak_attempts_per_min", peak, "storm_ratio",
-      steady > 0 ? peak / steady : 0.0, "unavoidable_attempts_per_min", unavoidable,
+      steady > 0 ? peak / steady : 0.0, "peak_attempts_per_min_60s", peak60, "storm_ratio_60s",
+      steady > 0 ? peak60 / steady : 0.0, "unavoidable_attempts_per_min", unavoidable,
       "peak_to_unavoidable", peak / unavoidable, "peak_node_cpu", peak_cpu, "nodes_collapsed",
       (json_int_t)s->nodes_collapsed, "collapses", (json_int_t)s->collapses,
       "client_minutes_disconnected", s->disconnected_client_s / 60.0, "sessions_degraded_share",
-      (double)s->degraded_sessions / (double)p->clients, "degraded_s", (json_int_t)degraded_s,
+      (double)s->degraded_sessions / (double)p->clients, "churn_client_minutes_disconnected",
+      s->churn_disconnected_client_s / 60.0, "churn_sessions_degraded_share",
+      (double)s->churn_degraded_sessions / (double)p->clients, "degraded_s", (json_int_t)degraded_s,
       "reconnect99_s", r99 ? r99 : json_null(), "restart_completed_s", seconds_or_null(done),
       "batches_started", (json_int_t)s->next_batch, "batches", (json_int_t)s->nbatches,
       "restart_aborted", s->aborted, "paused_s", (json_int_t)s->paused_s, "alarm_s",
       seconds_or_null(s->alarm_s), "displaced_clients", (json_int_t)s->displaced,
-      "attempts_per_displaced_client",
-      s->displaced ? (double)non_churn / (double)s->displaced : 0.0, "attempts",
-      (json_int_t)s->attempts, "churn_attempts", (json_int_t)s->churn_attempts, "refusals",
-      (json_int_t)s->refusals, "peak_arrivals_per_node", "max", (json_int_t)peak_max, "mean",
-      peak_sum / (double)p->nodes, "per_node", per_node_peaks ? per_node_peaks : json_null(),
-      "disconnected_ms", "outages", (json_int_t)s->nhist, "p50",
-      (json_int_t)sim_outage_percentile(s, 0.50), "p95", (json_int_t)sim_outage_percentile(s, 0.95),
-      "p99", (json_int_t)sim_outage_percentile(s, 0.99), "max",
-      (json_int_t)sim_outage_percentile(s, 1.0), "params", sim_params_to_json(p));
+      "attempts_per_displaced_client", per_displaced, "attempts", (json_int_t)s->attempts,
+      "churn_attempts", (json_int_t)s->churn_attempts, "refusals", (json_int_t)s->refusals,
+      "peak_arrivals_per_node", "max", (json_int_t)peak_max, "mean", peak_sum / (double)p->nodes,
+      "per_node", per_node_peaks ? per_node_peaks : json_null(), "disconnected_ms", "outages",
+      (json_int_t)s->nhist, "p50", (json_int_t)sim_outage_percentile(s, 0.50), "p95",
+      (json_int_t)sim_outage_percentile(s, 0.95), "p99", (json_int_t)sim_outage_percentile(s, 0.99),
+      "max", (json_int_t)sim_outage_percentile(s, 1.0), "params", sim_params_to_json(p));
 }
 
 static double num(const json_t *o, const char *key) {
@@ -93,8 +111,11 @@ void report_print(const json_t *sum, FILE *out) {
   const json_t *alarm = json_object_get(sum, "alarm_s");
   fprintf(out, "| figure | value |\n| --- | ---: |\n");
   fprintf(out, "| steady attempts/min | %.0f |\n", num(sum, "steady_attempts_per_min"));
-  fprintf(out, "| peak attempts/min (%d s window) | %.0f (%.1fx steady) |\n", SIM_RATE_WINDOW_S,
-          num(sum, "peak_attempts_per_min"), num(sum, "storm_ratio"));
+  fprintf(out, "| peak attempts/min (%d s window x %d) | %.0f (%.1fx steady) |\n",
+          SIM_RATE_WINDOW_S, 60 / SIM_RATE_WINDOW_S, num(sum, "peak_attempts_per_min"),
+          num(sum, "storm_ratio"));
+  fprintf(out, "| peak attempts in a 60 s window | %.0f (%.1fx steady) |\n",
+          num(sum, "peak_attempts_per_min_60s"), num(sum, "storm_ratio_60s"));
   fprintf(out, "| unavoidable attempts/min | %.0f (peak %.2fx) |\n",
           num(sum, "unavoidable_attempts_per_min"), num(sum, "peak_to_unavoidable"));
   fprintf(out, "| peak node CPU | %.0f %% |\n", 100 * num(sum, "peak_node_cpu"));
@@ -103,9 +124,13 @@ void report_print(const json_t *sum, FILE *out) {
   fprintf(out, "| client-minutes without a connection | %.0f |\n",
           num(sum, "client_minutes_disconnected"));
   fprintf(out, "| sessions degraded | %.1f %% |\n", 100 * num(sum, "sessions_degraded_share"));
+  fprintf(out,
+          "| churn (not counted above): client-minutes out, sessions degraded | %.0f, %.1f %% |\n",
+          num(sum, "churn_client_minutes_disconnected"),
+          100 * num(sum, "churn_sessions_degraded_share"));
   fprintf(out, "| seconds degraded (> 1 %% of clients out or on a node at 100 %%) | %.0f |\n",
           num(sum, "degraded_s"));
-  fprintf(out, "| time to 99 %% reconnected, per batch | ");
+  fprintf(out, "| time to 99 %% of a batch's displaced clients reconnected, per batch | ");
   size_t i;
   json_t *v;
   json_array_foreach(json_object_get(sum, "reconnect99_s"), i, v) {
@@ -127,8 +152,11 @@ void report_print(const json_t *sum, FILE *out) {
   else
     fprintf(out, "| connections-drop alarm | at %.0f s |\n", json_number_value(alarm));
   fprintf(out, "| displaced clients | %.0f |\n", num(sum, "displaced_clients"));
-  fprintf(out, "| attempts per displaced client | %.2f |\n",
-          num(sum, "attempts_per_displaced_client"));
+  if (json_is_null(json_object_get(sum, "attempts_per_displaced_client")))
+    fprintf(out, "| attempts per displaced client | - |\n");
+  else
+    fprintf(out, "| attempts per displaced client | %.2f |\n",
+            num(sum, "attempts_per_displaced_client"));
   fprintf(out, "| peak arrivals/s per node, max / mean | %.0f / %.1f |\n", num(pa, "max"),
           num(pa, "mean"));
   fprintf(out, "| disconnected p50 / p95 / p99 / max | %.0f / %.0f / %.0f / %.0f ms |\n",
