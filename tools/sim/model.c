@@ -93,6 +93,14 @@ static int64_t backoff_delay(sim_t *s, sim_client_t *c, int64_t hint_ms) {
   return d;
 }
 
+/* A welcome: the SDK's reset of `c`'s backoff state (cvg_backoff_reset). */
+static void backoff_reset(sim_t *s, sim_client_t *c) {
+  cvg_backoff_t b = {.opt = s->backoff, .rng = &s->rng};
+  cvg_backoff_reset(&b);
+  c->attempt = (uint8_t)b.attempt;
+  c->prev_ms = (uint32_t)b.prev_ms;
+}
+
 static int64_t hint(sim_t *s) {
   return s->p.hints ? jitter_retry_hint(&s->rng, s->p.hint_min_ms, s->p.hint_max_ms) : 0;
 }
@@ -287,12 +295,11 @@ static void welcome(sim_t *s, uint16_t k, uint32_t ci) {
       record_outage(s, c, (double)(s->now - c->since) * SIM_TICK_MS);
     if (c->batch) s->batch_out[c->batch - 1]--;
   }
-  c->flags &= (uint8_t) ~(SIM_F_MOVING | SIM_F_CHURN);
+  c->flags &= (uint8_t)~SIM_F_CHURN;
   c->node = k;
   c->since = SIM_NONE;
   c->state = SIM_CONNECTED;
-  c->attempt = 0;
-  c->prev_ms = (uint32_t)s->backoff.base_ms;
+  backoff_reset(s, c);
   s->n[k].conns++;
   s->n[k].welcomes_s++;
   s->connected++;
@@ -303,7 +310,6 @@ static void welcome(sim_t *s, uint16_t k, uint32_t ci) {
 static void refused(sim_t *s, uint32_t ci, int64_t hint_ms) {
   sim_client_t *c = &s->c[ci];
   c->state = c->node != SIM_NO_NODE ? SIM_MIGRATING : SIM_WAITING;
-  c->flags &= (uint8_t)~SIM_F_MOVING;
   schedule(s, ci, backoff_delay(s, c, hint_ms));
 }
 
@@ -319,9 +325,7 @@ static void attempt(sim_t *s, uint32_t ci, int move) {
     refused(s, ci, 0);
     return;
   }
-  if (sim_node_offer(s, k, ci)) {
-    if (move) c->flags |= SIM_F_MOVING;
-  } else {
+  if (!sim_node_offer(s, k, ci)) {
     refused(s, ci, hint(s));
   }
 }
@@ -688,8 +692,7 @@ int sim_init(sim_t *s, const sim_params_t *p) {
       (double)p->clients * (double)p->churn_per_million / 1e6 / 60.0 / SIM_TICKS_PER_S;
   s->nbatches = (int)((p->nodes + p->batch - 1) / p->batch);
   /* a queue never holds more than its policy's bound at the full rate */
-  int64_t bound_ms = p->admission == SIM_ACCEPT_QUEUE ? p->queue_ms : p->refuse_wait_ms;
-  s->qcap = p->handshake_rate * bound_ms / 1000 + 1;
+  s->qcap = p->handshake_rate * wait_bound_ms(s) / 1000 + 1;
   if (p->admission == SIM_ACCEPT_QUEUE && s->qcap > p->queue_max) s->qcap = p->queue_max;
   s->nsec = (int)p->duration_s;
   s->alarm_s = -1;

@@ -75,7 +75,6 @@ enum {
   SIM_F_PENDING = 1,         /* in the wheel */
   SIM_F_CHURN = 2,           /* this outage is ordinary churn, not the restart's */
   SIM_F_DEGRADED = 4,        /* counted in sessions_degraded */
-  SIM_F_MOVING = 8,          /* SIM_QUEUED as a make-before-break move */
   SIM_F_CHURN_DEGRADED = 16, /* counted in churn_degraded_sessions */
 };
 

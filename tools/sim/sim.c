@@ -4,8 +4,8 @@
 #include "sim/sim.h"
 
 #include <stdio.h>
-#include <time.h>
 
+#include "core/util.h"
 #include "sim/model.h"
 #include "sim/params.h"
 #include "sim/report.h"
@@ -25,8 +25,7 @@ int sim_main(int argc, char **argv) {
   const char *out_dir;
   int rc = sim_params_parse(&p, &out_dir, argc, argv);
   if (rc != 0) return rc == 1 ? 0 : rc;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t t0 = util_mono_ms();
   sim_t s;
   if (sim_init(&s, &p) != 0) {
     fprintf(stderr, "converger sim: out of memory for %lld clients\n", (long long)p.clients);
@@ -37,7 +36,7 @@ int sim_main(int argc, char **argv) {
     sim_free(&s);
     return 1;
   }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double wall_s = (double)(util_mono_ms() - t0) / 1000.0;
   json_t *sum = report_summary(&s);
   char err[512];
   rc = 0;
@@ -50,7 +49,7 @@ int sim_main(int argc, char **argv) {
   } else {
     report_print(sum, stdout);
     printf("\n%lld simulated s in %.1f s of wall time; output in %s/\n", (long long)p.duration_s,
-           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, out_dir);
+           wall_s, out_dir);
   }
   json_decref(sum);
   sim_free(&s);
