@@ -403,11 +403,18 @@ static void open_transport(cvg_core_t *core, int url, const char *url_text, int 
               (unsigned long long)core->backoff.attempt + 1);
 }
 
-/* No transport is live and none is welcomed: wait for the backoff (with the
- * server's hint as a floor unless ignore_hints), then try another URL. */
-static void schedule_reconnect(cvg_core_t *core, int failed_url, const char *why, int64_t now) {
-  int64_t delay = cvg_backoff_next(&core->backoff, core->opt.ignore_hints ? 0 : core->hint_ms);
+/* The backoff's next delay, the hint of the transport lost last a floor
+ * (hints are not taken in at all with ignore_hints); the hint is used up. */
+static int64_t next_delay(cvg_core_t *core) {
+  int64_t delay = cvg_backoff_next(&core->backoff, core->hint_ms);
   core->hint_ms = 0;
+  return delay;
+}
+
+/* No transport is live and none is welcomed: wait for the backoff (with the
+ * server's hint as a floor), then try another URL. */
+static void schedule_reconnect(cvg_core_t *core, int failed_url, const char *why, int64_t now) {
+  int64_t delay = next_delay(core);
   core->last_url = failed_url;
   core->reconnect_at = now + delay;
   set_state(core, CVG_STATE_WAITING, "%s; next attempt in %lld ms", why, (long long)delay);
@@ -466,7 +473,8 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
   int was_migration = t->migration && !was_active;
   int url = t->url;
   int64_t hint = t->hint_ms;
-  if (code == 1012 || code == 1013) hint = max64(hint, reason_hint(reason, len));
+  if ((code == 1012 || code == 1013) && !core->opt.ignore_hints)
+    hint = max64(hint, reason_hint(reason, len));
   if (code == 1013 && !t->unavailable) core->st.unavailable++;
   int unauthorized = t->unauthorized;
   if (code == 1009) fail_largest_send(core, t->id);
@@ -498,8 +506,7 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
     /* Keep the draining connection. Try the move again after the backoff
      * (the hint a floor) if that is still before the drain's deadline, when
      * the node closes what is left; otherwise wait for that close. */
-    int64_t delay = cvg_backoff_next(&core->backoff, core->opt.ignore_hints ? 0 : core->hint_ms);
-    core->hint_ms = 0;
+    int64_t delay = next_delay(core);
     if (core->migrate_deadline >= 0 && now + delay < core->migrate_deadline) {
       free(core->migrate_url); /* a random other node this time */
       core->migrate_url = NULL;
@@ -707,7 +714,7 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     core->st.bad_frames++;
     return;
   }
-  int64_t hint = ra ? clamp_ms(json_integer_value(ra)) : 0;
+  int64_t hint = ra && !core->opt.ignore_hints ? clamp_ms(json_integer_value(ra)) : 0;
   int ended = 0;
   if (strcmp(code, "unavailable") == 0) {
     /* its close (1013) follows: the hint is the floor of the next attempt */
@@ -728,7 +735,7 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     if (s && strcmp(code, "replay_unavailable") == 0) {
       /* sync again after the hint (or the first backoff step) */
       s->sync_pending = 0;
-      s->retry_at = now + (hint > 0 && !core->opt.ignore_hints ? hint : core->backoff.opt.base_ms);
+      s->retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
     }
   }
   if (core->opt.cb.on_error)

@@ -39,19 +39,19 @@
 #include "net/ws.h"
 #include "proto/frames.h"
 
-#define BATCH_DRAIN   1u  /* the drain's batch; sheds count up from 2 */
-#define FRAME_WAIT_MS 500 /* longest wait for the peers read before the frames go anyway */
-#define DEADLINE_STEP_MS 20 /* the timer's period while no close is queued */
+#define BATCH_DRAIN      1u  /* the drain's batch; sheds count up from 2 */
+#define FRAME_WAIT_MS    500 /* longest wait for the peers read before the frames go anyway */
+#define DEADLINE_STEP_MS 20  /* the timer's period while no close is queued */
 
 typedef struct {
-  uint32_t id;        /* 0: none */
-  int64_t window_ms;  /* afterMs drawn from [0, window) */
-  int framing;        /* frames not sent yet (its peers job runs) */
-  uint64_t began;     /* monotonic ms: the batch began */
-  uint64_t deadline;  /* monotonic ms: frames sent + window + grace; 0 before */
-  int told;           /* connections sent a frame */
-  int moved;          /* of those, closed by themselves (the log's counts) */
-  int closed;         /* closed with 1012 by the pacer */
+  uint32_t id;       /* 0: none */
+  int64_t window_ms; /* afterMs drawn from [0, window) */
+  int framing;       /* frames not sent yet (its peers job runs) */
+  uint64_t began;    /* monotonic ms: the batch began */
+  uint64_t deadline; /* monotonic ms: frames sent + window + grace; 0 before */
+  int told;          /* connections sent a frame */
+  int moved;         /* of those, closed by themselves (the log's counts) */
+  int closed;        /* closed with 1012 by the pacer */
 } batch_t;
 
 typedef struct {
@@ -72,17 +72,16 @@ struct drain_s {
   node_t *node;
   drain_stop_cb stop;
   uv_timer_t timer; /* deadlines and pacing, while a batch is active */
-  int draining;
-  int stopped; /* stop() called: later closes are the shutdown's */
+  int stopped;      /* stop() called: later closes are the shutdown's */
   uint64_t began_ms, shutdown_at;
   uint32_t last_shed;
   batch_t drain, shed;
   conn_t **queue; /* paced closes, each with a conn_ref */
   size_t qhead, qlen, qcap;
-  double tokens;     /* closes allowed now (token bucket) */
+  double tokens;      /* closes allowed now (token bucket) */
   uint64_t tokens_at; /* monotonic ms of the last refill */
-  uint64_t every;    /* the timer's period, ms */
-  peer_t *peers;     /* ready peers from the last read (reconnectTo) */
+  uint64_t every;     /* the timer's period, ms */
+  peer_t *peers;      /* ready peers from the last read (reconnectTo) */
   size_t npeers;
   int64_t others_draining; /* connections of the other draining nodes, last read */
   spread_t spread;         /* the current batch's reconnectTo picks (n 0: none) */
@@ -126,9 +125,9 @@ static size_t enqueue_batch(drain_t *d, uint32_t batch) {
 }
 
 static batch_t *batch_of(drain_t *d, const conn_t *c) {
-  return c->drain_batch == BATCH_DRAIN               ? &d->drain
+  return c->drain_batch == BATCH_DRAIN                    ? &d->drain
          : c->drain_batch && c->drain_batch == d->shed.id ? &d->shed
-                                                        : NULL;
+                                                          : NULL;
 }
 
 static void close_paced(drain_t *d, conn_t *c) {
@@ -280,7 +279,9 @@ static void batch_begin(drain_t *d, batch_t *b) {
 
 /* ---- deadlines ---------------------------------------------------------- */
 
-static void set_state_metric(drain_t *d) { metrics_set("converger_drain_state", NULL, drain_state(d)); }
+static void set_state_metric(drain_t *d) {
+  metrics_set("converger_drain_state", NULL, drain_state(d));
+}
 
 static void timer_cb(uv_timer_t *t) {
   drain_t *d = t->data;
@@ -311,7 +312,7 @@ static void timer_cb(uv_timer_t *t) {
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
   pace(d, now);
-  if (d->draining && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
+  if (d->node->draining && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
     release_queue(d);
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
@@ -324,7 +325,7 @@ static void timer_cb(uv_timer_t *t) {
              (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
     d->stop(d->node, why);
   }
-  if (!d->draining && !d->shed.id && d->qhead == d->qlen) {
+  if (!d->node->draining && !d->shed.id && d->qhead == d->qlen) {
     uv_timer_stop(&d->timer);
     return;
   }
@@ -367,9 +368,8 @@ static void closed_cb(uv_handle_t *h) {
 void drain_close(drain_t *d) { uv_close((uv_handle_t *)&d->timer, closed_cb); }
 
 int drain_start(drain_t *d, const char *why) {
-  if (d->draining) return -CV_EEXISTS;
+  if (d->node->draining) return -CV_EEXISTS;
   node_t *node = d->node;
-  d->draining = 1;
   d->began_ms = util_mono_ms();
   d->shutdown_at = d->began_ms + (uint64_t)node->cfg->drain_shutdown_ms;
   node->draining = 1;
@@ -409,13 +409,14 @@ int drain_start(drain_t *d, const char *why) {
 }
 
 int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total) {
-  if (d->draining || d->shed.id) return -CV_EBUSY;
+  if (d->node->draining || d->shed.id) return -CV_EBUSY;
   node_t *node = d->node;
   conn_t **all = malloc(((size_t)node->nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
   int n = 0;
   for (conn_t *c = node->conns; c && n < node->nws; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed && c->drain_batch == 0)
+    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
+        c->drain_batch == 0)
       all[n++] = c;
   int k = (int)(fraction * n + 0.5);
   if (k > n) k = n;
@@ -443,9 +444,7 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
 }
 
 void drain_welcomed(drain_t *d, conn_t *c) {
-  batch_t *b = c->drain_batch == BATCH_DRAIN ? &d->drain
-               : c->drain_batch == d->shed.id ? &d->shed
-                                              : NULL;
+  batch_t *b = batch_of(d, c);
   if (!b || b->framing || c->drain_told || d->stopped) return; /* the batch's frames tell it */
   uint64_t now = util_mono_ms();
   if (now >= b->deadline) return; /* it is queued for its 1012 anyway */
@@ -461,4 +460,4 @@ void drain_conn_closing(drain_t *d, conn_t *c) {
   metrics_add("converger_drain_migrated_total", NULL, 1);
 }
 
-int drain_state(const drain_t *d) { return d->draining ? 1 : d->shed.id ? 2 : 0; }
+int drain_state(const drain_t *d) { return d->node->draining ? 1 : d->shed.id ? 2 : 0; }
