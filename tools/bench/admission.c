@@ -366,7 +366,6 @@ out:
 
 /* ---- main ------------------------------------------------------------------------ */
 
-
 int bench_admission_main(int argc, char **argv) {
   options_t o = {.clients = 10000, .pool = 20, .ops = 20000000, .runs = 3, .timeout_s = 60};
   int r = parse_options(&o, argc, argv);
@@ -385,15 +384,12 @@ int bench_admission_main(int argc, char **argv) {
 
   /* Descriptors: the child inherits the raised limit. A client closing
    * one connection while it opens the next holds two for a moment. */
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
-  if ((rlim_t)(o.clients + FDS_SPARE) > rl.rlim_cur) {
+  unsigned long long nofile = run_raise_nofile();
+  if ((unsigned long long)(o.clients + FDS_SPARE) > nofile) {
     fprintf(stderr,
             "converger bench admission: %lld clients need %lld descriptors per process; "
             "RLIMIT_NOFILE allows %llu\n",
-            o.clients, o.clients + FDS_SPARE, (unsigned long long)rl.rlim_cur);
+            o.clients, o.clients + FDS_SPARE, nofile);
     return 2;
   }
 
@@ -413,7 +409,7 @@ int bench_admission_main(int argc, char **argv) {
   char node_where[32];
   snprintf(node_where, sizeof node_where, node_cpu >= 0 ? "CPU %d" : "no CPU pinning", node_cpu);
   printf("converger bench admission: bench on CPU %d, each node on %s; RLIMIT_NOFILE %llu\n",
-         bench_cpu, node_where, (unsigned long long)rl.rlim_cur);
+         bench_cpu, node_where, nofile);
   fflush(stdout);
   double q[2];
   if (part_queue(&o, bench_cpu, q) != 0) goto out;

@@ -285,7 +285,6 @@ out:
 
 /* ---- main ---------------------------------------------------------------------- */
 
-
 static void cpu_name(int cpu, char out[32]) {
   if (cpu >= 0)
     snprintf(out, 32, "CPU %d", cpu);
@@ -341,19 +340,15 @@ int bench_baseline_main(int argc, char **argv) {
   }
 
   /* Descriptors: the child inherits the raised limit. */
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  rlim_t hard = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
-  rl.rlim_cur = hard;
-  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
+  unsigned long long nofile = run_raise_nofile();
   long need = b->conns;
   if (b->handshakes > need) need = b->handshakes;
   if (b->subs > need) need = b->subs;
-  if ((rlim_t)(need + FDS_SPARE) > rl.rlim_cur) {
+  if ((unsigned long long)(need + FDS_SPARE) > nofile) {
     fprintf(stderr,
             "converger bench baseline: %ld connections need %ld descriptors per process; "
             "RLIMIT_NOFILE allows %llu\n",
-            need, need + FDS_SPARE, (unsigned long long)rl.rlim_cur);
+            need, need + FDS_SPARE, nofile);
     free(b);
     return 2;
   }
@@ -380,7 +375,7 @@ int bench_baseline_main(int argc, char **argv) {
   cpu_name(b->client_cpu, client_cpu);
   printf("converger bench baseline: node pid %d (%s serve) on 127.0.0.1:%d, %s; bench on %s; "
          "RLIMIT_NOFILE %llu\n",
-         (int)b->pid, b->exe, b->port, node_cpu, client_cpu, (unsigned long long)rl.rlim_cur);
+         (int)b->pid, b->exe, b->port, node_cpu, client_cpu, nofile);
   fflush(stdout);
   if (uv_loop_init(&b->loop) != 0) {
     run_fail(b, "uv_loop_init failed");

@@ -866,6 +866,11 @@ static void arrivals_json(const ctx_t *x, json_t *j) {
 
 /* report.md: the command, the status, the plots, the restarts, the
  * latencies, then every figure as summary.json has it. */
+/* summary.json's figure j[key][field], as written by write_outputs. */
+static double jnum(json_t *j, const char *key, const char *field) {
+  return json_number_value(json_object_get(json_object_get(j, key), field));
+}
+
 static void write_report(const ctx_t *x, json_t *j, const char *summary_text, int argc, char **argv,
                          int status, const char *plot_err) {
   const options_t *o = x->o;
@@ -931,14 +936,13 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
           "deliveries (sent after the client's current connection was welcomed) p50 %.0f / "
           "p99 %.0f ms; all deliveries, replays after a reconnect included, p50 %.0f / p99 "
           "%.0f ms.\n\n",
-          lat_pct(x->live_lat, 0.50), lat_pct(x->live_lat, 0.99), lat_pct(x->lat, 0.50),
-          lat_pct(x->lat, 0.99));
+          jnum(j, "live_latency_ms", "p50"), jnum(j, "live_latency_ms", "p99"),
+          jnum(j, "delivery_latency_ms", "p50"), jnum(j, "delivery_latency_ms", "p99"));
   fprintf(f,
-          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %lld / "
-          "p95 %lld / p99 %lld / max %lld ms (every sample: disconnected_ms.csv).\n\n",
-          x->noff, (long long)pct_i64(x->off, x->noff, 0.50),
-          (long long)pct_i64(x->off, x->noff, 0.95), (long long)pct_i64(x->off, x->noff, 0.99),
-          (long long)(x->noff ? x->off[x->noff - 1] : 0));
+          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %.0f / "
+          "p95 %.0f / p99 %.0f / max %.0f ms (every sample: disconnected_ms.csv).\n\n",
+          x->noff, jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
+          jnum(j, "disconnected_ms", "p99"), jnum(j, "disconnected_ms", "max"));
   fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", summary_text ? summary_text : "{}");
   if (x->nbad) {
     fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
@@ -1101,16 +1105,13 @@ int bench_roll_main(int argc, char **argv) {
   int r = parse_options(&o, argc, argv);
   if (r != 0) return r > 0 ? 0 : 2;
 
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
+  unsigned long long nofile = run_raise_nofile();
   long long per = (o.clients + o.procs - 1) / o.procs;
-  if ((rlim_t)(per * 2 + FDS_SPARE) > rl.rlim_cur) { /* a migration holds two sockets */
+  if ((unsigned long long)(per * 2 + FDS_SPARE) > nofile) { /* a migration holds two sockets */
     fprintf(stderr,
             CMD ": %lld clients per process need %lld descriptors; RLIMIT_NOFILE allows %llu: "
                 "raise --procs\n",
-            per, per * 2 + FDS_SPARE, (unsigned long long)rl.rlim_cur);
+            per, per * 2 + FDS_SPARE, nofile);
     return 2;
   }
 

@@ -54,21 +54,19 @@ int roll_timeline_columns(const char *dir, int *nodes, int arr_col[ROLL_PLOT_MAX
 }
 
 /* One run's arrivals per second per node as gnuplot plot elements,
- * comma-separated, each titled "LABEL roll-K" (label NULL or "": "roll-K"),
- * x in seconds from the run's t=0, appended to `buf`. */
-static int roll_plot_arrivals_clause(const char *dir, const char *label, char *buf, size_t len,
-                                     char *err, size_t errlen) {
-  int nodes, arr[ROLL_PLOT_MAX_NODES], conn;
-  if (roll_timeline_columns(dir, &nodes, arr, &conn, err, errlen) != 0) return -1;
+ * comma-separated, titled "roll-K", x in seconds from the run's t=0,
+ * appended to `buf`; `arr` holds the nodes' arrivals columns
+ * (roll_timeline_columns). */
+static int roll_plot_arrivals_clause(const char *dir, int nodes, const int *arr, char *buf,
+                                     size_t len, char *err, size_t errlen) {
   for (int k = 0; k < nodes; k++) {
     /* floor(t / 1 s) groups ten 100 ms buckets; `smooth frequency` sums them */
     if ((k > 0 && gnuplot_appendf(buf, len, ", ") != 0) ||
         gnuplot_append_path(buf, len, dir, "timeline.csv") ||
         gnuplot_appendf(buf, len,
                         " using (floor($1/1000)):(column(%d)) smooth frequency with steps lw 1.5 "
-                        "title '%s%sroll-%d'",
-                        arr[k], label && label[0] ? label : "", label && label[0] ? " " : "",
-                        k) != 0) {
+                        "title 'roll-%d'",
+                        arr[k], k) != 0) {
       run_set_err(err, errlen, "plot script too long");
       return -1;
     }
@@ -194,7 +192,7 @@ int roll_plot(const char *out_dir, char *err, size_t errlen) {
            "time (s)", "welcomes per second") != 0 ||
       roll_plot_restart_marks(out_dir, s, SCRIPT_BYTES, err, errlen) != 0 ||
       gnuplot_appendf(s, SCRIPT_BYTES, "plot ") != 0 ||
-      roll_plot_arrivals_clause(out_dir, NULL, s, SCRIPT_BYTES, err, errlen) != 0 ||
+      roll_plot_arrivals_clause(out_dir, nodes, arr, s, SCRIPT_BYTES, err, errlen) != 0 ||
       gnuplot_appendf(s, SCRIPT_BYTES, "\n") != 0 || run(s, "arrivals.png", err, errlen) != 0)
     goto out;
 

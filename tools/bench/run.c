@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -293,6 +294,14 @@ int run_stop_child(pid_t pid, int wait_ms, int *killed) {
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
   return st;
+}
+
+unsigned long long run_raise_nofile(void) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
+  return (unsigned long long)rl.rlim_cur;
 }
 
 void run_signals_restore(const run_signals_t *saved) {
