@@ -81,6 +81,11 @@ bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json);
  * encoded once, here) and drop the caller's reference. Loop thread. */
 void bus_publish(bus_t *bus, bus_msg_t *m);
 
+/* Whether conversation `conv` has a subscriber on this node, so that a
+ * message heard from another node can be dropped before it is copied.
+ * Loop thread. */
+int bus_has_sub(const bus_t *bus, const char *conv);
+
 /* Fan-out comes from a listener from now on (bus/pgnotify.h): bus_append
  * only commits (the store notifies) and queues nothing. Call before the
  * pool runs appends. */

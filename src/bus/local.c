@@ -59,9 +59,17 @@ bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json) {
   return m;
 }
 
+/* The first subscriber of `conv` in its bucket, or NULL. */
+static bus_sub_t *first_sub(const bus_t *bus, const char *conv) {
+  bus_sub_t *first = bus->buckets[hash(conv)];
+  while (first && strcmp(first->conv, conv) != 0) first = first->next;
+  return first;
+}
+
+int bus_has_sub(const bus_t *bus, const char *conv) { return first_sub(bus, conv) != NULL; }
+
 void bus_publish(bus_t *bus, bus_msg_t *m) {
-  bus_sub_t *first = bus->buckets[hash(m->conv)];
-  while (first && strcmp(first->conv, m->conv) != 0) first = first->next;
+  bus_sub_t *first = first_sub(bus, m->conv);
   if (!first) { /* every node hears every conversation: most have no subscriber here */
     bus_msg_unref(m);
     return;

@@ -218,6 +218,7 @@ static void heard(pgnotify_t *l, const char *payload) {
     memcpy(id, conv, clen);
     id[clen] = '\0';
     if (!util_id_valid(id)) goto bad;
+    if (!bus_has_sub(node->bus, id)) return; /* most conversations have no subscriber here */
     char *json = NULL;
     if (nl && !(json = strdup(nl + 1))) {
       log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", id, seq);
