@@ -78,6 +78,7 @@ struct session_s {
   int hello_seen;
   auth_token_t token;
   sub_t *subs;
+  uint64_t retry_due; /* the earliest retry_at of its subscriptions; 0: none */
 };
 
 static uint64_t delivered_total; /* flushed into the metric by session_flush_metrics */
@@ -354,6 +355,8 @@ static void fill_failed(sub_t *sub, const char *message) {
   send_replay_unavailable(sub, message, sub->delivered, hint);
   sub->filling = 1;
   sub->retry_at = util_mono_ms() + (uint64_t)hint;
+  session_t *s = sub->session;
+  if (!s->retry_due || sub->retry_at < s->retry_due) s->retry_due = sub->retry_at;
 }
 
 /* Head hints above `seq` in `pending` (bus.h) claim messages the store does
@@ -895,11 +898,17 @@ void session_tick(conn_t *c, uint64_t now) {
     ws_ping(c);
     c->next_ping_ms = now + (uint64_t)node->cfg->heartbeat_ms;
   }
-  for (sub_t *sub = s->subs; sub; sub = sub->next)
+  if (!s->retry_due || now < s->retry_due) return; /* the usual tick: no failed fill is due */
+  s->retry_due = 0;
+  for (sub_t *sub = s->subs; sub; sub = sub->next) {
     if (sub->retry_at && now >= sub->retry_at) {
       sub->retry_at = 0;
       fill_start(sub, sub->delivered, -1, 0); /* up to the head, then what waited */
     }
+    /* not due yet, or failed again at once: the next one to wait for */
+    if (sub->retry_at && (!s->retry_due || sub->retry_at < s->retry_due))
+      s->retry_due = sub->retry_at;
+  }
 }
 
 void session_on_writable(conn_t *c) {
