@@ -51,6 +51,8 @@ struct store_ops_s {
   /* `limit` in 1..STORE_REPLAY_PAGE_MAX, `upto` >= 0; *msgs NULL, *n 0. */
   int (*replay)(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
                 size_t max_bytes, store_msg_t **msgs, size_t *n);
+  /* `conv` NULL (every conversation) or valid; `count` non-NULL. */
+  int (*epoch_rotate)(store_t *s, const char *conv, int64_t *count);
   int (*revoke)(store_t *s, const char *jti, int64_t exp_s);
   /* *jtis NULL, *n 0. */
   int (*revocations)(store_t *s, int64_t now_s, char ***jtis, size_t *n);

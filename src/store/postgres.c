@@ -116,6 +116,11 @@ static const char *const migrations[] = {
     " connections BIGINT NOT NULL,"
     " waiters BIGINT NOT NULL,"
     " updated_ms BIGINT NOT NULL);",
+    /* 3: every conversation's history gets an identity, its epoch
+     * (store.h), drawn at random: a volatile default is evaluated for each
+     * existing row and for every insert; SQL_EPOCH_ROTATE draws again. */
+    "ALTER TABLE conversations ADD COLUMN epoch TEXT NOT NULL"
+    " DEFAULT substr(md5(random()::text || clock_timestamp()::text), 1, 8);",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -139,10 +144,10 @@ static const char *const migrations[] = {
 #define SQL_CONV_INSERT                                                                            \
   "WITH ch AS (SELECT id, presence, active FROM channels WHERE id = $2),"                          \
   " ins AS (INSERT INTO conversations (id, channel, head, created_ms)"                             \
-  " SELECT $1::text, id, 0, $3::bigint FROM ch RETURNING channel)"                                 \
-  " SELECT ch.presence, ch.active FROM ch JOIN ins ON ins.channel = ch.id"
+  " SELECT $1::text, id, 0, $3::bigint FROM ch RETURNING channel, epoch)"                          \
+  " SELECT ch.presence, ch.active, ins.epoch FROM ch JOIN ins ON ins.channel = ch.id"
 #define SQL_CONV_GET                                                                               \
-  "SELECT v.id, v.channel, v.head, c.active, c.presence"                                           \
+  "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch"                                  \
   " FROM conversations v JOIN channels c ON c.id = v.channel WHERE v.id = $1"
 #define SQL_CONV_EXISTS "SELECT 1 FROM conversations WHERE id = $1"
 /* The append's lock. FOR NO KEY UPDATE is the row lock the head UPDATE
@@ -156,7 +161,7 @@ static const char *const migrations[] = {
  * channel row's old version), and one that comes later waits for COMMIT,
  * as SQLite's single writer orders them. */
 #define SQL_APPEND_LOCK                                                                            \
-  "SELECT c.active FROM conversations v JOIN channels c ON c.id = v.channel"                       \
+  "SELECT c.active, v.epoch FROM conversations v JOIN channels c ON c.id = v.channel"              \
   " WHERE v.id = $1 FOR NO KEY UPDATE OF v FOR SHARE OF c"
 /* After the lock: the message already stored under (conv, id), or, when
  * there is none and the channel is active ($6), seq = head + 1 and the
@@ -181,13 +186,19 @@ static const char *const migrations[] = {
  * first row always is. The server drops the rest: a page of large bodies
  * never crosses the network whole. */
 #define SQL_REPLAY                                                                                 \
-  "SELECT seq, id, sender, body, ts_ms FROM ("                                                     \
+  "SELECT seq, id, sender, body, ts_ms, (SELECT epoch FROM conversations WHERE id = $1) FROM ("    \
   " SELECT seq, id, sender, body, ts_ms,"                                                          \
   " sum(octet_length(body) + octet_length(sender)) OVER (ORDER BY seq"                             \
   " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before"                                   \
   " FROM messages WHERE conv = $1 AND seq > $2 AND seq <= $3"                                      \
   " ORDER BY seq LIMIT $4) page"                                                                   \
   " WHERE coalesce(before, 0) < $5 ORDER BY seq"
+/* A new draw per row; the second one only when the first equals the old
+ * epoch, so the epoch always changes (see sqlite.c's ST_EPOCH_ROTATE). */
+#define SQL_EPOCH_ROTATE                                                                           \
+  "UPDATE conversations SET epoch = (SELECT e FROM (SELECT substr(md5(random()::text), 1, 8) AS e" \
+  " UNION ALL SELECT substr(md5(random()::text), 1, 8)) d WHERE e <> conversations.epoch LIMIT 1)" \
+  " WHERE $1::text IS NULL OR id = $1"
 #define SQL_REVOKE                                                                                 \
   "INSERT INTO revocations (jti, exp_s) VALUES ($1, $2)"                                           \
   " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"
@@ -452,13 +463,15 @@ static int tx_rollback(pg_t *s, int err) {
 
 /* ---- row copies ------------------------------------------------------- */
 
-/* Columns from `col`: seq, id, sender, body, ts_ms. */
+/* Columns from `col`: seq, id, sender, body, ts_ms, and the epoch when
+ * there is one more. */
 static int msg_fill(const PGresult *r, int row, int col, store_msg_t *m) {
   m->seq = get_i64(r, row, col);
   store_copy_str(m->id, sizeof m->id, PQgetvalue(r, row, col + 1));
   m->sender = strdup(PQgetvalue(r, row, col + 2));
   m->body = strdup(PQgetvalue(r, row, col + 3));
   m->ts_ms = get_i64(r, row, col + 4);
+  if (PQnfields(r) > col + 5) store_copy_str(m->epoch, sizeof m->epoch, PQgetvalue(r, row, col + 5));
   if (m->sender == NULL || m->body == NULL) {
     store_msg_clear(m);
     return -CV_ENOMEM;
@@ -481,6 +494,7 @@ static void conv_fill(const PGresult *r, store_conv_t *v) {
   v->head = get_i64(r, 0, 2);
   v->channel_active = get_i64(r, 0, 3) != 0;
   v->presence = get_i64(r, 0, 4) != 0;
+  store_copy_str(v->epoch, sizeof v->epoch, PQgetvalue(r, 0, 5));
 }
 
 /* ---- open, close, schema --------------------------------------------- */
@@ -674,6 +688,7 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     out->head = 0;
     out->presence = get_i64(r, 0, 0) != 0;
     out->channel_active = get_i64(r, 0, 1) != 0;
+    store_copy_str(out->epoch, sizeof out->epoch, PQgetvalue(r, 0, 2));
   }
   PQclear(r);
   return 0;
@@ -705,9 +720,10 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
  * escaped), so nothing else is replaced. Heap string (caller frees); NULL
  * when out of memory. */
 static char *notify_template(pg_t *s, const char *conv, const char *id, const char *sender,
-                             const char *body, int64_t ts_ms) {
+                             const char *body, int64_t ts_ms, const char *epoch) {
   store_msg_t m = {.seq = 0, .sender = (char *)sender, .body = (char *)body, .ts_ms = ts_ms};
   store_copy_str(m.id, sizeof m.id, id);
+  store_copy_str(m.epoch, sizeof m.epoch, epoch);
   char *frame = s->notify_frame != NULL ? s->notify_frame(conv, &m) : NULL;
   const char *at = frame != NULL ? strstr(frame, "\"seq\":0,") : NULL;
   char *out = NULL;
@@ -722,38 +738,40 @@ static char *notify_template(pg_t *s, const char *conv, const char *id, const ch
   return out;
 }
 
-/* One transaction (READ COMMITTED): lock the conversation's row, then one
- * statement (SQL_APPEND): a message already stored under (conv, id) is the
- * answer (a retry; looked up after the lock, so a twin append that just
- * committed is seen), else, if the channel is active, head + 1, the insert
- * and the NOTIFY; then COMMIT. Lock first, look up second: looking up
- * before locking would miss a twin committing in between and end in a
- * unique violation instead of its answer. Two round trips under the lock. */
+/* One transaction (READ COMMITTED): lock the conversation's row (and read
+ * its epoch), then one statement (SQL_APPEND): a message already stored
+ * under (conv, id) is the answer (a retry; looked up after the lock, so a
+ * twin append that just committed is seen), else, if the channel is
+ * active, head + 1, the insert and the NOTIFY; then COMMIT. Lock first,
+ * look up second: looking up before locking would miss a twin committing
+ * in between and end in a unique violation instead of its answer. Two
+ * round trips under the lock. */
 static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
                      const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
   pg_t *s = pg(base);
   PGresult *r = NULL;
   char *payload = NULL;
-  if (s->notify && (payload = notify_template(s, conv, id, sender, body, ts_ms)) == NULL)
-    return -CV_ENOMEM;
   int err = conn_ready(s);
   /* READ COMMITTED whatever the database's default: the lock below then
    * gives each later statement a snapshot that includes its holder's work */
   if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
-  if (err) {
-    free(payload);
-    return err;
-  }
+  if (err) return err;
 
   int active = 0, found = 0;
   err = run(s, "append lock", SQL_APPEND_LOCK, 1, &conv, &r);
   if (!err) {
-    if (PQntuples(r) == 0)
+    if (PQntuples(r) == 0) {
       err = -CV_ENOTFOUND;
-    else
+    } else {
       active = get_i64(r, 0, 0) != 0;
+      store_copy_str(out->epoch, sizeof out->epoch, PQgetvalue(r, 0, 1));
+    }
     PQclear(r);
   }
+  /* The payload carries the frame, whose epoch is known only now. */
+  if (!err && s->notify &&
+      (payload = notify_template(s, conv, id, sender, body, ts_ms, out->epoch)) == NULL)
+    err = -CV_ENOMEM;
   int64_t seq = 0;
   if (!err) {
     char ts[24];
@@ -827,6 +845,20 @@ static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upt
   *msgs = v;
   *n = len;
   return 0;
+}
+
+/* ---- epochs ----------------------------------------------------------- */
+
+static int op_epoch_rotate(store_t *base, const char *conv, int64_t *count) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  const char *p = conv; /* NULL: a NULL parameter, every conversation */
+  int err = conn_ready(s);
+  if (!err) err = run(s, "epoch rotate", SQL_EPOCH_ROTATE, 1, &p, &r);
+  if (err) return err;
+  *count = strtoll(PQcmdTuples(r), NULL, 10);
+  PQclear(r);
+  return conv != NULL && *count == 0 ? -CV_ENOTFOUND : 0;
 }
 
 /* ---- revocations ------------------------------------------------------ */
@@ -924,6 +956,7 @@ const store_ops_t store_postgres_ops = {
     .conv_get = op_conv_get,
     .append = op_append,
     .replay = op_replay,
+    .epoch_rotate = op_epoch_rotate,
     .revoke = op_revoke,
     .revocations = op_revocations,
     .node_beat = op_node_beat,

@@ -79,6 +79,11 @@ static const char *const migrations[] = {
     " connections INTEGER NOT NULL,"
     " waiters INTEGER NOT NULL,"
     " updated_ms INTEGER NOT NULL) WITHOUT ROWID;",
+    /* 3: every conversation's history gets an identity, its epoch
+     * (store.h), drawn at random: here for the conversations that exist,
+     * by ST_CONV_INSERT for new ones, by ST_EPOCH_ROTATE after a restore. */
+    "ALTER TABLE conversations ADD COLUMN epoch TEXT NOT NULL DEFAULT '';"
+    "UPDATE conversations SET epoch = lower(hex(randomblob(4)));",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -101,6 +106,7 @@ enum stmt_id {
   ST_MSG_BY_ID,
   ST_MSG_INSERT,
   ST_REPLAY,
+  ST_EPOCH_ROTATE,
   ST_REVOKE,
   ST_REVOCATIONS,
   ST_NODE_BEAT,
@@ -120,9 +126,9 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_CHANNEL_GET] = "SELECT id, name, presence, active FROM channels WHERE id = ?1",
     [ST_CHANNEL_SET_ACTIVE] = "UPDATE channels SET active = ?2 WHERE id = ?1"
                               " RETURNING id, name, presence, active",
-    [ST_CONV_INSERT] = "INSERT INTO conversations (id, channel, head,"
-                       " created_ms) VALUES (?1, ?2, 0, ?3)",
-    [ST_CONV_GET] = "SELECT v.id, v.channel, v.head, c.active, c.presence"
+    [ST_CONV_INSERT] = "INSERT INTO conversations (id, channel, head, created_ms, epoch)"
+                       " VALUES (?1, ?2, 0, ?3, lower(hex(randomblob(4)))) RETURNING epoch",
+    [ST_CONV_GET] = "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch"
                     " FROM conversations v JOIN channels c ON c.id = v.channel"
                     " WHERE v.id = ?1",
     [ST_CONV_EXISTS] = "SELECT 1 FROM conversations WHERE id = ?1",
@@ -132,9 +138,17 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_MSG_INSERT] = "INSERT INTO messages"
                       " (conv, seq, id, sender, body, ts_ms)"
                       " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    [ST_REPLAY] = "SELECT seq, id, sender, body, ts_ms FROM messages"
-                  " WHERE conv = ?1 AND seq > ?2 AND seq <= ?3"
-                  " ORDER BY seq LIMIT ?4",
+    [ST_REPLAY] = "SELECT m.seq, m.id, m.sender, m.body, m.ts_ms, v.epoch"
+                  " FROM conversations v JOIN messages m ON m.conv = v.id"
+                  " WHERE v.id = ?1 AND m.seq > ?2 AND m.seq <= ?3"
+                  " ORDER BY m.seq LIMIT ?4",
+    /* A new draw per row; the second one only when the first equals the
+     * old epoch, so the epoch always changes (both equal: 2^-64, and the
+     * NOT NULL constraint fails the statement rather than keep it). */
+    [ST_EPOCH_ROTATE] = "UPDATE conversations SET epoch = (SELECT e FROM"
+                        " (SELECT lower(hex(randomblob(4))) AS e UNION ALL"
+                        " SELECT lower(hex(randomblob(4)))) WHERE e <> conversations.epoch LIMIT 1)"
+                        " WHERE ?1 IS NULL OR id = ?1",
     [ST_REVOKE] = "INSERT INTO revocations (jti, exp_s) VALUES (?1, ?2)"
                   " ON CONFLICT (jti) DO UPDATE"
                   " SET exp_s = max(exp_s, excluded.exp_s)",
@@ -277,13 +291,15 @@ static char *col_dup(sqlite3_stmt *st, int i) {
   return p;
 }
 
-/* Columns: seq, id, sender, body, ts_ms. */
+/* Columns: seq, id, sender, body, ts_ms, and the epoch when there is a
+ * sixth. */
 static int msg_fill(sqlite3_stmt *st, store_msg_t *m) {
   m->seq = sqlite3_column_int64(st, 0);
   col_copy(st, 1, m->id, sizeof m->id);
   m->sender = col_dup(st, 2);
   m->body = col_dup(st, 3);
   m->ts_ms = sqlite3_column_int64(st, 4);
+  if (sqlite3_column_count(st) > 5) col_copy(st, 5, m->epoch, sizeof m->epoch);
   if (m->sender == NULL || m->body == NULL) {
     store_msg_clear(m);
     return -CV_ENOMEM;
@@ -299,13 +315,14 @@ static void channel_fill(sqlite3_stmt *st, store_channel_t *c) {
   c->active = sqlite3_column_int(st, 3) != 0;
 }
 
-/* Columns: id, channel, head, active, presence. */
+/* Columns: id, channel, head, active, presence, epoch. */
 static void conv_fill(sqlite3_stmt *st, store_conv_t *v) {
   col_copy(st, 0, v->id, sizeof v->id);
   col_copy(st, 1, v->channel, sizeof v->channel);
   v->head = sqlite3_column_int64(st, 2);
   v->channel_active = sqlite3_column_int(st, 3) != 0;
   v->presence = sqlite3_column_int(st, 4) != 0;
+  col_copy(st, 5, v->epoch, sizeof v->epoch);
 }
 
 /* ---- open, close, schema --------------------------------------------- */
@@ -543,12 +560,17 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     }
     stmt_done(st);
   }
+  char epoch[STORE_EPOCH_MAX + 1] = "";
   if (!err) err = stmt_get(s, ST_CONV_INSERT, &st);
   if (!err) {
     int rc = bind_text(st, 1, id);
     if (rc == SQLITE_OK) rc = bind_text(st, 2, channel);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 3, util_now_ms());
     if (rc == SQLITE_OK) rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+      col_copy(st, 0, epoch, sizeof epoch);
+      rc = sqlite3_step(st);
+    }
     if (is_unique_violation(rc))
       err = -CV_EEXISTS;
     else if (rc != SQLITE_DONE)
@@ -563,6 +585,7 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     out->head = 0;
     out->channel_active = active;
     out->presence = presence;
+    store_copy_str(out->epoch, sizeof out->epoch, epoch);
   }
   return 0;
 }
@@ -603,16 +626,18 @@ static int append_find(sq_t *s, const char *conv, const char *id, store_msg_t *o
 }
 
 /* Inside the append transaction: 0 when the conversation exists and its
- * channel is active. */
-static int append_check_conv(sq_t *s, const char *conv) {
+ * channel is active (-CV_EINACTIVE when it is not); its epoch into `epoch`
+ * (STORE_EPOCH_MAX + 1 bytes) either way. */
+static int append_check_conv(sq_t *s, const char *conv, char *epoch) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_CONV_GET, &st);
   if (err) return err;
   int rc = bind_text(st, 1, conv);
   if (rc == SQLITE_OK) rc = sqlite3_step(st);
-  if (rc == SQLITE_ROW)
+  if (rc == SQLITE_ROW) {
+    col_copy(st, 5, epoch, STORE_EPOCH_MAX + 1);
     err = sqlite3_column_int(st, 3) != 0 ? 0 : -CV_EINACTIVE;
-  else
+  } else
     err = rc == SQLITE_DONE ? -CV_ENOTFOUND : db_error(s, rc, "append");
   stmt_done(st);
   return err;
@@ -662,8 +687,11 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
   int found = append_find(s, conv, id, out);
   if (found < 0) return tx_rollback(s, found);
   if (found == 1) {
-    /* A retry: the first message with this id, unchanged. */
-    err = tx_commit(s);
+    /* A retry: the first message with this id, unchanged (even if the
+     * channel has been deactivated since). */
+    err = append_check_conv(s, conv, out->epoch);
+    if (err == -CV_EINACTIVE) err = 0;
+    if (!err) err = tx_commit(s);
     if (err) {
       store_msg_clear(out);
       return tx_rollback(s, err);
@@ -671,7 +699,7 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
     return 0;
   }
 
-  err = append_check_conv(s, conv);
+  err = append_check_conv(s, conv, out->epoch);
   if (!err) err = append_bump_head(s, conv, &seq);
   if (!err) err = append_insert(s, conv, seq, id, sender, body, ts_ms);
   /* Copy before the commit, so running out of memory is still a rollback
@@ -750,6 +778,25 @@ static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upt
   *msgs = v;
   *n = len;
   return 0;
+}
+
+/* ---- epochs ----------------------------------------------------------- */
+
+static int op_epoch_rotate(store_t *base, const char *conv, int64_t *count) {
+  sq_t *s = sq(base);
+  sqlite3_stmt *st = NULL;
+  int err = stmt_get(s, ST_EPOCH_ROTATE, &st);
+  if (err) return err;
+  int rc = conv != NULL ? bind_text(st, 1, conv) : sqlite3_bind_null(st, 1);
+  if (rc == SQLITE_OK) rc = sqlite3_step(st);
+  if (rc == SQLITE_DONE) {
+    *count = sqlite3_changes64(s->db);
+    if (conv != NULL && *count == 0) err = -CV_ENOTFOUND;
+  } else {
+    err = db_error(s, rc, "epoch rotate");
+  }
+  stmt_done(st);
+  return err;
 }
 
 /* ---- revocations ------------------------------------------------------ */
@@ -882,6 +929,7 @@ const store_ops_t store_sqlite_ops = {
     .conv_get = op_conv_get,
     .append = op_append,
     .replay = op_replay,
+    .epoch_rotate = op_epoch_rotate,
     .revoke = op_revoke,
     .revocations = op_revocations,
     .node_beat = op_node_beat,

@@ -247,6 +247,15 @@ int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int 
   return s->ops->replay(s, conv, after, upto, limit, max_bytes, msgs, n);
 }
 
+int store_epoch_rotate(store_t *s, const char *conv, int64_t *count) {
+  int64_t n = 0;
+  if (count != NULL) *count = 0;
+  if (s == NULL || (conv != NULL && !util_id_valid(conv))) return -CV_EINVAL;
+  int err = s->ops->epoch_rotate(s, conv, &n);
+  if (!err && count != NULL) *count = n;
+  return err;
+}
+
 int store_revoke(store_t *s, const char *jti, int64_t exp_s) {
   if (s == NULL || jti == NULL || jti[0] == '\0') return -CV_EINVAL;
   return s->ops->revoke(s, jti, exp_s);

@@ -36,6 +36,7 @@
 #define STORE_REPLAY_PAGE_MAX 1000 /* messages per replay page */
 #define STORE_URL_MAX         512  /* a node's public URL, bytes */
 #define STORE_NODE_STATE_MAX  15   /* "ready", "draining" */
+#define STORE_EPOCH_MAX       16   /* a conversation's epoch: lowercase hex, 8 chars today */
 
 typedef struct store_s store_t;
 
@@ -59,6 +60,11 @@ typedef struct {
   int64_t head;       /* last seq assigned; 0 for an empty conversation */
   int channel_active; /* from the channel row, read in the same query */
   int presence;       /* from the channel row */
+  /* The identity of the conversation's history (docs/protocol.md,
+   * "Epochs"): drawn at random when the conversation is created and again
+   * by store_epoch_rotate, after a backup is restored. A seq means the same
+   * message only under the same epoch. */
+  char epoch[STORE_EPOCH_MAX + 1];
 } store_conv_t;
 
 /* One stored message. `sender` and `body` are heap strings owned by the
@@ -70,6 +76,7 @@ typedef struct {
   char *sender;
   char *body;
   int64_t ts_ms; /* commit time, ms since the Unix epoch, UTC */
+  char epoch[STORE_EPOCH_MAX + 1]; /* its conversation's epoch when it was read or appended */
 } store_msg_t;
 
 /* Cross-node fan-out (PostgreSQL only). With store_options_t.notify set,
@@ -184,6 +191,14 @@ int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int 
                  size_t max_bytes, store_msg_t **msgs, size_t *n);
 
 void store_msg_clear(store_msg_t *m);
+
+/* Give conversation `conv` (NULL: every conversation) a new epoch, so that
+ * a client resuming with a watermark of the history it had is told to
+ * reset instead of being served a different history under the same seqs
+ * (after a backup is restored: docs/operations.md). The new epoch always
+ * differs from the old one. *count (may be NULL) is the number of
+ * conversations changed. -CV_ENOTFOUND when `conv` does not exist. */
+int store_epoch_rotate(store_t *s, const char *conv, int64_t *count);
 void store_msgs_free(store_msg_t *msgs, size_t n);
 
 /* Token revocation list. revoke: idempotent; `exp_s` is the token's expiry

@@ -519,6 +519,95 @@ static void test_conversations(void **state) {
   assert_int_equal(v.channel_active, 0);
 }
 
+/* ---- epochs ------------------------------------------------------------ */
+
+static int is_epoch(const char *e) {
+  if (strlen(e) != 8) return 0;
+  for (; *e; e++)
+    if (!((*e >= '0' && *e <= '9') || (*e >= 'a' && *e <= 'f'))) return 0;
+  return 1;
+}
+
+/* Every conversation has an epoch from its creation; appends and replays
+ * carry it; rotating draws a new one for one conversation or for all. */
+static void test_epochs(void **state) {
+  fx_t *f = *state;
+  store_t *s = f->s;
+  store_conv_t a, b, v;
+  assert_int_equal(store_channel_create(s, "ch", "Ch", 0, NULL), 0);
+  assert_int_equal(store_conv_create(s, "c1", "ch", &a), 0);
+  assert_int_equal(store_conv_create(s, "c2", "ch", &b), 0);
+  assert_true(is_epoch(a.epoch));
+  assert_true(is_epoch(b.epoch));
+  assert_string_not_equal(a.epoch, b.epoch); /* drawn at random: 2^-32 */
+  assert_int_equal(store_conv_get(s, "c1", &v), 0);
+  assert_string_equal(v.epoch, a.epoch);
+
+  store_msg_t m;
+  int created = 0;
+  assert_int_equal(store_append(s, "c1", "m1", "alice", "{}", 1, &m, &created), 0);
+  assert_string_equal(m.epoch, a.epoch);
+  store_msg_clear(&m);
+  assert_int_equal(store_append(s, "c1", "m1", "alice", "{}", 1, &m, &created), 0);
+  assert_int_equal(created, 0);
+  assert_string_equal(m.epoch, a.epoch); /* a retry's answer too */
+  store_msg_clear(&m);
+  append_ok(s, "c1", "m2", "{}");
+  store_msg_t *page = NULL;
+  size_t n = 0;
+  assert_int_equal(store_replay(s, "c1", 0, -1, 10, 0, &page, &n), 0);
+  assert_int_equal(n, 2);
+  assert_string_equal(page[0].epoch, a.epoch);
+  assert_string_equal(page[1].epoch, a.epoch);
+  store_msgs_free(page, n);
+
+  /* one conversation: only its epoch changes, and its history stays */
+  int64_t count = -1;
+  assert_int_equal(store_epoch_rotate(s, "c1", &count), 0);
+  assert_int_equal(count, 1);
+  assert_int_equal(store_conv_get(s, "c1", &v), 0);
+  assert_true(is_epoch(v.epoch));
+  assert_string_not_equal(v.epoch, a.epoch);
+  assert_int_equal(v.head, 2);
+  char c1_epoch[STORE_EPOCH_MAX + 1];
+  strcpy(c1_epoch, v.epoch);
+  assert_int_equal(store_conv_get(s, "c2", &v), 0);
+  assert_string_equal(v.epoch, b.epoch);
+  assert_int_equal(store_replay(s, "c1", 0, -1, 10, 0, &page, &n), 0);
+  assert_int_equal(n, 2);
+  assert_string_equal(page[0].epoch, c1_epoch);
+  store_msgs_free(page, n);
+
+  /* every conversation */
+  assert_int_equal(store_epoch_rotate(s, NULL, &count), 0);
+  assert_int_equal(count, 2);
+  assert_int_equal(store_conv_get(s, "c1", &v), 0);
+  assert_string_not_equal(v.epoch, c1_epoch);
+  assert_int_equal(store_conv_get(s, "c2", &v), 0);
+  assert_string_not_equal(v.epoch, b.epoch);
+  assert_int_equal(store_epoch_rotate(s, "nope", &count), -CV_ENOTFOUND);
+  assert_int_equal(count, 0);
+  assert_int_equal(store_epoch_rotate(s, "bad id", NULL), -CV_EINVAL);
+
+  /* A database from before epochs (schema version 2): migrating gives
+   * every conversation that exists an epoch of its own. */
+  raw_t raw = raw_open(f);
+  raw_exec(&raw, "ALTER TABLE conversations DROP COLUMN epoch");
+  raw_exec(&raw, "DELETE FROM schema_version WHERE version = 3");
+  raw_close(&raw);
+  store_close(f->s);
+  assert_int_equal(store_open(f->url, &test_opt, &f->s), 0);
+  assert_int_equal(store_migrate(f->s), 0);
+  assert_int_equal(store_conv_get(f->s, "c1", &a), 0);
+  assert_int_equal(store_conv_get(f->s, "c2", &b), 0);
+  assert_true(is_epoch(a.epoch));
+  assert_true(is_epoch(b.epoch));
+  assert_string_not_equal(a.epoch, b.epoch);
+  assert_int_equal(a.head, 2);
+  assert_int_equal(store_conv_create(f->s, "c3", "ch", &v), 0);
+  assert_true(is_epoch(v.epoch));
+}
+
 /* ---- append ------------------------------------------------------------ */
 
 static void test_append_seq(void **state) {
@@ -1360,6 +1449,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_migrate_concurrent, setup_dir, teardown),
       cmocka_unit_test_setup_teardown(test_channels, setup, teardown),
       cmocka_unit_test_setup_teardown(test_conversations, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_epochs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_seq, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_idempotent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_inactive_and_missing, setup, teardown),
