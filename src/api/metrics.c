@@ -59,6 +59,10 @@ static family_t families[] = {
      "WebSocket upgrades refused by the accept rate limit.", NULL},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill).", NULL},
+    {"converger_resets_total", M_COUNTER,
+     "Resumes answered with reset, by reason (ahead: watermark above the head; epoch: another "
+     "epoch).",
+     NULL},
     {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},
     {"converger_drain_migrated_total", M_COUNTER,
      "Connections told to move (drain or shed) that then closed by themselves.", NULL},

@@ -73,8 +73,8 @@ static json_t *channel_json(const store_channel_t *ch) {
 }
 
 static json_t *conv_json(const store_conv_t *cv) {
-  return json_pack("{s:s, s:s, s:I}", "id", cv->id, "channel", cv->channel, "head",
-                   (json_int_t)cv->head);
+  return json_pack("{s:s, s:s, s:I, s:s}", "id", cv->id, "channel", cv->channel, "head",
+                   (json_int_t)cv->head, "epoch", cv->epoch);
 }
 
 static json_t *msg_json(const char *conv, const store_msg_t *m) {
@@ -180,7 +180,8 @@ static void job_work(pool_job_t *job, store_t *db) {
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, msg_json(j->id, &msgs[i]));
     store_msgs_free(msgs, n);
     j->status = 200;
-    j->answer = json_pack("{s:o, s:I}", "messages", arr, "head", (json_int_t)cv.head);
+    j->answer = json_pack("{s:o, s:I, s:s}", "messages", arr, "head", (json_int_t)cv.head, "epoch",
+                          cv.epoch);
     break;
   }
   case J_REVOKE:

@@ -9,6 +9,17 @@
 
 #define WHY(...) snprintf(why, why_len, __VA_ARGS__)
 
+/* An optional epoch: absent or null is "", else a string of 1 to
+ * STORE_EPOCH_MAX characters of an id. -1 when it is anything else. */
+static int get_epoch(json_t *v, char out[STORE_EPOCH_MAX + 1]) {
+  out[0] = '\0';
+  if (v == NULL || json_is_null(v)) return 0;
+  const char *e = json_string_value(v);
+  if (!e || strlen(e) > STORE_EPOCH_MAX || !util_id_valid(e)) return -1;
+  strcpy(out, e);
+  return 0;
+}
+
 static int get_watermark(json_t *v, int64_t *out) {
   if (v == NULL || json_is_null(v)) {
     *out = FRAME_WATERMARK_NONE;
@@ -74,6 +85,11 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
         WHY("subs[%zu].watermark must be null or an integer >= 0", i);
         goto bad;
       }
+      if (get_epoch(json_object_get(s, "epoch"), out->subs[i].epoch) != 0) {
+        WHY("subs[%zu].epoch must be null or a string of 1 to %d characters [A-Za-z0-9._:-]", i,
+            STORE_EPOCH_MAX);
+        goto bad;
+      }
       for (size_t k = 0; k < i; k++)
         if (strcmp(out->subs[k].conv, conv) == 0) {
           WHY("conversation %s appears twice in subs", conv);
@@ -95,6 +111,11 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
       json_t *w = json_object_get(root, "watermark");
       if (!w || get_watermark(w, &out->watermark) != 0 || out->watermark < 0) {
         WHY("sync needs \"watermark\": an integer >= 0");
+        goto bad;
+      }
+      if (get_epoch(json_object_get(root, "epoch"), out->epoch) != 0) {
+        WHY("sync's \"epoch\" must be null or a string of 1 to %d characters [A-Za-z0-9._:-]",
+            STORE_EPOCH_MAX);
         goto bad;
       }
       return 0;
@@ -172,13 +193,14 @@ char *frame_msg(const char *conv, const store_msg_t *m) {
   char *sender_s = quote(m->sender ? m->sender : "");
   char *out = NULL;
   if (conv_s && id_s && sender_s) {
-    size_t n = strlen(conv_s) + strlen(id_s) + strlen(sender_s) + strlen(m->body) + 128;
+    size_t n = strlen(conv_s) + strlen(id_s) + strlen(sender_s) + strlen(m->body) + 160;
     out = malloc(n);
     if (out)
       snprintf(out, n,
-               "{\"type\":\"msg\",\"conv\":%s,\"seq\":%lld,\"id\":%s,\"sender\":%s,"
+               "{\"type\":\"msg\",\"conv\":%s,\"seq\":%lld%s%s%s,\"id\":%s,\"sender\":%s,"
                "\"ts\":\"%s\",\"body\":%s}",
-               conv_s, (long long)m->seq, id_s, sender_s, ts, m->body);
+               conv_s, (long long)m->seq, m->epoch[0] ? ",\"epoch\":\"" : "", m->epoch,
+               m->epoch[0] ? "\"" : "", id_s, sender_s, ts, m->body);
   }
   free(conv_s);
   free(id_s);
@@ -199,13 +221,12 @@ char *frame_error(const char *code, const char *message, const char *conv, long 
   return dump_steal(v);
 }
 
-char *frame_synced(const char *conv, int64_t head) {
-  char *conv_s = quote(conv), *out = NULL;
-  if (conv_s && asprintf(&out, "{\"type\":\"synced\",\"conv\":%s,\"head\":%lld}", conv_s,
-                         (long long)head) < 0)
-    out = NULL;
-  free(conv_s);
-  return out;
+char *frame_synced(const char *conv, int64_t head, const char *epoch, int reset) {
+  json_t *v =
+      json_pack("{s:s, s:s, s:I}", "type", "synced", "conv", conv, "head", (json_int_t)head);
+  if (v && epoch && epoch[0]) json_object_set_new(v, "epoch", json_string(epoch));
+  if (v && reset) json_object_set_new(v, "reset", json_true());
+  return dump_steal(v);
 }
 
 char *frame_sent(const char *conv, const char *id, int64_t seq) {

@@ -25,7 +25,8 @@ typedef enum {
 
 typedef struct {
   char conv[STORE_ID_MAX + 1];
-  int64_t watermark; /* >= 0, or FRAME_WATERMARK_NONE */
+  int64_t watermark;               /* >= 0, or FRAME_WATERMARK_NONE */
+  char epoch[STORE_EPOCH_MAX + 1]; /* the epoch the watermark is in; "" when not given */
 } frame_sub_t;
 
 /* A decoded client frame. Strings point into `root` (kept alive by it). */
@@ -37,6 +38,7 @@ typedef struct {
   size_t nsubs;
   const char *conv;  /* sync, send */
   int64_t watermark; /* sync */
+  char epoch[STORE_EPOCH_MAX + 1]; /* sync; "" when not given */
   const char *id;    /* send */
   json_t *body;      /* send; borrowed from root */
   int known_type;    /* on a decode failure: 1 when `type` was a known
@@ -53,10 +55,17 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
 void frame_client_clear(frame_client_t *f);
 
 /* Server frames as compact JSON text (heap; caller frees). NULL on OOM. */
+/* {"type":"msg","conv","seq","epoch","id","sender","ts","body"}; "epoch"
+ * only when m->epoch is not empty. m->epoch is written as it is, unquoted
+ * inside the quotes: it must hold no character JSON escapes (the store's
+ * epochs are hex; postgres.c's NOTIFY template relies on this too). */
 char *frame_msg(const char *conv, const store_msg_t *m);
 char *frame_error(const char *code, const char *message, const char *conv, long retry_after_ms,
                   json_t *details /* steals; may be NULL */);
-char *frame_synced(const char *conv, int64_t head);
+/* {"type":"synced","conv","head","epoch"} and "reset":true when `reset`
+ * (docs/protocol.md, "Epochs and resets"); "epoch" only when `epoch` is
+ * neither NULL nor empty. */
+char *frame_synced(const char *conv, int64_t head, const char *epoch, int reset);
 char *frame_sent(const char *conv, const char *id, int64_t seq);
 char *frame_pong(void);
 /* {"type":"drain","afterMs":..,"reconnectTo":URL or null,"deadlineMs":..}

@@ -18,7 +18,11 @@
  *    history never piles up in memory or trips the slow-consumer limit;
  *  - a live subscriber whose output is above OUT_HIGH_WATER goes back to
  *    filling from the store (the store is its buffer), so a client that
- *    reads slowly catches up instead of being dropped.
+ *    reads slowly catches up instead of being dropped;
+ *  - a watermark is never silently moved to the head: a hello or sync whose
+ *    watermark is above the head, or whose epoch is not the conversation's
+ *    (docs/protocol.md, "Epochs and resets"), is answered with `reset`
+ *    (in its welcome entry, or its synced) and continues from the head.
  */
 #include "proto/session.h"
 
@@ -47,16 +51,20 @@ typedef struct sub_s {
   bus_sub_t bus;
   admission_waiter_t adm;      /* a sync waiting for, or holding, an admission slot */
   int64_t adm_watermark;       /* that sync's watermark */
+  char adm_epoch[STORE_EPOCH_MAX + 1]; /* and its epoch ("" when not given) */
   struct fill_job_s *sync_job; /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
   char conv[STORE_ID_MAX + 1];
   char channel[STORE_ID_MAX + 1];
+  char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
+  int reset_pending; /* the next synced says "reset": a sync or fill found the history changed */
   int filling;
   int overflow;
   int sync_pending;
   int64_t sync_watermark;
+  char sync_epoch[STORE_EPOCH_MAX + 1];
   uint64_t retry_at; /* monotonic ms: a failed fill starts again (session_tick); 0: none */
   int deferred;      /* a fill waits for the output to drain */
   int64_t deferred_after, deferred_upto;
@@ -216,7 +224,22 @@ static void send_live(sub_t *sub, bus_msg_t *m) {
 }
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
-static void sync_acquire(sub_t *sub, int64_t watermark);
+static void sync_acquire(sub_t *sub, int64_t watermark, const char *epoch);
+
+/* Why a resume is answered with reset (metric label), or NULL: its
+ * watermark is above the head, or it names another epoch than the
+ * conversation's. A watermark of NONE (start at the head) never resets. */
+static const char *reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info) {
+  if (watermark < 0) return NULL;
+  if (epoch[0] && strcmp(epoch, info->epoch) != 0) return "epoch";
+  return watermark > info->head ? "ahead" : NULL;
+}
+
+static void count_reset(const char *reason) {
+  char labels[32];
+  snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
+  metrics_add("converger_resets_total", labels, 1);
+}
 
 /* How far a fill must read before `m` can follow: up to the message
  * before it, or up to a head hint's seq itself (bus.h). */
@@ -225,12 +248,14 @@ static int64_t fill_target(const bus_msg_t *m) { return m->frame ? m->seq - 1 : 
 /* The fill reached its target: send synced if asked, then what waited. */
 static void fill_finish(sub_t *sub, int64_t head, int synced) {
   conn_t *c = sub->session->conn;
-  if (synced) send_text_owned(c, frame_synced(sub->conv, head));
+  if (synced || sub->reset_pending)
+    send_text_owned(c, frame_synced(sub->conv, head, sub->epoch, sub->reset_pending));
+  sub->reset_pending = 0;
   sub->filling = 0;
   if (c->closing) return;
   if (sub->sync_pending) { /* a sync that came during the fill: it queues like any sync */
     sub->sync_pending = 0;
-    sync_acquire(sub, sub->sync_watermark);
+    sync_acquire(sub, sub->sync_watermark, sub->sync_epoch);
     return;
   }
   if (sub->overflow) {
@@ -300,6 +325,12 @@ typedef struct fill_job_s {
   int admitted; /* the first job of a sync: its subscription holds an admission slot */
   int replayed; /* a replay query was made (worker thread; read in done) */
   int status;
+  /* With upto < 0 the job reads the conversation: `epoch` is the epoch
+   * `after` belongs to ("" unknown), and the worker sets `reset` (a
+   * reset_reason) and `head_epoch` from what it read. */
+  char epoch[STORE_EPOCH_MAX + 1];
+  char head_epoch[STORE_EPOCH_MAX + 1];
+  const char *reset;
   store_msg_t *msgs;
   size_t n;
 } fill_job_t;
@@ -310,6 +341,8 @@ static void fill_work(pool_job_t *job, store_t *db) {
     store_conv_t info;
     if ((f->status = store_conv_get(db, f->conv, &info)) != 0) return;
     f->upto = info.head;
+    strcpy(f->head_epoch, info.epoch);
+    if ((f->reset = reset_reason(f->after, f->epoch, &info)) != NULL) return;
   }
   if (f->after >= f->upto) return;
   f->replayed = 1;
@@ -400,8 +433,22 @@ static void fill_done(pool_job_t *job) {
                (unsigned long long)s->id, f->conv, (long long)f->after, (long long)f->upto);
       drop_hints_above(sub, sub->delivered);
       fill_finish(sub, sub->delivered, f->synced);
+    } else if (sub && f->reset) {
+      /* The history the subscription was in is not the store's: from the
+       * head, and the client is told (synced with reset). What waits in
+       * `pending` at or below the head is dropped by fill_finish. */
+      log_debug("session %llu: %s resets: watermark %lld epoch \"%s\", head %lld epoch %s (%s)",
+                (unsigned long long)s->id, f->conv, (long long)f->after, f->epoch,
+                (long long)f->upto, f->head_epoch, f->reset);
+      count_reset(f->reset);
+      sub->delivered = f->upto;
+      strcpy(sub->epoch, f->head_epoch);
+      sub->reset_pending = 1;
+      fill_finish(sub, f->upto, f->synced);
     } else if (sub) {
-      /* A watermark above the head is treated as the head. */
+      if (f->head_epoch[0]) strcpy(sub->epoch, f->head_epoch);
+      /* Only a target given by the caller (a head hint) can be below
+       * `delivered`; a head read from the store was checked above. */
       if (sub->delivered > f->upto) sub->delivered = f->upto;
       if (conn_pending_bytes(f->conn) > OUT_HIGH_WATER) {
         /* Other pages filled the output meanwhile: read this one again
@@ -424,15 +471,18 @@ out:
   free(f);
 }
 
-static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted);
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted,
+                        const char *epoch);
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
-  fill_submit(sub, after, upto, synced, 0);
+  fill_submit(sub, after, upto, synced, 0, sub->epoch);
 }
 
 /* fill_start for the first job of a sync that holds an admission slot:
- * never deferred (the slot is released when the job returns). */
-static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted) {
+ * never deferred (the slot is released when the job returns). `epoch` is
+ * the epoch `after` is in ("": unknown). */
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted,
+                        const char *epoch) {
   conn_t *c = sub->session->conn;
   sub->filling = 1;
   if (!admitted && conn_pending_bytes(c) > OUT_HIGH_WATER) {
@@ -455,6 +505,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->upto = upto;
   f->synced = synced;
   f->admitted = admitted;
+  snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
   conn_ref(c);
@@ -466,6 +517,8 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
 typedef struct {
   char conv[STORE_ID_MAX + 1];
   int64_t watermark;
+  char epoch[STORE_EPOCH_MAX + 1]; /* the client's, "" when not given */
+  const char *reset;               /* a reset_reason (worker thread; read in done) */
   int status;
   int replayed; /* a replay query was made (worker thread; read in done) */
   store_conv_t info;
@@ -502,9 +555,10 @@ static void hello_work(pool_job_t *job, store_t *db) {
       it->status = -CV_EINACTIVE;
       continue;
     }
-    /* The replay is skipped at the head; past the budget the rest of the
-     * replay comes in paced fill pages. */
-    if (it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
+    /* The replay is skipped at the head and for a reset; past the budget
+     * the rest of the replay comes in paced fill pages. */
+    it->reset = reset_reason(it->watermark, it->epoch, &it->info);
+    if (!it->reset && it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
       it->replayed = 1;
       it->status = store_replay(db, it->conv, it->watermark, it->info.head, STORE_REPLAY_PAGE_MAX,
                                 budget < PAGE_BYTES ? budget : PAGE_BYTES, &it->msgs, &it->n);
@@ -562,9 +616,15 @@ static void hello_done(pool_job_t *job) {
         continue;
       }
       strcpy(sub->channel, it->info.channel);
-      json_array_append_new(subs,
-                            json_pack("{s:s, s:I, s:b}", "conv", it->conv, "head",
-                                      (json_int_t)it->info.head, "presence", it->info.presence));
+      strcpy(sub->epoch, it->info.epoch);
+      json_t *entry =
+          json_pack("{s:s, s:I, s:s, s:b}", "conv", it->conv, "head", (json_int_t)it->info.head,
+                    "epoch", it->info.epoch, "presence", it->info.presence);
+      if (entry && it->reset) {
+        json_object_set_new(entry, "reset", json_true());
+        count_reset(it->reset);
+      }
+      json_array_append_new(subs, entry);
     }
     char session_id[32];
     snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
@@ -581,8 +641,8 @@ static void hello_done(pool_job_t *job) {
       sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;
       if (!sub) continue;
       int64_t head = it->info.head;
-      /* null: start at the head; a watermark above the head counts as the head */
-      sub->delivered = it->watermark < 0 || it->watermark > head ? head : it->watermark;
+      /* null: start at the head; a reset (told in the welcome) too */
+      sub->delivered = it->watermark < 0 || it->reset ? head : it->watermark;
       /* Pace the first pages too: past the high-water mark the page is
        * read again later, when the client has taken what it has. */
       if (conn_pending_bytes(c) <= OUT_HIGH_WATER) send_replay(sub, it->msgs, it->n);
@@ -685,6 +745,7 @@ static void handle_hello(session_t *s, frame_client_t *f) {
     hello_item_t *it = &h->items[h->n++];
     strcpy(it->conv, conv);
     it->watermark = f->subs[i].watermark;
+    strcpy(it->epoch, f->subs[i].epoch);
   }
   /* The store work of a handshake waits for an admission slot (the
    * admission-queue decision record): a burst queues here, in order,
@@ -781,7 +842,7 @@ static void handle_send(session_t *s, frame_client_t *f) {
  * hello (the admission-queue decision record); gap fills do not. */
 static void sync_begin(sub_t *sub) {
   sub->delivered = sub->adm_watermark;
-  fill_submit(sub, sub->adm_watermark, -1, 1, 1);
+  fill_submit(sub, sub->adm_watermark, -1, 1, 1, sub->adm_epoch);
 }
 
 /* No slot: replay_unavailable with the watermark asked for; the
@@ -801,9 +862,10 @@ static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms)
   sync_begin(sub);
 }
 
-static void sync_acquire(sub_t *sub, int64_t watermark) {
+static void sync_acquire(sub_t *sub, int64_t watermark, const char *epoch) {
   node_t *node = sub->session->node;
   sub->adm_watermark = watermark;
+  snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
   int r = admission_acquire(node->admission, &sub->adm, util_mono_ms(), sync_admitted);
   if (r == ADMISSION_GRANTED) {
     observe_admission("ok", 0);
@@ -863,11 +925,13 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
       send_error(c, "bad_request", "sync for a conversation this connection is not subscribed to",
                  f.conv, 0, NULL);
     } else if (sub->filling) {
-      if (!sub->sync_pending || f.watermark < sub->sync_watermark)
+      if (!sub->sync_pending || f.watermark < sub->sync_watermark) {
         sub->sync_watermark = f.watermark;
+        strcpy(sub->sync_epoch, f.epoch);
+      }
       sub->sync_pending = 1;
     } else {
-      sync_acquire(sub, f.watermark);
+      sync_acquire(sub, f.watermark, f.epoch);
     }
     break;
   }

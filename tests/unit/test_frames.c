@@ -19,7 +19,8 @@ static void test_hello(void **state) {
   frame_client_t f;
   char why[200];
   assert_int_equal(
-      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":5},"
+      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"watermark\":5,"
+             "\"epoch\":\"9f00aa01\"},"
              "{\"conv\":\"b\",\"watermark\":null},{\"conv\":\"c\"}],\"client\":\"x/1\"}",
              &f, why),
       0);
@@ -30,6 +31,8 @@ static void test_hello(void **state) {
   assert_int_equal(f.subs[0].watermark, 5);
   assert_int_equal(f.subs[1].watermark, FRAME_WATERMARK_NONE);
   assert_int_equal(f.subs[2].watermark, FRAME_WATERMARK_NONE);
+  assert_string_equal(f.subs[0].epoch, "9f00aa01");
+  assert_string_equal(f.subs[1].epoch, ""); /* not given */
   frame_client_clear(&f);
 }
 
@@ -47,6 +50,11 @@ static void test_hello_invalid(void **state) {
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"a\"}]}", /* twice
                                                                                             */
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[\"a\"]}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"epoch\":7}]}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"epoch\":\"\"}]}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"epoch\":\"x\\\"\"}]}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"epoch\":"
+      "\"0123456789abcdef0\"}]}", /* 17 characters */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_int_equal(decode(bad[i], &f, why), -CV_EINVAL);
@@ -77,7 +85,15 @@ static void test_sync_send_ping(void **state) {
   assert_int_equal(f.type, FRAME_SYNC);
   assert_string_equal(f.conv, "c1");
   assert_int_equal(f.watermark, 0);
+  assert_string_equal(f.epoch, "");
   frame_client_clear(&f);
+  assert_int_equal(
+      decode("{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":4,\"epoch\":\"ab12\"}", &f, why), 0);
+  assert_string_equal(f.epoch, "ab12");
+  frame_client_clear(&f);
+  assert_int_equal(
+      decode("{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":4,\"epoch\":[1]}", &f, why),
+      -CV_EINVAL);
   assert_int_equal(decode("{\"type\":\"sync\",\"conv\":\"c1\"}", &f, why), -CV_EINVAL);
   assert_int_equal(f.type, FRAME_SYNC);
   assert_int_equal(
@@ -110,8 +126,20 @@ static void test_server_frames(void **state) {
          "\"sender\":\"o'brien\\\"; DROP TABLE x; --\",\"ts\":\"2027-01-15T08:00:00.123Z\","
          "\"body\":{\"text\":\"h\\u00e9\"}}");
   free(s);
-  s = frame_synced("c", 12);
+  s = frame_synced("c", 12, NULL, 0);
   assert_string_equal(s, "{\"type\":\"synced\",\"conv\":\"c\",\"head\":12}");
+  free(s);
+  s = frame_synced("c", 12, "0a1b2c3d", 0);
+  assert_string_equal(s, "{\"type\":\"synced\",\"conv\":\"c\",\"head\":12,\"epoch\":\"0a1b2c3d\"}");
+  free(s);
+  s = frame_synced("c", 3, "0a1b2c3d", 1);
+  assert_string_equal(
+      s, "{\"type\":\"synced\",\"conv\":\"c\",\"head\":3,\"epoch\":\"0a1b2c3d\",\"reset\":true}");
+  free(s);
+  /* the epoch follows seq when the message has one */
+  strcpy(m.epoch, "0a1b2c3d");
+  s = frame_msg("c", &m);
+  assert_non_null(strstr(s, "\"conv\":\"c\",\"seq\":7,\"epoch\":\"0a1b2c3d\",\"id\":\"m1\","));
   free(s);
   s = frame_sent("c", "i", 3);
   assert_string_equal(s, "{\"type\":\"sent\",\"conv\":\"c\",\"id\":\"i\",\"seq\":3}");
