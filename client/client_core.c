@@ -9,9 +9,12 @@
  *     sent) -> WELCOMED. When the core closes a transport or hears that it
  *     closed, its slot is freed at once: later events with its id are
  *     ignored, so a late frame from a closed transport cannot be delivered;
- *   - per subscription a watermark, the last seq given to the application.
- *     It is the only de-duplication state: both transports of a migration
- *     are checked against it, and every hello carries it;
+ *   - per subscription a watermark, the last seq given to the application,
+ *     and the epoch it belongs to. The watermark is the only de-duplication
+ *     state: both transports of a migration are checked against it, and
+ *     every hello carries it with the epoch. It moves only forward, by one
+ *     delivered message, or to the head the node names in a reset
+ *     (on_reset): never silently;
  *   - the sends not yet answered by `sent`, in submission order;
  *   - three deadlines (reconnect, migrate, and per transport connect or
  *     idle), of which the earliest is the one timer the caller arms.
@@ -61,6 +64,7 @@ typedef struct {
 typedef struct {
   char *conv;
   int64_t wm;       /* watermark; CVG_WATERMARK_NONE until the first welcome */
+  char epoch[CVG_EPOCH_MAX + 1]; /* the epoch `wm` is in; "" unknown */
   int ended;        /* forbidden, not found or inactive: left out of hellos */
   int sync_pending; /* a gap sync is in flight on the active transport */
   int64_t retry_at; /* replay_unavailable: sync again at this time; -1 none */
@@ -243,6 +247,12 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
               (long long)opt->subs[i].watermark);
       return CVG_EINVAL;
     }
+    const char *e = opt->epochs ? opt->epochs[i] : NULL;
+    if (e && e[0] && (strlen(e) > CVG_EPOCH_MAX || !util_id_valid(e))) {
+      set_err(err, errlen, "conversation %s: epoch '%s': 1-%d characters of [A-Za-z0-9._:-]",
+              opt->subs[i].conv, e, CVG_EPOCH_MAX);
+      return CVG_EINVAL;
+    }
     for (size_t j = 0; j < i; j++)
       if (strcmp(opt->subs[i].conv, opt->subs[j].conv) == 0) {
         set_err(err, errlen, "conversation %s is subscribed twice", opt->subs[i].conv);
@@ -286,6 +296,8 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   for (; core->nsubs < opt->nsubs; core->nsubs++) {
     csub_t *s = &core->subs[core->nsubs];
     s->wm = opt->subs[core->nsubs].watermark;
+    const char *e = opt->epochs ? opt->epochs[core->nsubs] : NULL;
+    snprintf(s->epoch, sizeof s->epoch, "%s", e ? e : "");
     s->retry_at = -1;
     if (!(s->conv = strdup(opt->subs[core->nsubs].conv))) {
       cvg_core_free(core);
@@ -294,6 +306,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   }
   core->opt.urls = NULL; /* the copies are core->urls etc. */
   core->opt.subs = NULL;
+  core->opt.epochs = NULL;
   core->opt.token = core->token;
   core->opt.client_name = core->client_name;
   if (opt->seed)
@@ -534,8 +547,10 @@ static char *hello_frame(cvg_core_t *core) {
   for (size_t i = 0; i < core->nsubs; i++) {
     csub_t *s = &core->subs[i];
     if (s->ended) continue;
-    json_array_append_new(subs, json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
-                                          s->wm < 0 ? json_null() : json_integer(s->wm)));
+    json_t *e = json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
+                          s->wm < 0 ? json_null() : json_integer(s->wm));
+    if (e && s->wm >= 0 && s->epoch[0]) json_object_set_new(e, "epoch", json_string(s->epoch));
+    json_array_append_new(subs, e);
   }
   json_t *h = json_pack("{s:s, s:s, s:o}", "type", "hello", "token", core->token, "subs", subs);
   if (h && core->client_name) json_object_set_new(h, "client", json_string(core->client_name));
@@ -566,6 +581,30 @@ static int no_subscription_left(cvg_core_t *core, int64_t now) {
   return 1;
 }
 
+/* An `epoch` field: 1 with *out set (NULL when absent or null), 0 when it
+ * is there but not an epoch (a bad frame). */
+static int get_epoch(json_t *v, const char **out) {
+  *out = NULL;
+  if (!v || json_is_null(v)) return 1;
+  const char *e = json_string_value(v);
+  if (!e || !e[0] || strlen(e) > CVG_EPOCH_MAX) return 0;
+  *out = e;
+  return 1;
+}
+
+/* The node says `s`'s history is not the one its watermark was in: tell
+ * the application and continue from `head` in `epoch` (client.h). */
+static void reset_sub(cvg_core_t *core, csub_t *s, int64_t head, const char *epoch) {
+  char old_epoch[CVG_EPOCH_MAX + 1];
+  int64_t old = s->wm;
+  memcpy(old_epoch, s->epoch, sizeof old_epoch);
+  s->wm = head;
+  snprintf(s->epoch, sizeof s->epoch, "%s", epoch ? epoch : "");
+  core->st.resets++;
+  if (core->opt.cb.on_reset)
+    core->opt.cb.on_reset(core->opt.userdata, s->conv, old, old_epoch, head, s->epoch);
+}
+
 static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   json_t *subs = json_object_get(j, "subs");
   json_t *hb = json_object_get(j, "heartbeatMs");
@@ -579,9 +618,18 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   json_array_foreach(subs, i, it) {
     const char *conv = json_string_value(json_object_get(it, "conv"));
     json_t *head = json_object_get(it, "head");
+    const char *epoch;
     csub_t *s = conv ? find_sub(core, conv) : NULL;
-    if (s && json_is_integer(head) && json_integer_value(head) >= 0 && s->wm == CVG_WATERMARK_NONE)
-      s->wm = (int64_t)json_integer_value(head); /* started live: the head is the watermark */
+    if (!s || !json_is_integer(head) || json_integer_value(head) < 0 ||
+        !get_epoch(json_object_get(it, "epoch"), &epoch))
+      continue;
+    int64_t h = (int64_t)json_integer_value(head);
+    if (json_is_true(json_object_get(it, "reset")) && s->wm != CVG_WATERMARK_NONE) {
+      reset_sub(core, s, h, epoch);
+      continue;
+    }
+    if (s->wm == CVG_WATERMARK_NONE) s->wm = h; /* started live: the head is the watermark */
+    if (epoch) snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
   }
   t->st = T_WELCOMED;
   int64_t hb_ms = hb ? clamp_ms(json_integer_value(hb)) : 0;
@@ -624,9 +672,10 @@ static void request_sync(cvg_core_t *core, csub_t *s, int64_t now) {
   s->retry_at = -1;
   s->sync_pending = 1;
   core->st.gaps++;
-  push_send(core, core->t[core->active].id,
-            dump(json_pack("{s:s, s:s, s:I}", "type", "sync", "conv", s->conv, "watermark",
-                           (json_int_t)s->wm)));
+  json_t *sync =
+      json_pack("{s:s, s:s, s:I}", "type", "sync", "conv", s->conv, "watermark", (json_int_t)s->wm);
+  if (sync && s->epoch[0]) json_object_set_new(sync, "epoch", json_string(s->epoch));
+  push_send(core, core->t[core->active].id, dump(sync));
 }
 
 static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, size_t len,
@@ -637,14 +686,23 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
   const char *sender = json_string_value(json_object_get(j, "sender"));
   const char *ts = json_string_value(json_object_get(j, "ts"));
   json_t *body = json_object_get(j, "body");
+  const char *epoch = NULL;
   csub_t *s = conv ? find_sub(core, conv) : NULL;
   if (t->st != T_WELCOMED || !s || !json_is_integer(seqv) || json_integer_value(seqv) < 1 || !id ||
-      !sender || !ts || !body) {
+      !sender || !ts || !body || !get_epoch(json_object_get(j, "epoch"), &epoch)) {
     core->st.bad_frames++;
     return;
   }
   int64_t seq = (int64_t)json_integer_value(seqv);
   if (s->ended) return;
+  if (epoch && s->epoch[0] && strcmp(epoch, s->epoch) != 0 && s->wm != CVG_WATERMARK_NONE) {
+    /* The history changed under a live subscription (the store was
+     * restored while this connection stayed): what the watermark counted
+     * is gone. This message starts the new history for us. */
+    reset_sub(core, s, seq - 1, epoch);
+  } else if (epoch && !s->epoch[0]) {
+    snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
+  }
   if (s->wm == CVG_WATERMARK_NONE) /* started live and the welcome named no head: */
     s->wm = seq - 1;               /* the first live message is the start */
   if (seq <= s->wm) {
@@ -667,13 +725,21 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
 static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   const char *conv = json_string_value(json_object_get(j, "conv"));
   json_t *head = json_object_get(j, "head");
+  const char *epoch;
   csub_t *s = conv ? find_sub(core, conv) : NULL;
-  if (!s || !json_is_integer(head)) {
+  if (!s || !json_is_integer(head) || json_integer_value(head) < 0 ||
+      !get_epoch(json_object_get(j, "epoch"), &epoch)) {
     core->st.bad_frames++;
     return;
   }
   if (s->sync_pending) core->st.gaps_filled++;
   s->sync_pending = 0;
+  if (!s->ended && slot_of(core, t) == core->active) {
+    if (json_is_true(json_object_get(j, "reset")) && s->wm != CVG_WATERMARK_NONE)
+      reset_sub(core, s, (int64_t)json_integer_value(head), epoch);
+    else if (epoch)
+      snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
+  }
   if (core->opt.cb.on_synced)
     core->opt.cb.on_synced(core->opt.userdata, conv, json_integer_value(head));
   /* Still behind the head the server just named: a message was lost on
@@ -932,4 +998,9 @@ void cvg_core_stats(const cvg_core_t *core, int64_t now, cvg_stats_t *out) {
 int64_t cvg_core_watermark(const cvg_core_t *core, const char *conv) {
   csub_t *s = conv ? find_sub((cvg_core_t *)core, conv) : NULL;
   return s ? s->wm : CVG_EINVAL;
+}
+
+const char *cvg_core_epoch(const cvg_core_t *core, const char *conv) {
+  csub_t *s = conv ? find_sub((cvg_core_t *)core, conv) : NULL;
+  return s ? s->epoch : NULL;
 }

@@ -745,6 +745,10 @@ int64_t cvg_client_watermark(const cvg_client_t *c, const char *conv) {
   return cvg_core_watermark(c->core, conv);
 }
 
+const char *cvg_client_epoch(const cvg_client_t *c, const char *conv) {
+  return cvg_core_epoch(c->core, conv);
+}
+
 static void on_timer_closed(uv_handle_t *h) {
   cvg_client_t *c = h->data;
   c->handles--;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "cli/epoch.h"
 #include "cli/send.h"
 #include "cli/tail.h"
 #include "cli/token.h"
@@ -12,18 +13,20 @@
 #include "sim/sim.h"
 
 static void usage(FILE *out) {
-  fprintf(out,
-          "converger %s: realtime messaging gateway\n\n"
-          "usage: converger <command> [options]\n\n"
-          "commands:\n"
-          "  serve    run a gateway node (see converger serve --help)\n"
-          "  token    print a client token signed with the node's secret\n"
-          "  send     send one message over REST, with retries (see converger send --help)\n"
-          "  tail     print the messages of conversations as they come (see converger tail --help)\n"
-          "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
-          "  sim      simulate a rolling restart of a large fleet (see converger sim --help)\n"
-          "  version  print the version\n",
-          CONVERGER_VERSION);
+  fprintf(
+      out,
+      "converger %s: realtime messaging gateway\n\n"
+      "usage: converger <command> [options]\n\n"
+      "commands:\n"
+      "  serve    run a gateway node (see converger serve --help)\n"
+      "  token    print a client token signed with the node's secret\n"
+      "  send     send one message over REST, with retries (see converger send --help)\n"
+      "  tail     print the messages of conversations as they come (see converger tail --help)\n"
+      "  epoch    give conversations a new epoch after a restore (see converger epoch --help)\n"
+      "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
+      "  sim      simulate a rolling restart of a large fleet (see converger sim --help)\n"
+      "  version  print the version\n",
+      CONVERGER_VERSION);
 }
 
 int main(int argc, char **argv) {
@@ -36,6 +39,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "token") == 0) return token_main(argc - 2, argv + 2);
   if (strcmp(cmd, "send") == 0) return send_main(argc - 2, argv + 2);
   if (strcmp(cmd, "tail") == 0) return tail_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "epoch") == 0) return epoch_main(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sim") == 0) return sim_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

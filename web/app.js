@@ -318,10 +318,11 @@
         log('info', 'subscribed conv=' + state.conv + ' head=' + short(sub.head) +
           ' presence=' + short(sub.presence));
         if (isSeq(sub.head, 0) && state.watermark !== null &&
-            state.watermark > sub.head) {
-          /* our watermark is from another store (reset or other cluster) */
-          log('err', 'watermark ' + state.watermark + ' is above head ' +
-            sub.head + '; starting over at the head');
+            (sub.reset === true || state.watermark > sub.head)) {
+          /* the node says our watermark is not in its history (a restored
+           * store, another cluster): docs/protocol.md section 3.1 */
+          log('err', 'reset: watermark ' + state.watermark + ' is not in the history' +
+            ' (head ' + sub.head + ', epoch ' + short(sub.epoch) + '); going on from the head');
           setWatermark(sub.head);
         }
         if (state.watermark === null && isSeq(sub.head, 0)) {

@@ -24,6 +24,14 @@
  *     is delivered only when its seq is the watermark + 1; a seq at or below
  *     the watermark is a duplicate and dropped; a seq beyond watermark + 1
  *     sends one `sync` from the watermark;
+ *   - keeps each conversation's epoch (the identity of its history) next to
+ *     its watermark and sends both when it resumes; when the node answers
+ *     that the history the watermark was in is not its own (a watermark
+ *     above the head, or another epoch: a restored or recreated store), or
+ *     a `msg` comes with a new epoch, it calls on_reset and continues from
+ *     the node's head: it never drops a new message as a duplicate of an old
+ *     one and never skips one silently (docs/protocol.md, "Epochs and
+ *     resets");
  *   - keeps each send until the server answers `sent`, and sends it again
  *     with the same id (the idempotency key) after the next welcome;
  *   - on `drain`, opens a second connection after `afterMs`, says hello with
@@ -103,8 +111,12 @@ typedef enum {
   CVG_STATE_CLOSED,     /* closed by the application */
 } cvg_state_t;
 
+/* Longest epoch the client keeps (bytes); the node's are 8. */
+#define CVG_EPOCH_MAX 32
+
 /* One subscription: a conversation id and the last seq the application has
- * (CVG_WATERMARK_NONE: start live at the head). */
+ * (CVG_WATERMARK_NONE: start live at the head). Its epoch, when the
+ * application kept one, goes in cvg_options_t.epochs. */
 typedef struct {
   const char *conv;
   int64_t watermark;
@@ -135,6 +147,15 @@ typedef struct {
    * subscription (forbidden, not_found, channel_inactive) remove it from
    * later hellos. */
   void (*on_error)(void *ud, const char *code, const char *message, const char *conv);
+  /* `conv`'s history is not the one `old_watermark` was in: the watermark
+   * was above the node's head, or the epoch changed (a store restored from
+   * a backup, or recreated). Messages up to `old_watermark` that the
+   * application has may be gone or be different messages now. Delivery
+   * continues with head + 1 in `epoch`; the history up to `head` is the
+   * application's to read again (REST) if it needs it. `old_epoch` is ""
+   * when it was unknown. Added after the others: keep it last. */
+  void (*on_reset)(void *ud, const char *conv, int64_t old_watermark, const char *old_epoch,
+                   int64_t head, const char *epoch);
 } cvg_callbacks_t;
 
 /* The outcome of a cvg_send: `error` is NULL and `seq` > 0 once the server
@@ -175,6 +196,12 @@ typedef struct {
    * its retryAfterMs. For experiments reproducing the old harness of the
    * admission-queue decision record only; 0 (the default) honours them. */
   int ignore_hints;
+  /* NULL, or `nsubs` entries: the epoch of each subscription's watermark
+   * as cvg_core_epoch returned it when the application saved the
+   * watermark (NULL or "": unknown; at most CVG_EPOCH_MAX bytes of
+   * [A-Za-z0-9._:-]). With it, a resume into a restored store is told to
+   * reset even when the new head has passed the watermark. */
+  const char *const *epochs;
 } cvg_options_t;
 
 /* Counters, readable at any time. */
@@ -192,6 +219,7 @@ typedef struct {
   uint64_t resent;      /* sends sent again after a reconnect */
   int64_t offline_ms;   /* total time without a welcomed connection since start */
   char node[64];        /* `node` of the welcomed connection; "" when none */
+  uint64_t resets;      /* on_reset calls (added last: the fields above keep their offsets) */
 } cvg_stats_t;
 
 /* Fill `o` with the defaults (everything zero, migrate_on_drain = 1). */
@@ -281,6 +309,12 @@ CVG_API void cvg_core_stats(const cvg_core_t *core, int64_t now_ms, cvg_stats_t 
  * when the core has no such subscription. */
 CVG_API int64_t cvg_core_watermark(const cvg_core_t *core, const char *conv);
 
+/* The epoch of `conv`'s watermark: the node's, from the last welcome,
+ * synced or msg, or the one given in cvg_sub_t before that; "" when
+ * unknown; NULL when the core has no such subscription. Valid until the
+ * next event. Keep it with the watermark to resume later. */
+CVG_API const char *cvg_core_epoch(const cvg_core_t *core, const char *conv);
+
 /* ---- the libuv client ---------------------------------------------------- */
 
 typedef struct cvg_client_s cvg_client_t;
@@ -301,6 +335,7 @@ CVG_API int cvg_send(cvg_client_t *c, const char *conv, const char *id, const ch
 /* Counters (see cvg_stats_t) and watermarks. */
 CVG_API void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out);
 CVG_API int64_t cvg_client_watermark(const cvg_client_t *c, const char *conv);
+CVG_API const char *cvg_client_epoch(const cvg_client_t *c, const char *conv);
 
 /* Close the client: connections get a 1000 close frame, pending sends
  * complete with "closed", and once every handle is closed `on_closed` (may

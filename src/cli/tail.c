@@ -33,6 +33,8 @@ static void usage(FILE *out) {
       "  --conv C            a conversation id; repeat for several\n"
       "  --watermark N       the last seq already seen; default: none (start at the head);\n"
       "                      0 prints the whole history\n"
+      "  --epoch E           the epoch that watermark is in (as a msg frame's \"epoch\");\n"
+      "                      with it, a resume into a restored store is told to reset\n"
       "  --backoff S         decorrelated (default), full, equal, exponential, additive,\n"
       "                      proportional\n"
       "  --max-messages N    exit 0 after N messages (default: never)\n");
@@ -57,11 +59,12 @@ static void end(tail_t *t, int code) {
   cvg_client_stats(t->client, &st);
   fprintf(stderr,
           "converger tail: %lld message(s); attempts %llu, welcomes %llu, duplicates dropped "
-          "%llu, gaps filled %llu, unavailable %llu, bad frames %llu, offline %lld ms\n",
+          "%llu, gaps filled %llu, resets %llu, unavailable %llu, bad frames %llu, offline %lld "
+          "ms\n",
           t->printed, (unsigned long long)st.attempts, (unsigned long long)st.welcomes,
           (unsigned long long)st.duplicates, (unsigned long long)st.gaps_filled,
-          (unsigned long long)st.unavailable, (unsigned long long)st.bad_frames,
-          (long long)st.offline_ms);
+          (unsigned long long)st.resets, (unsigned long long)st.unavailable,
+          (unsigned long long)st.bad_frames, (long long)st.offline_ms);
   cvg_client_close(t->client, on_closed, NULL);
   uv_close((uv_handle_t *)&t->sigint, NULL);
   uv_close((uv_handle_t *)&t->sigterm, NULL);
@@ -87,6 +90,16 @@ static void on_error(void *ud, const char *code, const char *message, const char
           conv ? conv : "", message);
 }
 
+static void on_reset(void *ud, const char *conv, int64_t old_watermark, const char *old_epoch,
+                     int64_t head, const char *epoch) {
+  (void)ud;
+  fprintf(stderr,
+          "converger tail: reset on %s: watermark %lld%s%s%s is not in the node's history (head "
+          "%lld, epoch %s); messages after %lld follow\n",
+          conv, (long long)old_watermark, old_epoch[0] ? " (epoch " : "", old_epoch,
+          old_epoch[0] ? ")" : "", (long long)head, epoch[0] ? epoch : "unknown", (long long)head);
+}
+
 static void on_signal(uv_signal_t *s, int signum) {
   tail_t *t = s->data;
   fprintf(stderr, "converger tail: %s, closing\n", signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -99,6 +112,8 @@ int tail_main(int argc, char **argv) {
   cvg_sub_t subs[100];
   size_t nsubs = 0;
   const char *token = getenv("CONVERGER_TOKEN");
+  const char *epoch = NULL;
+  const char *epochs[100];
   long long watermark = CVG_WATERMARK_NONE, max_messages = -1;
   cvg_options_t o;
   cvg_options_init(&o);
@@ -120,6 +135,8 @@ int tail_main(int argc, char **argv) {
     } else if ((v = cli_flag_value(argc, argv, &i, "--watermark", &missing))) {
       if (cli_parse_ll(v, 0, INT64_MAX, &watermark) != 0)
         return cli_usage_error("tail", "--watermark must be an integer >= 0");
+    } else if ((v = cli_flag_value(argc, argv, &i, "--epoch", &missing))) {
+      epoch = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--max-messages", &missing))) {
       if (cli_parse_ll(v, 1, INT64_MAX, &max_messages) != 0)
         return cli_usage_error("tail", "--max-messages must be an integer >= 1");
@@ -139,7 +156,12 @@ int tail_main(int argc, char **argv) {
   if (nurls == 0) return cli_usage_error("tail", "--url is required");
   if (!token || !*token) return cli_usage_error("tail", "--token (or CONVERGER_TOKEN) is required");
   if (nsubs == 0) return cli_usage_error("tail", "--conv is required");
-  for (size_t i = 0; i < nsubs; i++) subs[i].watermark = watermark;
+  if (epoch && watermark == CVG_WATERMARK_NONE)
+    return cli_usage_error("tail", "--epoch needs --watermark");
+  for (size_t i = 0; i < nsubs; i++) {
+    subs[i].watermark = watermark;
+    epochs[i] = epoch;
+  }
 
   tail_t t = {.max_messages = max_messages};
   o.urls = urls;
@@ -147,10 +169,12 @@ int tail_main(int argc, char **argv) {
   o.token = token;
   o.subs = subs;
   o.nsubs = nsubs;
+  o.epochs = epochs;
   o.client_name = "converger-tail";
   o.cb.on_message = on_message;
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
+  o.cb.on_reset = on_reset;
   o.userdata = &t;
   char err[300];
   uv_loop_init(&t.loop);

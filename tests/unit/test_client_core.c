@@ -43,7 +43,21 @@ typedef struct {
   char sent_id[130];
   int nsent;
   char last_error[64];
+  int nresets; /* on_reset calls, and the arguments of the last one */
+  int64_t reset_old, reset_head;
+  char reset_old_epoch[64], reset_epoch[64], reset_conv[64];
 } h_t;
+
+static void on_reset(void *ud, const char *conv, int64_t old_watermark, const char *old_epoch,
+                     int64_t head, const char *epoch) {
+  h_t *h = ud;
+  h->nresets++;
+  h->reset_old = old_watermark;
+  h->reset_head = head;
+  snprintf(h->reset_conv, sizeof h->reset_conv, "%s", conv);
+  snprintf(h->reset_old_epoch, sizeof h->reset_old_epoch, "%s", old_epoch);
+  snprintf(h->reset_epoch, sizeof h->reset_epoch, "%s", epoch);
+}
 
 static void on_message(void *ud, const cvg_message_t *m) {
   h_t *h = ud;
@@ -114,6 +128,7 @@ typedef struct {
   cvg_reconnect_t reconnect;
   int ignore_hints;
   int64_t base_ms;
+  const char *const *epochs;
 } more_t;
 
 static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
@@ -132,11 +147,13 @@ static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
   o.cb.on_message = on_message;
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
+  o.cb.on_reset = on_reset;
   o.userdata = h;
   if (more) {
     o.reconnect = more->reconnect;
     o.ignore_hints = more->ignore_hints;
     o.backoff_base_ms = more->base_ms;
+    o.epochs = more->epochs;
   }
   char err[200];
   assert_int_equal(cvg_core_new(&o, &h->core, err, sizeof err), 0);
@@ -162,6 +179,14 @@ static void msg(h_t *h, uint32_t t, const char *conv, int64_t seq) {
        "{\"type\":\"msg\",\"conv\":\"%s\",\"seq\":%lld,\"id\":\"m%lld\",\"sender\":\"u\","
        "\"ts\":\"2026-11-29T00:00:00.000Z\",\"body\":{\"n\":%lld}}",
        conv, (long long)seq, (long long)seq, (long long)seq);
+}
+
+/* A msg frame with an epoch, as the node sends them. */
+static void msg_in(h_t *h, uint32_t t, const char *conv, int64_t seq, const char *epoch) {
+  text(h, t,
+       "{\"type\":\"msg\",\"conv\":\"%s\",\"seq\":%lld,\"epoch\":\"%s\",\"id\":\"m%lld\","
+       "\"sender\":\"u\",\"ts\":\"2026-11-29T00:00:00.000Z\",\"body\":{\"n\":%lld}}",
+       conv, (long long)seq, epoch, (long long)seq, (long long)seq);
 }
 
 /* Start, open the first transport and welcome it with `head` for "c1".
@@ -1095,6 +1120,154 @@ static void test_ignore_hints_drops_the_floor(void **state) {
   }
 }
 
+/* ---- epochs and resets ---------------------------------------------------------------- */
+
+/* The defects issue's repro: a watermark (10) above the node's head (3).
+ * The node answers reset; the application hears of it and every new
+ * message (4..12) is delivered, none dropped as a duplicate. */
+static void test_watermark_above_head_resets_and_delivers_what_follows(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 10}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 0);
+  take(&h);
+  assert_string_equal(
+      last(&h, CVG_ACT_SEND, t)->data,
+      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+      ":10}]}"); /* no epoch known yet: none sent */
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
+       "\"conv\":"
+       "\"c1\",\"head\":3,\"epoch\":\"e1\",\"presence\":false,\"reset\":true}]}");
+  assert_int_equal(h.nresets, 1);
+  assert_string_equal(h.reset_conv, "c1");
+  assert_int_equal(h.reset_old, 10);
+  assert_string_equal(h.reset_old_epoch, "");
+  assert_int_equal(h.reset_head, 3);
+  assert_string_equal(h.reset_epoch, "e1");
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 3);
+  assert_string_equal(cvg_core_epoch(h.core, "c1"), "e1");
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":3,\"epoch\":\"e1\"}");
+  for (int64_t s = 4; s <= 12; s++) msg_in(&h, t, "c1", s, "e1");
+  assert_int_equal(h.ngot, 9);
+  for (int i = 0; i < 9; i++) assert_int_equal(h.got[i], 4 + i);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.duplicates, 0);
+  assert_int_equal(st.resets, 1);
+  assert_int_equal(h.nresets, 1);
+  /* the next hello resumes in that epoch */
+  clear_acts(&h);
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "gone", 4, h.now);
+  take(&h);
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  take(&h);
+  assert_string_equal(
+      last(&h, CVG_ACT_SEND, t)->data,
+      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+      ":12,\"epoch\":\"e1\"}]}");
+  assert_null(cvg_core_epoch(h.core, "nope"));
+  destroy(&h);
+}
+
+/* An epoch the application kept goes in the first hello; a welcome with
+ * no reset keeps the watermark and replays. A bad epoch is refused. */
+static void test_epoch_option_is_sent_and_checked(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 4}};
+  const char *const epochs[] = {"e0"};
+  more_t more = {.epochs = epochs};
+  make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &more);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 0);
+  take(&h);
+  assert_string_equal(
+      last(&h, CVG_ACT_SEND, t)->data,
+      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+      ":4,\"epoch\":\"e0\"}]}");
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
+       "\"conv\":"
+       "\"c1\",\"head\":6,\"epoch\":\"e0\",\"presence\":false}]}");
+  msg_in(&h, t, "c1", 5, "e0");
+  msg_in(&h, t, "c1", 6, "e0");
+  assert_int_equal(h.ngot, 2);
+  assert_int_equal(h.nresets, 0);
+  destroy(&h);
+
+  cvg_options_t o;
+  cvg_options_init(&o);
+  const char *u[] = {"ws://127.0.0.1:1/v1/ws"};
+  const char *const bad[] = {"has space"};
+  o.urls = u, o.nurls = 1, o.token = "t", o.subs = subs, o.nsubs = 1, o.epochs = bad;
+  cvg_core_t *core = NULL;
+  char err[200];
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  assert_non_null(strstr(err, "epoch"));
+}
+
+/* A live msg in another epoch (the store was restored under a connection
+ * that stayed): reset to just before it, and it is delivered. */
+static void test_msg_in_a_new_epoch_resets(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  msg_in(&h, t, "c1", 1, "e1");
+  msg_in(&h, t, "c1", 2, "e1");
+  assert_int_equal(h.nresets, 0);
+  assert_string_equal(cvg_core_epoch(h.core, "c1"), "e1");
+  msg_in(&h, t, "c1", 2, "e2"); /* seq 2 again, but another history */
+  assert_int_equal(h.nresets, 1);
+  assert_int_equal(h.reset_old, 2);
+  assert_string_equal(h.reset_old_epoch, "e1");
+  assert_int_equal(h.reset_head, 1);
+  assert_string_equal(h.reset_epoch, "e2");
+  assert_int_equal(h.ngot, 3);
+  assert_int_equal(h.got[2], 2);
+  msg_in(&h, t, "c1", 3, "e2");
+  assert_int_equal(h.ngot, 4);
+  assert_int_equal(h.nresets, 1);
+  destroy(&h);
+}
+
+/* A sync's answer with reset: the watermark moves to its head. */
+static void test_synced_reset(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 5}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 5);
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":5,\"epoch\":\"e1\"}");
+  clear_acts(&h);
+  msg_in(&h, t, "c1", 8, "e1"); /* a gap: sync from 5 in e1 */
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":5,\"epoch\":\"e1\"}");
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":2,\"epoch\":\"e2\",\"reset\":true}");
+  assert_int_equal(h.nresets, 1);
+  assert_int_equal(h.reset_old, 5);
+  assert_int_equal(h.reset_head, 2);
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 2);
+  msg_in(&h, t, "c1", 3, "e2");
+  assert_int_equal(h.ngot, 1);
+  assert_int_equal(h.got[0], 3);
+  /* a bad epoch field makes the frame a bad frame */
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  uint64_t bad = st.bad_frames;
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":3,\"epoch\":7}");
+  msg_in(&h, t, "c1", 4, "");
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.bad_frames, bad + 2);
+  destroy(&h);
+}
+
 static void test_bad_reconnect_policy_is_refused(void **state) {
   cvg_sub_t subs[] = {{"c1", 0}};
   cvg_options_t o;
@@ -1142,6 +1315,10 @@ int main(void) {
       cmocka_unit_test(test_reconnect_next_goes_round_the_list),
       cmocka_unit_test(test_ignore_hints_drops_the_floor),
       cmocka_unit_test(test_bad_reconnect_policy_is_refused),
+      cmocka_unit_test(test_watermark_above_head_resets_and_delivers_what_follows),
+      cmocka_unit_test(test_epoch_option_is_sent_and_checked),
+      cmocka_unit_test(test_msg_in_a_new_epoch_resets),
+      cmocka_unit_test(test_synced_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
