@@ -195,6 +195,8 @@ class ClusterScript(unittest.TestCase):
         with open(os.path.join(self.dir, "api-key")) as f:
             key = f.read().strip()
         self.assertEqual(os.stat(os.path.join(self.dir, "api-key")).st_mode & 0o777, 0o600)
+        with open(os.path.join(self.dir, "token-secret")) as f:
+            self.assertGreaterEqual(len(f.read().strip()), 32, "the shared token secret is too short")
         st, js = self.request(lb, "POST", "/v1/channels", {"id": "general", "name": "General"}, key)
         self.assertEqual(st, 201, js)
         st, js = self.request(lb, "POST", "/v1/conversations", {"id": "room1", "channel": "general"}, key)

@@ -15,7 +15,7 @@
 #include "api/auth.h"
 #include "core/errors.h"
 
-#define SECRET "unit-test-secret"
+#define SECRET "unit-test-secret-of-at-least-32-bytes"
 #define NOW    1800000000LL
 
 static void b64url(const unsigned char *in, size_t n, char *out) {
@@ -105,7 +105,8 @@ static void test_wildcard_and_scope(void **state) {
 static void test_bad_signature(void **state) {
   char claims[128];
   snprintf(claims, sizeof claims, "{\"sub\":\"u\",\"convs\":[\"c\"],\"exp\":%lld}", NOW + 100);
-  char *tok = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), "another-secret");
+  char *tok =
+      forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), "another-secret-of-at-least-32-bytes");
   auth_token_t t;
   const char *why;
   assert_int_equal(auth_verify(a, tok, NOW, &t, &why), -CV_EUNAUTHORIZED);
