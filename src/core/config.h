@@ -66,7 +66,7 @@ int config_parse(config_t *cfg, int argc, char **argv);
  * `token` command, which must sign with the node's own secret), a missing
  * file is an error, and so is a token-secret file shorter than
  * CONFIG_SECRET_MIN bytes. Sets *key_from_file to 1 when the API key came from the
- * data directory (so the caller can print it). Returns 0 or a negative
+ * data directory (so the caller can say where it is). Returns 0 or a negative
  * errno after logging why. */
 int config_load_secrets(config_t *cfg, int create, int *key_from_file);
 

@@ -66,7 +66,8 @@ class Cli(NodeCase):
         key = read(key_path)
         self.assertGreaterEqual(len(key), 32)
         self.assertGreaterEqual(len(read(secret_path)), 32, "a generated token secret the node accepts")
-        self.assertIn(key, n.log_text(), "the generated API key is printed at start")
+        self.assertNotIn(key, n.log_text(), "the generated API key is in the log")
+        self.assertIn("API key in %s" % key_path, n.log_text(), "the log says where the key is")
         # REST works with the generated key, not with the test default.
         conv = "cli-room"
         st, _, _ = n.request("POST", "/v1/channels", {"id": "cli", "name": "CLI"}, key=key)
@@ -89,6 +90,11 @@ class Cli(NodeCase):
         # A restart keeps the same secrets: the token still works.
         n.restart()
         self.assertEqual(read(key_path), key)
+        # Neither secret is in the log: not when generated, not when read again.
+        log = n.log_text()
+        self.assertEqual(log.count("API key in %s" % key_path), 2, log)
+        self.assertNotIn(key, log, "the API key is in the log")
+        self.assertNotIn(read(secret_path), log, "the token secret is in the log")
         ws2 = RawWs(n.port)
         self.addCleanup(ws2.close)
         ws2.hello(token, [{"conv": conv}])
