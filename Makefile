@@ -34,8 +34,20 @@ run: setup $(BUILD_DIR)/CMakeCache.txt
 
 # build has run scripts/setup (haproxy included): the script only starts things.
 # Ctrl-C (130) and SIGTERM (143) are how it is meant to end: not an error.
+# At a terminal, Ctrl-C signals the whole foreground process group, make
+# included, and make then reports "Interrupt" and dies of SIGINT whatever the
+# recipe's status. So when that group is make's (stderr a terminal, and this
+# shell's process group the terminal's), the script runs as the job of a
+# job-control shell (bash -m): in a process group of its own, given the
+# terminal, so that only the script gets Ctrl-C; bash gives the terminal back
+# to make when it ends. Ctrl-Z is ignored there: a stopped job would end the
+# recipe and leave the script behind. Elsewhere (make cluster &, no terminal)
+# the script runs in make's group, as any recipe.
+CLUSTER_RUN = scripts/cluster --binary $(BUILD_DIR)/converger; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
 cluster: build
-	@scripts/cluster --binary $(BUILD_DIR)/converger; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
+	@read -r _ _ _ _ pgrp _ _ tpgid _ </proc/$$$$/stat; \
+	if [ -t 2 ] && [ "$$pgrp" = "$$tpgid" ]; then exec bash -mc "trap '' TSTP; "'$(CLUSTER_RUN)'; \
+	else $(CLUSTER_RUN); fi
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

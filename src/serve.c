@@ -239,7 +239,10 @@ int serve_main(int argc, char **argv) {
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
            CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,
            cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
-  if (key_from_file) log_info("API key (from %s/api-key): %s", cfg.data_dir, cfg.api_key);
+  /* Where the key is, never the key: logs are read by more people and
+   * kept longer than a 0600 file. */
+  if (key_from_file)
+    log_info("API key in %s/api-key (not logged; CONVERGER_API_KEY sets one)", cfg.data_dir);
   uv_run(node->loop, UV_RUN_DEFAULT);
   status = 0;
 out:

@@ -92,29 +92,50 @@ out:
   return r;
 }
 
-/* Decode the base64url header segment and check that alg is exactly HS256. */
-static int header_alg_ok(const char *token) {
-  const char *dot = strchr(token, '.');
-  if (!dot || dot == token || dot - token > 1024) return 0;
-  size_t n = (size_t)(dot - token);
-  char b64[1032];
-  memcpy(b64, token, n);
+static const char b64url_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/* The JSON object in the base64url (unpadded) segment seg[0..n), or NULL
+ * when it is not one. The caller owns the reference. */
+static json_t *segment_object(const char *seg, size_t n) {
+  if (n == 0 || n % 4 == 1 || n > 8192) return NULL;
+  char b64[8192 + 4];
   for (size_t i = 0; i < n; i++) {
-    if (b64[i] == '-')
-      b64[i] = '+';
-    else if (b64[i] == '_')
-      b64[i] = '/';
+    if (!seg[i] || !strchr(b64url_alphabet, seg[i])) return NULL;
+    b64[i] = seg[i] == '-' ? '+' : seg[i] == '_' ? '/' : seg[i];
   }
+  size_t len = n / 4 * 3 + (n % 4 ? n % 4 - 1 : 0); /* the decoded bytes, without padding */
   while (n % 4) b64[n++] = '=';
-  unsigned char raw[800];
-  int len = EVP_DecodeBlock(raw, (unsigned char *)b64, (int)n);
-  if (len <= 0) return 0;
-  while (len > 0 && raw[len - 1] == '\0') len--; /* padding bytes */
-  json_t *h = json_loadb((const char *)raw, (size_t)len, 0, NULL);
-  const char *alg = json_string_value(json_object_get(h, "alg"));
-  int ok = alg && strcmp(alg, "HS256") == 0;
+  unsigned char raw[8192 / 4 * 3 + 3];
+  if (EVP_DecodeBlock(raw, (unsigned char *)b64, (int)n) < (int)len) return NULL;
+  json_t *j = json_loadb((const char *)raw, len, 0, NULL);
+  if (!json_is_object(j)) {
+    json_decref(j);
+    return NULL;
+  }
+  return j;
+}
+
+typedef enum { TOKEN_NOT_JWT, TOKEN_BAD_ALG, TOKEN_HS256 } token_shape_t;
+
+/* What `token` is before any signature is checked: not a JWT at all (not
+ * three base64url segments joined by dots, the first two JSON objects; the
+ * third, the signature, may be empty), a JWT whose header's alg is not exactly HS256,
+ * or an HS256 JWT. */
+static token_shape_t token_shape(const char *token) {
+  const char *d1 = strchr(token, '.');
+  const char *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
+  if (!d2 || strspn(d2 + 1, b64url_alphabet) != strlen(d2 + 1)) return TOKEN_NOT_JWT;
+  json_t *h = segment_object(token, (size_t)(d1 - token));
+  json_t *p = segment_object(d1 + 1, (size_t)(d2 - d1 - 1));
+  token_shape_t shape = TOKEN_NOT_JWT;
+  if (h && p) {
+    const char *alg = json_string_value(json_object_get(h, "alg"));
+    shape = alg && strcmp(alg, "HS256") == 0 ? TOKEN_HS256 : TOKEN_BAD_ALG;
+  }
   json_decref(h);
-  return ok;
+  json_decref(p);
+  return shape;
 }
 
 int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
@@ -125,9 +146,15 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     *why = "token too long";
     return -CV_EUNAUTHORIZED;
   }
-  if (!header_alg_ok(token)) {
+  switch (token_shape(token)) {
+  case TOKEN_NOT_JWT:
+    *why = "token is not a valid JWT";
+    return -CV_EUNAUTHORIZED;
+  case TOKEN_BAD_ALG:
     *why = "token alg must be HS256";
     return -CV_EUNAUTHORIZED;
+  case TOKEN_HS256:
+    break;
   }
   if (jwt_decode(&jwt, token, a->secret, (int)a->secret_len) != 0 || !jwt ||
       jwt_get_alg(jwt) != JWT_ALG_HS256) {

@@ -45,7 +45,10 @@ int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, in
 
 /* Verify `token` at now_s. Returns 0 and fills `out` (clear with
  * auth_token_clear), or -CV_EUNAUTHORIZED with *why set to a static
- * message. Does not look at the revocation cache. */
+ * message: "token is not a valid JWT" when it is not three base64url
+ * segments whose first two are JSON objects, "token alg must be HS256" for a
+ * JWT with another (or no) alg, then the signature's and the claims' reasons.
+ * Does not look at the revocation cache. */
 int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
                 const char **why);
 void auth_token_clear(auth_token_t *t);

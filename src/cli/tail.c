@@ -3,20 +3,32 @@
  * message once, in order, as the JSON line the node sent; reconnects for
  * ever with the library's backoff; says every state change on stderr.
  * Main thread only.
+ *
+ * Output: each line goes to fd 1 with write(2), all of it or an error; a
+ * message counts as printed only once its whole line is written. A reader
+ * that goes away (EPIPE; SIGPIPE is ignored) ends tail with 0, any other
+ * write error with 1. A reader can also go away while there is nothing to
+ * write (`tail | head -3` on a quiet conversation): a timer polls fd 1 for
+ * POLLERR/POLLHUP, which a pipe without readers reports. (uv_poll would set
+ * O_NONBLOCK on a file description tail shares with its parent.)
  */
 #include "cli/tail.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "cli/args.h"
 #include "converger/client.h"
 
-#define MAX_URLS 16
+#define MAX_URLS        16
+#define STDOUT_WATCH_MS 250 /* how often fd 1 is checked for a reader that went away */
 
 static void usage(FILE *out) {
   fprintf(
@@ -27,7 +39,9 @@ static void usage(FILE *out) {
       "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
       "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
       "10 s) and never before the node's retry hint; migrates on drain. State changes go\n"
-      "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n\n"
+      "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n"
+      "When the reader of stdout goes away (a closed pipe) it ends with 0; when a write\n"
+      "to stdout fails otherwise (a full disk) it says why and ends with 1.\n\n"
       "  --url WS_URL        ws://host:port/v1/ws of a node; repeat for several\n"
       "  --token JWT         a client token (or the environment variable CONVERGER_TOKEN)\n"
       "  --conv C            a conversation id; repeat for several\n"
@@ -43,6 +57,7 @@ static void usage(FILE *out) {
 typedef struct {
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
+  uv_timer_t stdout_watch;
   cvg_client_t *client;
   long long max_messages, printed;
   int exit_code;
@@ -68,14 +83,61 @@ static void end(tail_t *t, int code) {
   cvg_client_close(t->client, on_closed, NULL);
   uv_close((uv_handle_t *)&t->sigint, NULL);
   uv_close((uv_handle_t *)&t->sigterm, NULL);
+  uv_close((uv_handle_t *)&t->stdout_watch, NULL);
+}
+
+/* The reader of stdout is gone: nothing more can be printed, and that is
+ * how a pipeline such as `tail | head -3` ends tail. */
+static void reader_gone(tail_t *t) {
+  if (t->ending) return;
+  fprintf(stderr, "converger tail: the reader of stdout went away, closing\n");
+  end(t, 0);
+}
+
+/* Write data and a newline to fd 1, retrying short writes and EINTR and
+ * waiting out EAGAIN (a non-blocking stdout). Returns 0 once all of it is
+ * written, else a negative errno (-EPIPE: no reader). */
+static int write_line(const char *data, size_t len) {
+  static char nl[] = "\n";
+  struct iovec iov[2] = {{(void *)data, len}, {nl, 1}}, *v = iov;
+  int n = 2;
+  while (n > 0) {
+    ssize_t w = writev(STDOUT_FILENO, v, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
+      struct pollfd p = {.fd = STDOUT_FILENO, .events = POLLOUT};
+      if (poll(&p, 1, -1) < 0 && errno != EINTR) return -errno;
+      continue;
+    }
+    for (; n > 0 && (size_t)w >= v->iov_len; v++, n--) w -= (ssize_t)v->iov_len;
+    if (n > 0) {
+      v->iov_base = (char *)v->iov_base + w;
+      v->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+static void stdout_watch_cb(uv_timer_t *h) {
+  struct pollfd p = {.fd = STDOUT_FILENO, .events = 0};
+  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP))) reader_gone(h->data);
 }
 
 static void on_message(void *ud, const cvg_message_t *m) {
   tail_t *t = ud;
   if (t->ending) return;
-  fwrite(m->frame, 1, m->frame_len, stdout);
-  fputc('\n', stdout);
-  fflush(stdout);
+  int r = write_line(m->frame, m->frame_len);
+  if (r == -EPIPE) {
+    reader_gone(t);
+    return;
+  }
+  if (r != 0) {
+    fprintf(stderr, "converger tail: cannot write to stdout: %s; %s seq %lld is not printed\n",
+            strerror(-r), m->conv, (long long)m->seq);
+    end(t, 1);
+    return;
+  }
   if (++t->printed == t->max_messages) end(t, 0);
 }
 
@@ -188,7 +250,10 @@ int tail_main(int argc, char **argv) {
   t.sigint.data = t.sigterm.data = &t;
   uv_signal_start(&t.sigint, on_signal, SIGINT);
   uv_signal_start(&t.sigterm, on_signal, SIGTERM);
-  signal(SIGPIPE, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN); /* a closed stdout is EPIPE from write_line */
+  uv_timer_init(&t.loop, &t.stdout_watch);
+  t.stdout_watch.data = &t;
+  uv_timer_start(&t.stdout_watch, stdout_watch_cb, STDOUT_WATCH_MS, STDOUT_WATCH_MS);
   cvg_client_start(t.client);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&t.loop) != 0) fprintf(stderr, "converger tail: handles left open\n");

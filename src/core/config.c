@@ -29,7 +29,7 @@ typedef struct {
   kind_t kind;
   size_t offset;
   const char *def;   /* NULL: unset */
-  long min, max;     /* K_INT bounds */
+  long min, max;     /* K_INT bounds; K_STR: min is the shortest value in bytes */
   const char *words; /* K_ENUM: "a|b|c" */
   const char *help;
 } setting_t;
@@ -46,8 +46,10 @@ static const setting_t settings[] = {
       " (host=... dbname=...)"),
     S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
       "REST/admin bearer key (unset: generated, stored in the data directory)"),
-    S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, 0, 0, NULL,
-      "HS256 secret for client tokens (unset: generated, stored in the data directory)"),
+    S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, CONFIG_SECRET_MIN, 0,
+      NULL,
+      "HS256 secret for client tokens, at least 32 bytes (unset: generated, stored in the data "
+      "directory)"),
     S("CONVERGER_NODE_ID", "node-id", K_STR, node_id, NULL, 0, 0, NULL,
       "this node's name in welcome frames and metrics (default hostname:port)"),
     S("CONVERGER_PUBLIC_URL", "public-url", K_WSURL, public_url, NULL, 0, 0, NULL,
@@ -208,6 +210,11 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
       fprintf(stderr, "converger: invalid %s: empty\n", who);
       return -CV_EINVAL;
     }
+    if (strlen(v) < (size_t)s->min) { /* a secret: its value is not printed */
+      fprintf(stderr, "converger: invalid %s: %zu bytes, want at least %ld bytes\n", who, strlen(v),
+              s->min);
+      return -CV_EINVAL;
+    }
     break;
   }
   free(*strp);
@@ -310,8 +317,9 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-/* Read the secret in dir/name, or create it with 32 random bytes as hex. */
-static int secret_file(const char *dir, const char *name, int create, char **out) {
+/* Read the secret in dir/name, at least min_len bytes, or create it with 32
+ * random bytes as hex. */
+static int secret_file(const char *dir, const char *name, size_t min_len, int create, char **out) {
   char path[4096], buf[256];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   int fd = open(path, O_RDONLY);
@@ -322,6 +330,12 @@ static int secret_file(const char *dir, const char *name, int create, char **out
     buf[n] = '\0';
     buf[strcspn(buf, "\r\n")] = '\0';
     if (buf[0] == '\0') goto bad;
+    if (strlen(buf) < min_len) {
+      log_error("secret file %s holds %zu bytes, want at least %zu bytes; remove it to generate "
+                "a new one",
+                path, strlen(buf), min_len);
+      return -EINVAL;
+    }
     *out = strdup(buf);
     return 0;
   }
@@ -350,15 +364,15 @@ int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
     return r;
   }
   if (!cfg->api_key) {
-    if ((r = secret_file(cfg->data_dir, "api-key", create, &cfg->api_key)) != 0) {
+    if ((r = secret_file(cfg->data_dir, "api-key", 1, create, &cfg->api_key)) != 0) {
       log_error("cannot %s %s/api-key: %s", create ? "read or create" : "read", cfg->data_dir,
                 strerror(-r));
       return r;
     }
     *key_from_file = 1;
   }
-  if (!cfg->token_secret &&
-      (r = secret_file(cfg->data_dir, "token-secret", create, &cfg->token_secret)) != 0) {
+  if (!cfg->token_secret && (r = secret_file(cfg->data_dir, "token-secret", CONFIG_SECRET_MIN,
+                                             create, &cfg->token_secret)) != 0) {
     log_error("cannot %s %s/token-secret: %s", create ? "read or create" : "read", cfg->data_dir,
               strerror(-r));
     return r;

@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The shortest token secret accepted (bytes): HS256's key is as strong as
+ * its hash is long (RFC 7518, section 3.2). */
+#define CONFIG_SECRET_MIN 32
+
 typedef struct {
   char *listen;              /* "host:port" */
   char *listen_host;         /* derived from listen */
@@ -60,8 +64,9 @@ int config_parse(config_t *cfg, int argc, char **argv);
  * DATA_DIR/token-secret. With `create`, a missing file is generated with a
  * random secret (mode 0600, creating the data directory); without it (the
  * `token` command, which must sign with the node's own secret), a missing
- * file is an error. Sets *key_from_file to 1 when the API key came from the
- * data directory (so the caller can print it). Returns 0 or a negative
+ * file is an error, and so is a token-secret file shorter than
+ * CONFIG_SECRET_MIN bytes. Sets *key_from_file to 1 when the API key came from the
+ * data directory (so the caller can say where it is). Returns 0 or a negative
  * errno after logging why. */
 int config_load_secrets(config_t *cfg, int create, int *key_from_file);
 

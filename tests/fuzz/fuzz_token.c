@@ -13,7 +13,7 @@
 #include "api/auth.h"
 #include "core/util.h"
 
-#define SECRET "fuzz-secret"
+#define SECRET "fuzz-secret-of-at-least-32-bytes"
 #define NOW    1800000000
 
 static size_t b64url(const uint8_t *in, size_t n, char *out) {

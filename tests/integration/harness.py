@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - reported by the tests that need it
     websockets = None
 
 API_KEY = "test-api-key"
-TOKEN_SECRET = "test-token-secret"
+TOKEN_SECRET = "test-token-secret-of-at-least-32-bytes"
 SUBPROTOCOL = "converger.v1"
 BINARY = None  # set by main() from --binary
 

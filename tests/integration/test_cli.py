@@ -65,7 +65,9 @@ class Cli(NodeCase):
             self.assertEqual(stat.S_IMODE(os.stat(p).st_mode), 0o600, p)
         key = read(key_path)
         self.assertGreaterEqual(len(key), 32)
-        self.assertIn(key, n.log_text(), "the generated API key is printed at start")
+        self.assertGreaterEqual(len(read(secret_path)), 32, "a generated token secret the node accepts")
+        self.assertNotIn(key, n.log_text(), "the generated API key is in the log")
+        self.assertIn("API key in %s" % key_path, n.log_text(), "the log says where the key is")
         # REST works with the generated key, not with the test default.
         conv = "cli-room"
         st, _, _ = n.request("POST", "/v1/channels", {"id": "cli", "name": "CLI"}, key=key)
@@ -88,6 +90,11 @@ class Cli(NodeCase):
         # A restart keeps the same secrets: the token still works.
         n.restart()
         self.assertEqual(read(key_path), key)
+        # Neither secret is in the log: not when generated, not when read again.
+        log = n.log_text()
+        self.assertEqual(log.count("API key in %s" % key_path), 2, log)
+        self.assertNotIn(key, log, "the API key is in the log")
+        self.assertNotIn(read(secret_path), log, "the token secret is in the log")
         ws2 = RawWs(n.port)
         self.addCleanup(ws2.close)
         ws2.hello(token, [{"conv": conv}])
@@ -108,10 +115,77 @@ class Cli(NodeCase):
                      ("token", "--sub", "alice", "--convs", "bad id"),
                      ("token", "--sub", "alice", "--convs", "c", "--pool-size", "x")):
             with self.subTest(args=args):
-                r = self.run_cli(*args, env=clean_env(CONVERGER_TOKEN_SECRET="s"))
+                r = self.run_cli(*args, env=clean_env(CONVERGER_TOKEN_SECRET="s" * 32))
                 self.assertEqual(r.returncode, 2, (r.stdout, r.stderr))
                 self.assertEqual(r.stdout, "")
                 self.assertTrue(r.stderr.strip())
+
+    def serve_until_exit(self, env, args=(), cwd=None, timeout=10):
+        """converger serve on a free port: (exit status, stderr) once it
+        exits; a node still running after `timeout` s is stopped by pid and
+        the test fails."""
+        d = cwd or tempfile.mkdtemp(prefix="converger-cli-")
+        if cwd is None:
+            self.addCleanup(shutil.rmtree, d, True)
+        e = clean_env(CONVERGER_LISTEN="127.0.0.1:%d" % harness.free_port(),
+                      CONVERGER_DATABASE_URL="sqlite:%s/converger.db" % d, **env)
+        p = subprocess.Popen([harness.BINARY, "serve", *args], env=e, cwd=d, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        harness._register(p)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate(timeout=5)
+            self.fail("converger serve still running after %d s; it should have refused to start; "
+                      "output:\n%s%s" % (timeout, out, err))
+        finally:
+            harness._unregister(p)
+        return p.returncode, out + err
+
+    def test_short_token_secret_refused_at_start(self):
+        short = "s" * 31
+        for how, env, args, named in (
+                ("environment", {"CONVERGER_TOKEN_SECRET": short}, (), "CONVERGER_TOKEN_SECRET"),
+                ("flag", {}, ("--token-secret", short), "--token-secret"),
+                ("flag=", {}, ("--token-secret=" + short,), "--token-secret")):
+            with self.subTest(how=how):
+                rc, out = self.serve_until_exit(dict(env, CONVERGER_API_KEY="k" * 32), args)
+                self.assertEqual(rc, 2, out)
+                lines = out.strip().splitlines()
+                self.assertEqual(len(lines), 1, out)
+                self.assertIn(named, lines[0])
+                self.assertIn("at least 32 bytes", lines[0])
+                self.assertNotIn(short, lines[0], "the secret itself is not printed")
+        # converger token reads the same settings: it refuses to sign with it
+        r = self.run_cli("token", "--sub", "alice", "--convs", "c",
+                         env=clean_env(CONVERGER_TOKEN_SECRET=short))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("CONVERGER_TOKEN_SECRET", r.stderr)
+        self.assertIn("at least 32 bytes", r.stderr)
+        # 32 bytes is enough
+        r = self.run_cli("token", "--sub", "alice", "--convs", "c",
+                         env=clean_env(CONVERGER_TOKEN_SECRET="s" * 32))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("."), 2, r.stdout)
+
+    def test_short_token_secret_file_refused_at_start(self):
+        d = tempfile.mkdtemp(prefix="converger-cli-")
+        self.addCleanup(shutil.rmtree, d, True)
+        path = os.path.join(d, "token-secret")
+        with open(path, "w") as f:
+            f.write("short-secret\n")
+        os.chmod(path, 0o600)
+        rc, out = self.serve_until_exit({"CONVERGER_API_KEY": "k" * 32}, cwd=d)
+        self.assertEqual(rc, 1, out)
+        self.assertIn(path, out)
+        self.assertIn("at least 32 bytes", out)
+        self.assertNotIn("short-secret", out)
+        r = self.run_cli("token", "--sub", "alice", "--convs", "c",
+                         env=clean_env(CONVERGER_DATABASE_URL="sqlite:%s/converger.db" % d))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout, "")
 
     def test_unknown_command_exit_2(self):
         r = self.run_cli("launch")

@@ -206,7 +206,7 @@ class ClientSdk(NodeCase):
     def test_refused_token_ends_with_exit_1(self):
         n = self.node_start()
         conv = n.new_conv()
-        bad = mint_token("u", [conv], secret="not-the-secret")
+        bad = mint_token("u", [conv], secret="not-the-secret-of-this-node-0123456789")
         tail = self.start_tail(["--url", n.ws_url, "--conv", conv], env={"CONVERGER_TOKEN": bad})
         rc = tail.wait_exit(20)
         err = tail.stderr_text()

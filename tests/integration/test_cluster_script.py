@@ -1,5 +1,8 @@
 """scripts/cluster (`make cluster`): three nodes on a throwaway PostgreSQL
-behind HAProxy. Run on ports of its own (CONVERGER_CLUSTER_PORT_BASE,
+behind HAProxy. `make cluster` at a terminal (a pty whose foreground process
+group is make's), stopped with Ctrl-C (^C written to the pty: the terminal
+signals its foreground process group), exits 0 without make's "Interrupt",
+after the script's cleanup. Run on ports of its own (CONVERGER_CLUSTER_PORT_BASE,
 CONVERGER_CLUSTER_STATS_PORT) and a directory of its own
 (CONVERGER_CLUSTER_DIR), so it runs beside the other tests: HAProxy answers
 /readyz; a channel, a conversation and a message made through HAProxy are
@@ -10,6 +13,7 @@ PostgreSQL, and it exits. A message sent to each node directly then reaches
 that WebSocket live, whichever node holds it."""
 
 import asyncio
+import fcntl
 import http.client
 import json
 import os
@@ -20,6 +24,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 import unittest
 
@@ -195,6 +201,8 @@ class ClusterScript(unittest.TestCase):
         with open(os.path.join(self.dir, "api-key")) as f:
             key = f.read().strip()
         self.assertEqual(os.stat(os.path.join(self.dir, "api-key")).st_mode & 0o777, 0o600)
+        with open(os.path.join(self.dir, "token-secret")) as f:
+            self.assertGreaterEqual(len(f.read().strip()), 32, "the shared token secret is too short")
         st, js = self.request(lb, "POST", "/v1/channels", {"id": "general", "name": "General"}, key)
         self.assertEqual(st, 201, js)
         st, js = self.request(lb, "POST", "/v1/conversations", {"id": "room1", "channel": "general"}, key)
@@ -298,6 +306,93 @@ class ClusterScript(unittest.TestCase):
             with open(os.path.join(self.dir, "node%d.log" % n)) as f:
                 log = f.read()
             self.assertIn("stopped", log.splitlines()[-1], log[-2000:])
+
+    def test_make_cluster_ctrl_c_at_a_terminal_exits_0_quietly(self):
+        """make -o build cluster (the build is the test's, BUILD_DIR is the
+        binary's directory) as the session leader of a new pty, so its
+        process group is the terminal's foreground group, as an interactive
+        shell makes it; ^C on the pty once the summary is printed."""
+        base, stats = free_ports()
+        master, slave = os.openpty()
+        self.addCleanup(os.close, master)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+        env.update(CONVERGER_CLUSTER_DIR=self.dir, CONVERGER_CLUSTER_PORT_BASE=str(base),
+                   CONVERGER_CLUSTER_STATS_PORT=str(stats), TERM="dumb")
+        env.pop("MAKEFLAGS", None)
+        env.pop("MFLAGS", None)
+        build_dir = os.path.dirname(os.path.abspath(harness.binary()))
+        self.proc = subprocess.Popen(
+            ["make", "--no-print-directory", "-C", ROOT, "-o", "build", "cluster", "BUILD_DIR=" + build_dir],
+            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.addCleanup(self.stop_script_by_state)
+        out = bytearray()
+        lock = threading.Lock()
+
+        def reader():
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: every process holding the pty is gone
+                    return
+                if not chunk:
+                    return
+                with lock:
+                    out.extend(chunk)
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+
+        def text():
+            with lock:
+                return out.decode("utf-8", "replace").replace("\r\n", "\n")
+        deadline = time.monotonic() + 40
+        while "\nStop: " not in text():
+            self.assertIsNone(self.proc.poll(), "make cluster exited early:\n" + text())
+            self.assertLess(time.monotonic(), deadline, "no summary within 40 s:\n" + text())
+            time.sleep(0.1)
+        state = read_state(os.path.join(self.dir, "cluster.state"))
+        self.pg_dir = state["PG_TMP_DIR"]
+        self.pids = {"haproxy": int(state["HAPROXY_PID"]), "pg": int(state["PG_PID"])}
+        for n in (1, 2, 3):
+            self.pids["node-%d" % n] = int(state["NODE%d_PID" % n])
+        self.assertEqual(self.request(base, "GET", "/readyz")[0], 200)
+        self.assertEqual(os.tcgetpgrp(master), os.getpgid(int(state["SCRIPT_PID"])),
+                         "the script is not in the terminal's foreground process group")
+
+        os.write(master, b"\x03")  # Ctrl-C, as typed
+        try:
+            rc = self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            self.fail("make cluster still running 40 s after ^C:\n" + text())
+        t.join(5)
+        shown = text()
+        self.assertEqual(rc, 0, "make cluster after ^C: status %r; output:\n%s" % (rc, shown))
+        self.assertNotIn("Interrupt", shown)
+        self.assertNotIn("make: ***", shown)
+        self.assertIn("scripts/cluster: stopped", shown)
+        for name, pid in self.pids.items():
+            self.assertFalse(pid_alive(pid), "%s (pid %d) still running after make exited" % (name, pid))
+        self.assertFalse(pid_alive(int(state["SCRIPT_PID"])), "the script outlived make")
+        self.assertFalse(os.path.exists(self.pg_dir), "PostgreSQL's directory left behind")
+
+    def stop_script_by_state(self):
+        """Cleanup of the make test: SIGTERM to the script the state file
+        names (the one make started, if still that script), waited for."""
+        path = os.path.join(self.dir, "cluster.state")
+        if not os.path.exists(path):
+            return
+        pid = int(read_state(path).get("SCRIPT_PID", "0"))
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                ours = b"scripts/cluster" in f.read()
+        except OSError:
+            ours = False
+        if pid and ours and pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 40
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -705,7 +705,8 @@ class BadConfig(NodeCase):
                  ("CONVERGER_HELLO_TIMEOUT_MS", "-1"), ("CONVERGER_SQLITE_SYNC", "sometimes"),
                  ("CONVERGER_HTTP_HEADER_TIMEOUT_MS", "fast"), ("CONVERGER_MAX_SUBS", "1e9"),
                  ("CONVERGER_LISTEN", "not-an-address"), ("CONVERGER_LISTEN", "127.0.0.1:99999"),
-                 ("CONVERGER_POOL_SIZE", "99999999999999999999999")]
+                 ("CONVERGER_POOL_SIZE", "99999999999999999999999"),
+                 ("CONVERGER_TOKEN_SECRET", "x" * 31)]
         for name, value in cases:
             with self.subTest(setting=name, value=value):
                 rc, out, err = self.run_bad(name, value)

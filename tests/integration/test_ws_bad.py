@@ -321,25 +321,35 @@ class WsBad(NodeCase):
     def test_bad_tokens_unauthorized_1008(self):
         c = self.conv
         now = int(time.time())
-        cases = {
-            "wrong secret": mint_token("m", [c], secret="not-the-secret"),
-            "flipped signature": mint_token("m", [c], bad_signature=True),
-            "alg none": mint_token("m", [c], alg="none"),
-            "alg none, HS256-signed": none_header_with_good_signature(c),
-            "alg HS384": mint_token("m", [c], alg="HS384"),
-            "alg HS512": mint_token("m", [c], alg="HS512"),
-            "missing exp": mint_token("m", [c], omit_exp=True),
-            "expired": mint_token("m", [c], exp=now - 120),
-            "garbage": "not.a.jwt",
-            "empty": "",
-            "two parts": ".".join(mint_token("m", [c]).split(".")[:2]),
+        good = mint_token("m", [c])
+        not_jwt, alg = "token is not a valid JWT", "token alg must be HS256"
+        cases = {  # name: (token, the error frame's message)
+            "wrong secret": (mint_token("m", [c], secret="not-the-secret-of-this-node-0123456789"),
+                             "bad token signature"),
+            "flipped signature": (mint_token("m", [c], bad_signature=True), "bad token signature"),
+            "alg none": (mint_token("m", [c], alg="none"), alg),
+            "alg none, HS256-signed": (none_header_with_good_signature(c), alg),
+            "alg HS384": (mint_token("m", [c], alg="HS384"), alg),
+            "alg HS512": (mint_token("m", [c], alg="HS512"), alg),
+            "missing exp": (mint_token("m", [c], omit_exp=True), "token has no exp"),
+            "expired": (mint_token("m", [c], exp=now - 120), "token expired"),
+            "garbage": ("not.a.jwt", not_jwt),
+            "one word": ("abc", not_jwt),
+            "empty": ("", not_jwt),
+            "two parts": (".".join(good.split(".")[:2]), not_jwt),
+            "four parts": (good + ".e30", not_jwt),
+            "three parts, not base64 JSON": ("abc.def.ghi", not_jwt),
+            "claims not JSON": (good.split(".")[0] + "." + harness.b64url("not json") + "."
+                                + good.split(".")[2], not_jwt),
         }
-        for name, tok in cases.items():
+        for name, (tok, message) in cases.items():
             with self.subTest(case=name):
                 ws = self.raw()
                 ws.hello(tok, [{"conv": c}])
                 seen = self.assert_closed_with(ws, 1008, error="unauthorized")
                 self.assertFalse([m for m in seen if isinstance(m, dict) and m.get("type") == "welcome"], seen)
+                errs = [m for m in seen if isinstance(m, dict) and m.get("type") == "error"]
+                self.assertEqual(errs[-1].get("message"), message, errs)
 
     def test_revoke_while_connected(self):
         n = self.node

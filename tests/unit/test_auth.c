@@ -15,7 +15,7 @@
 #include "api/auth.h"
 #include "core/errors.h"
 
-#define SECRET "unit-test-secret"
+#define SECRET "unit-test-secret-of-at-least-32-bytes"
 #define NOW    1800000000LL
 
 static void b64url(const unsigned char *in, size_t n, char *out) {
@@ -105,7 +105,8 @@ static void test_wildcard_and_scope(void **state) {
 static void test_bad_signature(void **state) {
   char claims[128];
   snprintf(claims, sizeof claims, "{\"sub\":\"u\",\"convs\":[\"c\"],\"exp\":%lld}", NOW + 100);
-  char *tok = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), "another-secret");
+  char *tok =
+      forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), "another-secret-of-at-least-32-bytes");
   auth_token_t t;
   const char *why;
   assert_int_equal(auth_verify(a, tok, NOW, &t, &why), -CV_EUNAUTHORIZED);
@@ -136,13 +137,53 @@ static void test_alg_none_and_others_refused(void **state) {
   free(none_signed);
   char *hs384 = forge("{\"alg\":\"HS384\"}", claims, EVP_sha384(), SECRET);
   assert_int_equal(auth_verify(a, hs384, NOW, &t, &why), -CV_EUNAUTHORIZED);
+  assert_string_equal(why, "token alg must be HS256");
   free(hs384);
   char *hs512 = forge("{\"alg\":\"HS512\"}", claims, EVP_sha512(), SECRET);
   assert_int_equal(auth_verify(a, hs512, NOW, &t, &why), -CV_EUNAUTHORIZED);
+  assert_string_equal(why, "token alg must be HS256");
   free(hs512);
-  assert_int_equal(auth_verify(a, "not-a-token", NOW, &t, &why), -CV_EUNAUTHORIZED);
-  assert_int_equal(auth_verify(a, "", NOW, &t, &why), -CV_EUNAUTHORIZED);
-  assert_int_equal(auth_verify(a, "a.b.c", NOW, &t, &why), -CV_EUNAUTHORIZED);
+  char *no_alg = forge("{\"typ\":\"JWT\"}", claims, EVP_sha256(), SECRET);
+  assert_int_equal(auth_verify(a, no_alg, NOW, &t, &why), -CV_EUNAUTHORIZED);
+  assert_string_equal(why, "token alg must be HS256");
+  free(no_alg);
+}
+
+/* Text that is not a JWT at all is told apart from a JWT with the wrong alg. */
+static void test_not_a_jwt(void **state) {
+  char claims[128];
+  snprintf(claims, sizeof claims, "{\"sub\":\"u\",\"convs\":[\"c\"],\"exp\":%lld}", NOW + 100);
+  auth_token_t t;
+  const char *why;
+  char *good = forge("{\"alg\":\"HS256\"}", claims, EVP_sha256(), SECRET);
+  char *header_not_object = forge("\"HS256\"", claims, EVP_sha256(), SECRET);
+  char *claims_not_json = forge("{\"alg\":\"HS256\"}", "not json", EVP_sha256(), SECRET);
+  char *claims_not_object = forge("{\"alg\":\"HS256\"}", "[1]", EVP_sha256(), SECRET);
+  char four_parts[1024], bad_char[1024], bad_sig_char[1024];
+  snprintf(four_parts, sizeof four_parts, "%s.e30", good);
+  snprintf(bad_sig_char, sizeof bad_sig_char, "%s*", good);
+  snprintf(bad_char, sizeof bad_char, "%s", good);
+  bad_char[3] = '+'; /* base64, not base64url */
+  const char *not_jwts[] = {
+      "abc",      "",       "not-a-token",     "a.b.c",         "not.a.jwt",       "abc.def.ghi",
+      "..",       ".e30.",  "e30..",           "e30.e30", /* two parts */
+      four_parts, bad_char, header_not_object, claims_not_json, claims_not_object, bad_sig_char,
+  };
+  for (size_t i = 0; i < sizeof not_jwts / sizeof not_jwts[0]; i++) {
+    why = NULL;
+    assert_int_equal(auth_verify(a, not_jwts[i], NOW, &t, &why), -CV_EUNAUTHORIZED);
+    if (!why || strcmp(why, "token is not a valid JWT") != 0)
+      fail_msg("\"%s\": %s", not_jwts[i], why ? why : "(no reason)");
+  }
+  /* {} as the header: a JWT, without an alg */
+  assert_int_equal(auth_verify(a, "e30.e30.", NOW, &t, &why), -CV_EUNAUTHORIZED);
+  assert_string_equal(why, "token alg must be HS256");
+  assert_int_equal(auth_verify(a, good, NOW, &t, &why), -CV_EUNAUTHORIZED); /* no jti */
+  assert_string_equal(why, "token jti must be a string of 1 to 128 bytes");
+  free(good);
+  free(header_not_object);
+  free(claims_not_json);
+  free(claims_not_object);
 }
 
 static void test_missing_claims(void **state) {
@@ -201,7 +242,7 @@ int main(void) {
       cmocka_unit_test(test_sign_then_verify), cmocka_unit_test(test_wildcard_and_scope),
       cmocka_unit_test(test_bad_signature),    cmocka_unit_test(test_alg_none_and_others_refused),
       cmocka_unit_test(test_missing_claims),   cmocka_unit_test(test_api_key),
-      cmocka_unit_test(test_revocation_cache),
+      cmocka_unit_test(test_revocation_cache), cmocka_unit_test(test_not_a_jwt),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
