@@ -231,7 +231,8 @@ class HttpBad(NodeCase):
         self.assertErrorBody(js, "conflict")
         vid = uid("dupc")
         c = self.node.create_conv(cid, id=vid)
-        self.assertEqual(c, {"id": vid, "channel": cid, "head": 0})
+        self.assertRegex(c.get("epoch", ""), r"^[0-9a-f]{8}$")  # docs/protocol.md 3.1
+        self.assertEqual(c, {"id": vid, "channel": cid, "head": 0, "epoch": c["epoch"]})
         st, _, js = self.node.request("POST", "/v1/conversations", {"channel": cid, "id": vid})
         self.assertEqual(st, 409, js)
         self.assertErrorBody(js, "conflict")
@@ -459,7 +460,8 @@ class HttpBad(NodeCase):
         self.assertEqual(json.loads(out[0][2])["id"], c1)
         self.assertEqual(json.loads(out[1][2])["seq"], 1)
         self.assertEqual(json.loads(out[4][2])["seq"], 2)
-        self.assertEqual(json.loads(out[5][2]), {"id": c2, "channel": json.loads(out[5][2])["channel"], "head": 2})
+        got = json.loads(out[5][2])
+        self.assertEqual(got, {"id": c2, "channel": got["channel"], "head": 2, "epoch": got["epoch"]})
         self.assertEqual([m["body"] for m in json.loads(out[7][2])["messages"]], ["first", "second"])
 
     def test_pipelining_byte_by_byte(self):
