@@ -110,6 +110,21 @@ static int on_url(llhttp_t *p, const char *at, size_t len) {
   return str_append(&h->url, at, len);
 }
 
+/* RFC 9110 section 5.6.2: a field name is a token. llhttp's non-strict
+ * build lets spaces into it ("Host : x" gives the name "Host "), which RFC
+ * 9112 section 5.1 says a server must answer with 400. */
+static int is_token(const char *s, size_t len) {
+  static const char extra[] = "!#$%&'*+-.^_`|~";
+  if (len == 0) return 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch && strchr(extra, ch))))
+      return 0;
+  }
+  return 1;
+}
+
 static void keep_header(http_t *h) {
   http_request_t *r = &h->req;
   struct {
@@ -148,6 +163,14 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len) {
   http_t *h = from_parser(p);
   if (count_header(h, len) != 0) return -1;
   return str_append(&h->field, at, len);
+}
+
+static int on_header_field_complete(llhttp_t *p) {
+  http_t *h = from_parser(p);
+  if (!is_token(h->field.p, h->field.len))
+    return fail(h, 400, "bad_request",
+                "invalid header field name (RFC 9112 section 5.1: no whitespace before the colon)");
+  return 0;
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len) {
@@ -216,6 +239,7 @@ static void init_settings(void) {
   settings.on_message_begin = on_message_begin;
   settings.on_url = on_url;
   settings.on_header_field = on_header_field;
+  settings.on_header_field_complete = on_header_field_complete;
   settings.on_header_value = on_header_value;
   settings.on_header_value_complete = on_header_value_complete;
   settings.on_headers_complete = on_headers_complete;

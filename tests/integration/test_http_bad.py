@@ -58,6 +58,31 @@ class HttpBad(NodeCase):
                 self.assertTrue(r.at_eof(3), "connection stays open after a malformed request %r" % junk)
         self.assertEqual(self.node.get("/livez")[0], 200)
 
+    def assert_refused_400(self, data, words):
+        """data on a fresh connection is answered 400 with a bad_request JSON
+        body whose message contains `words`, and the connection is closed."""
+        st, h, b, r = self.raw(data)
+        self.assertEqual(st, 400, (data[:80], st, b))
+        js = json_body(b)
+        self.assertErrorBody(js, "bad_request")
+        self.assertIn(words, js["error"]["message"].lower(), js)
+        self.assertIn("application/json", h.get("content-type", ""))
+        self.assertTrue(r.at_eof(3), "connection stays open after %r" % data[:80])
+        return js
+
+    def test_whitespace_before_colon_400(self):
+        # RFC 9112 section 5.1: no whitespace between a field name and the
+        # colon; a server MUST reject such a request with 400. llhttp's
+        # non-strict build takes "Host " as a field name of its own.
+        key = API_KEY.encode()
+        for data in (b"GET /livez HTTP/1.1\r\nHost : x\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Trace  : 1\r\n\r\n",
+                     b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer " + key + b"\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\nHost: x\r\nX Trace: 1\r\n\r\n"):
+            with self.subTest(data=data):
+                self.assert_refused_400(data, "header field name")
+        self.assertEqual(self.node.get("/livez")[0], 200)
+
     def test_bad_content_length_400(self):
         st, h, b, r = self.raw(b"POST /v1/channels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                                + API_KEY.encode() + b"\r\nContent-Length: abc\r\n\r\n{}")
