@@ -221,6 +221,8 @@ static int on_message_complete(llhttp_t *p) {
   h->conn->deadline_ms = 0;
   r->method = p->method;
   r->method_name = llhttp_method_name((llhttp_method_t)p->method);
+  r->http_major = p->http_major;
+  r->http_minor = p->http_minor;
   r->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
   const char *url = h->url.p ? h->url.p : "/";
   const char *q = strchr(url, '?');

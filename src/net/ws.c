@@ -52,6 +52,11 @@ int ws_check_upgrade(const http_request_t *req, const char **why) {
     *why = "WebSocket upgrade must use GET";
     return 405;
   }
+  if (req->http_major < 1 || (req->http_major == 1 && req->http_minor < 1)) {
+    /* RFC 6455 section 4.1: the opening handshake is HTTP/1.1 or later. */
+    *why = "WebSocket upgrade needs HTTP/1.1 or later (RFC 6455 section 4.1)";
+    return 400;
+  }
   if (!req->upgrade || !ws_has_token(req->upgrade, "websocket")) {
     *why = "missing Upgrade: websocket";
     return 400;

@@ -35,10 +35,11 @@ enum {
   WS_CLOSE_TRY_AGAIN_LATER = 1013,
 };
 
-/* Validate an upgrade request (GET, Upgrade: websocket, Connection:
- * upgrade, a 16-byte base64 Sec-WebSocket-Key, version 13, and when
- * subprotocols are offered one of them is converger.v1). Returns 0 or an
- * HTTP status (400, 426) with *why set to a static message. */
+/* Validate an upgrade request (RFC 6455 section 4.2.1: GET, HTTP/1.1 or
+ * later, Upgrade: websocket, Connection: upgrade, a 16-byte base64
+ * Sec-WebSocket-Key, version 13, and when subprotocols are offered one of
+ * them is converger.v1). Returns 0 or an HTTP status (400, 405) with *why
+ * set to a static message. */
 int ws_check_upgrade(const http_request_t *req, const char **why);
 
 /* Answer 101, switch the connection to WebSocket mode and start the

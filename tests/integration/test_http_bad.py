@@ -83,6 +83,16 @@ class HttpBad(NodeCase):
                 self.assert_refused_400(data, "header field name")
         self.assertEqual(self.node.get("/livez")[0], 200)
 
+    def test_http10_upgrade_400(self):
+        # RFC 6455 section 4.1: the opening handshake is HTTP/1.1 or later.
+        data = (b"GET /v1/ws HTTP/1.0\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Protocol: converger.v1\r\n\r\n")
+        self.assert_refused_400(data, "http/1.1")
+        # the same upgrade as HTTP/1.1 is accepted
+        st, h, b, r = self.raw(data.replace(b"HTTP/1.0", b"HTTP/1.1"))
+        self.assertEqual(st, 101, b)
+
     def test_bad_content_length_400(self):
         st, h, b, r = self.raw(b"POST /v1/channels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                                + API_KEY.encode() + b"\r\nContent-Length: abc\r\n\r\n{}")
