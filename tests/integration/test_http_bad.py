@@ -93,6 +93,33 @@ class HttpBad(NodeCase):
         st, h, b, r = self.raw(data.replace(b"HTTP/1.0", b"HTTP/1.1"))
         self.assertEqual(st, 101, b)
 
+    def test_duplicate_singleton_headers_400(self):
+        # One value each, or the request is ambiguous: which key, which host,
+        # which handshake nonce? RFC 9112 section 3.2 (Host), RFC 6455
+        # section 11.3.1 (Sec-WebSocket-Key), RFC 9110 section 5.3.
+        key = API_KEY.encode()
+        upgrade = (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   b"Sec-WebSocket-Protocol: converger.v1\r\n")
+        nonce = b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        cases = {
+            "authorization": b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                             b"Authorization: Bearer " + key + b"\r\n\r\n",
+            "authorization, same value": b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                         + key + b"\r\nauthorization: Bearer " + key + b"\r\n\r\n",
+            "host": b"GET /livez HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+            "sec-websocket-key": upgrade + nonce + b"Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n"
+                                 b"Sec-WebSocket-Version: 13\r\n\r\n",
+            "sec-websocket-version": upgrade + nonce + b"Sec-WebSocket-Version: 13\r\n"
+                                     b"Sec-WebSocket-Version: 13\r\n\r\n",
+            "idempotency-key": b"POST /v1/conversations/c/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                               + key + b"\r\nIdempotency-Key: a\r\nIdempotency-Key: b\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        }
+        for name, data in cases.items():
+            with self.subTest(header=name):
+                self.assert_refused_400(data, "duplicate " + name.split(",")[0])
+        self.assertEqual(self.node.get("/livez")[0], 200)
+
     def test_bad_content_length_400(self):
         st, h, b, r = self.raw(b"POST /v1/channels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                                + API_KEY.encode() + b"\r\nContent-Length: abc\r\n\r\n{}")
