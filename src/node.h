@@ -46,6 +46,7 @@ typedef struct node_s {
   int nconns;    /* all TCP connections */
   int nws;       /* WebSocket connections */
   uint64_t next_session;
+  int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
 
   int ready;                 /* /readyz answers 200 */
   int draining;              /* a drain began: not ready, upgrades refused, REST served */

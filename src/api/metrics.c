@@ -57,6 +57,10 @@ static family_t families[] = {
      "Store jobs dropped by the pool's queue-delay rule, by kind.", NULL},
     {"converger_accept_refused_total", M_COUNTER,
      "WebSocket upgrades refused by the accept rate limit.", NULL},
+    {"converger_upgrades_refused_total", M_COUNTER,
+     "WebSocket upgrades refused with 503, by reason (max_connections: CONVERGER_MAX_CONNECTIONS "
+     "reached).",
+     NULL},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill).", NULL},
     {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},
