@@ -113,6 +113,7 @@ static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
+  listener_tick(&node->listener, now);
   session_flush_metrics();
   conn_flush_all(node);
   switch (phase) {

@@ -61,6 +61,13 @@ static family_t families[] = {
      "WebSocket upgrades refused with 503, by reason (max_connections: CONVERGER_MAX_CONNECTIONS "
      "reached).",
      NULL},
+    {"converger_accept_errors_total", M_COUNTER,
+     "accept() calls that failed, by reason (emfile, enfile, enobufs, enomem, other).", NULL},
+    {"converger_fd_limit_closed_total", M_COUNTER,
+     "Connections closed because the process was out of file descriptors, by kind (idle: an "
+     "idle or answered HTTP connection closed to make room; pending: a new one closed "
+     "unanswered).",
+     NULL},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill).", NULL},
     {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},

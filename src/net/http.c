@@ -103,6 +103,7 @@ static int on_message_begin(llhttp_t *p) {
   str_reset(&h->body);
   h->header_bytes = 0;
   h->seen = 0;
+  conn_set_reclaimable(h->conn, 0); /* a request is owed an answer */
   if (h->conn->deadline_ms == 0)
     h->conn->deadline_ms = util_mono_ms() + (uint64_t)h->conn->node->cfg->header_timeout_ms;
   return 0;
@@ -454,6 +455,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
     return;
   }
   c->deadline_ms = util_mono_ms() + (uint64_t)c->node->cfg->header_timeout_ms;
+  conn_set_reclaimable(c, 1); /* idle until the next request begins */
   if (h->in_dispatch) return; /* process() continues with the next request */
   char *pending = h->pending;
   size_t pending_len = h->pending_len;
