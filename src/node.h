@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/jitter.h"
 #include "gate/limiter.h"
+#include "net/listener.h"
 #include "store/pool.h"
 
 typedef struct conn_s conn_t;
@@ -33,7 +34,7 @@ typedef struct node_s {
   limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;
 
-  uv_tcp_t listener;
+  listener_t listener;    /* accepts connections (net/listener.h) */
   uv_check_t flush_check; /* writes queued in one loop turn go out together */
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint;
@@ -46,6 +47,11 @@ typedef struct node_s {
   int nconns;    /* all TCP connections */
   int nws;       /* WebSocket connections */
   uint64_t next_session;
+  int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
+
+  /* connections holding a descriptor for nothing owed, oldest first (net/conn.h) */
+  conn_t *reclaim_head, *reclaim_tail;
+  int nreclaimable;
 
   int ready;                 /* /readyz answers 200 */
   int draining;              /* a drain began: not ready, upgrades refused, REST served */

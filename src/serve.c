@@ -9,10 +9,12 @@
  */
 #include "serve.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "api/auth.h"
 #include "api/metrics.h"
@@ -32,6 +34,15 @@
 #include "proto/session.h"
 
 #define STOP_GRACE_MS 10000 /* longest wait for in-flight work at shutdown */
+
+/* Descriptors kept out of the open-file limit for everything but WebSocket
+ * connections: 64 for the process (stdio, the loop, signals, the log, the
+ * listener and its spare, the store's LISTEN connection, files the store
+ * opens for a moment), 64 for plain HTTP (health checks, metrics, admin and
+ * REST requests), and 2 per pool connection (SQLite: the database and its
+ * WAL; PostgreSQL: one socket). docs/operations.md says the same. */
+#define FD_RESERVE_BASE     128
+#define FD_RESERVE_PER_POOL 2
 
 typedef enum { RUNNING, STOPPING, POOL_CLOSED, DONE } phase_t;
 static phase_t phase = RUNNING;
@@ -102,6 +113,7 @@ static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
+  listener_tick(&node->listener, now);
   session_flush_metrics();
   conn_flush_all(node);
   switch (phase) {
@@ -147,6 +159,41 @@ static uint64_t tick_interval(const config_t *cfg) {
   if (m < 10) m = 10;
   if (m > 1000) m = 1000;
   return (uint64_t)m;
+}
+
+/* node->max_connections: CONVERGER_MAX_CONNECTIONS, or (0) the open-file
+ * limit minus the reserve, so that upgrades are refused with a 503 while
+ * descriptors remain for health checks and the store. */
+static void set_max_connections(node_t *node) {
+  const config_t *cfg = node->cfg;
+  struct rlimit rl;
+  long limit = INT_MAX;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < INT_MAX)
+    limit = (long)rl.rlim_cur;
+  long reserve = FD_RESERVE_BASE + FD_RESERVE_PER_POOL * (long)cfg->pool_size;
+  long budget = limit - reserve;
+  if (cfg->max_connections > 0) {
+    node->max_connections = cfg->max_connections;
+    log_info("connections: at most %d WebSocket connection(s) (CONVERGER_MAX_CONNECTIONS); "
+             "open-file limit %ld",
+             node->max_connections, limit);
+    if (cfg->max_connections > budget)
+      log_warn("CONVERGER_MAX_CONNECTIONS %d is above the open-file limit %ld minus the %ld "
+               "descriptors kept for the pool, the store, LISTEN and health checks "
+               "(128 + 2 per pool connection): at the limit, health checks may go unanswered; "
+               "raise the limit (ulimit -n, LimitNOFILE=) or lower the setting",
+               cfg->max_connections, limit, reserve);
+    return;
+  }
+  node->max_connections = budget > 1 ? (int)budget : 1;
+  log_info("connections: at most %d WebSocket connection(s): the open-file limit %ld minus %ld "
+           "descriptors kept for the pool, the store, LISTEN and health checks "
+           "(128 + 2 per pool connection; CONVERGER_MAX_CONNECTIONS sets it)",
+           node->max_connections, limit, reserve);
+  if (budget < 1)
+    log_warn("the open-file limit %ld leaves no room for WebSocket connections beside the %ld "
+             "descriptors kept for the rest; raise it (ulimit -n, LimitNOFILE=)",
+             limit, reserve);
 }
 
 static void walk_close(uv_handle_t *h, void *arg) {
@@ -219,6 +266,7 @@ int serve_main(int argc, char **argv) {
     log_warn("test-only store delay of %d ms per store job is on", cfg.test_store_delay_ms);
     pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
   }
+  set_max_connections(node);
   if (conn_listen(node) != 0) goto out;
   uv_check_init(node->loop, &node->flush_check);
   node->flush_check.data = node;

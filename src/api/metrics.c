@@ -57,6 +57,17 @@ static family_t families[] = {
      "Store jobs dropped by the pool's queue-delay rule, by kind.", NULL},
     {"converger_accept_refused_total", M_COUNTER,
      "WebSocket upgrades refused by the accept rate limit.", NULL},
+    {"converger_upgrades_refused_total", M_COUNTER,
+     "WebSocket upgrades refused with 503, by reason (max_connections: CONVERGER_MAX_CONNECTIONS "
+     "reached).",
+     NULL},
+    {"converger_accept_errors_total", M_COUNTER,
+     "accept() calls that failed, by reason (emfile, enfile, enobufs, enomem, other).", NULL},
+    {"converger_fd_limit_closed_total", M_COUNTER,
+     "Connections closed because the process was out of file descriptors, by kind (idle: an "
+     "idle or answered HTTP connection closed to make room; pending: a new one closed "
+     "unanswered).",
+     NULL},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill).", NULL},
     {"converger_resets_total", M_COUNTER,

@@ -364,16 +364,17 @@ static void serve_file(conn_t *c, const char *name, const char *type) {
 static void handle_status(conn_t *c) {
   node_t *node = c->node;
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
-  json_t *v = json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i, s:s}", "node",
-                        node->cfg->node_id, "version", CONVERGER_VERSION, "state",
-                        node->stopping   ? "stopping"
-                        : node->draining ? "draining"
-                        : node->ready    ? "ready"
-                                         : "starting",
-                        "connections", node->nws, "httpConnections", node->nconns - node->nws,
-                        "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight",
-                        pool_in_flight(node->pool), "poolSize", node->cfg->pool_size, "drain",
-                        drain_states[drain_state(node->drain)]);
+  json_t *v =
+      json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", node->cfg->node_id,
+                "version", CONVERGER_VERSION, "state",
+                node->stopping   ? "stopping"
+                : node->draining ? "draining"
+                : node->ready    ? "ready"
+                                 : "starting",
+                "connections", node->nws, "maxConnections", node->max_connections,
+                "httpConnections", node->nconns - node->nws, "subscriptions",
+                (json_int_t)bus_count(node->bus), "poolInFlight", pool_in_flight(node->pool),
+                "poolSize", node->cfg->pool_size, "drain", drain_states[drain_state(node->drain)]);
   http_respond_json(c, 200, v, NULL);
 }
 
@@ -626,6 +627,14 @@ void rest_handle(conn_t *c, http_request_t *req) {
     } else if (node->stopping || node->draining) {
       http_respond_error(c, 503, "unavailable",
                          node->stopping ? "node is shutting down" : "node is draining; use another",
+                         node_retry_hint(node));
+    } else if (node->nws >= node->max_connections) {
+      /* Refused while descriptors remain, so health checks, metrics and
+       * the store keep theirs (serve.c: the reserve). */
+      metrics_add("converger_upgrades_refused_total", "reason=\"max_connections\"", 1);
+      http_respond_error(c, 503, "too_many_connections",
+                         "this node holds as many WebSocket connections as it may; retry later "
+                         "or on another node",
                          node_retry_hint(node));
     } else if (node->cfg->accept_rate > 0 && !limiter_take(&node->accept, util_mono_ms())) {
       /* The accept limiter: refused before any WebSocket work. */

@@ -89,6 +89,10 @@ static const setting_t settings[] = {
       "interval (ms) of the pool's queue-delay rule; dropped jobs waited over twice the target"),
     S("CONVERGER_ACCEPT_RATE", "accept-rate", K_INT, accept_rate, "0", 0, 10000000, NULL,
       "WebSocket upgrades per second (token bucket); above: HTTP 503; 0: no limit"),
+    S("CONVERGER_MAX_CONNECTIONS", "max-connections", K_INT, max_connections, "0", 0, 100000000,
+      NULL,
+      "WebSocket connections at once; more upgrades: HTTP 503 too_many_connections; 0: the "
+      "open-file limit (RLIMIT_NOFILE) minus a reserve of 128 + 2 per pool connection"),
     S("CONVERGER_DRAIN_WINDOW_MS", "drain-window-ms", K_INT, drain_window_ms, "30000", 0, 3600000,
       NULL, "drain: clients are told to move at a time drawn from [0, this) (ms)"),
     S("CONVERGER_DRAIN_CLOSE_RATE", "drain-close-rate", K_INT, drain_close_rate, "500", 1, 1000000,

@@ -42,6 +42,7 @@ typedef struct {
   int pool_queue_target_ms;   /* pool queue-delay target, ms (store/pool.h) */
   int pool_queue_interval_ms; /* pool queue-delay interval, ms */
   int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
+  int max_connections;        /* WebSocket connections at once; 0: from the open-file limit */
   int drain_window_ms;        /* drain: afterMs drawn from [0, this), ms (gate/drain.h) */
   int drain_close_rate;       /* drain: paced 1012 closes per second after the window */
   int drain_migrate;          /* drain: 1 drain frames first; 0 none, paced 1012 closes at once */

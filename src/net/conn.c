@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "api/metrics.h"
 #include "core/log.h"
@@ -18,6 +20,7 @@
 
 static void free_conn(conn_t *c) {
   node_t *node = c->node;
+  conn_set_reclaimable(c, 0);
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -49,8 +52,64 @@ static void close_cb(uv_handle_t *h) {
   if (c->refs == 0 && !c->writing) free_conn(c);
 }
 
+void conn_set_reclaimable(conn_t *c, int reclaimable) {
+  node_t *node = c->node;
+  if (reclaimable == (int)c->reclaimable || (reclaimable && c->closing)) return;
+  if (reclaimable) {
+    c->reclaimable = 1;
+    c->reclaim_next = NULL;
+    c->reclaim_prev = node->reclaim_tail;
+    if (node->reclaim_tail)
+      node->reclaim_tail->reclaim_next = c;
+    else
+      node->reclaim_head = c;
+    node->reclaim_tail = c;
+    node->nreclaimable++;
+    return;
+  }
+  if (c->reclaim_prev)
+    c->reclaim_prev->reclaim_next = c->reclaim_next;
+  else
+    node->reclaim_head = c->reclaim_next;
+  if (c->reclaim_next)
+    c->reclaim_next->reclaim_prev = c->reclaim_prev;
+  else
+    node->reclaim_tail = c->reclaim_prev;
+  c->reclaim_prev = c->reclaim_next = NULL;
+  c->reclaimable = 0;
+  node->nreclaimable--;
+}
+
+/* Bytes wait to be read: a request is arriving (a health check accepted a
+ * moment ago, say), so the connection is not idle after all. */
+static int has_input(conn_t *c) {
+  uv_os_fd_t fd;
+  char b;
+  if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0) return 0;
+  return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+int conn_reclaim(node_t *node) {
+  int want = node->nreclaimable / 8;
+  if (want > CONN_RECLAIM_BATCH) want = CONN_RECLAIM_BATCH;
+  if (want < 1) want = 1;
+  int closed = 0, looked = 0;
+  /* Bounded: the list may start with connections still owed output. */
+  for (conn_t *c = node->reclaim_head; c && closed < want && looked < 8 * CONN_RECLAIM_BATCH;
+       looked++) {
+    conn_t *next = c->reclaim_next;
+    if (conn_pending_bytes(c) == 0 && (c->shut || !has_input(c))) {
+      conn_close(c); /* the descriptor is closed now; the memory in close_cb */
+      closed++;
+    }
+    c = next;
+  }
+  return closed;
+}
+
 void conn_close(conn_t *c) {
   if (c->closing) return;
+  conn_set_reclaimable(c, 0);
   c->closing = 1;
   session_on_close(c->session);
   /* The session leaves the bus now so no more frames are queued for it. */
@@ -99,21 +158,21 @@ void conn_resume_reading(conn_t *c) {
   if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0) c->reading = 1;
 }
 
-static void connection_cb(uv_stream_t *server, int status) {
-  node_t *node = container_of((uv_tcp_t *)server, node_t, listener);
-  if (status < 0) {
-    log_warn("accept: %s", uv_strerror(status));
+static void accept_cb(listener_t *l, int fd) {
+  node_t *node = container_of(l, node_t, listener);
+  conn_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
     return;
   }
-  conn_t *c = calloc(1, sizeof *c);
-  if (!c) return;
   c->node = node;
   uv_tcp_init(node->loop, &c->tcp);
   c->next = node->conns; /* linked first, so free_conn can always unlink it */
   if (node->conns) node->conns->prev = c;
   node->conns = c;
   node->nconns++;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+  if (uv_tcp_open(&c->tcp, fd) != 0) {
+    close(fd);
     c->closing = 1;
     uv_close((uv_handle_t *)&c->tcp, close_cb);
     return;
@@ -126,8 +185,11 @@ static void connection_cb(uv_stream_t *server, int status) {
     conn_close(c);
     return;
   }
+  conn_set_reclaimable(c, 1); /* until its first request begins */
   conn_resume_reading(c);
 }
+
+static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, node_t, listener)); }
 
 int conn_listen(node_t *node) {
   config_t *cfg = node->cfg;
@@ -138,17 +200,16 @@ int conn_listen(node_t *node) {
     log_error("listen: %s is not an IP address", cfg->listen_host);
     return r;
   }
-  uv_tcp_init(node->loop, &node->listener);
-  if ((r = uv_tcp_bind(&node->listener, (struct sockaddr *)&addr, 0)) != 0 ||
-      (r = uv_listen((uv_stream_t *)&node->listener, 4096, connection_cb)) != 0) {
-    log_error("listen on %s: %s", cfg->listen, uv_strerror(r));
+  r = listener_start(&node->listener, node->loop, (struct sockaddr *)&addr, 4096, accept_cb,
+                     reclaim_cb, node);
+  if (r != 0) {
+    log_error("listen on %s: %s", cfg->listen, strerror(-r));
     return r;
   }
   if (cfg->listen_port == 0) { /* an ephemeral port: say which one */
-    int len = sizeof addr;
+    int port = listener_port(&node->listener);
     char buf[128];
-    if (uv_tcp_getsockname(&node->listener, (struct sockaddr *)&addr, &len) == 0) {
-      int port = ntohs(((struct sockaddr_in *)&addr)->sin_port);
+    if (port > 0) {
       snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", cfg->listen_host,
                port);
       free(cfg->listen);
@@ -159,10 +220,7 @@ int conn_listen(node_t *node) {
   return 0;
 }
 
-void conn_stop_listening(node_t *node) {
-  if (!uv_is_closing((uv_handle_t *)&node->listener))
-    uv_close((uv_handle_t *)&node->listener, NULL);
-}
+void conn_stop_listening(node_t *node) { listener_stop(&node->listener); }
 
 int conn_write(conn_t *c, const void *data, size_t len) {
   if (c->closing) return -EPIPE;
@@ -204,6 +262,7 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
 static void maybe_shutdown(conn_t *c) {
   if (!c->shutdown_after_write || c->shut || c->closing || c->out_len || c->writing) return;
   c->shut = 1;
+  conn_set_reclaimable(c, 1); /* answered: the linger below is a courtesy */
   c->deadline_ms = util_mono_ms() + SHUTDOWN_LINGER_MS;
   conn_resume_reading(c); /* read (and discard) until the peer closes */
   if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, shutdown_cb) == 0)

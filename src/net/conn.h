@@ -10,6 +10,13 @@
  * Lifetime: conn_close() marks the connection closing and calls uv_close;
  * memory is freed in the close callback once no pool job holds a reference
  * (conn_ref/conn_unref), never under a caller that still uses it.
+ *
+ * Reclaimable connections hold a descriptor for nothing owed: accepted and
+ * not yet sending, idle between keep-alive requests, or answered and
+ * lingering after their FIN. They are kept on a list in the order they
+ * became so. When the process runs out of descriptors, the listener
+ * (net/listener.h) closes the oldest of them to accept new connections:
+ * a flood of silent sockets then cannot lock health checks out.
  */
 #ifndef CONVERGER_NET_CONN_H
 #define CONVERGER_NET_CONN_H
@@ -23,6 +30,7 @@
 #define CONN_MAX_QUEUED       (8u << 20)   /* bytes of unsent output before dropping */
 #define CONN_CLOSE_TIMEOUT_MS 5000         /* longest wait for output after a close */
 #define CONN_LOW_WATER        (256u << 10) /* output below this: session_on_writable */
+#define CONN_RECLAIM_BATCH    32           /* most connections reclaimed per call */
 
 typedef struct http_s http_t;
 typedef struct ws_s ws_t;
@@ -47,12 +55,14 @@ struct conn_s {
   unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
   unsigned drain_told : 1;           /* sent a drain frame (gate/drain.h) */
   unsigned drain_counted : 1;        /* counted as migrated */
+  unsigned reclaimable : 1;          /* on node->reclaim_head's list */
   uint32_t drain_batch;              /* the drain or shed it was chosen for; 0: none */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
   uint64_t next_ping_ms;             /* WebSocket heartbeat */
   uint64_t close_deadline_ms;        /* monotonic ms: closed by then, flushed or not */
+  conn_t *reclaim_prev, *reclaim_next; /* node->reclaim_head */
 
   char *out; /* queued output */
   size_t out_len, out_cap;
@@ -66,8 +76,9 @@ struct conn_s {
   session_t *session; /* protocol session; NULL before upgrade */
 };
 
-/* Start listening on cfg->listen_host:listen_port. Returns 0 or a libuv
- * error (negative) after logging it. */
+/* Start listening on cfg->listen_host:listen_port (net/listener.h); with
+ * port 0, cfg->listen and listen_port get the port chosen. Returns 0 or a
+ * negative errno after logging it. */
 int conn_listen(node_t *node);
 
 /* Stop accepting new connections (idempotent). */
@@ -88,6 +99,19 @@ void conn_shutdown(conn_t *c);
 
 /* Close now (queued output is dropped). Idempotent. */
 void conn_close(conn_t *c);
+
+/* Mark `c` reclaimable (1: appended to the list, if not on it) or not (0).
+ * HTTP calls it as requests begin and end; conn itself on accept, on the
+ * half-close after the last answer and on close. */
+void conn_set_reclaimable(conn_t *c, int reclaimable);
+
+/* Out of descriptors: close up to max(1, min(CONN_RECLAIM_BATCH, an eighth
+ * of the list)) reclaimable connections, oldest first (nginx's
+ * ngx_drain_connections): one that lingers after its answer, or an idle one
+ * with no bytes waiting to be read (those are a request arriving); none
+ * with output still queued. Returns how many were closed (their
+ * descriptors are free on return). Loop thread. */
+int conn_reclaim(node_t *node);
 
 /* Stop/restart reading (HTTP pipelining waits for the current response). */
 void conn_pause_reading(conn_t *c);

@@ -11,6 +11,8 @@
 #include "net/http.h"
 
 #include <llhttp.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@ struct http_s {
   http_request_t req;
   str_t url, field, value, body;
   int value_open;      /* a header value is being collected */
+  unsigned seen;       /* single-valued headers of this request seen so far (bit per row) */
   size_t header_bytes; /* request line + header block so far */
   int fail_status;     /* set by a callback that returned an error */
   const char *fail_code;
@@ -99,6 +102,8 @@ static int on_message_begin(llhttp_t *p) {
   str_reset(&h->url);
   str_reset(&h->body);
   h->header_bytes = 0;
+  h->seen = 0;
+  conn_set_reclaimable(h->conn, 0); /* a request is owed an answer */
   if (h->conn->deadline_ms == 0)
     h->conn->deadline_ms = util_mono_ms() + (uint64_t)h->conn->node->cfg->header_timeout_ms;
   return 0;
@@ -110,44 +115,86 @@ static int on_url(llhttp_t *p, const char *at, size_t len) {
   return str_append(&h->url, at, len);
 }
 
-static void keep_header(http_t *h) {
+/* RFC 9110 section 5.6.2: a field name is a token. llhttp's non-strict
+ * build lets spaces into it ("Host : x" gives the name "Host "), which RFC
+ * 9112 section 5.1 says a server must answer with 400. */
+static int is_token(const char *s, size_t len) {
+  static const char extra[] = "!#$%&'*+-.^_`|~";
+  if (len == 0) return 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch && strchr(extra, ch))))
+      return 0;
+  }
+  return 1;
+}
+
+/* Keep the headers the node reads. A header marked single may appear once:
+ * two Authorization or Host lines, or two handshake nonces, make the request
+ * ambiguous (RFC 9110 section 5.3; RFC 9112 section 3.2; RFC 6455 section
+ * 11.3.1), so the request is refused rather than one of them picked. */
+static int keep_header(http_t *h) {
   http_request_t *r = &h->req;
-  struct {
+  static const struct {
     const char *name;
-    char **slot;
+    size_t offset; /* of the char * in http_request_t; SIZE_MAX: not kept */
+    int single;
+    const char *duplicate;
   } wanted[] = {
-      {"authorization", &r->authorization},
-      {"upgrade", &r->upgrade},
-      {"connection", &r->connection},
-      {"sec-websocket-key", &r->ws_key},
-      {"sec-websocket-version", &r->ws_version},
-      {"sec-websocket-protocol", &r->ws_protocol},
-      {"idempotency-key", &r->idempotency_key},
-      {"expect", &r->expect},
+      {"authorization", offsetof(http_request_t, authorization), 1,
+       "duplicate Authorization header"},
+      {"host", SIZE_MAX, 1, "duplicate Host header"},
+      {"upgrade", offsetof(http_request_t, upgrade), 0, NULL},
+      {"connection", offsetof(http_request_t, connection), 0, NULL},
+      {"sec-websocket-key", offsetof(http_request_t, ws_key), 1,
+       "duplicate Sec-WebSocket-Key header"},
+      {"sec-websocket-version", offsetof(http_request_t, ws_version), 1,
+       "duplicate Sec-WebSocket-Version header"},
+      {"sec-websocket-protocol", offsetof(http_request_t, ws_protocol), 0, NULL},
+      {"idempotency-key", offsetof(http_request_t, idempotency_key), 1,
+       "duplicate Idempotency-Key header"},
+      {"expect", offsetof(http_request_t, expect), 0, NULL},
   };
   for (size_t i = 0; i < CV_ARRAY_SIZE(wanted); i++) {
     if (!h->field.p || strcasecmp(h->field.p, wanted[i].name) != 0) continue;
+    if (wanted[i].single) {
+      if (h->seen & (1u << i)) return fail(h, 400, "bad_request", wanted[i].duplicate);
+      h->seen |= 1u << i;
+    }
+    if (wanted[i].offset == SIZE_MAX) return 0;
+    char **slot = (char **)((char *)r + wanted[i].offset);
     const char *v = h->value.p ? h->value.p : "";
-    if (*wanted[i].slot && wanted[i].slot == &r->ws_protocol) {
+    if (*slot && slot == &r->ws_protocol) {
       /* repeated Sec-WebSocket-Protocol headers form one list */
-      size_t n = strlen(*wanted[i].slot) + strlen(v) + 3;
+      size_t n = strlen(*slot) + strlen(v) + 3;
       char *joined = malloc(n);
       if (joined) {
-        snprintf(joined, n, "%s, %s", *wanted[i].slot, v);
-        free(*wanted[i].slot);
-        *wanted[i].slot = joined;
+        snprintf(joined, n, "%s, %s", *slot, v);
+        free(*slot);
+        *slot = joined;
       }
     } else {
-      free(*wanted[i].slot);
-      *wanted[i].slot = strdup(v);
+      free(*slot);
+      *slot = strdup(v);
     }
+    return 0;
   }
+  return 0;
 }
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len) {
   http_t *h = from_parser(p);
   if (count_header(h, len) != 0) return -1;
   return str_append(&h->field, at, len);
+}
+
+static int on_header_field_complete(llhttp_t *p) {
+  http_t *h = from_parser(p);
+  if (!is_token(h->field.p, h->field.len))
+    return fail(h, 400, "bad_request",
+                "invalid header field name (RFC 9112 section 5.1: no whitespace before the colon)");
+  return 0;
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len) {
@@ -159,11 +206,11 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len) {
 
 static int on_header_value_complete(llhttp_t *p) {
   http_t *h = from_parser(p);
-  keep_header(h);
+  int r = keep_header(h);
   str_reset(&h->field);
   str_reset(&h->value);
   h->value_open = 0;
-  return 0;
+  return r;
 }
 
 static int on_headers_complete(llhttp_t *p) {
@@ -198,6 +245,8 @@ static int on_message_complete(llhttp_t *p) {
   h->conn->deadline_ms = 0;
   r->method = p->method;
   r->method_name = llhttp_method_name((llhttp_method_t)p->method);
+  r->http_major = p->http_major;
+  r->http_minor = p->http_minor;
   r->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
   const char *url = h->url.p ? h->url.p : "/";
   const char *q = strchr(url, '?');
@@ -216,6 +265,7 @@ static void init_settings(void) {
   settings.on_message_begin = on_message_begin;
   settings.on_url = on_url;
   settings.on_header_field = on_header_field;
+  settings.on_header_field_complete = on_header_field_complete;
   settings.on_header_value = on_header_value;
   settings.on_header_value_complete = on_header_value_complete;
   settings.on_headers_complete = on_headers_complete;
@@ -405,6 +455,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
     return;
   }
   c->deadline_ms = util_mono_ms() + (uint64_t)c->node->cfg->header_timeout_ms;
+  conn_set_reclaimable(c, 1); /* idle until the next request begins */
   if (h->in_dispatch) return; /* process() continues with the next request */
   char *pending = h->pending;
   size_t pending_len = h->pending_len;

@@ -34,6 +34,7 @@ typedef struct {
   char *body; /* NUL-terminated */
   size_t body_len;
   int keep_alive;
+  int http_major, http_minor; /* the request line's HTTP version */
 } http_request_t;
 
 /* Allocate the HTTP state of a new connection. NULL on OOM. */

@@ -52,6 +52,11 @@ int ws_check_upgrade(const http_request_t *req, const char **why) {
     *why = "WebSocket upgrade must use GET";
     return 405;
   }
+  if (req->http_major < 1 || (req->http_major == 1 && req->http_minor < 1)) {
+    /* RFC 6455 section 4.1: the opening handshake is HTTP/1.1 or later. */
+    *why = "WebSocket upgrade needs HTTP/1.1 or later (RFC 6455 section 4.1)";
+    return 400;
+  }
   if (!req->upgrade || !ws_has_token(req->upgrade, "websocket")) {
     *why = "missing Upgrade: websocket";
     return 400;
@@ -225,6 +230,20 @@ void ws_feed(conn_t *c, const char *data, size_t len) {
   ws->rbuf = NULL;
   ws->rlen = 0;
   if (c->closing) return;
+  if (r == WSLAY_ERR_CALLBACK_FAILURE) {
+    /* wslay's frame parser refused a frame header (RFC 6455 sections 5.2
+     * and 5.5: a control frame over 125 bytes or fragmented, a 64-bit
+     * length with its top bit set, a length not in its shortest form).
+     * wslay_event_recv then queues a close frame without a status code and
+     * reports a callback failure, though ours never fail (recv_cb only says
+     * WOULDBLOCK). Drop that context, and its empty close frame, and answer
+     * 1002 as wslay does for the protocol errors it finds after the header. */
+    log_debug("ws: malformed frame header; closing with 1002");
+    wslay_event_context_free(ws->ctx);
+    ws->ctx = NULL;
+    ws_close(c, WS_CLOSE_PROTOCOL_ERROR, "malformed frame header");
+    return;
+  }
   if (r != 0) {
     log_debug("ws: receive failed (%d); closing", r);
     conn_close(c);

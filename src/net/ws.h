@@ -4,7 +4,10 @@
  * Incoming: a wslay event context per connection parses frames, answers
  * pings and close frames, enforces the message size limit (close 1009) and
  * UTF-8 in text messages (close 1007). Complete text messages go to
- * session_on_text(). Binary messages: close 1003.
+ * session_on_text(). Binary messages: close 1003. Protocol errors (RFC 6455
+ * sections 5.1-5.5: an unmasked frame, reserved bits or opcodes, a control
+ * frame over 125 bytes or fragmented, a bad length encoding, a continuation
+ * out of place): close 1002.
  * Outgoing: text frames are encoded by one shared wslay frame context
  * straight into the connection's output buffer; a frame for many
  * subscribers is encoded once (ws_encode_text) and copied as bytes.
@@ -26,6 +29,7 @@
 enum {
   WS_CLOSE_NORMAL = 1000,
   WS_CLOSE_GOING_AWAY = 1001,
+  WS_CLOSE_PROTOCOL_ERROR = 1002,
   WS_CLOSE_UNSUPPORTED_DATA = 1003,
   WS_CLOSE_INVALID_PAYLOAD = 1007,
   WS_CLOSE_POLICY_VIOLATION = 1008,
@@ -35,10 +39,11 @@ enum {
   WS_CLOSE_TRY_AGAIN_LATER = 1013,
 };
 
-/* Validate an upgrade request (GET, Upgrade: websocket, Connection:
- * upgrade, a 16-byte base64 Sec-WebSocket-Key, version 13, and when
- * subprotocols are offered one of them is converger.v1). Returns 0 or an
- * HTTP status (400, 426) with *why set to a static message. */
+/* Validate an upgrade request (RFC 6455 section 4.2.1: GET, HTTP/1.1 or
+ * later, Upgrade: websocket, Connection: upgrade, a 16-byte base64
+ * Sec-WebSocket-Key, version 13, and when subprotocols are offered one of
+ * them is converger.v1). Returns 0 or an HTTP status (400, 405) with *why
+ * set to a static message. */
 int ws_check_upgrade(const http_request_t *req, const char **why);
 
 /* Answer 101, switch the connection to WebSocket mode and start the

@@ -185,9 +185,11 @@ class Node:
     """One `converger serve` process on 127.0.0.1:<free port>.
 
     env overrides (dict of CONVERGER_* -> str) are added to the defaults.
+    nofile: the process's open-file limit (RLIMIT_NOFILE, soft and hard),
+    set in the child before exec; None keeps this process's.
     """
 
-    def __init__(self, env=None, start=True, ready_timeout=10.0):
+    def __init__(self, env=None, start=True, ready_timeout=10.0, nofile=None):
         self.tmpdir = tempfile.mkdtemp(prefix="converger-it-")
         self.log_path = os.path.join(self.tmpdir, "node.log")
         self.overrides = dict(env or {})
@@ -195,6 +197,7 @@ class Node:
         self.proc = None
         self.exit_codes = []
         self.ready_timeout = ready_timeout
+        self.nofile = nofile
         if start:
             self._start_with_retries()
 
@@ -249,9 +252,16 @@ class Node:
         logf.write(("\n===== start %s serve (port %d) at %.3f =====\n"
                     % (binary(), self.port, time.time())).encode())
         logf.flush()
+        preexec = None
+        if self.nofile is not None:
+            import resource
+            limit = int(self.nofile)
+
+            def preexec():
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
         self.proc = subprocess.Popen([binary(), "serve"], env=self.environment(),
                                      stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                     cwd=self.tmpdir)
+                                     cwd=self.tmpdir, preexec_fn=preexec)
         logf.close()
         _register(self.proc)
         self.wait_ready(self.ready_timeout)
@@ -1133,8 +1143,9 @@ class NodeCase(unittest.TestCase):
         cls.addClassCleanup(cleanup)
         return n
 
-    def node_start(self, env=None):
-        n = Node(env)
+    def node_start(self, env=None, **kw):
+        """A node owned by this test; kw go to Node (nofile=...)."""
+        n = Node(env, **kw)
         self._test_nodes.append(n)
         self.addCleanup(n.ensure_stopped)
         self.addCleanup(n.finish)  # runs first: clean exit, no sanitizer report

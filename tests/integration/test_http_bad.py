@@ -58,6 +58,68 @@ class HttpBad(NodeCase):
                 self.assertTrue(r.at_eof(3), "connection stays open after a malformed request %r" % junk)
         self.assertEqual(self.node.get("/livez")[0], 200)
 
+    def assert_refused_400(self, data, words):
+        """data on a fresh connection is answered 400 with a bad_request JSON
+        body whose message contains `words`, and the connection is closed."""
+        st, h, b, r = self.raw(data)
+        self.assertEqual(st, 400, (data[:80], st, b))
+        js = json_body(b)
+        self.assertErrorBody(js, "bad_request")
+        self.assertIn(words, js["error"]["message"].lower(), js)
+        self.assertIn("application/json", h.get("content-type", ""))
+        self.assertTrue(r.at_eof(3), "connection stays open after %r" % data[:80])
+        return js
+
+    def test_whitespace_before_colon_400(self):
+        # RFC 9112 section 5.1: no whitespace between a field name and the
+        # colon; a server MUST reject such a request with 400. llhttp's
+        # non-strict build takes "Host " as a field name of its own.
+        key = API_KEY.encode()
+        for data in (b"GET /livez HTTP/1.1\r\nHost : x\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Trace  : 1\r\n\r\n",
+                     b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer " + key + b"\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\nHost: x\r\nX Trace: 1\r\n\r\n"):
+            with self.subTest(data=data):
+                self.assert_refused_400(data, "header field name")
+        self.assertEqual(self.node.get("/livez")[0], 200)
+
+    def test_http10_upgrade_400(self):
+        # RFC 6455 section 4.1: the opening handshake is HTTP/1.1 or later.
+        data = (b"GET /v1/ws HTTP/1.0\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Protocol: converger.v1\r\n\r\n")
+        self.assert_refused_400(data, "http/1.1")
+        # the same upgrade as HTTP/1.1 is accepted
+        st, h, b, r = self.raw(data.replace(b"HTTP/1.0", b"HTTP/1.1"))
+        self.assertEqual(st, 101, b)
+
+    def test_duplicate_singleton_headers_400(self):
+        # One value each, or the request is ambiguous: which key, which host,
+        # which handshake nonce? RFC 9112 section 3.2 (Host), RFC 6455
+        # section 11.3.1 (Sec-WebSocket-Key), RFC 9110 section 5.3.
+        key = API_KEY.encode()
+        upgrade = (b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   b"Sec-WebSocket-Protocol: converger.v1\r\n")
+        nonce = b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        cases = {
+            "authorization": b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                             b"Authorization: Bearer " + key + b"\r\n\r\n",
+            "authorization, same value": b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                         + key + b"\r\nauthorization: Bearer " + key + b"\r\n\r\n",
+            "host": b"GET /livez HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+            "sec-websocket-key": upgrade + nonce + b"Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n"
+                                 b"Sec-WebSocket-Version: 13\r\n\r\n",
+            "sec-websocket-version": upgrade + nonce + b"Sec-WebSocket-Version: 13\r\n"
+                                     b"Sec-WebSocket-Version: 13\r\n\r\n",
+            "idempotency-key": b"POST /v1/conversations/c/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                               + key + b"\r\nIdempotency-Key: a\r\nIdempotency-Key: b\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        }
+        for name, data in cases.items():
+            with self.subTest(header=name):
+                self.assert_refused_400(data, "duplicate " + name.split(",")[0])
+        self.assertEqual(self.node.get("/livez")[0], 200)
+
     def test_bad_content_length_400(self):
         st, h, b, r = self.raw(b"POST /v1/channels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                                + API_KEY.encode() + b"\r\nContent-Length: abc\r\n\r\n{}")

@@ -137,9 +137,31 @@ class WsBad(NodeCase):
     def test_unmasked_client_frame_closes(self):
         ws, _, _ = self.welcomed()
         ws.send_frame(OP_TEXT, b'{"type":"ping"}', mask=False)
-        code, _, _ = ws.expect_close(5)
-        # RFC 6455 5.1: the server MUST close; a close frame, if any, says 1002
-        self.assertIn(code, (1002, None), "an unmasked client frame is a protocol error")
+        # RFC 6455 5.1: the server MUST close; 7.4.1: 1002 is a protocol error
+        self.assert_closed_with(ws, 1002)
+
+    def test_malformed_frame_headers_1002(self):
+        # RFC 6455 5.5: control frames carry at most 125 bytes and are never
+        # fragmented; 5.2: the 64-bit length has its top bit clear, and a
+        # length is encoded in the fewest bytes. Each is a protocol error:
+        # a close frame with 1002, then the TCP connection ends.
+        mask = b"\x01\x02\x03\x04"
+        cases = {
+            "ping of 126 bytes": RawWs.encode_frame(OP_PING, b"a" * 126),
+            "fragmented ping": RawWs.encode_frame(OP_PING, b"a", fin=False),
+            "64-bit length, top bit set": bytes([0x81, 0xFF]) + harness.struct.pack("!Q", 1 << 63) + mask,
+            "16-bit length of 5": bytes([0x81, 0xFE]) + harness.struct.pack("!H", 5) + mask + b"hello",
+            "64-bit length of 5": bytes([0x81, 0xFF]) + harness.struct.pack("!Q", 5) + mask + b"hello",
+            "64-bit length of 200": bytes([0x81, 0xFF]) + harness.struct.pack("!Q", 200) + mask + b"a" * 200,
+        }
+        for name, frame in cases.items():
+            with self.subTest(case=name):
+                ws, _, _ = self.welcomed()
+                ws.send_bytes(frame)
+                self.assert_closed_with(ws, 1002)
+                reader = harness.HttpReader(ws.sock)
+                reader.buf = ws.buf
+                self.assertTrue(reader.at_eof(3), "TCP connection kept after the 1002")
 
     def test_huge_declared_length_1009(self):
         # a 64-bit length of 1 TiB with no payload behind it: refused at once,

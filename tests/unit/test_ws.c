@@ -21,6 +21,7 @@ static http_request_t good_request(void) {
   http_request_t r;
   memset(&r, 0, sizeof r);
   r.method = 1; /* GET */
+  r.http_major = r.http_minor = 1;
   r.upgrade = "websocket";
   r.connection = "keep-alive, Upgrade";
   r.ws_key = "dGhlIHNhbXBsZSBub25jZQ==";
@@ -61,6 +62,17 @@ static void test_upgrade_checks(void **state) {
   r = good_request();
   r.method = 3; /* POST */
   assert_int_equal(ws_check_upgrade(&r, &why), 405);
+
+  /* RFC 6455 section 4.1: HTTP/1.1 or later */
+  r = good_request();
+  r.http_minor = 0;
+  assert_int_equal(ws_check_upgrade(&r, &why), 400);
+  r.http_major = 0;
+  r.http_minor = 9;
+  assert_int_equal(ws_check_upgrade(&r, &why), 400);
+  r.http_major = 2;
+  r.http_minor = 0;
+  assert_int_equal(ws_check_upgrade(&r, &why), 0);
 }
 
 /* Server frames are unmasked: 0x81, then the 7-bit, 16-bit or 64-bit length. */
