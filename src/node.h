@@ -12,6 +12,7 @@
 #include "cluster/membership.h"
 #include "core/config.h"
 #include "core/jitter.h"
+#include "core/util.h"
 #include "gate/limiter.h"
 #include "net/listener.h"
 #include "store/pool.h"
@@ -66,6 +67,15 @@ typedef struct node_s {
 static inline long node_retry_hint(node_t *node) {
   return (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
                                  node->cfg->retry_after_max_ms);
+}
+
+/* The deadline of interactive store work submitted now (a REST request, a
+ * hello, a sync or gap fill, a socket send: work a client waits for), for
+ * pool_job_t.deadline_ms: CONVERGER_STORE_TIMEOUT_MS from now, monotonic
+ * ms. Background jobs (membership, revocations, resync, drain peers) have
+ * none. Loop thread. */
+static inline uint64_t node_store_deadline(const node_t *node) {
+  return util_mono_ms() + (uint64_t)node->cfg->store_timeout_ms;
 }
 
 #endif

@@ -115,6 +115,11 @@ static void set_error(rest_job_t *j, int r) {
     j->code = "unavailable";
     j->message = "store overloaded; retry after the hint";
     break;
+  case -CV_ETIMEDOUT:
+    j->status = 503;
+    j->code = "unavailable";
+    j->message = "the store did not answer in time; retry after the hint";
+    break;
   default:
     j->status = 503;
     j->code = "unavailable";
@@ -206,7 +211,8 @@ static void job_done(pool_job_t *job) {
   rest_job_t *j = container_of(job, rest_job_t, job);
   node_t *node = j->node;
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
-  if (job->dropped) set_error(j, -CV_EBUSY);      /* 503: the pool is overloaded */
+  if (job->dropped) /* 503: the pool is overloaded, or the deadline passed in its queue */
+    set_error(j, job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY);
   /* Effects on live sockets happen whether or not the caller is still here. */
   /* On a shared store the change reaches this node's sockets as it
    * reaches every other node's, through the bus (bus/pgnotify.h), in
@@ -252,6 +258,7 @@ static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
 static void job_submit(rest_job_t *j) {
   conn_ref(j->conn);
   j->job.kind = "rest";
+  j->job.deadline_ms = node_store_deadline(j->node);
   pool_submit(j->node->pool, &j->job, job_work, job_done);
 }
 

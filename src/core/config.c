@@ -87,6 +87,10 @@ static const setting_t settings[] = {
     S("CONVERGER_POOL_QUEUE_INTERVAL_MS", "pool-queue-interval-ms", K_INT, pool_queue_interval_ms,
       "1000", 1, 3600000, NULL,
       "interval (ms) of the pool's queue-delay rule; dropped jobs waited over twice the target"),
+    S("CONVERGER_STORE_TIMEOUT_MS", "store-timeout-ms", K_INT, store_timeout_ms, "5000", 1, 600000,
+      NULL,
+      "deadline (ms) of store work a client waits for (REST, hello, sync, gap fill, socket send),"
+      " from submission to the pool; then 503 / unavailable / replay_unavailable"),
     S("CONVERGER_ACCEPT_RATE", "accept-rate", K_INT, accept_rate, "0", 0, 10000000, NULL,
       "WebSocket upgrades per second (token bucket); above: HTTP 503; 0: no limit"),
     S("CONVERGER_MAX_CONNECTIONS", "max-connections", K_INT, max_connections, "0", 0, 100000000,

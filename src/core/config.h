@@ -41,6 +41,7 @@ typedef struct {
   int handshake_queue_max;    /* admission waiters allowed */
   int pool_queue_target_ms;   /* pool queue-delay target, ms (store/pool.h) */
   int pool_queue_interval_ms; /* pool queue-delay interval, ms */
+  int store_timeout_ms;       /* deadline of interactive store jobs from submission, ms */
   int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
   int max_connections;        /* WebSocket connections at once; 0: from the open-file limit */
   int drain_window_ms;        /* drain: afterMs drawn from [0, this), ms (gate/drain.h) */

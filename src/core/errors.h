@@ -19,7 +19,8 @@
   X(TOOLARGE, "too large")                                                                         \
   X(NOMEM, "out of memory")                                                                        \
   X(CANCELED, "canceled")                                                                          \
-  X(UNAUTHORIZED, "unauthorized")
+  X(UNAUTHORIZED, "unauthorized")                                                                  \
+  X(TIMEDOUT, "store deadline passed")
 
 enum {
   CV_E_BASE_ = 9999,

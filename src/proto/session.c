@@ -409,7 +409,8 @@ static void drop_hints_above(sub_t *sub, int64_t seq) {
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
   if (job->canceled) f->status = -CV_ECANCELED;
-  if (job->dropped) f->status = -CV_EBUSY; /* the pool is overloaded */
+  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
+    f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
   if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
     sub_t *sub = find_sub(f->conn->session, f->conv);
@@ -508,6 +509,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
+  f->job.deadline_ms = node_store_deadline(c->node);
   conn_ref(c);
   pool_submit(c->node->pool, &f->job, fill_work, fill_done);
 }
@@ -573,8 +575,10 @@ static void hello_work(pool_job_t *job, store_t *db) {
 
 static void hello_done(pool_job_t *job) {
   hello_job_t *h = container_of(job, hello_job_t, job);
-  if (job->canceled || job->dropped) /* stopping, or the pool is overloaded */
-    for (size_t i = 0; i < h->n; i++) h->items[i].status = job->dropped ? -CV_EBUSY : -CV_ECANCELED;
+  if (job->canceled || job->dropped) { /* stopping, overloaded, or past the deadline */
+    int st = !job->dropped ? -CV_ECANCELED : job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+    for (size_t i = 0; i < h->n; i++) h->items[i].status = st;
+  }
   for (size_t i = 0; i < h->n; i++)
     if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
   if (h->conn->session && h->conn->session->hello_running == h) {
@@ -683,6 +687,7 @@ static void hello_submit(session_t *s) {
   }
   h->deact_gen = chan_gen;
   h->job.kind = "hello";
+  h->job.deadline_ms = node_store_deadline(s->node);
   s->hello_running = h;
   conn_ref(c);
   pool_submit(s->node->pool, &h->job, hello_work, hello_done);
@@ -784,7 +789,8 @@ static void send_work(pool_job_t *job, store_t *db) {
 static void send_done(pool_job_t *job) {
   send_job_t *j = container_of(job, send_job_t, job);
   if (job->canceled) j->status = -CV_ECANCELED;
-  if (job->dropped) j->status = -CV_EBUSY; /* the pool is overloaded */
+  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
+    j->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
   if (conn_unref(j->conn)) {
     conn_t *c = j->conn;
     json_t *details = json_pack("{s:s}", "id", j->id);
@@ -832,6 +838,7 @@ static void handle_send(session_t *s, frame_client_t *f) {
   strcpy(j->id, f->id);
   strcpy(j->sender, s->token.sub);
   j->job.kind = "ws_send";
+  j->job.deadline_ms = node_store_deadline(s->node);
   conn_ref(c);
   pool_submit(s->node->pool, &j->job, send_work, send_done);
 }

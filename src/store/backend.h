@@ -13,7 +13,8 @@
  *  - ids satisfy util_id_valid, names fit STORE_NAME_MAX, strings are
  *    non-NULL, out-pointers documented as required are non-NULL and zeroed;
  *  - `opt` of open is non-NULL and valid.
- * Ops return what store.h documents for the corresponding store_* function.
+ * Ops return what store.h documents for the corresponding store_* function;
+ * each honours s->deadline_ms as store_set_deadline describes.
  */
 #ifndef CONVERGER_STORE_BACKEND_H
 #define CONVERGER_STORE_BACKEND_H
@@ -27,6 +28,10 @@ typedef struct store_ops_s store_ops_t;
 
 struct store_s {
   const store_ops_t *ops;
+  /* store_set_deadline: the deadline (monotonic ms, 0 none), set by
+   * store.c; the backend sets deadline_hit when a call stops at it. */
+  uint64_t deadline_ms;
+  int deadline_hit;
 };
 
 struct store_ops_s {
@@ -39,6 +44,9 @@ struct store_ops_s {
   int (*read_begin)(store_t *s);
   void (*read_end)(store_t *s);
   int (*ping)(store_t *s);
+  /* Optional (NULL: nothing to do): called by store_set_deadline after it
+   * has set s->deadline_ms, for a backend that arms something for it. */
+  void (*set_deadline)(store_t *s, uint64_t deadline_ms);
   int (*channel_create)(store_t *s, const char *id, const char *name, int presence,
                         store_channel_t *out);
   int (*channel_get)(store_t *s, const char *id, store_channel_t *out);

@@ -5,7 +5,8 @@
  * Threads: submit/close/in_flight and every `done` run on the loop thread;
  * `work` runs on workers. `mu` guards both queues, the idle count and the
  * stop flag. A worker records how long each job waited (the pool checkout
- * wait) in the converger_pool_wait_ms histogram.
+ * wait) in the converger_pool_wait_ms histogram, and gives each job's
+ * deadline to its store around `work`.
  *
  * Wake-ups are batched: pool_submit only queues, and a uv_prepare hook wakes
  * as many idle workers as there are new jobs once per loop turn, right
@@ -30,7 +31,7 @@ struct pool_s {
   int unsignaled;    /* jobs queued since the last kick (loop thread) */
   int idle;          /* workers waiting on `cond` (under mu) */
   int handles_open;  /* async, kick and sweep, until their close callbacks ran */
-  uv_timer_t sweep;  /* drops stale jobs of a slow pool (sweep_cb) */
+  uv_timer_t sweep;  /* expires jobs past their deadline, drops stale ones of a slow pool */
   uv_mutex_t mu;
   uv_cond_t cond;
   pool_job_t *todo_head, *todo_tail;
@@ -105,15 +106,47 @@ static int should_drop(pool_t *pool, pool_job_t *job, uint64_t now, uint64_t wai
   return drop;
 }
 
-/* Every `target` ms on the loop: while the pool is slow, the jobs at the
- * head of the queue that waited more than twice the target are dropped
- * now, not when a worker frees up (a store stuck in a busy wait would
- * otherwise delay every refusal by that wait). */
+/* The period of sweep_cb: the target, but at least every SWEEP_MAX_MS so
+ * that a deadline is kept whatever the target. */
+static uint64_t sweep_period(const pool_t *pool) {
+  return pool->target_ms < SWEEP_MAX_MS ? pool->target_ms : SWEEP_MAX_MS;
+}
+
+/* Move every queued job whose deadline has passed to the done queue, not
+ * run (dropped and timed_out). Under mu. Returns how many. */
+static int expire(pool_t *pool, uint64_t now) {
+  int n = 0;
+  pool_job_t *prev = NULL;
+  for (pool_job_t *job = pool->todo_head; job;) {
+    pool_job_t *next = job->next;
+    if (job->deadline_ms != 0 && now >= job->deadline_ms) {
+      if (prev)
+        prev->next = next;
+      else
+        pool->todo_head = next;
+      if (pool->todo_tail == job) pool->todo_tail = prev;
+      job->wait_ms = now - job->submit_ms;
+      job->dropped = job->timed_out = 1;
+      push(&pool->done_head, &pool->done_tail, job);
+      n++;
+    } else {
+      prev = job;
+    }
+    job = next;
+  }
+  return n;
+}
+
+/* Every sweep_period on the loop: jobs past their deadline leave the queue,
+ * and while the pool is slow, the jobs at the head of the queue that waited
+ * more than twice the target are dropped now, not when a worker frees up (a
+ * store stuck in a busy wait would otherwise delay every refusal by that
+ * wait). */
 static void sweep_cb(uv_timer_t *t) {
   pool_t *pool = t->data;
   uint64_t now = util_mono_ms();
-  int dropped = 0;
   uv_mutex_lock(&pool->mu);
+  int dropped = expire(pool, now);
   roll_interval(pool, now);
   while (pool->slow && pool->todo_head && !pool->todo_head->no_drop &&
          now - pool->todo_head->submit_ms > 2 * pool->target_ms) {
@@ -152,13 +185,17 @@ static void worker_main(void *arg) {
     if (!pool->todo_head) pool->todo_tail = NULL;
     uint64_t now = util_mono_ms();
     job->wait_ms = now - job->submit_ms;
-    job->dropped = should_drop(pool, job, now, job->wait_ms);
+    job->timed_out = job->deadline_ms != 0 && now >= job->deadline_ms;
+    job->dropped = should_drop(pool, job, now, job->wait_ms) || job->timed_out;
     uv_mutex_unlock(&pool->mu);
 
     metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
     if (!job->dropped) {
       if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
+      store_set_deadline(db, job->deadline_ms);
       job->work(job, db);
+      job->timed_out = store_deadline_hit(db);
+      store_set_deadline(db, 0);
     }
 
     uv_mutex_lock(&pool->mu);
@@ -177,10 +214,12 @@ static void async_cb(uv_async_t *handle) {
   while (job) {
     pool_job_t *next = job->next;
     pool->in_flight--;
-    if (job->dropped) {
+    if (job->dropped || job->timed_out) {
       char labels[64];
       snprintf(labels, sizeof labels, "kind=\"%s\"", job->kind ? job->kind : "other");
-      metrics_add("converger_pool_dropped_total", labels, 1);
+      metrics_add(job->timed_out ? "converger_store_timeouts_total"
+                                 : "converger_pool_dropped_total",
+                  labels, 1);
     }
     job->done(job);
     job = next;
@@ -281,7 +320,7 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   uv_timer_init(loop, &pool->sweep);
   uv_unref((uv_handle_t *)&pool->sweep);
   pool->async.data = pool->kick.data = pool->sweep.data = pool;
-  uv_timer_start(&pool->sweep, sweep_cb, pool->target_ms, pool->target_ms);
+  uv_timer_start(&pool->sweep, sweep_cb, sweep_period(pool), sweep_period(pool));
   pool->handles_open = 3;
   *out = pool;
   return 0;
@@ -291,7 +330,8 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
   job->work = work;
   job->done = done;
   job->canceled = 0;
-  job->dropped = 0; /* (no_drop and kind are the caller's, set before) */
+  job->dropped = 0; /* (no_drop, kind and deadline_ms are the caller's, set before) */
+  job->timed_out = 0;
   job->submit_ms = util_mono_ms();
   pool->in_flight++;
   uv_mutex_lock(&pool->mu);
@@ -312,7 +352,7 @@ void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms) {
   pool->target_ms = target_ms > 0 ? (uint64_t)target_ms : 50;
   pool->interval_ms = interval_ms > 0 ? (uint64_t)interval_ms : 1000;
   uv_mutex_unlock(&pool->mu);
-  uv_timer_start(&pool->sweep, sweep_cb, pool->target_ms, pool->target_ms);
+  uv_timer_start(&pool->sweep, sweep_cb, sweep_period(pool), sweep_period(pool));
 }
 
 int pool_cancel(pool_t *pool, pool_job_t *job) {

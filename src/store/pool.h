@@ -16,17 +16,30 @@
  * When no job taken during the last interval waited less than the target,
  * the pool is slow, and while it is slow a job that waited more than twice
  * the target is dropped: `work` never runs and `done` sees job->dropped.
- * Jobs are checked when a worker takes them and, every `target` ms, at the
- * head of the queue, so refusals come fast even when every worker is stuck.
+ * Jobs are checked when a worker takes them and, every `target` ms (at
+ * most SWEEP_MAX_MS), at the head of the queue, so refusals come fast even
+ * when every worker is stuck.
  * A queue that drains is no longer slow.
  * Callers answer with a retryable refusal (503, unavailable,
  * replay_unavailable). A pool that keeps up never drops anything.
+ *
+ * Deadlines: a job may carry one (deadline_ms, set by the submitter;
+ * interactive work gets CONVERGER_STORE_TIMEOUT_MS from submission, the
+ * background jobs none). A job whose deadline passes before a worker takes
+ * it is not run: `done` sees job->dropped and job->timed_out. The queue is
+ * swept for those every `target` ms, at most SWEEP_MAX_MS, so they are
+ * answered at their deadline even when every worker is stuck. While `work`
+ * runs, the worker's store has the job's deadline (store_set_deadline):
+ * its calls stop there with -CV_ETIMEDOUT, and job->timed_out says so.
+ * converger_store_timeouts_total{kind} counts both.
  */
 #ifndef CONVERGER_STORE_POOL_H
 #define CONVERGER_STORE_POOL_H
 
 #include <stdint.h>
 #include <uv.h>
+
+#define SWEEP_MAX_MS 50 /* longest period of the queue sweep (deadlines, drops) */
 
 #include "store/store.h"
 
@@ -48,6 +61,10 @@ struct pool_job_s {
   int canceled;       /* set when pool_close dropped it before `work` ran */
   int dropped;        /* set when the queue-delay rule dropped it before `work` ran */
   int no_drop;        /* set by the caller: never dropped (e.g. the revocation refresh) */
+  /* Set by the caller: monotonic ms (util_mono_ms) past which the job is
+   * not started and its store calls stop (store_set_deadline); 0: none. */
+  uint64_t deadline_ms;
+  int timed_out; /* the deadline passed: before `work` (dropped is set too) or during it */
   pool_job_t *next;
 };
 
@@ -69,7 +86,9 @@ void pool_set_test_delay(pool_t *pool, int ms);
 
 /* Queue `job`: `work` runs on a worker, then `done` on the loop. Never fails
  * and never calls `done` synchronously; after pool_close has begun, the job
- * still runs (shutdown finishes in-flight work). Loop thread. */
+ * still runs (shutdown finishes in-flight work). job->kind, no_drop and
+ * deadline_ms are the caller's, set before; the other fields are reset
+ * here. Loop thread. */
 void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done);
 
 /* Take `job` back if no worker has started it: its `done` then runs later

@@ -23,14 +23,24 @@
  * statement_timeout and idle_in_transaction_session_timeout, so nothing
  * waits without bound and no stuck peer keeps a conversation locked.
  *
+ * A server that hangs (stopped, or a network that drops everything) answers
+ * nothing, not even at its statement_timeout: wait_result stops waiting at
+ * that timeout plus ANSWER_MARGIN_MS, or at the caller's deadline
+ * (store_set_deadline) when that comes first, and closes the connection.
+ * Once the deadline has passed nothing more is sent (past_deadline), and a
+ * connect attempt stops at it too. Closing is how a statement is given up
+ * on: the server rolls back what it had not committed, and the next call
+ * connects again instead of reading a late answer as its own.
+ *
  * Reconnecting: every op first checks its connection (conn_ready). One the
  * server closed while it was idle (PostgreSQL restarted, backend
  * terminated) is noticed with a zero-timeout poll() before anything is sent
  * and replaced, so the op runs on a fresh one. An op whose connection
- * breaks under it fails with -CV_ESTORE; a COMMIT that breaks may or may
- * not have committed, which is what idempotency keys are for: the caller
- * retries the append with the same id. Never inside a read transaction:
- * that would silently leave its snapshot, so those ops fail instead.
+ * breaks under it fails with -CV_ESTORE (-CV_ETIMEDOUT when it was closed
+ * at the caller's deadline); a COMMIT that breaks may or may not have
+ * committed, which is what idempotency keys are for: the caller retries
+ * the append with the same id. Never inside a read transaction: that would
+ * silently leave its snapshot, so those ops fail instead.
  *
  * Invariants:
  *  - every value is a parameter of PQexecParams (text format); SQL text is
@@ -265,12 +275,41 @@ static int result_error(pg_t *s, const PGresult *r, const char *what) {
   return -CV_ESTORE;
 }
 
-/* The answer to the statement sent last, waited for at most until
- * `deadline` (monotonic ms): the server's statement_timeout ends any
- * statement it runs, but not a server that is stopped or a network that
- * drops everything; this bounds those too. On expiry the connection is
- * closed (the next call reconnects) and NULL is returned. */
-static PGresult *wait_result(pg_t *s, uint64_t deadline) {
+/* Close the connection: whatever the server had not committed is rolled
+ * back, and the next call connects again (conn_ready). */
+static void drop_conn(pg_t *s) {
+  PQfinish(s->conn);
+  s->conn = NULL;
+}
+
+/* The error of a call whose connection is gone: -CV_ETIMEDOUT when it was
+ * given up at the caller's deadline, else -CV_ESTORE. */
+static int gone_error(const pg_t *s) { return s->base.deadline_hit ? -CV_ETIMEDOUT : -CV_ESTORE; }
+
+/* Before sending: 1 when the caller's deadline (store_set_deadline) has
+ * passed. Then nothing is sent, and a transaction still open is ended by
+ * closing the connection (its statements would all be refused too). */
+static int past_deadline(pg_t *s) {
+  if (s->base.deadline_ms == 0 || util_mono_ms() < s->base.deadline_ms) return 0;
+  s->base.deadline_hit = 1;
+  if (s->conn != NULL && PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
+    log_debug("store: the deadline passed inside a transaction; closing the connection");
+    drop_conn(s);
+  }
+  return 1;
+}
+
+/* The answer to the statement sent last, waited for at most until the
+ * statement timeout plus ANSWER_MARGIN_MS, or until the caller's deadline
+ * when that comes first: the server's statement_timeout ends any statement
+ * it runs, but not a server that is stopped or a network that drops
+ * everything; this bounds those too. On expiry the connection is closed
+ * (the next call reconnects; gone_error says why) and NULL is returned. */
+static PGresult *wait_result(pg_t *s) {
+  uint64_t start = util_mono_ms();
+  uint64_t deadline = start + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS;
+  int by_deadline = s->base.deadline_ms != 0 && s->base.deadline_ms < deadline;
+  if (by_deadline) deadline = s->base.deadline_ms;
   PGresult *last = NULL;
   for (;;) {
     while (!PQisBusy(s->conn)) {
@@ -287,10 +326,16 @@ static PGresult *wait_result(pg_t *s, uint64_t deadline) {
     if (k > 0 && !PQconsumeInput(s->conn)) break; /* the connection failed */
   }
   PQclear(last);
-  log_error("store: no answer from the database within %d ms; reconnecting",
-            s->stmt_timeout_ms + ANSWER_MARGIN_MS);
-  PQfinish(s->conn);
-  s->conn = NULL;
+  uint64_t waited = util_mono_ms() - start;
+  if (by_deadline && util_mono_ms() >= deadline) {
+    s->base.deadline_hit = 1;
+    log_warn("store: no answer from the database within %llu ms, at the deadline; reconnecting",
+             (unsigned long long)waited);
+  } else {
+    log_error("store: no answer from the database within %llu ms; reconnecting",
+              (unsigned long long)waited);
+  }
+  drop_conn(s);
   return NULL;
 }
 
@@ -310,9 +355,8 @@ static int prepared(pg_t *s, const char *what, const char *sql, int n, char name
   if (s->nprepared == PREPARED_MAX) return 1;
   snprintf(name, 16, "c%d", s->nprepared);
   PGresult *r = NULL;
-  if (PQsendPrepare(s->conn, name, sql, n, NULL))
-    r = wait_result(s, util_mono_ms() + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS);
-  if (s->conn == NULL) return -CV_ESTORE; /* no answer in time: closed above */
+  if (PQsendPrepare(s->conn, name, sql, n, NULL)) r = wait_result(s);
+  if (s->conn == NULL) return gone_error(s); /* no answer in time: closed above */
   int err = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : result_error(s, r, what);
   PQclear(r);
   if (!err) s->prepared[s->nprepared++] = sql;
@@ -324,12 +368,13 @@ static int run(pg_t *s, const char *what, const char *sql, int n, const char *co
   if (out != NULL) *out = NULL;
   PGresult *r = NULL;
   char name[16];
+  if (past_deadline(s)) return -CV_ETIMEDOUT;
   int p = prepared(s, what, sql, n, name);
   if (p < 0) return p;
   if (p == 0 ? PQsendQueryPrepared(s->conn, name, n, params, NULL, NULL, 0)
              : PQsendQueryParams(s->conn, sql, n, NULL, params, NULL, NULL, 0))
-    r = wait_result(s, util_mono_ms() + (uint64_t)s->stmt_timeout_ms + ANSWER_MARGIN_MS);
-  if (s->conn == NULL) return -CV_ESTORE; /* no answer in time: closed above */
+    r = wait_result(s);
+  if (s->conn == NULL) return gone_error(s); /* no answer in time: closed above */
   ExecStatusType st = PQresultStatus(r);
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
     if (out != NULL)
@@ -359,9 +404,24 @@ static int64_t get_i64(const PGresult *r, int row, int col) {
 
 /* ---- connection ------------------------------------------------------- */
 
+/* Connect, within the connect timeout or until the caller's deadline when
+ * that comes first (a deadline already passed: -CV_ETIMEDOUT, nothing
+ * tried), and apply the session settings. */
 static int connect_db(pg_t *s) {
   char why[512], url[512];
-  PGconn *c = pgconn_connect(s->url, "converger", s->connect_timeout_ms, why, sizeof why);
+  int timeout_ms = s->connect_timeout_ms, by_deadline = 0;
+  if (s->base.deadline_ms != 0) {
+    uint64_t now = util_mono_ms();
+    if (now >= s->base.deadline_ms) {
+      s->base.deadline_hit = 1;
+      return -CV_ETIMEDOUT;
+    }
+    if (s->base.deadline_ms - now < (uint64_t)timeout_ms) {
+      timeout_ms = (int)(s->base.deadline_ms - now);
+      by_deadline = 1;
+    }
+  }
+  PGconn *c = pgconn_connect(s->url, "converger", timeout_ms, why, sizeof why);
   if (c == NULL) {
     /* Every worker fails during an outage, each every RECONNECT_PAUSE_MS:
      * the first failure is an error, the rest until a success are debug. */
@@ -369,6 +429,10 @@ static int connect_db(pg_t *s) {
     store_url_redact(s->url, url, sizeof url);
     log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url, why,
               first ? QUIET_NOTE : "");
+    if (by_deadline && util_mono_ms() >= s->base.deadline_ms) {
+      s->base.deadline_hit = 1;
+      return -CV_ETIMEDOUT;
+    }
     return -CV_ESTORE;
   }
   if (atomic_exchange(&connect_failing, 0)) log_info("store: connected to the database again");
@@ -388,10 +452,7 @@ static int connect_db(pg_t *s) {
                 " set_config('statement_timeout', $2, false),"
                 " set_config('idle_in_transaction_session_timeout', $3, false)",
                 3, params, NULL);
-  if (err) {
-    PQfinish(s->conn);
-    s->conn = NULL;
-  }
+  if (err) drop_conn(s);
   return err;
 }
 
@@ -414,17 +475,18 @@ static int conn_ready(pg_t *s) {
     log_warn("store: connection lost: %s", pgconn_one_line(PQerrorMessage(s->conn), line, sizeof line));
   }
   if (s->in_read) {
+    if (s->base.deadline_hit) return -CV_ETIMEDOUT; /* closed at the deadline, not lost */
     log_error("store: connection lost inside a read transaction");
     return -CV_ESTORE;
   }
-  PQfinish(s->conn);
-  s->conn = NULL;
+  drop_conn(s);
   /* A database that just refused or did not answer is not asked again at
-   * once by every call: each would pay the connect timeout. */
+   * once by every call: each would pay the connect timeout. (An attempt
+   * cut short by the caller's deadline says less: no pause after it.) */
   uint64_t now = util_mono_ms();
   if (now < s->retry_after) return -CV_ESTORE;
   int err = connect_db(s);
-  if (err) s->retry_after = now + RECONNECT_PAUSE_MS;
+  if (err && err != -CV_ETIMEDOUT) s->retry_after = now + RECONNECT_PAUSE_MS;
   return err;
 }
 

@@ -24,6 +24,13 @@
  *    none keeps a read snapshot open (which would pin the WAL) or a pointer
  *    to the caller's strings (bound SQLITE_STATIC);
  *  - every value is bound as a parameter; no SQL text is built at run time.
+ *
+ * Deadlines (store_set_deadline): lock waits go through busy_cb, which
+ * gives up at the busy timeout or the deadline, whichever comes first; while
+ * a deadline is set, progress_cb interrupts a statement that runs past it
+ * (SQLITE_INTERRUPT, which rolls back a write transaction). COMMIT and
+ * ROLLBACK are never interrupted: a rollback must end the transaction, and
+ * a commit that has taken place must not be reported as failed.
  */
 #include "store/store.h"
 
@@ -37,7 +44,8 @@
 #include "core/util.h"
 #include "store/backend.h"
 
-#define URL_PREFIX "sqlite:"
+#define URL_PREFIX   "sqlite:"
+#define PROGRESS_OPS 1000 /* virtual machine steps between two deadline checks */
 
 /* Migrations, oldest first: migrations[i] brings the schema to version i+1.
  * Append only; never edit one that has shipped. Each runs with the
@@ -166,6 +174,9 @@ typedef struct {
   store_t base; /* first: ops */
   sqlite3 *db;
   sqlite3_stmt *stmt[ST_COUNT_];
+  int busy_ms;         /* store_options_t.busy_timeout_ms */
+  uint64_t busy_since; /* monotonic ms: the current lock wait began (busy_cb) */
+  int finishing;       /* COMMIT or ROLLBACK runs: progress_cb lets it finish */
 } sq_t;
 
 static sq_t *sq(store_t *base) { return container_of(base, sq_t, base); }
@@ -179,7 +190,10 @@ static int db_error(sq_t *s, int rc, const char *what) {
   case SQLITE_BUSY:
   case SQLITE_LOCKED:
     log_debug("store: %s: %s", what, sqlite3_errmsg(s->db));
-    return -CV_EBUSY;
+    return s->base.deadline_hit ? -CV_ETIMEDOUT : -CV_EBUSY;
+  case SQLITE_INTERRUPT: /* progress_cb: the deadline passed */
+    log_debug("store: %s: interrupted at the deadline", what);
+    return -CV_ETIMEDOUT;
   case SQLITE_NOMEM:
     return -CV_ENOMEM;
   case SQLITE_TOOBIG:
@@ -243,7 +257,9 @@ static int tx_step(sq_t *s, enum stmt_id id, const char *what) {
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, id, &st);
   if (err) return err;
+  s->finishing = id == ST_COMMIT || id == ST_ROLLBACK;
   int rc = sqlite3_step(st);
+  s->finishing = 0;
   err = rc == SQLITE_DONE ? 0 : db_error(s, rc, what);
   stmt_done(st);
   return err;
@@ -325,6 +341,48 @@ static void conv_fill(sqlite3_stmt *st, store_conv_t *v) {
   col_copy(st, 5, v->epoch, sizeof v->epoch);
 }
 
+/* ---- deadlines ------------------------------------------------------- */
+
+/* The busy handler (in place of sqlite3_busy_timeout): wait for a lock in
+ * growing naps, as SQLite's own does, until the busy timeout or the
+ * deadline (store.h), whichever comes first. Returns 1 to try again, 0 to
+ * give up (the statement fails with SQLITE_BUSY). */
+static int busy_cb(void *arg, int count) {
+  static const int naps_ms[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
+  sq_t *s = arg;
+  uint64_t now = util_mono_ms();
+  if (count == 0) s->busy_since = now;
+  uint64_t until = s->busy_since + (uint64_t)s->busy_ms;
+  int by_deadline = s->base.deadline_ms != 0 && s->base.deadline_ms < until;
+  if (by_deadline) until = s->base.deadline_ms;
+  if (now >= until) {
+    if (by_deadline) s->base.deadline_hit = 1;
+    return 0;
+  }
+  size_t i = (size_t)count < CV_ARRAY_SIZE(naps_ms) ? (size_t)count : CV_ARRAY_SIZE(naps_ms) - 1;
+  uint64_t nap = (uint64_t)naps_ms[i];
+  sqlite3_sleep((int)(nap < until - now ? nap : until - now));
+  return 1;
+}
+
+/* The progress handler while a deadline is set: every PROGRESS_OPS steps,
+ * interrupt the statement (SQLITE_INTERRUPT) once the deadline has passed,
+ * unless it is a COMMIT or a ROLLBACK. */
+static int progress_cb(void *arg) {
+  sq_t *s = arg;
+  if (s->finishing || s->base.deadline_ms == 0 || util_mono_ms() < s->base.deadline_ms) return 0;
+  s->base.deadline_hit = 1;
+  return 1;
+}
+
+static void op_set_deadline(store_t *base, uint64_t deadline_ms) {
+  sq_t *s = sq(base);
+  if (deadline_ms != 0)
+    sqlite3_progress_handler(s->db, PROGRESS_OPS, progress_cb, s);
+  else
+    sqlite3_progress_handler(s->db, 0, NULL, NULL);
+}
+
 /* ---- open, close, schema --------------------------------------------- */
 
 /* Switch to WAL (persistent in the file, so a no-op after the first time).
@@ -372,6 +430,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   sq_t *s = calloc(1, sizeof *s);
   if (s == NULL) return -CV_ENOMEM;
   s->base.ops = &store_sqlite_ops;
+  s->busy_ms = busy_ms;
   int rc = sqlite3_open_v2(path, &s->db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
   if (s->db == NULL) {
@@ -386,7 +445,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   if (!err) {
     sqlite3_extended_result_codes(s->db, 1);
     /* The busy handler first: switching to WAL may wait for a lock. */
-    sqlite3_busy_timeout(s->db, busy_ms);
+    sqlite3_busy_handler(s->db, busy_cb, s);
     err = set_wal(s, path, busy_ms);
   }
   if (!err) err = exec_sql(s, sync_sql[opt->sync], "synchronous");
@@ -922,6 +981,7 @@ const store_ops_t store_sqlite_ops = {
     .read_begin = op_read_begin,
     .read_end = op_read_end,
     .ping = op_ping,
+    .set_deadline = op_set_deadline,
     .channel_create = op_channel_create,
     .channel_get = op_channel_get,
     .channel_set_active = op_channel_set_active,

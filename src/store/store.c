@@ -198,6 +198,15 @@ void store_read_end(store_t *s) {
 
 int store_ping(store_t *s) { return s != NULL ? s->ops->ping(s) : -CV_EINVAL; }
 
+void store_set_deadline(store_t *s, uint64_t deadline_ms) {
+  if (s == NULL) return;
+  s->deadline_ms = deadline_ms;
+  s->deadline_hit = 0;
+  if (s->ops->set_deadline != NULL) s->ops->set_deadline(s, deadline_ms);
+}
+
+int store_deadline_hit(const store_t *s) { return s != NULL && s->deadline_hit; }
+
 int store_channel_create(store_t *s, const char *id, const char *name, int presence,
                          store_channel_t *out) {
   if (s == NULL || !util_id_valid(id) || name == NULL ||

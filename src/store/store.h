@@ -21,8 +21,9 @@
  *  - replay returns messages in ascending seq, at most `limit` per call.
  *
  * Errors: 0 on success, -CV_ENOTFOUND, -CV_EEXISTS, -CV_EINACTIVE,
- * -CV_EINVAL, -CV_EBUSY (lock not obtained in time), -CV_ESTORE (anything
- * else, including a database that cannot be reached; the backend logs the
+ * -CV_EINVAL, -CV_EBUSY (lock not obtained in time), -CV_ETIMEDOUT (the
+ * deadline of store_set_deadline passed), -CV_ESTORE (anything else,
+ * including a database that cannot be reached; the backend logs the
  * database's own message).
  */
 #ifndef CONVERGER_STORE_STORE_H
@@ -156,6 +157,30 @@ void store_read_end(store_t *s);
 
 /* Cheap liveness check (SELECT 1). */
 int store_ping(store_t *s);
+
+/* Bound the calls that follow on `s` by `deadline_ms` (monotonic ms, as
+ * util_mono_ms; 0: no deadline, only the backend's own limits) until the
+ * next store_set_deadline, and forget whether the last one was hit. The
+ * pool sets the deadline of each job around its work (pool.h). A call
+ * that reaches it fails with -CV_ETIMEDOUT:
+ *  - PostgreSQL: no statement is sent after it; the answer to one sent
+ *    before it is waited for at most until it (and until the statement
+ *    timeout plus a margin in any case); a connect attempt stops at it.
+ *    A statement given up on closes the connection, so the server rolls
+ *    back what was not committed and the next call connects again. A
+ *    COMMIT whose answer did not come in time may or may not have
+ *    committed: it is reported as this failure, never as success, and the
+ *    caller retries an append with the same id (the idempotency key).
+ *  - SQLite: a lock wait stops at the deadline or the busy timeout,
+ *    whichever comes first; a running statement is interrupted once it has
+ *    passed (COMMIT and ROLLBACK are not: they never wait for a lock once
+ *    the transaction holds its own); the transaction is rolled back.
+ * Thread: the store's owner. Never fails. */
+void store_set_deadline(store_t *s, uint64_t deadline_ms);
+
+/* 1 when a call since the last store_set_deadline stopped at its deadline
+ * (returned -CV_ETIMEDOUT), else 0. Thread: the store's owner. */
+int store_deadline_hit(const store_t *s);
 
 /* Channels. create: -CV_EEXISTS if the id is taken. get/set_active:
  * -CV_ENOTFOUND if missing. `out` may be NULL. */

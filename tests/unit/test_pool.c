@@ -2,7 +2,10 @@
  * come back on the loop in one piece; a burst is woken once per loop turn;
  * pool_close cancels what has not started, also jobs submitted by done
  * callbacks while closing; the queue-delay rule drops the jobs of a slow
- * pool and nothing else; the loop ends with no handle left open. */
+ * pool and nothing else; a job whose deadline passes in the queue comes
+ * back at its deadline, not run, while its worker is still busy; a running
+ * job's store calls stop at its deadline, and the next job's do not; the
+ * loop ends with no handle left open. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,8 +16,11 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 #include <uv.h>
 
+#include "api/metrics.h"
+#include "core/errors.h"
 #include "core/util.h"
 #include "store/pool.h"
 
@@ -221,6 +227,137 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The value of one series in the metrics exposition, -1 when absent. */
+static double metric_value(const char *series) {
+  size_t len = 0;
+  char *text = metrics_render(&len);
+  assert_non_null(text);
+  double v = -1;
+  size_t n = strlen(series);
+  for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') v = strtod(line + n + 1, NULL);
+  free(text);
+  return v;
+}
+
+/* One worker held busy by a job without a deadline: a job queued behind it
+ * with a 100 ms deadline comes back at that deadline (the sweep), not run,
+ * dropped and timed out, while the worker is still held; one whose
+ * deadline has passed when the worker takes it is not run either; one with
+ * a deadline far ahead runs. The queue-delay rule is out of the way (a
+ * target of 100 s), so the deadlines alone decide. Only the expired jobs
+ * count in converger_store_timeouts_total, none in the dropped total. */
+static void test_deadline_expires_queued_jobs(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  uv_sem_init(&gate, 0);
+  metrics_reset();
+  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  pool_set_queue_rule(pool, 100000, 100000);
+  job_t jobs[4];
+  memset(jobs, 0, sizeof jobs);
+  int order[4], ndone = 0;
+  for (int i = 0; i < 4; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+    jobs[i].job.kind = "deadline-test";
+  }
+  uint64_t t0 = util_mono_ms();
+  pool_submit(pool, &jobs[0].job, blocking_work_cb, done_cb); /* holds the worker */
+  jobs[1].job.deadline_ms = t0 + 100;
+  pool_submit(pool, &jobs[1].job, work_cb, done_cb);
+  jobs[2].job.deadline_ms = t0 + 100000;
+  pool_submit(pool, &jobs[2].job, work_cb, done_cb);
+  while (ndone < 1) uv_run(&loop, UV_RUN_ONCE);
+  uint64_t took = util_mono_ms() - t0;
+  assert_int_equal(order[0], 1); /* before the job that holds the worker */
+  assert_true(took >= 100 && took < 100 + SWEEP_MAX_MS + 400);
+  assert_true(jobs[1].job.dropped && jobs[1].job.timed_out);
+  assert_false(jobs[1].job.canceled);
+  assert_int_equal(jobs[1].status, -1); /* work never ran */
+  assert_true(jobs[1].job.wait_ms >= 100);
+
+  /* already past when the worker takes it (or the sweep finds it) */
+  jobs[3].job.deadline_ms = util_mono_ms();
+  pool_submit(pool, &jobs[3].job, work_cb, done_cb);
+  uv_sem_post(&gate);
+  while (ndone < 4) uv_run(&loop, UV_RUN_ONCE);
+  for (int i = 0; i < 4; i += 2) {
+    assert_int_equal(jobs[i].status, 0);
+    assert_false(jobs[i].job.dropped || jobs[i].job.timed_out);
+  }
+  assert_true(jobs[3].job.dropped && jobs[3].job.timed_out);
+  assert_int_equal(jobs[3].status, -1);
+  assert_true(metric_value("converger_store_timeouts_total{kind=\"deadline-test\"}") == 2);
+  assert_true(metric_value("converger_pool_dropped_total{kind=\"deadline-test\"}") == -1);
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  uv_sem_destroy(&gate);
+  metrics_reset();
+}
+
+typedef struct {
+  job_t base;
+  uint64_t took_ms; /* how long store_revoke took on the worker */
+} write_job_t;
+
+static void revoke_work_cb(pool_job_t *job, store_t *db) {
+  write_job_t *w = container_of(job, write_job_t, base.job);
+  uint64_t t0 = util_mono_ms();
+  w->base.status = store_revoke(db, "jti", 1);
+  w->took_ms = util_mono_ms() - t0;
+}
+
+/* The database is locked by another connection (SQLite's write lock): a
+ * job with a 200 ms deadline gets -CV_ETIMEDOUT from its write at about
+ * that deadline, not after the 5 s busy timeout, and comes back with
+ * timed_out (not dropped: it ran). Once the lock is gone, a job without a
+ * deadline on the same worker writes: the deadline ended with its job. */
+static void test_store_calls_stop_at_the_job_deadline(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  char path[128];
+  snprintf(path, sizeof path, "%s/p.db", dir);
+  sqlite3 *raw = NULL;
+  assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(raw, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+
+  write_job_t w[2];
+  memset(w, 0, sizeof w);
+  int order[2], ndone = 0;
+  for (int i = 0; i < 2; i++) {
+    w[i].base.id = i;
+    w[i].base.status = -1;
+    w[i].base.done_order = order;
+    w[i].base.ndone = &ndone;
+  }
+  w[0].base.job.deadline_ms = util_mono_ms() + 200;
+  pool_submit(pool, &w[0].base.job, revoke_work_cb, done_cb);
+  while (ndone < 1) uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(w[0].base.status, -CV_ETIMEDOUT);
+  assert_true(w[0].base.job.timed_out);
+  assert_false(w[0].base.job.dropped);
+  assert_true(w[0].took_ms >= 150 && w[0].took_ms < 1500);
+
+  assert_int_equal(sqlite3_exec(raw, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(raw);
+  pool_submit(pool, &w[1].base.job, revoke_work_cb, done_cb);
+  while (ndone < 2) uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(w[1].base.status, 0);
+  assert_false(w[1].base.job.timed_out);
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void test_start_failure_leaves_nothing(void **state) {
   uv_loop_t loop;
   pool_t *pool = NULL;
@@ -238,6 +375,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_close_cancels_queued_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_queue_delay_rule_drops_jobs_of_a_slow_pool, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_deadline_expires_queued_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_store_calls_stop_at_the_job_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown(test_start_failure_leaves_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

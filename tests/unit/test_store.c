@@ -1015,6 +1015,67 @@ static void test_busy(void **state) {
   store_close(s2);
 }
 
+/* Deadlines (store_set_deadline). The database is write-locked by another
+ * connection and the store's busy timeout is 30 s: an append with a 300 ms
+ * deadline fails with -CV_ETIMEDOUT at about 300 ms. With the deadline
+ * already passed, a write fails at once and a replay of 200 messages fails
+ * too (PostgreSQL sends nothing; SQLite interrupts it), also inside a read
+ * transaction, which store_read_end still ends. With a deadline ahead,
+ * reads go on beside the lock. Without one, once the lock is gone, the
+ * same store appends again: nothing was left open, and on PostgreSQL the
+ * connection closed at the deadline was replaced. */
+static void test_deadline(void **state) {
+  fx_t *f = *state;
+  mk_conv(f->s, "ch", "c1");
+  fill(f->s, "c1", 200);
+  store_t *s2 = NULL;
+  assert_int_equal(store_open(f->url, &test_opt, &s2), 0);
+  raw_t raw = raw_open(f);
+  raw_lock_writes(&raw);
+
+  store_msg_t m;
+  int created = 1;
+  uint64_t t0 = mono_ms();
+  store_set_deadline(s2, t0 + 300);
+  assert_int_equal(store_append(s2, "c1", "m201", "a", "{}", 1, &m, &created), -CV_ETIMEDOUT);
+  uint64_t took = mono_ms() - t0;
+  assert_true(took >= 250 && took < 2000);
+  assert_int_equal(created, 0);
+  assert_true(store_deadline_hit(s2));
+
+  store_set_deadline(s2, mono_ms());
+  assert_false(store_deadline_hit(s2));
+  t0 = mono_ms();
+  assert_int_equal(store_revoke(s2, "j", 1), -CV_ETIMEDOUT);
+  assert_true(mono_ms() - t0 < 200);
+  store_msg_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(store_replay(s2, "c1", 0, -1, 1000, 0, &v, &n), -CV_ETIMEDOUT);
+  assert_null(v);
+  assert_true(store_deadline_hit(s2));
+
+  store_set_deadline(s2, mono_ms() + 10000);
+  assert_int_equal(head_of(s2, "c1"), 200);
+  assert_int_equal(store_read_begin(s2), 0);
+  assert_int_equal(head_of(s2, "c1"), 200);
+  store_set_deadline(s2, mono_ms());
+  assert_int_equal(store_replay(s2, "c1", 0, -1, 1000, 0, &v, &n), -CV_ETIMEDOUT);
+  store_read_end(s2);
+  assert_false(store_deadline_hit(f->s)); /* the other store has its own */
+
+  raw_exec(&raw, "COMMIT");
+  raw_close(&raw);
+  store_set_deadline(s2, 0);
+  assert_int_equal(store_append(s2, "c1", "m201", "a", "{}", 1, &m, &created), 0);
+  assert_int_equal(m.seq, 201);
+  assert_int_equal(created, 1);
+  store_msg_clear(&m);
+  assert_false(store_deadline_hit(s2));
+  assert_int_equal(head_of(f->s, "c1"), 201);
+  expect_page(s2, "c1", 195, -1, 10, 196, 6);
+  store_close(s2);
+}
+
 /* ---- concurrency ------------------------------------------------------- */
 
 enum { WRITERS = 8, PER_WRITER = 200 };
@@ -1460,6 +1521,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_revocations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_membership, setup, teardown),
       cmocka_unit_test_setup_teardown(test_busy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown(test_read_snapshot, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotent_race, setup, teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_writers_gapless, setup, teardown),
