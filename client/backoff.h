@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "converger/client.h"
-#include "core/jitter.h"
+#include "common/jitter.h"
 
 typedef struct {
   cvg_backoff_strategy_t strategy;

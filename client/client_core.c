@@ -35,8 +35,8 @@
 
 #include "backoff.h"
 #include "converger/client.h"
-#include "core/jitter.h"
-#include "core/util.h"
+#include "common/jitter.h"
+#include "common/util.h"
 #include "wsurl.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_MS 15000

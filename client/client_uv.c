@@ -37,7 +37,7 @@
 #include <wslay/wslay.h>
 
 #include "converger/client.h"
-#include "net/wskey.h"
+#include "common/wskey.h"
 #include "wsurl.h"
 
 #define SUBPROTOCOL      "converger.v1"

@@ -11,8 +11,8 @@
 
 #include "cluster/membership.h"
 #include "core/config.h"
-#include "core/jitter.h"
-#include "core/util.h"
+#include "common/jitter.h"
+#include "common/util.h"
 #include "gate/limiter.h"
 #include "net/listener.h"
 #include "store/pool.h"

@@ -16,15 +16,16 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "api/auth.h"
-#include "api/metrics.h"
+#include "core/dburl.h"
+#include "gate/auth.h"
+#include "core/metrics.h"
 #include "api/rest.h"
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 #include "gate/drain.h"
 #include "net/conn.h"
@@ -234,7 +235,7 @@ int serve_main(int argc, char **argv) {
       .busy_timeout_ms = 5000,
   };
   /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
-  const char *backend = store_backend_name(cfg.database_url);
+  const char *backend = dburl_backend(cfg.database_url);
   int shared_store = backend && strcmp(backend, "postgres") == 0;
   if (shared_store) {
     opt.notify = 1;
@@ -242,7 +243,7 @@ int serve_main(int argc, char **argv) {
     bus_set_remote(node->bus);
   }
   char db_shown[512]; /* the URL without its password, for logs */
-  store_url_redact(cfg.database_url, db_shown, sizeof db_shown);
+  dburl_redact(cfg.database_url, db_shown, sizeof db_shown);
   int status = 1;
   uv_timer_init(node->loop, &node->admission_timer);
   node->admission_timer.data = node;

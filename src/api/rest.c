@@ -18,15 +18,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api/auth.h"
-#include "api/metrics.h"
+#include "gate/auth.h"
+#include "core/metrics.h"
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
 #include "gate/drain.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 #include "gate/limiter.h"
 #include "net/ws.h"

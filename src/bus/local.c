@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "bus/bus.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "net/ws.h"
 #include "proto/frames.h"
 

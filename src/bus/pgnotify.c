@@ -24,9 +24,10 @@
 #include <string.h>
 
 #include "bus/bus.h"
+#include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "proto/session.h"
 #include "store/pgconn.h"
 #include "store/store.h"
@@ -406,7 +407,7 @@ int pgnotify_start(node_t *node, const char *url, pgnotify_t **out) {
     return err;
   }
   l->node = node;
-  store_url_redact(url, l->shown, sizeof l->shown);
+  dburl_redact(url, l->shown, sizeof l->shown);
   snprintf(l->app, sizeof l->app, "converger listen %s", node->cfg->node_id);
   uv_timer_init(node->loop, &l->timer);
   l->timer.data = l;

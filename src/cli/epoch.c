@@ -6,8 +6,9 @@
 
 #include "cli/args.h"
 #include "core/config.h"
+#include "core/dburl.h"
 #include "core/errors.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/store.h"
 
 #define MAX_CONVS 1000
@@ -72,7 +73,7 @@ int epoch_main(int argc, char **argv) {
     return r == 1 ? 0 : 2;
   }
   char shown[512];
-  store_url_redact(cfg.database_url, shown, sizeof shown);
+  dburl_redact(cfg.database_url, shown, sizeof shown);
   store_t *s = NULL;
   store_options_t opt = {.sync = STORE_SYNC_FULL, .busy_timeout_ms = 5000};
   int status = 0;

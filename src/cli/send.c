@@ -5,7 +5,7 @@
  *
  * Waits: after a 503, the node's hint (the body's error.retryAfterMs, else
  * the Retry-After header), capped at SEND_HINT_CAP_MS; after a connection
- * failure, or a 503 without a hint, decorrelated jitter (core/jitter.h) from
+ * failure, or a 503 without a hint, decorrelated jitter (common/jitter.h) from
  * SEND_BACKOFF_BASE_MS up to SEND_BACKOFF_CAP_MS. Nothing else is retried:
  * a 4xx or another 5xx will not change by asking again.
  */
@@ -22,8 +22,8 @@
 #include <uv.h>
 
 #include "cli/args.h"
-#include "core/jitter.h"
-#include "core/util.h"
+#include "common/jitter.h"
+#include "common/util.h"
 #include "net/httpc.h"
 
 #define SEND_DEFAULT_RETRIES    5

@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/auth.h"
+#include "core/dburl.h"
+#include "gate/auth.h"
 #include "cli/args.h"
 #include "core/config.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/store.h"
 
 static void usage(FILE *out) {
@@ -79,7 +80,7 @@ int token_main(int argc, char **argv) {
   int from_file;
   if (config_load_secrets(&cfg, 0, &from_file) != 0) {
     char db_shown[512];
-    store_url_redact(cfg.database_url, db_shown, sizeof db_shown);
+    dburl_redact(cfg.database_url, db_shown, sizeof db_shown);
     fprintf(stderr,
             "converger token: no token secret: set CONVERGER_TOKEN_SECRET, or run this where the "
             "node runs (its data directory is %s, from CONVERGER_DATABASE_URL %s)\n",

@@ -12,7 +12,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 #include "node.h"
 

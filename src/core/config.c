@@ -16,10 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
-#include "store/store.h"
+#include "common/util.h"
+
 
 typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL, K_WSURL } kind_t;
 
@@ -190,9 +191,9 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     }
     break;
   case K_DBURL:
-    if (store_backend_name(v) == NULL) {
+    if (dburl_backend(v) == NULL) {
       char shown[512];
-      store_url_redact(v, shown, sizeof shown);
+      dburl_redact(v, shown, sizeof shown);
       fprintf(stderr,
               "converger: invalid %s \"%s\": want sqlite:PATH, "
               "postgres://USER@HOST:PORT/DB or a libpq keyword string (host=... dbname=...)\n",
@@ -207,9 +208,9 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
               who, v);
       return -CV_EINVAL;
     }
-    if (strlen(v) > STORE_URL_MAX) {
+    if (strlen(v) > CONFIG_URL_MAX) {
       fprintf(stderr, "converger: invalid %s: longer than %d bytes\n", who,
-              STORE_URL_MAX);
+              CONFIG_URL_MAX);
       return -CV_EINVAL;
     }
     break;
@@ -284,7 +285,7 @@ int config_parse(config_t *cfg, int argc, char **argv) {
   /* The data directory holds the generated secrets: SQLite's is the
    * database file's directory; with PostgreSQL it is data/ under the
    * current directory (nodes started from one directory share it). */
-  if (strcmp(store_backend_name(cfg->database_url), "sqlite") == 0) {
+  if (strcmp(dburl_backend(cfg->database_url), "sqlite") == 0) {
     const char *path = cfg->database_url + 7;
     const char *slash = strrchr(path, '/');
     cfg->data_dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");

@@ -13,6 +13,7 @@
 /* The shortest token secret accepted (bytes): HS256's key is as strong as
  * its hash is long (RFC 7518, section 3.2). */
 #define CONFIG_SECRET_MIN 32
+#define CONFIG_URL_MAX    512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
 
 typedef struct {
   char *listen;              /* "host:port" */

@@ -28,11 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 #include "gate/spread.h"
 #include "net/conn.h"

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/jitter.h"
+#include "common/jitter.h"
 
 typedef struct {
   size_t n;        /* peers */

@@ -9,9 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/session.h"

@@ -18,10 +18,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "api/rest.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "net/ws.h"
 
 typedef struct {

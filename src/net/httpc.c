@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/util.h"
+#include "common/util.h"
 
 #define FIELD_MAX 16 /* longest header name we look at ("Retry-After") */
 #define VALUE_MAX 24 /* longest Retry-After value we parse */

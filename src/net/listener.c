@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 
 static const char *reason_of(int err) {
   switch (err) {

@@ -22,9 +22,9 @@
 #include <strings.h>
 #include <wslay/wslay.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "proto/session.h"
 
 struct ws_s {

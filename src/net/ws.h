@@ -21,7 +21,7 @@
 
 #include "net/conn.h"
 #include "net/http.h"
-#include "net/wskey.h"
+#include "common/wskey.h"
 
 #define WS_SUBPROTOCOL "converger.v1"
 

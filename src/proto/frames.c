@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/errors.h"
-#include "core/util.h"
+#include "common/util.h"
 
 #define WHY(...) snprintf(why, why_len, __VA_ARGS__)
 

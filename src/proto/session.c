@@ -30,12 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/auth.h"
-#include "api/metrics.h"
+#include "gate/auth.h"
+#include "core/metrics.h"
 #include "bus/bus.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 #include "gate/drain.h"
 #include "net/ws.h"

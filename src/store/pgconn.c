@@ -11,9 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/store.h"
 
 static PGconn *start(const char *url, const char *app) {
@@ -70,7 +71,7 @@ int pgconn_timeout_ms(const char *url, int *timeout_ms) {
   char *msg = NULL, line[512], red[512];
   PQconninfoOption *info = PQconninfoParse(url, &msg);
   if (info == NULL) {
-    store_url_redact(url, red, sizeof red);
+    dburl_redact(url, red, sizeof red);
     if (msg == NULL) return -CV_ENOMEM;
     log_error("store: %s: %s", red, pgconn_one_line(msg, line, sizeof line));
     PQfreemem(msg);

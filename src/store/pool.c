@@ -19,10 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/metrics.h"
+#include "core/dburl.h"
+#include "core/metrics.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 
 struct pool_s {
   uv_loop_t *loop;
@@ -288,7 +289,7 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   for (int i = 0; r == 0 && i < size; i++) {
     if ((r = store_open(url, opt, &pool->stores[i])) != 0) {
       char shown[512]; /* without a password */
-      store_url_redact(url, shown, sizeof shown);
+      dburl_redact(url, shown, sizeof shown);
       log_error("store: cannot open %s: %s", shown, cv_strerror(r));
     } else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
       log_error("store: migration failed: %s", cv_strerror(r));

@@ -69,9 +69,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/backend.h"
 #include "store/pgconn.h"
 
@@ -426,7 +427,7 @@ static int connect_db(pg_t *s) {
     /* Every worker fails during an outage, each every RECONNECT_PAUSE_MS:
      * the first failure is an error, the rest until a success are debug. */
     int first = atomic_exchange(&connect_failing, 1) == 0;
-    store_url_redact(s->url, url, sizeof url);
+    dburl_redact(s->url, url, sizeof url);
     log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url, why,
               first ? QUIET_NOTE : "");
     if (by_deadline && util_mono_ms() >= s->base.deadline_ms) {

@@ -41,7 +41,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/backend.h"
 
 #define URL_PREFIX   "sqlite:"

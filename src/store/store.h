@@ -114,15 +114,7 @@ typedef struct {
   int64_t updated_ms;                   /* wall clock of the beat, ms since the Unix epoch */
 } store_node_t;
 
-/* The backend `url` selects: "sqlite", "postgres", or NULL when it is none
- * of the forms above. Checks the form only, not that it can connect. */
-const char *store_backend_name(const char *url);
-
-/* Copy `url` into `out` (`cap` bytes, always terminated, truncated if need
- * be) with any password replaced by "***": the userinfo password of a URL
- * and every password=VALUE (URL query or keyword string), whatever the
- * scheme. For logs and error messages. */
-void store_url_redact(const char *url, char *out, size_t cap);
+/* The URL forms: core/dburl.h (dburl_backend, dburl_redact). */
 
 /* Open a connection for `url` (see above). SQLite: PATH is relative to the
  * current directory and its directory must exist; sets WAL mode, the

@@ -1,4 +1,4 @@
-/* Fuzz target: token verification (api/auth.c). Input whose first byte is
+/* Fuzz target: token verification (gate/auth.c). Input whose first byte is
  * 'C' is a claims set: it is signed here with the right secret (header
  * {"alg":"HS256"}), so the fuzzer reaches the claim checks behind the
  * signature. Any other input is a token as sent by a client. Either way it
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/auth.h"
-#include "core/util.h"
+#include "gate/auth.h"
+#include "common/util.h"
 
 #define SECRET "fuzz-secret-of-at-least-32-bytes"
 #define NOW    1800000000

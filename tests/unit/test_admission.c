@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "core/errors.h"
-#include "core/jitter.h"
+#include "common/jitter.h"
 #include "gate/admission.h"
 
 typedef struct {

@@ -1,4 +1,4 @@
-/* Unit tests for api/auth: tokens (good, expired, bad signature, alg none,
+/* Unit tests for gate/auth: tokens (good, expired, bad signature, alg none,
  * other algorithms, missing claims), API key, revocation cache. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "api/auth.h"
+#include "gate/auth.h"
 #include "core/errors.h"
 
 #define SECRET "unit-test-secret-of-at-least-32-bytes"

@@ -16,7 +16,7 @@
 #include <uv.h>
 
 #include "converger/client.h"
-#include "net/wskey.h"
+#include "common/wskey.h"
 
 typedef enum {
   S_OK,          /* 101, then the script below after the hello */

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/util.h"
+#include "common/util.h"
 #include "net/httpc.h"
 
 /* ---- URLs ------------------------------------------------------------------------- */

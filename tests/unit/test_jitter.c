@@ -1,4 +1,4 @@
-/* Unit tests for core/jitter: ranges, determinism, hint spread. */
+/* Unit tests for common/jitter: ranges, determinism, hint spread. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "core/jitter.h"
+#include "common/jitter.h"
 
 #define N 20000
 

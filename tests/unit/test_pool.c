@@ -19,9 +19,9 @@
 #include <sqlite3.h>
 #include <uv.h>
 
-#include "api/metrics.h"
+#include "core/metrics.h"
 #include "core/errors.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/pool.h"
 
 typedef struct {

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "core/jitter.h"
+#include "common/jitter.h"
 #include "gate/spread.h"
 
 static void test_equal_loads_even(void **state) {

@@ -37,8 +37,9 @@
 #include <cmocka.h>
 
 #include "core/errors.h"
+#include "core/dburl.h"
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "store/store.h"
 
 #define SQL_EVIL "'; DROP TABLE messages; --"
@@ -270,45 +271,45 @@ static void test_open_bad_args(void **state) {
 /* Which backend a URL selects, and what logs show of it. */
 static void test_url_forms(void **state) {
   (void)state;
-  assert_string_equal(store_backend_name("sqlite:x.db"), "sqlite");
-  assert_string_equal(store_backend_name("postgres://u@h:5432/db"), "postgres");
-  assert_string_equal(store_backend_name("postgresql://"), "postgres");
-  assert_string_equal(store_backend_name("host=h dbname=d"), "postgres");
-  assert_string_equal(store_backend_name("  dbname = d"), "postgres");
-  assert_null(store_backend_name("sqlite:"));
-  assert_null(store_backend_name("mysql://h/db"));
-  assert_null(store_backend_name("mysql://h/db?x=1"));
-  assert_null(store_backend_name("data/converger.db"));
-  assert_null(store_backend_name(""));
-  assert_null(store_backend_name(NULL));
+  assert_string_equal(dburl_backend("sqlite:x.db"), "sqlite");
+  assert_string_equal(dburl_backend("postgres://u@h:5432/db"), "postgres");
+  assert_string_equal(dburl_backend("postgresql://"), "postgres");
+  assert_string_equal(dburl_backend("host=h dbname=d"), "postgres");
+  assert_string_equal(dburl_backend("  dbname = d"), "postgres");
+  assert_null(dburl_backend("sqlite:"));
+  assert_null(dburl_backend("mysql://h/db"));
+  assert_null(dburl_backend("mysql://h/db?x=1"));
+  assert_null(dburl_backend("data/converger.db"));
+  assert_null(dburl_backend(""));
+  assert_null(dburl_backend(NULL));
 
   char out[256];
-  store_url_redact("postgres://alice:s3cret@db.example:5432/cv?sslmode=require", out, sizeof out);
+  dburl_redact("postgres://alice:s3cret@db.example:5432/cv?sslmode=require", out, sizeof out);
   assert_string_equal(out, "postgres://alice:***@db.example:5432/cv?sslmode=require");
-  store_url_redact("postgresql://alice@db/cv?password=s3cret&application_name=x", out, sizeof out);
+  dburl_redact("postgresql://alice@db/cv?password=s3cret&application_name=x", out, sizeof out);
   assert_string_equal(out, "postgresql://alice@db/cv?password=***&application_name=x");
-  store_url_redact("postgres://a:b:c@h/db", out, sizeof out);
+  dburl_redact("postgres://a:b:c@h/db", out, sizeof out);
   assert_string_equal(out, "postgres://a:***@h/db");
-  store_url_redact("postgres://h/db", out, sizeof out);
+  dburl_redact("postgres://h/db", out, sizeof out);
   assert_string_equal(out, "postgres://h/db");
-  store_url_redact("host=h password=s3cret user=u", out, sizeof out);
+  dburl_redact("host=h password=s3cret user=u", out, sizeof out);
   assert_string_equal(out, "host=h password=*** user=u");
-  store_url_redact("password = 'it\\'s a secret' dbname=d", out, sizeof out);
+  dburl_redact("password = 'it\\'s a secret' dbname=d", out, sizeof out);
   assert_string_equal(out, "password = *** dbname=d");
-  store_url_redact("password='a b\\'c' dbname=d", out, sizeof out);
+  dburl_redact("password='a b\\'c' dbname=d", out, sizeof out);
   assert_string_equal(out, "password=*** dbname=d");
-  store_url_redact("mysql://root:hunter2@h/db", out, sizeof out);
+  dburl_redact("mysql://root:hunter2@h/db", out, sizeof out);
   assert_string_equal(out, "mysql://root:***@h/db");
-  store_url_redact("sqlite:data/x.db", out, sizeof out);
+  dburl_redact("sqlite:data/x.db", out, sizeof out);
   assert_string_equal(out, "sqlite:data/x.db");
-  store_url_redact("postgres://alice:s3cret@db.example:5432/cv", out, 12);
+  dburl_redact("postgres://alice:s3cret@db.example:5432/cv", out, 12);
   assert_string_equal(out, "postgres://");
   /* a '?' in the password is still the password (libpq reads it so) */
-  store_url_redact("postgres://user:s3cr?et@db.example/cv", out, sizeof out);
+  dburl_redact("postgres://user:s3cr?et@db.example/cv", out, sizeof out);
   assert_string_equal(out, "postgres://user:***@db.example/cv");
-  store_url_redact("postgres://u@h?sslpassword=k3y&%70assword=pw&sslmode=require", out, sizeof out);
+  dburl_redact("postgres://u@h?sslpassword=k3y&%70assword=pw&sslmode=require", out, sizeof out);
   assert_string_equal(out, "postgres://u@h?sslpassword=***&%70assword=***&sslmode=require");
-  store_url_redact("host=h sslpassword=k3y", out, sizeof out);
+  dburl_redact("host=h sslpassword=k3y", out, sizeof out);
   assert_string_equal(out, "host=h sslpassword=***");
 }
 

@@ -37,7 +37,7 @@
 
 #include "bench/burst.h"
 #include "bench/run.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "gate/admission.h"
 
 #define QUEUE_MIN_RUNS   5   /* runs of each queue pattern, at least */

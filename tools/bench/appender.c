@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "bench/restc.h"
-#include "core/util.h"
+#include "common/util.h"
 
 typedef struct phase_s phase_t;
 

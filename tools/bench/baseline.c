@@ -41,8 +41,8 @@
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "bench/wsclient.h"
-#include "core/jitter.h"
-#include "core/util.h"
+#include "common/jitter.h"
+#include "common/util.h"
 
 #define BODY_BYTES 100  /* JSON body of each message appended in phase 3 */
 #define SETTLE_MS  2000 /* idle time before the second RSS reading */

@@ -23,7 +23,7 @@
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "converger/client.h"
-#include "core/util.h"
+#include "common/util.h"
 
 #define WATCH_MS      100          /* deadline, node and signal checks */
 #define PROGRESS_MS   5000         /* progress line to stderr */

@@ -36,7 +36,7 @@
 #include "bench/rollplot.h"
 #include "bench/run.h"
 #include "cli/args.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "plot/gnuplot.h"
 
 #define CMD           "converger bench compare"

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "bench/restc.h"
-#include "core/util.h"
+#include "common/util.h"
 
 #define READY_WAIT_MS 30000
 #define IDLE_WAIT_MS  30000 /* for the node to drop the closed connections */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "bench/run.h"
-#include "core/util.h"
+#include "common/util.h"
 #include "net/httpc.h"
 
 #define RESTC_TIMEOUT_MS 10000 /* connect + send + receive of one blocking call */

@@ -53,7 +53,7 @@
 #include "bench/rollw.h"
 #include "bench/run.h"
 #include "cli/args.h"
-#include "core/util.h"
+#include "common/util.h"
 
 #define CMD          "converger bench roll"
 #define MAX_NODES    ROLLW_MAX_NODES

@@ -20,7 +20,7 @@
 
 #include "bench/node.h"
 #include "cli/args.h"
-#include "core/util.h"
+#include "common/util.h"
 
 volatile sig_atomic_t run_interrupted;
 

@@ -24,7 +24,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "core/jitter.h"
+#include "common/jitter.h"
 
 typedef struct bench_s bench_t;
 

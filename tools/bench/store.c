@@ -61,7 +61,8 @@
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "cli/args.h"
-#include "core/util.h"
+#include "common/util.h"
+#include "core/dburl.h"
 #include "store/store.h"
 
 #ifndef CONVERGER_PG_TMP_DEFAULT
@@ -291,7 +292,7 @@ static int parse_options(options_t *o, int argc, char **argv) {
                           "cluster the bench starts itself: drop --pg-url or postgres-fsync\n");
       return -1;
     }
-  if (o->pg_url && !store_backend_name(o->pg_url)) {
+  if (o->pg_url && !dburl_backend(o->pg_url)) {
     fprintf(stderr, CMD ": --pg-url \"%s\" is not a PostgreSQL URL (postgres://...)\n", o->pg_url);
     return -1;
   }
@@ -981,7 +982,7 @@ int bench_store_main(int argc, char **argv) {
     else if (pg_start(&x) != 0)
       goto out;
     char redacted[STORE_URL_MAX];
-    store_url_redact(x.pg_url, redacted, sizeof redacted);
+    dburl_redact(x.pg_url, redacted, sizeof redacted);
     printf(CMD ": PostgreSQL at %s%s\n", redacted,
            o.pg_url ? " (--pg-url)" : " (a throwaway cluster of scripts/pg-tmp)");
   }

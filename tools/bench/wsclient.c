@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "bench/run.h"
-#include "core/jitter.h"
-#include "core/util.h"
+#include "common/jitter.h"
+#include "common/util.h"
 #include "store/store.h"
 
 #define OPEN_WINDOW 256        /* connections connecting or upgrading at once */

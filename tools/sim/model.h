@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #include "backoff.h"
-#include "core/jitter.h"
+#include "common/jitter.h"
 #include "gate/spread.h"
 #include "sim/params.h"
 

@@ -5,7 +5,7 @@
 
 #include <stdio.h>
 
-#include "core/util.h"
+#include "common/util.h"
 #include "sim/model.h"
 #include "sim/params.h"
 #include "sim/report.h"

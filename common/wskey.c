@@ -1,4 +1,4 @@
-#include "net/wskey.h"
+#include "common/wskey.h"
 
 #include <openssl/evp.h>
 #include <stdio.h>

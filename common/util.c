@@ -1,4 +1,4 @@
-#include "core/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <openssl/rand.h>

@@ -5,7 +5,7 @@
  * most (routes x status codes), so lookup is a short scan. Histograms use
  * fixed buckets in ms and are guarded by one mutex.
  */
-#include "api/metrics.h"
+#include "core/metrics.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "core/util.h"
+#include "common/util.h"
 
 typedef enum { M_COUNTER, M_GAUGE, M_HISTOGRAM } mtype_t;
 

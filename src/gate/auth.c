@@ -1,4 +1,4 @@
-#include "api/auth.h"
+#include "gate/auth.h"
 
 #include <errno.h>
 #include <jwt.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/errors.h"
-#include "core/util.h"
+#include "common/util.h"
 
 typedef struct rev_s {
   struct rev_s *next;

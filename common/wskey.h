@@ -2,8 +2,8 @@
  * wskey: the RFC 6455 handshake pieces shared by the node (net/ws.c) and
  * the client library (client/client_uv.c). Pure functions, any thread.
  */
-#ifndef CONVERGER_NET_WSKEY_H
-#define CONVERGER_NET_WSKEY_H
+#ifndef CONVERGER_COMMON_WSKEY_H
+#define CONVERGER_COMMON_WSKEY_H
 
 /* Sec-WebSocket-Accept for `key` (RFC 6455 section 4.2.2: base64 of the
  * SHA-1 of key + GUID). `out` gets 28 characters and a NUL. */

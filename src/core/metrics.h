@@ -7,8 +7,8 @@
  * thread only; histograms may be observed from any thread (a mutex guards
  * them: the pool workers record checkout waits).
  */
-#ifndef CONVERGER_API_METRICS_H
-#define CONVERGER_API_METRICS_H
+#ifndef CONVERGER_CORE_METRICS_H
+#define CONVERGER_CORE_METRICS_H
 
 #include <stddef.h>
 #include <stdint.h>

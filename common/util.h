@@ -2,8 +2,8 @@
  * util: small helpers shared by every module: container_of, wall and
  * monotonic clocks, id validation, random ids. Any thread may call.
  */
-#ifndef CONVERGER_CORE_UTIL_H
-#define CONVERGER_CORE_UTIL_H
+#ifndef CONVERGER_COMMON_UTIL_H
+#define CONVERGER_COMMON_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>

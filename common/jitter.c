@@ -1,4 +1,4 @@
-#include "core/jitter.h"
+#include "common/jitter.h"
 
 #include <openssl/rand.h>
 #include <string.h>

@@ -9,8 +9,8 @@
  *   decorrelated: min(cap, random in [base, 3 * previous]))
  * All durations in ms. A jitter_rng_t belongs to one thread.
  */
-#ifndef CONVERGER_CORE_JITTER_H
-#define CONVERGER_CORE_JITTER_H
+#ifndef CONVERGER_COMMON_JITTER_H
+#define CONVERGER_COMMON_JITTER_H
 
 #include <stdint.h>
 

@@ -8,8 +8,8 @@
  * be in the revocation cache. Loop thread, except auth_sign and auth_verify, which are
  * pure and may run anywhere.
  */
-#ifndef CONVERGER_API_AUTH_H
-#define CONVERGER_API_AUTH_H
+#ifndef CONVERGER_GATE_AUTH_H
+#define CONVERGER_GATE_AUTH_H
 
 #include <jansson.h>
 #include <stddef.h>
