@@ -14,6 +14,7 @@
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
+#include "proto/chanlog.h"
 #include "net/listener.h"
 #include "store/pool.h"
 
@@ -23,6 +24,15 @@ typedef struct auth_s auth_t;
 typedef struct admission_s admission_t;
 typedef struct pgnotify_s pgnotify_t;
 typedef struct drain_s drain_t;
+
+/* The lifecycle's phases (lifecycle.h); they only move forward. */
+typedef enum {
+  NODE_STARTING = 0, /* listening soon, not ready: /readyz 503 "starting" */
+  NODE_READY,        /* /readyz 200 (with the store up), upgrades accepted */
+  NODE_DRAINING,     /* a drain began: not ready, upgrades refused, REST served */
+  NODE_STOPPING,     /* closing everything and exiting */
+  NODE_STOPPED,      /* the pool is joined; the loop is ending */
+} node_phase_t;
 
 typedef struct node_s {
   uv_loop_t *loop;
@@ -48,19 +58,38 @@ typedef struct node_s {
   int nconns;    /* all TCP connections */
   int nws;       /* WebSocket connections */
   uint64_t next_session;
+  uint64_t delivered_unflushed; /* deliveries not yet added to their metric (session_flush_metrics) */
+  chanlog_t chans;              /* recent channel state changes (proto/chanlog.h) */
+  uv_timer_t revocation_timer;  /* api/rest.c: the revocation refresh */
+  int revocation_running;       /* its store job is in the pool */
   int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
 
   /* connections holding a descriptor for nothing owed, oldest first (net/conn.h) */
   conn_t *reclaim_head, *reclaim_tail;
   int nreclaimable;
 
-  int ready;                 /* /readyz answers 200 */
-  int draining;              /* a drain began: not ready, upgrades refused, REST served */
-  int stopping;              /* closing everything and exiting */
+  node_phase_t phase;        /* the one lifecycle state (lifecycle.h) */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
 
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
 } node_t;
+
+/* The word for `p` in /readyz, /admin/status and logs: "starting",
+ * "ready", "draining", "stopping", "stopped". */
+static inline const char *node_phase_name(node_phase_t p) {
+  static const char *const names[] = {"starting", "ready", "draining", "stopping", "stopped"};
+  return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "unknown";
+}
+
+/* lifecycle.c: ready -> draining, the drain policy (gate/drain.h) started;
+ * `why` for the log ("SIGTERM", "POST /admin/drain"). 0, or -CV_EEXISTS
+ * when the node already drains or stops. Loop thread. */
+int node_drain(node_t *node, const char *why);
+
+/* lifecycle.c: -> stopping: the listener closes, WebSocket connections get
+ * 1001, HTTP answers in flight finish, then the pool is joined and the
+ * loop ends (lifecycle_tick). Idempotent. Loop thread. */
+void node_stop(node_t *node, const char *why);
 
 /* A retry hint for a refusal: uniform in the configured retry-after range
  * (CONVERGER_RETRY_AFTER_MIN_MS..MAX_MS), ms. Loop thread. */

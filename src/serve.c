@@ -1,11 +1,8 @@
 /*
  * serve.c: wiring of one node (main only wires; behaviour lives in the
- * modules) and its shutdown sequence, driven by the tick timer:
- *   running -> stopping (listener closed, sockets closed with 1001, HTTP
- *   answers in flight finish) -> all connections gone and no pool job in
- *   flight, or the stop deadline passed -> pool joined -> bus and timers
- *   closed -> the loop ends. The heartbeat timer stops when stopping begins
- *   (cluster/membership.h); the node's row then ages out.
+ * modules). What happens from a signal to the exit is lifecycle.c's; the
+ * tick timer here drives the deadlines of every module and the
+ * lifecycle's way out.
  */
 #include "serve.h"
 
@@ -28,13 +25,12 @@
 #include "common/util.h"
 #include "gate/admission.h"
 #include "gate/drain.h"
+#include "lifecycle.h"
 #include "net/conn.h"
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frames.h"
 #include "proto/session.h"
-
-#define STOP_GRACE_MS 10000 /* longest wait for in-flight work at shutdown */
 
 /* Descriptors kept out of the open-file limit for everything but WebSocket
  * connections: 64 for the process (stdio, the loop, signals, the log, the
@@ -44,52 +40,6 @@
  * WAL; PostgreSQL: one socket). docs/operations.md says the same. */
 #define FD_RESERVE_BASE     128
 #define FD_RESERVE_PER_POOL 2
-
-typedef enum { RUNNING, STOPPING, POOL_CLOSED, DONE } phase_t;
-static phase_t phase = RUNNING;
-
-static void tick_cb(uv_timer_t *t);
-
-static void begin_stop(node_t *node, const char *why) {
-  if (node->stopping) return;
-  log_info("%s: stopping: closing %d WebSocket connection(s) with 1001, finishing %d pool job(s)",
-           why, node->nws, pool_in_flight(node->pool));
-  node->stopping = 1;
-  node->ready = 0;
-  node->stop_deadline_ms = util_mono_ms() + STOP_GRACE_MS;
-  phase = STOPPING;
-  uv_timer_start(&node->tick, tick_cb, 20, 20); /* finish promptly */
-  conn_stop_listening(node);
-  rest_stop(node);
-  membership_stop(node); /* one last beat says "draining" (when the pool is idle) */
-  session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
-  for (conn_t *c = node->conns; c; c = c->next)
-    if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
-}
-
-/* SIGTERM drains (gate/drain.h), unless CONVERGER_DRAIN_SHUTDOWN_MS is 0:
- * then it stops at once, as SIGINT does. A second SIGTERM changes nothing;
- * a second SIGINT exits at once. */
-static void signal_cb(uv_signal_t *sig, int signum) {
-  node_t *node = sig->data;
-  if (signum == SIGINT) {
-    if (node->stopping) {
-      log_warn("second SIGINT: exiting at once");
-      exit(130);
-    }
-    begin_stop(node, node->draining ? "SIGINT during the drain" : "SIGINT");
-    return;
-  }
-  if (node->stopping || node->draining) {
-    log_info("SIGTERM again: already %s; ignored (SIGINT twice exits at once)",
-             node->stopping ? "stopping" : "draining");
-    return;
-  }
-  if (node->cfg->drain_shutdown_ms == 0)
-    begin_stop(node, "SIGTERM (CONVERGER_DRAIN_SHUTDOWN_MS=0: no drain)");
-  else
-    drain_start(node->drain, "SIGTERM");
-}
 
 static void check_cb(uv_check_t *h) { conn_flush_all(h->data); }
 
@@ -115,41 +65,9 @@ static void tick_cb(uv_timer_t *t) {
   uint64_t now = util_mono_ms();
   conn_tick(node, now);
   listener_tick(&node->listener, now);
-  session_flush_metrics();
+  session_flush_metrics(node);
   conn_flush_all(node);
-  switch (phase) {
-  case RUNNING:
-  case DONE:
-    return;
-  case STOPPING: {
-    int idle = node->nconns == 0 && pool_in_flight(node->pool) == 0;
-    if (!idle && now < node->stop_deadline_ms) return;
-    if (!idle)
-      log_warn("stop deadline passed with %d connection(s) and %d pool job(s); closing",
-               node->nconns, pool_in_flight(node->pool));
-    for (conn_t *c = node->conns; c; c = c->next) conn_close(c);
-    pool_close(node->pool); /* waits for the workers; runs the last done callbacks */
-    node->pool = NULL;
-    phase = POOL_CLOSED;
-    return;
-  }
-  case POOL_CLOSED:
-    if (node->nconns > 0) return; /* close callbacks still to run */
-    if (node->pgnotify) pgnotify_close(node->pgnotify); /* after pool_close: see its header */
-    node->pgnotify = NULL;
-    drain_close(node->drain); /* after pool_close: its peers job has returned */
-    node->drain = NULL;
-    bus_close(node->bus);
-    node->bus = NULL;
-    uv_close((uv_handle_t *)&node->flush_check, NULL);
-    uv_close((uv_handle_t *)&node->sigterm, NULL);
-    uv_close((uv_handle_t *)&node->sigint, NULL);
-    uv_close((uv_handle_t *)&node->tick, NULL);
-    uv_close((uv_handle_t *)&node->admission_timer, NULL);
-    phase = DONE;
-    log_info("stopped");
-    return;
-  }
+  lifecycle_tick(node, now);
 }
 
 static uint64_t tick_interval(const config_t *cfg) {
@@ -250,7 +168,7 @@ int serve_main(int argc, char **argv) {
   int slots = admission_default_slots(cfg.handshake_concurrency, cfg.pool_size);
   node->admission = admission_new(slots, (uint64_t)cfg.handshake_queue_ms, cfg.handshake_queue_max,
                                   admission_arm, node);
-  node->drain = drain_new(node, begin_stop);
+  node->drain = drain_new(node, node_stop);
   if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
@@ -276,14 +194,10 @@ int serve_main(int argc, char **argv) {
   node->tick.data = node;
   uint64_t iv = tick_interval(&cfg);
   uv_timer_start(&node->tick, tick_cb, iv, iv);
-  uv_signal_init(node->loop, &node->sigterm);
-  uv_signal_init(node->loop, &node->sigint);
-  node->sigterm.data = node->sigint.data = node;
-  uv_signal_start(&node->sigterm, signal_cb, SIGTERM);
-  uv_signal_start(&node->sigint, signal_cb, SIGINT);
+  lifecycle_signals_start(node);
   rest_start_revocation_refresh(node);
   membership_start(node);
-  node->ready = 1;
+  lifecycle_ready(node);
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
            CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,

@@ -373,11 +373,7 @@ static void handle_status(conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
   json_t *v =
       json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", node->cfg->node_id,
-                "version", CONVERGER_VERSION, "state",
-                node->stopping   ? "stopping"
-                : node->draining ? "draining"
-                : node->ready    ? "ready"
-                                 : "starting",
+                "version", CONVERGER_VERSION, "state", node_phase_name(node->phase),
                 "connections", node->nws, "maxConnections", node->max_connections,
                 "httpConnections", node->nconns - node->nws, "subscriptions",
                 (json_int_t)bus_count(node->bus), "poolInFlight", pool_in_flight(node->pool),
@@ -388,7 +384,7 @@ static void handle_status(conn_t *c) {
 /* POST /admin/drain: as SIGTERM (gate/drain.h). 202: begun; 409: already. */
 static void handle_drain(conn_t *c) {
   node_t *node = c->node;
-  if (node->stopping || drain_start(node->drain, "POST /admin/drain") != 0)
+  if (node_drain(node, "POST /admin/drain") != 0)
     return http_respond_error(c, 409, "conflict", "the node is already draining or stopping", 0);
   http_respond_json(c, 202,
                     json_pack("{s:s, s:i, s:i, s:i, s:i}", "state", "draining", "connections",
@@ -413,7 +409,7 @@ static void handle_shed(conn_t *c, http_request_t *req) {
     bad_request(c, "fraction must be a number with 0 < fraction <= 1");
   else if (window < 0 || window > 3600000)
     bad_request(c, "windowMs must be an integer from 0 to 3600000");
-  else if (node->stopping || (r = drain_shed(node->drain, fraction, window, &chosen, &total)) ==
+  else if (node->phase >= NODE_STOPPING || (r = drain_shed(node->drain, fraction, window, &chosen, &total)) ==
                                  -CV_EBUSY)
     http_respond_error(c, 409, "conflict", "the node is draining or already shedding", 0);
   else if (r != 0)
@@ -631,9 +627,10 @@ void rest_handle(conn_t *c, http_request_t *req) {
       http_respond_json(c, status,
                         json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
                         "Sec-WebSocket-Version: 13\r\n");
-    } else if (node->stopping || node->draining) {
+    } else if (node->phase >= NODE_DRAINING) {
       http_respond_error(c, 503, "unavailable",
-                         node->stopping ? "node is shutting down" : "node is draining; use another",
+                         node->phase >= NODE_STOPPING ? "node is shutting down"
+                                                      : "node is draining; use another",
                          node_retry_hint(node));
     } else if (node->nws >= node->max_connections) {
       /* Refused while descriptors remain, so health checks, metrics and
@@ -674,12 +671,11 @@ void rest_handle(conn_t *c, http_request_t *req) {
     /* Without its LISTEN connection a node would serve subscribers that
      * hear nothing from other nodes: the database is unreachable, or was. */
     int store_ok = !node->pgnotify || pgnotify_listening(node->pgnotify);
-    const char *state = node->stopping   ? "stopping"
-                        : node->draining ? "draining"
-                        : !node->ready   ? "starting"
-                        : !store_ok    ? "store_unavailable"
-                                       : "ready";
-    return http_respond_json(c, node->ready && !node->stopping && store_ok ? 200 : 503,
+    int ready = node->phase == NODE_READY && store_ok;
+    const char *state = node->phase != NODE_READY ? node_phase_name(node->phase)
+                        : !store_ok               ? "store_unavailable"
+                                                  : "ready";
+    return http_respond_json(c, ready ? 200 : 503,
                              json_pack("{s:s}", "status", state), NULL);
   }
   if (strcmp(path, "/metrics") == 0) {
@@ -792,9 +788,6 @@ typedef struct {
   int status;
 } refresh_job_t;
 
-static uv_timer_t refresh_timer;
-static int refresh_running;
-
 static void refresh_work(pool_job_t *job, store_t *db) {
   refresh_job_t *r = container_of(job, refresh_job_t, job);
   r->status = store_revocations(db, util_now_ms() / 1000, &r->jtis, &r->n);
@@ -808,29 +801,30 @@ static void refresh_done(pool_job_t *job) {
     for (size_t i = 0; i < r->n; i++) auth_add_revoked(r->node->auth, r->jtis[i]);
     if (r->n) session_revoke_jti(r->node, NULL);
   }
+  r->node->revocation_running = 0;
   store_strings_free(r->jtis, r->n);
   free(r);
-  refresh_running = 0;
 }
 
 static void refresh_cb(uv_timer_t *t) {
   node_t *node = t->data;
-  if (refresh_running || node->stopping) return;
+  if (node->revocation_running || node->phase >= NODE_STOPPING) return;
   refresh_job_t *r = calloc(1, sizeof *r);
   if (!r) return;
   r->node = node;
-  refresh_running = 1;
+  node->revocation_running = 1;
   r->job.kind = "revocations";
   r->job.no_drop = 1; /* revocations must take effect under overload too */
   pool_submit(node->pool, &r->job, refresh_work, refresh_done);
 }
 
 void rest_stop(node_t *node) {
-  if (!uv_is_closing((uv_handle_t *)&refresh_timer)) uv_close((uv_handle_t *)&refresh_timer, NULL);
+  if (!uv_is_closing((uv_handle_t *)&node->revocation_timer))
+    uv_close((uv_handle_t *)&node->revocation_timer, NULL);
 }
 
 void rest_start_revocation_refresh(node_t *node) {
-  uv_timer_init(node->loop, &refresh_timer);
-  refresh_timer.data = node;
-  uv_timer_start(&refresh_timer, refresh_cb, 0, (uint64_t)node->cfg->revocation_refresh_ms);
+  uv_timer_init(node->loop, &node->revocation_timer);
+  node->revocation_timer.data = node;
+  uv_timer_start(&node->revocation_timer, refresh_cb, 0, (uint64_t)node->cfg->revocation_refresh_ms);
 }

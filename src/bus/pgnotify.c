@@ -351,7 +351,7 @@ static void resync_done(pool_job_t *job) {
     if (j->status[i] == -CV_ENOTFOUND) continue;
     if (!j->info[i].channel_active) {
       /* unless a notification heard since says otherwise: the newer wins */
-      if (!session_channel_changed_since(j->chan_gen, j->info[i].channel)) {
+      if (!session_channel_changed_since(l->node, j->chan_gen, j->info[i].channel)) {
         session_channel_inactive(l->node, j->info[i].channel);
         inactive++;
       }
@@ -374,7 +374,7 @@ static void start_resync(pgnotify_t *l) {
                      (j->status = calloc(j->n, sizeof *j->status))))) {
     if (j->n == 0) return resync_free(j);
     j->l = l;
-    j->chan_gen = session_channel_gen();
+    j->chan_gen = session_channel_gen(l->node);
     j->job.kind = "resync";
     j->job.no_drop = 1; /* the outage is over: this must run */
     l->resync = j;

@@ -61,7 +61,7 @@ static void beat(node_t *node) {
   b->node = node;
   b->id = node->cfg->node_id;
   b->public_url = node->cfg->public_url;
-  b->state = node->draining || node->stopping ? "draining" : "ready";
+  b->state = node->phase >= NODE_DRAINING ? "draining" : "ready";
   b->connections = node->nws;
   b->waiters = admission_waiting(node->admission);
   b->job.kind = "membership";
@@ -98,5 +98,5 @@ void membership_stop(node_t *node) {
   if (uv_is_closing((uv_handle_t *)t)) return;
   uv_timer_stop(t);
   uv_close((uv_handle_t *)t, NULL);
-  if (pool_in_flight(node->pool) == 0) beat(node); /* node->stopping: "draining" */
+  if (pool_in_flight(node->pool) == 0) beat(node); /* stopping: "draining" */
 }

@@ -72,6 +72,7 @@ struct drain_s {
   node_t *node;
   drain_stop_cb stop;
   uv_timer_t timer; /* deadlines and pacing, while a batch is active */
+  int begun;        /* drain_start ran: the node is draining, or stopping after it */
   int stopped;      /* stop() called: later closes are the shutdown's */
   uint64_t began_ms, shutdown_at;
   uint32_t last_shed;
@@ -312,7 +313,7 @@ static void timer_cb(uv_timer_t *t) {
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
   pace(d, now);
-  if (d->node->draining && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
+  if (d->begun && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
     release_queue(d);
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
@@ -325,7 +326,7 @@ static void timer_cb(uv_timer_t *t) {
              (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
     d->stop(d->node, why);
   }
-  if (!d->node->draining && !d->shed.id && d->qhead == d->qlen) {
+  if (!d->begun && !d->shed.id && d->qhead == d->qlen) {
     uv_timer_stop(&d->timer);
     return;
   }
@@ -368,12 +369,11 @@ static void closed_cb(uv_handle_t *h) {
 void drain_close(drain_t *d) { uv_close((uv_handle_t *)&d->timer, closed_cb); }
 
 int drain_start(drain_t *d, const char *why) {
-  if (d->node->draining) return -CV_EEXISTS;
+  if (d->begun) return -CV_EEXISTS;
   node_t *node = d->node;
+  d->begun = 1;
   d->began_ms = util_mono_ms();
   d->shutdown_at = d->began_ms + (uint64_t)node->cfg->drain_shutdown_ms;
-  node->draining = 1;
-  node->ready = 0;
   d->drain.id = BATCH_DRAIN;
   d->drain.window_ms = node->cfg->drain_window_ms;
   /* The drain takes over a running shed: its connections are told again
@@ -409,7 +409,7 @@ int drain_start(drain_t *d, const char *why) {
 }
 
 int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total) {
-  if (d->node->draining || d->shed.id) return -CV_EBUSY;
+  if (d->begun || d->shed.id) return -CV_EBUSY;
   node_t *node = d->node;
   conn_t **all = malloc(((size_t)node->nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
@@ -460,4 +460,4 @@ void drain_conn_closing(drain_t *d, conn_t *c) {
   metrics_add("converger_drain_migrated_total", NULL, 1);
 }
 
-int drain_state(const drain_t *d) { return d->node->draining ? 1 : d->shed.id ? 2 : 0; }
+int drain_state(const drain_t *d) { return d->begun ? 1 : d->shed.id ? 2 : 0; }

@@ -444,7 +444,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
                   const char *extra_headers) {
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
-  int keep_alive = h->req.keep_alive && !c->node->stopping;
+  int keep_alive = h->req.keep_alive && c->node->phase < NODE_STOPPING;
   count_request(h->req.route, status);
   write_response(c, status, content_type, body, len, extra_headers, keep_alive);
   h->busy = 0;

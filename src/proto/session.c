@@ -45,7 +45,6 @@
 #define PAGE_BYTES     (256 * 1024)  /* bytes of bodies in one replay page */
 #define HELLO_BYTES    (1024 * 1024) /* bytes of first pages in one hello job, all subs */
 #define OUT_HIGH_WATER (1024 * 1024) /* queued output above which replay pauses */
-#define DEACT_RING     256           /* recent channel deactivations remembered */
 
 typedef struct sub_s {
   bus_sub_t bus;
@@ -89,43 +88,15 @@ struct session_s {
   uint64_t retry_due; /* the earliest retry_at of its subscriptions; 0: none */
 };
 
-static uint64_t delivered_total; /* flushed into the metric by session_flush_metrics */
-
-/* Recent channel state changes, so that a handshake whose store read came
- * before a deactivation still ends its subscription, and one that came
- * before a reactivation does not (loop thread). */
-typedef struct {
-  char channel[STORE_ID_MAX + 1];
-  int active;
-} chan_event_t;
-static chan_event_t chan_ring[DEACT_RING];
-static uint64_t chan_gen; /* changes so far; change g is chan_ring[g % DEACT_RING] */
-
-static void record_channel(const char *channel, int active) {
-  chan_event_t *e = &chan_ring[chan_gen++ % DEACT_RING];
-  snprintf(e->channel, sizeof e->channel, "%s", channel);
-  e->active = active;
-}
-
-/* The last change of `channel` since change `gen` among those remembered:
- * 1 activated, 0 deactivated, -1 none. */
-static int last_change_since(uint64_t gen, const char *channel) {
-  uint64_t first = chan_gen - gen > DEACT_RING ? chan_gen - DEACT_RING : gen;
-  for (uint64_t g = chan_gen; g-- > first;)
-    if (strcmp(chan_ring[g % DEACT_RING].channel, channel) == 0)
-      return chan_ring[g % DEACT_RING].active;
-  return -1;
-}
-
 /* 1 when the last change of `channel` since change `gen` deactivated it. */
-static int deactivated_since(uint64_t gen, const char *channel) {
-  return last_change_since(gen, channel) == 0;
+static int deactivated_since(node_t *node, uint64_t gen, const char *channel) {
+  return chanlog_last_change_since(&node->chans, gen, channel) == 0;
 }
 
-uint64_t session_channel_gen(void) { return chan_gen; }
+uint64_t session_channel_gen(node_t *node) { return node->chans.gen; }
 
-int session_channel_changed_since(uint64_t gen, const char *channel) {
-  return chan_gen - gen > DEACT_RING || last_change_since(gen, channel) >= 0;
+int session_channel_changed_since(node_t *node, uint64_t gen, const char *channel) {
+  return chanlog_changed_since(&node->chans, gen, channel);
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -220,7 +191,7 @@ static void pending_add(sub_t *sub, bus_msg_t *m) {
 static void send_live(sub_t *sub, bus_msg_t *m) {
   ws_send_frame(sub->session->conn, m->frame, m->frame_len);
   sub->delivered = m->seq;
-  delivered_total++;
+  sub->session->node->delivered_unflushed++;
 }
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
@@ -358,7 +329,7 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
     if (msgs[i].seq != sub->delivered + 1) break; /* never: the store is gapless */
     send_text_owned(c, frame_msg(sub->conv, &msgs[i]));
     sub->delivered = msgs[i].seq;
-    delivered_total++;
+    sub->session->node->delivered_unflushed++;
   }
 }
 
@@ -608,7 +579,7 @@ static void hello_done(pool_job_t *job) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = find_sub(s, it->conv);
       if (!sub) continue;
-      if (it->status == 0 && deactivated_since(h->deact_gen, it->info.channel))
+      if (it->status == 0 && deactivated_since(s->node, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
         if (it->status == -CV_ENOTFOUND)
@@ -685,7 +656,7 @@ static void hello_submit(session_t *s) {
     s->subs = sub;
     bus_subscribe(s->node->bus, &sub->bus);
   }
-  h->deact_gen = chan_gen;
+  h->deact_gen = s->node->chans.gen;
   h->job.kind = "hello";
   h->job.deadline_ms = node_store_deadline(s->node);
   s->hello_running = h;
@@ -993,10 +964,10 @@ void session_on_writable(conn_t *c) {
   }
 }
 
-void session_flush_metrics(void) {
-  if (delivered_total) {
-    metrics_add("converger_messages_delivered_total", NULL, delivered_total);
-    delivered_total = 0;
+void session_flush_metrics(node_t *node) {
+  if (node->delivered_unflushed) {
+    metrics_add("converger_messages_delivered_total", NULL, node->delivered_unflushed);
+    node->delivered_unflushed = 0;
   }
 }
 
@@ -1043,10 +1014,12 @@ void session_revoke_jti(node_t *node, const char *jti) {
   }
 }
 
-void session_channel_active(node_t *node, const char *channel) { record_channel(channel, 1); }
+void session_channel_active(node_t *node, const char *channel) {
+  chanlog_record(&node->chans, channel, 1);
+}
 
 void session_channel_inactive(node_t *node, const char *channel) {
-  record_channel(channel, 0);
+  chanlog_record(&node->chans, channel, 0);
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;

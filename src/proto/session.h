@@ -33,7 +33,7 @@ void session_on_writable(conn_t *c);
 /* Add the deliveries counted since the last call to
  * converger_messages_delivered_total (once per tick: the hot path counts in
  * a plain integer). */
-void session_flush_metrics(void);
+void session_flush_metrics(node_t *node);
 
 /* The connection is ending (its close frame is queued, or its socket is
  * closing): a hello or sync waiting for an admission slot leaves the queue,
@@ -59,12 +59,12 @@ void session_channel_active(node_t *node, const char *channel);
 
 /* The number of channel state changes seen so far: a generation to pass to
  * session_channel_changed_since. */
-uint64_t session_channel_gen(void);
+uint64_t session_channel_gen(node_t *node);
 
 /* 1 when `channel` changed state after generation `gen` (or too many
  * changes came since to tell), else 0: a state read from the store before
  * that is out of date. */
-int session_channel_changed_since(uint64_t gen, const char *channel);
+int session_channel_changed_since(node_t *node, uint64_t gen, const char *channel);
 
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(node_t *node, int code, const char *reason);
