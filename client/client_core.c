@@ -64,7 +64,10 @@ typedef struct {
 typedef struct {
   char *conv;
   int64_t wm;       /* watermark; CVG_WATERMARK_NONE until the first welcome */
-  char epoch[CVG_EPOCH_MAX + 1]; /* the epoch `wm` is in; "" unknown */
+  char epoch[CVG_EPOCH_MAX + 1];           /* the epoch `wm` is in; "" unknown */
+  char left_epoch[CVG_EPOCH_MAX + 1];      /* the one a reset left: its late frames are dropped */
+  char hello_epoch[NT][CVG_EPOCH_MAX + 1]; /* `epoch` when transport slot k's hello went out */
+  char sync_epoch[CVG_EPOCH_MAX + 1];      /* `epoch` when the pending sync went out */
   int ended;        /* forbidden, not found or inactive: left out of hellos */
   int sync_pending; /* a gap sync is in flight on the active transport */
   int64_t retry_at; /* replay_unavailable: sync again at this time; -1 none */
@@ -542,11 +545,12 @@ static void drop(cvg_core_t *core, ctrans_t *t, const char *why, int64_t now) {
   transport_lost(core, t, CVG_CLOSE_ABORT, why, strlen(why), now);
 }
 
-static char *hello_frame(cvg_core_t *core) {
+static char *hello_frame(cvg_core_t *core, int slot) {
   json_t *subs = json_array();
   for (size_t i = 0; i < core->nsubs; i++) {
     csub_t *s = &core->subs[i];
     if (s->ended) continue;
+    memcpy(s->hello_epoch[slot], s->epoch, sizeof s->epoch);
     json_t *e = json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
                           s->wm < 0 ? json_null() : json_integer(s->wm));
     if (e && s->wm >= 0 && s->epoch[0]) json_object_set_new(e, "epoch", json_string(s->epoch));
@@ -581,15 +585,24 @@ static int no_subscription_left(cvg_core_t *core, int64_t now) {
   return 1;
 }
 
-/* An `epoch` field: 1 with *out set (NULL when absent or null), 0 when it
- * is there but not an epoch (a bad frame). */
+/* An `epoch` field: 1 with *out set (NULL when absent, null or ""), 0
+ * when it is there but not an epoch (a bad frame). */
 static int get_epoch(json_t *v, const char **out) {
   *out = NULL;
   if (!v || json_is_null(v)) return 1;
   const char *e = json_string_value(v);
-  if (!e || !e[0] || strlen(e) > CVG_EPOCH_MAX) return 0;
-  *out = e;
+  if (!e || strlen(e) > CVG_EPOCH_MAX) return 0;
+  *out = e[0] ? e : NULL;
   return 1;
+}
+
+/* A reset the node reports for `s` (welcome entry, synced) that the client
+ * has already made: the resume named epoch `sent`, and since it went out
+ * the other connection's messages (a drain move) moved the subscription
+ * into the reported epoch. Then the watermark stays (never backwards) and
+ * nothing is reported twice. */
+static int reset_already_made(const csub_t *s, const char *sent, const char *epoch) {
+  return epoch && s->epoch[0] && strcmp(sent, s->epoch) != 0 && strcmp(epoch, s->epoch) == 0;
 }
 
 /* The node says `s`'s history is not the one its watermark was in: tell
@@ -598,6 +611,8 @@ static void reset_sub(cvg_core_t *core, csub_t *s, int64_t head, const char *epo
   char old_epoch[CVG_EPOCH_MAX + 1];
   int64_t old = s->wm;
   memcpy(old_epoch, s->epoch, sizeof old_epoch);
+  if (epoch && s->epoch[0] && strcmp(epoch, s->epoch) != 0)
+    memcpy(s->left_epoch, s->epoch, sizeof s->left_epoch);
   s->wm = head;
   snprintf(s->epoch, sizeof s->epoch, "%s", epoch ? epoch : "");
   core->st.resets++;
@@ -625,7 +640,8 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
       continue;
     int64_t h = (int64_t)json_integer_value(head);
     if (json_is_true(json_object_get(it, "reset")) && s->wm != CVG_WATERMARK_NONE) {
-      reset_sub(core, s, h, epoch);
+      if (!reset_already_made(s, s->hello_epoch[slot_of(core, t)], epoch))
+        reset_sub(core, s, h, epoch);
       continue;
     }
     if (s->wm == CVG_WATERMARK_NONE) s->wm = h; /* started live: the head is the watermark */
@@ -675,6 +691,7 @@ static void request_sync(cvg_core_t *core, csub_t *s, int64_t now) {
   json_t *sync =
       json_pack("{s:s, s:s, s:I}", "type", "sync", "conv", s->conv, "watermark", (json_int_t)s->wm);
   if (sync && s->epoch[0]) json_object_set_new(sync, "epoch", json_string(s->epoch));
+  memcpy(s->sync_epoch, s->epoch, sizeof s->epoch);
   push_send(core, core->t[core->active].id, dump(sync));
 }
 
@@ -695,6 +712,10 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
   }
   int64_t seq = (int64_t)json_integer_value(seqv);
   if (s->ended) return;
+  if (epoch && s->left_epoch[0] && strcmp(epoch, s->left_epoch) == 0) {
+    core->st.duplicates++; /* late, from the history a reset left (the other connection) */
+    return;
+  }
   if (epoch && s->epoch[0] && strcmp(epoch, s->epoch) != 0 && s->wm != CVG_WATERMARK_NONE) {
     /* The history changed under a live subscription (the store was
      * restored while this connection stayed): what the watermark counted
@@ -735,8 +756,10 @@ static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   if (s->sync_pending) core->st.gaps_filled++;
   s->sync_pending = 0;
   if (!s->ended && slot_of(core, t) == core->active) {
-    if (json_is_true(json_object_get(j, "reset")) && s->wm != CVG_WATERMARK_NONE)
-      reset_sub(core, s, (int64_t)json_integer_value(head), epoch);
+    int64_t h = (int64_t)json_integer_value(head);
+    if (json_is_true(json_object_get(j, "reset")) && s->wm != CVG_WATERMARK_NONE &&
+        !reset_already_made(s, s->sync_epoch, epoch))
+      reset_sub(core, s, h, epoch);
     else if (epoch)
       snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
   }
@@ -851,7 +874,7 @@ void cvg_core_opened(cvg_core_t *core, uint32_t id, int64_t now) {
     return;
   }
   t->st = T_HELLO;
-  push_send(core, t->id, hello_frame(core));
+  push_send(core, t->id, hello_frame(core, slot_of(core, t)));
   finish(core);
 }
 

@@ -111,8 +111,9 @@ typedef enum {
   CVG_STATE_CLOSED,     /* closed by the application */
 } cvg_state_t;
 
-/* Longest epoch the client keeps (bytes); the node's are 8. */
-#define CVG_EPOCH_MAX 32
+/* Longest epoch (bytes), as the node accepts it in hello and sync (its own
+ * are 8). */
+#define CVG_EPOCH_MAX 16
 
 /* One subscription: a conversation id and the last seq the application has
  * (CVG_WATERMARK_NONE: start live at the head). Its epoch, when the

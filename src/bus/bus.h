@@ -31,6 +31,7 @@ typedef struct bus_msg_s {
   int refs;
   int64_t seq;
   char conv[STORE_ID_MAX + 1];
+  char epoch[STORE_EPOCH_MAX + 1]; /* its conversation's epoch when committed; "" unknown */
   char *json;  /* msg frame JSON (built on the worker) */
   char *frame; /* encoded WebSocket frame, built once on the loop */
   size_t frame_len;

@@ -204,6 +204,7 @@ int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const 
   if (r == 0 && *created) {
     atomic_fetch_add(&bus->appended, 1);
     bus_msg_t *m = bus_msg_new(conv, out->seq, frame_msg(conv, out));
+    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", out->epoch);
     if (m && m->json) {
       uv_mutex_lock(&bus->queue_mu);
       if (bus->tail)

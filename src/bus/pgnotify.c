@@ -213,12 +213,17 @@ static void heard(pgnotify_t *l, const char *payload) {
     if (end == payload + 2 || *end != ' ' || seq <= 0 || errno == ERANGE) goto bad;
     const char *conv = end + 1;
     const char *nl = strchr(conv, '\n');
-    size_t clen = nl ? (size_t)(nl - conv) : strlen(conv);
-    char id[STORE_ID_MAX + 1];
-    if (clen == 0 || clen > STORE_ID_MAX) goto bad;
+    size_t hlen = nl ? (size_t)(nl - conv) : strlen(conv); /* "CONV" or "CONV EPOCH" */
+    const char *sp = memchr(conv, ' ', hlen);
+    size_t clen = sp ? (size_t)(sp - conv) : hlen;
+    size_t elen = sp ? hlen - clen - 1 : 0;
+    char id[STORE_ID_MAX + 1], epoch[STORE_EPOCH_MAX + 1];
+    if (clen == 0 || clen > STORE_ID_MAX || elen > STORE_EPOCH_MAX || (sp && elen == 0)) goto bad;
     memcpy(id, conv, clen);
     id[clen] = '\0';
-    if (!util_id_valid(id)) goto bad;
+    memcpy(epoch, conv + clen + 1, elen);
+    epoch[elen] = '\0';
+    if (!util_id_valid(id) || (elen && !util_id_valid(epoch))) goto bad;
     if (!bus_has_sub(node->bus, id)) return; /* most conversations have no subscriber here */
     char *json = NULL;
     if (nl && !(json = strdup(nl + 1))) {
@@ -226,6 +231,7 @@ static void heard(pgnotify_t *l, const char *payload) {
     }
     /* json NULL: a head hint (bus.h), for a frame that did not fit */
     bus_msg_t *m = bus_msg_new(id, seq, json);
+    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", epoch);
     if (m) bus_publish(node->bus, m);
     return;
   }

@@ -263,9 +263,23 @@ static void fill_finish(sub_t *sub, int64_t head, int synced) {
   }
 }
 
+/* A live message in another epoch than the subscription's: the store was
+ * restored (or its epoch rotated) under this connection. The message
+ * starts the new history here, as the client takes it (docs/protocol.md,
+ * section 3.1): a watermark at or past it moves back to just before it, one
+ * behind it is filled from the store, in the new epoch, up to it. */
+static void epoch_changed(sub_t *sub, const bus_msg_t *m) {
+  log_debug("session %llu: %s: a message in epoch %s, the subscription's was %s",
+            (unsigned long long)sub->session->id, sub->conv, m->epoch, sub->epoch);
+  count_reset("epoch");
+  strcpy(sub->epoch, m->epoch);
+  if (sub->delivered >= m->seq) sub->delivered = m->seq - 1;
+}
+
 static void deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
   sub_t *sub = container_of(bs, sub_t, bus);
   if (sub->session->conn->closing) return;
+  if (m->epoch[0] && sub->epoch[0] && strcmp(m->epoch, sub->epoch) != 0) epoch_changed(sub, m);
   if (sub->filling) {
     pending_add(sub, m);
     return;
@@ -405,6 +419,12 @@ static void fill_done(pool_job_t *job) {
                (unsigned long long)s->id, f->conv, (long long)f->after, (long long)f->upto);
       drop_hints_above(sub, sub->delivered);
       fill_finish(sub, sub->delivered, f->synced);
+    } else if (sub && f->reset && !f->admitted && strcmp(f->reset, "epoch") == 0 &&
+               strcmp(sub->epoch, f->head_epoch) == 0) {
+      /* A fill of the node's own, whose epoch a live message moved on
+       * while it was out (epoch_changed): not a reset any more; read
+       * again in the new epoch. (A client's sync keeps its own epoch.) */
+      fill_start(sub, sub->delivered, -1, f->synced);
     } else if (sub && f->reset) {
       /* The history the subscription was in is not the store's: from the
        * head, and the client is told (synced with reset). What waits in

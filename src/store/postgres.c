@@ -773,8 +773,8 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
 
 /* ---- messages --------------------------------------------------------- */
 
-/* The NOTIFY payload of a new message (store.h: "m SEQ CONV\nFRAME", or
- * "m SEQ CONV" when that does not fit the limit) as a template whose SEQs
+/* The NOTIFY payload of a new message (store.h: "m SEQ CONV EPOCH\nFRAME", or
+ * "m SEQ CONV EPOCH" when that does not fit the limit) as a template whose SEQs
  * are chr(1), which SQL_APPEND_NOTIFY replaces with the seq it assigns: the
  * payload is then sent in the statement that inserts, under the lock for
  * no extra round trip. The frame is built with seq 0; its first "seq":0 is
@@ -790,13 +790,13 @@ static char *notify_template(pg_t *s, const char *conv, const char *id, const ch
   char *frame = s->notify_frame != NULL ? s->notify_frame(conv, &m) : NULL;
   const char *at = frame != NULL ? strstr(frame, "\"seq\":0,") : NULL;
   char *out = NULL;
-  /* 20 digits per seq at most: "m " SEQ " " CONV "\n" FRAME with its seq */
+  /* 20 digits per seq at most: "m " SEQ " " CONV " " EPOCH "\n" FRAME with its seq */
   if (at != NULL &&
-      4 + 2 * 20 + strlen(conv) + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
-      asprintf(&out, "m \x01 %s\n%.*s\"seq\":\x01%s", conv, (int)(at - frame), frame,
+      5 + 2 * 20 + strlen(conv) + strlen(epoch) + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
+      asprintf(&out, "m \x01 %s %s\n%.*s\"seq\":\x01%s", conv, epoch, (int)(at - frame), frame,
                at + strlen("\"seq\":0")) < 0)
     out = NULL;
-  if (out == NULL && asprintf(&out, "m \x01 %s", conv) < 0) out = NULL;
+  if (out == NULL && asprintf(&out, "m \x01 %s %s", conv, epoch) < 0) out = NULL;
   free(frame);
   return out;
 }

@@ -85,9 +85,10 @@ typedef struct {
  * does NOTIFY on STORE_NOTIFY_CHANNEL, so every node's listener
  * (bus/pgnotify.c) hears of it once it commits, in commit order. Payloads
  * (text, at most STORE_NOTIFY_PAYLOAD_MAX bytes, PostgreSQL's limit):
- *   "m SEQ CONV\nFRAME"  a new message, with its msg frame JSON when the
- *                        whole payload fits the limit
- *   "m SEQ CONV"         a new message too large for that: listeners read
+ *   "m SEQ CONV EPOCH\nFRAME"  a new message, with its conversation's
+ *                        epoch and its msg frame JSON when the whole
+ *                        payload fits the limit
+ *   "m SEQ CONV EPOCH"   a new message too large for that: listeners read
  *                        it from the store
  *   "c 0 CHANNEL"        the channel was deactivated ("c 1": activated) */
 #define STORE_NOTIFY_CHANNEL     "converger"

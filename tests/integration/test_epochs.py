@@ -118,6 +118,38 @@ class Epochs(NodeCase):
         self.assertEqual(self.metric(n, "converger_resets_total", 'reason="ahead"'), 2)
         self.assertEqual(self.metric(n, "converger_resets_total", 'reason="epoch"'), 2)
 
+    def test_a_rotation_under_a_live_subscriber_loses_nothing(self):
+        # The epoch is rotated while a subscriber is live (nothing was
+        # restored): the next message comes in the new epoch, with the next
+        # seq, and a sync in the new epoch replays without a reset.
+        n = self.node_start()
+        conv = n.new_conv()
+        for i in range(3):
+            n.send(conv, {"n": i + 1})
+        tok = mint_token("u", [conv])
+        db = os.path.join(n.tmpdir, "converger.db")
+
+        async def run():
+            ws = await WsClient.connect(n)
+            w = await ws.hello(tok, [{"conv": conv, "watermark": 0}])
+            old = w["subs"][0]["epoch"]
+            await ws.until_synced(conv)
+            r = subprocess.run([harness.binary(), "epoch", "rotate", "--database-url", "sqlite:" + db],
+                               capture_output=True, text=True, timeout=20, cwd=n.tmpdir,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            n.send(conv, {"n": 4})
+            m = (await ws.recv_msgs(1))[0]
+            self.assertEqual(m["seq"], 4)
+            self.assertNotEqual(m["epoch"], old)
+            await ws.send_json({"type": "sync", "conv": conv, "watermark": 2, "epoch": m["epoch"]})
+            msgs, synced = await ws.until_synced(conv)
+            self.assertEqual([x["seq"] for x in msgs], [3, 4])
+            self.assertNotIn("reset", synced)
+            await ws.ws.close()
+
+        self.arun(run(), 30)
+
     # -- the client library, through converger tail -----------------------------
 
     def test_tail_with_a_watermark_above_the_head_prints_every_new_message(self):
@@ -293,6 +325,43 @@ class EpochsPg(NodeCase):
                            env={k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")})
         self.assertEqual(r.returncode, 1)
         self.assertIn('no conversation "no-such-conv"', r.stderr)
+
+
+    def test_a_store_restored_under_live_subscribers_restarts_them_at_the_new_history(self):
+        # The nodes keep running while the history is cut back to seq 3 (as
+        # a point-in-time restore would) and the epoch rotated: subscribers
+        # that had 1..6 get the new seq 4, 5 (in the new epoch), not nothing
+        # until the head passes 6 again.
+        env = {"CONVERGER_DATABASE_URL": self.pg.url}
+        a, b = self.node_start(env), self.node_start(env)
+        conv = a.new_conv()
+        for i in range(1, 7):
+            a.send(conv, {"n": i})
+        old = a.get("/v1/conversations/" + conv, key=harness.API_KEY)[2]["epoch"]
+        tok = mint_token("u", [conv])
+
+        async def run():
+            ws = await WsClient.connect(b)
+            await ws.hello(tok, [{"conv": conv, "watermark": 0}])
+            msgs, _ = await ws.until_synced(conv)
+            self.assertEqual([m["seq"] for m in msgs], [1, 2, 3, 4, 5, 6])
+            self.pg.sql("BEGIN; DELETE FROM messages WHERE conv = '%s' AND seq > 3;"
+                        " UPDATE conversations SET head = 3 WHERE id = '%s'; COMMIT" % (conv, conv))
+            r = subprocess.run([harness.binary(), "epoch", "rotate", "--conv", conv,
+                                "--database-url", self.pg.url],
+                               capture_output=True, text=True, timeout=20,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            a.send(conv, {"n": 104})
+            a.send(conv, {"n": 105})
+            got = await ws.recv_msgs(2)
+            new = got[0]["epoch"]
+            self.assertNotEqual(new, old)
+            self.assertEqual([(m["seq"], m["body"]["n"], m["epoch"]) for m in got],
+                             [(4, 104, new), (5, 105, new)])
+            await ws.ws.close()
+
+        self.arun(run(), 30)
 
 
 if __name__ == "__main__":

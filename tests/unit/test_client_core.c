@@ -1262,9 +1262,70 @@ static void test_synced_reset(void **state) {
   cvg_core_stats(h.core, h.now, &st);
   uint64_t bad = st.bad_frames;
   text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":3,\"epoch\":7}");
-  msg_in(&h, t, "c1", 4, "");
+  msg_in(&h, t, "c1", 4, "0123456789abcdef0"); /* longer than CVG_EPOCH_MAX */
   cvg_core_stats(h.core, h.now, &st);
   assert_int_equal(st.bad_frames, bad + 2);
+  destroy(&h);
+}
+
+/* A drain move while the epoch changes: the old connection's messages
+ * bring the new epoch after the new connection's hello went out with the
+ * old one. The new welcome's reset is then one the client already made:
+ * the watermark does not go back and on_reset is not called twice; a late
+ * frame of the old epoch is dropped, not taken as another reset. */
+static void test_reset_during_a_migration_is_made_once(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  msg_in(&h, old, "c1", 1, "e1");
+  msg_in(&h, old, "c1", 2, "e1");
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":\"ws://next:9/v1/"
+       "ws\",\"deadlineMs\":30000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  assert_non_null(strstr(last(&h, CVG_ACT_SEND, nt)->data, "\"watermark\":2,\"epoch\":\"e1\""));
+  msg_in(&h, old, "c1", 2, "e2"); /* the store was restored and rotated: seq 2 again */
+  assert_int_equal(h.nresets, 1);
+  msg_in(&h, old, "c1", 3, "e2");
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 3);
+  text(&h, nt,
+       "{\"type\":\"welcome\",\"session\":\"3\",\"node\":\"n-new\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":3,\"epoch\":\"e2\",\"presence\":false,\"reset\":true}]"
+       "}");
+  assert_int_equal(h.nresets, 1);
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 3);
+  msg_in(&h, old, "c1", 4, "e1"); /* late, from the closed connection and the old history */
+  msg_in(&h, nt, "c1", 4, "e2");
+  assert_int_equal(h.nresets, 1);
+  assert_int_equal(h.ngot, 5); /* 1, 2 (e1); 2, 3, 4 (e2) */
+  assert_int_equal(h.got[4], 4);
+  destroy(&h);
+}
+
+/* A reset in the same epoch (a watermark above the head) keeps taking the
+ * epoch's messages: only a reset that left an epoch drops that epoch's. */
+static void test_reset_in_the_same_epoch_keeps_its_messages(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 9}};
+  const char *const epochs[] = {"e1"};
+  more_t more = {.epochs = epochs};
+  make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &more);
+  cvg_core_start(h.core, 0);
+  take(&h);
+  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, 0);
+  take(&h);
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
+       "\"conv\":"
+       "\"c1\",\"head\":3,\"epoch\":\"e1\",\"presence\":false,\"reset\":true}]}");
+  assert_int_equal(h.nresets, 1);
+  msg_in(&h, t, "c1", 4, "e1");
+  assert_int_equal(h.ngot, 1);
   destroy(&h);
 }
 
@@ -1319,6 +1380,8 @@ int main(void) {
       cmocka_unit_test(test_epoch_option_is_sent_and_checked),
       cmocka_unit_test(test_msg_in_a_new_epoch_resets),
       cmocka_unit_test(test_synced_reset),
+      cmocka_unit_test(test_reset_during_a_migration_is_made_once),
+      cmocka_unit_test(test_reset_in_the_same_epoch_keeps_its_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
