@@ -14,7 +14,7 @@
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
-#include "proto/chanlog.h"
+
 #include "net/listener.h"
 #include "store/pool.h"
 
@@ -58,8 +58,8 @@ typedef struct node_s {
   int nconns;    /* all TCP connections */
   int nws;       /* WebSocket connections */
   uint64_t next_session;
-  uint64_t delivered_unflushed; /* deliveries not yet added to their metric (session_flush_metrics) */
-  chanlog_t chans;              /* recent channel state changes (proto/chanlog.h) */
+  uint64_t
+      delivered_unflushed; /* deliveries not yet added to their metric (session_flush_metrics) */
   uv_timer_t revocation_timer;  /* api/rest.c: the revocation refresh */
   int revocation_running;       /* its store job is in the pool */
   int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */

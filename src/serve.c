@@ -70,6 +70,20 @@ static void tick_cb(uv_timer_t *t) {
   lifecycle_tick(node, now);
 }
 
+/* The bus's handler (bus.h): frames come from proto/, channel changes go
+ * to the sessions. */
+static char *bus_msg_json_cb(void *ud, const char *conv, const store_msg_t *m) {
+  return frame_msg(conv, m);
+}
+
+static char *bus_msg_wire_cb(void *ud, const char *json, size_t len, size_t *out_len) {
+  return ws_encode_text(json, len, out_len);
+}
+
+static void bus_channel_cb(void *ud, const char *channel, int active) {
+  session_channel_changed(ud, channel, active);
+}
+
 static uint64_t tick_interval(const config_t *cfg) {
   int m = cfg->hello_timeout_ms;
   if (cfg->heartbeat_ms < m) m = cfg->heartbeat_ms;
@@ -145,7 +159,11 @@ int serve_main(int argc, char **argv) {
   node->cfg = &cfg;
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
-  node->bus = bus_new(node->loop);
+  bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
+                               .msg_wire = bus_msg_wire_cb,
+                               .channel_changed = bus_channel_cb,
+                               .ud = node};
+  node->bus = bus_new(node->loop, &bus_handler);
   store_options_t opt = {
       .sync = strcmp(cfg.sqlite_sync, "off") == 0      ? STORE_SYNC_OFF
               : strcmp(cfg.sqlite_sync, "normal") == 0 ? STORE_SYNC_NORMAL
@@ -157,7 +175,6 @@ int serve_main(int argc, char **argv) {
   int shared_store = backend && strcmp(backend, "postgres") == 0;
   if (shared_store) {
     opt.notify = 1;
-    opt.notify_frame = frame_msg;
     bus_set_remote(node->bus);
   }
   char db_shown[512]; /* the URL without its password, for logs */
@@ -175,7 +192,8 @@ int serve_main(int argc, char **argv) {
     goto out;
   }
   pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
-  if (shared_store && (r = pgnotify_start(node, cfg.database_url, &node->pgnotify)) != 0) {
+  if (shared_store && (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg.node_id,
+                                          cfg.database_url, &node->pgnotify)) != 0) {
     log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
     goto out;
   }

@@ -218,10 +218,7 @@ static void job_done(pool_job_t *job) {
    * reaches every other node's, through the bus (bus/pgnotify.h), in
    * commit order with any other change of the channel. */
   if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !node->pgnotify) {
-    if (j->flag)
-      session_channel_active(node, j->id);
-    else
-      session_channel_inactive(node, j->id);
+    bus_channel_changed(node->bus, j->id, j->flag);
   }
   if (j->kind == J_REVOKE && j->status == 204) {
     auth_add_revoked(node->auth, j->id);

@@ -21,6 +21,25 @@
 
 typedef struct bus_s bus_t;
 
+/* What the bus needs from its owner, which installs it at bus_new (the
+ * node: proto's frames and its sessions). The bus calls up only through
+ * this table. */
+typedef struct {
+  /* The msg frame JSON of message `m` of `conv`: a heap string the bus
+   * frees, NULL when out of memory. Worker threads (the in-process bus
+   * builds it inside bus_append) and the loop (a notification heard). */
+  char *(*msg_json)(void *ud, const char *conv, const store_msg_t *m);
+  /* The bytes on the wire of frame JSON `json` (`len` bytes), built once
+   * per message for every subscriber: heap bytes the bus frees, their
+   * length in *out_len; NULL when out of memory. Loop thread. */
+  char *(*msg_wire)(void *ud, const char *json, size_t len, size_t *out_len);
+  /* Channel `channel` was activated (1) or deactivated (0), here or on
+   * another node; the bus has recorded it first (bus_channel_*). Loop
+   * thread. */
+  void (*channel_changed)(void *ud, const char *channel, int active);
+  void *ud;
+} bus_handler_t;
+
 /* One committed message, shared by every subscriber that holds it
  * (reference counted, loop thread). A message without `json` (and so
  * without `frame`) is a head hint: "this conversation has messages up to
@@ -50,8 +69,27 @@ struct bus_sub_s {
   int linked;
 };
 
-/* Create the bus on `loop`. NULL on failure. Loop thread. */
-bus_t *bus_new(uv_loop_t *loop);
+/* Create the bus on `loop` with its owner's handler (copied; every
+ * function required). NULL on failure. Loop thread. */
+bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler);
+
+/* A channel's state changed (a REST PATCH here, or heard from another
+ * node): record it, then tell the owner (handler.channel_changed). Loop
+ * thread. */
+void bus_channel_changed(bus_t *bus, const char *channel, int active);
+
+/* The channel changes recorded so far: a generation for
+ * bus_channel_changed_since and bus_channel_last_change_since. */
+uint64_t bus_channel_gen(const bus_t *bus);
+
+/* 1 when `channel` changed state after generation `gen` (or too many
+ * changes came since to tell): a state read from the store before is out
+ * of date. */
+int bus_channel_changed_since(const bus_t *bus, uint64_t gen, const char *channel);
+
+/* The last change of `channel` since `gen`: 1 activated, 0 deactivated,
+ * -1 none remembered. */
+int bus_channel_last_change_since(const bus_t *bus, uint64_t gen, const char *channel);
 /* Close the async handle; the bus is freed in its close callback.
  * Subscribers must be gone. */
 void bus_close(bus_t *bus);
@@ -69,6 +107,10 @@ size_t bus_count(const bus_t *bus);
  * results as store_append. */
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
                const char *body, int64_t ts_ms, store_msg_t *out, int *created);
+
+/* The msg frame JSON of `m` (the handler's msg_json): heap, NULL on OOM.
+ * Any thread. */
+char *bus_msg_json(bus_t *bus, const char *conv, const store_msg_t *m);
 
 void bus_msg_ref(bus_msg_t *m);
 void bus_msg_unref(bus_msg_t *m);

@@ -12,11 +12,10 @@
 
 #include "core/metrics.h"
 #include "bus/bus.h"
+#include "bus/chanlog.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "common/util.h"
-#include "net/ws.h"
-#include "proto/frames.h"
 
 #define BUS_BUCKETS 65536
 
@@ -27,6 +26,8 @@ struct bus_s {
   bus_msg_t *head, *tail;
   _Atomic uint64_t appended; /* by this node's workers, not yet counted */
   int remote;                /* bus_set_remote: fan-out comes from a listener */
+  bus_handler_t h;           /* the owner's (bus.h) */
+  chanlog_t chans;           /* recent channel state changes */
   size_t nsubs;
   bus_sub_t *buckets[BUS_BUCKETS];
 };
@@ -74,7 +75,7 @@ void bus_publish(bus_t *bus, bus_msg_t *m) {
     bus_msg_unref(m);
     return;
   }
-  if (m->json) m->frame = ws_encode_text(m->json, strlen(m->json), &m->frame_len);
+  if (m->json) m->frame = bus->h.msg_wire(bus->h.ud, m->json, strlen(m->json), &m->frame_len);
   if (m->json && !m->frame) {
     /* Subscribers find the message through their next gap fill. */
     log_error("bus: cannot encode frame for %s seq %lld", m->conv, (long long)m->seq);
@@ -104,9 +105,10 @@ static void drain_cb(uv_async_t *handle) {
   if (appended) metrics_add("converger_messages_appended_total", NULL, appended);
 }
 
-bus_t *bus_new(uv_loop_t *loop) {
+bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler) {
   bus_t *bus = calloc(1, sizeof *bus);
   if (!bus) return NULL;
+  bus->h = *handler;
   uv_mutex_init(&bus->append_mu);
   uv_mutex_init(&bus->queue_mu);
   if (uv_async_init(loop, &bus->async, drain_cb) != 0) {
@@ -203,7 +205,7 @@ int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const 
   int r = store_append(db, conv, id, sender, body, ts_ms, out, created);
   if (r == 0 && *created) {
     atomic_fetch_add(&bus->appended, 1);
-    bus_msg_t *m = bus_msg_new(conv, out->seq, frame_msg(conv, out));
+    bus_msg_t *m = bus_msg_new(conv, out->seq, bus->h.msg_json(bus->h.ud, conv, out));
     if (m) snprintf(m->epoch, sizeof m->epoch, "%s", out->epoch);
     if (m && m->json) {
       uv_mutex_lock(&bus->queue_mu);
@@ -222,4 +224,23 @@ int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const 
   uv_mutex_unlock(&bus->append_mu);
   if (r == 0 && *created) uv_async_send(&bus->async);
   return r;
+}
+
+void bus_channel_changed(bus_t *bus, const char *channel, int active) {
+  chanlog_record(&bus->chans, channel, active);
+  bus->h.channel_changed(bus->h.ud, channel, active);
+}
+
+uint64_t bus_channel_gen(const bus_t *bus) { return bus->chans.gen; }
+
+int bus_channel_changed_since(const bus_t *bus, uint64_t gen, const char *channel) {
+  return chanlog_changed_since(&bus->chans, gen, channel);
+}
+
+int bus_channel_last_change_since(const bus_t *bus, uint64_t gen, const char *channel) {
+  return chanlog_last_change_since(&bus->chans, gen, channel);
+}
+
+char *bus_msg_json(bus_t *bus, const char *conv, const store_msg_t *m) {
+  return bus->h.msg_json(bus->h.ud, conv, m);
 }

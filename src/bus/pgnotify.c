@@ -28,7 +28,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "common/util.h"
-#include "proto/session.h"
+#include "store/notify.h"
 #include "store/pgconn.h"
 #include "store/store.h"
 
@@ -39,7 +39,9 @@ typedef enum { PN_IDLE, PN_CONNECTING, PN_LISTEN_SENT, PN_LISTENING } pn_state_t
 typedef struct resync_job_s resync_job_t;
 
 struct pgnotify_s {
-  node_t *node;
+  uv_loop_t *loop;
+  bus_t *bus;
+  pool_t *const *pool; /* the owner's pool pointer: NULL once the pool is closed */
   char *url;
   char shown[512]; /* the URL without its password */
   char app[64];    /* application_name: "converger listen NODE_ID" (PostgreSQL keeps 63 bytes) */
@@ -72,7 +74,7 @@ typedef struct connect_req_s {
 struct resync_job_s {
   pool_job_t job;
   pgnotify_t *l;
-  uint64_t chan_gen; /* session_channel_gen() when submitted */
+  uint64_t chan_gen; /* bus_channel_gen() when submitted */
   char **convs;
   size_t n;
   store_conv_t *info;
@@ -118,7 +120,7 @@ static void io_cb(uv_poll_t *h, int status, int events);
 static int watch(pgnotify_t *l, int events) {
   if (!l->poll) {
     l->poll = malloc(sizeof *l->poll);
-    if (!l->poll || uv_poll_init(l->node->loop, l->poll, PQsocket(l->conn)) != 0) {
+    if (!l->poll || uv_poll_init(l->loop, l->poll, PQsocket(l->conn)) != 0) {
       free(l->poll);
       l->poll = NULL;
       return -1;
@@ -178,7 +180,7 @@ static void start_connect(pgnotify_t *l) {
     return;
   }
   c->l = l;
-  if (uv_queue_work(l->node->loop, &c->req, connect_work, connect_done) != 0) {
+  if (uv_queue_work(l->loop, &c->req, connect_work, connect_done) != 0) {
     free(c);
     l->retry_at = util_mono_ms() + PGNOTIFY_RETRY_MS;
     return;
@@ -204,46 +206,32 @@ static void listening(pgnotify_t *l) {
 /* ---- notifications ---------------------------------------------------- */
 
 static void heard(pgnotify_t *l, const char *payload) {
-  node_t *node = l->node;
-  char kind = payload[0];
-  if (kind == 'm' && payload[1] == ' ') {
-    char *end = NULL;
-    errno = 0;
-    long long seq = strtoll(payload + 2, &end, 10);
-    if (end == payload + 2 || *end != ' ' || seq <= 0 || errno == ERANGE) goto bad;
-    const char *conv = end + 1;
-    const char *nl = strchr(conv, '\n');
-    size_t hlen = nl ? (size_t)(nl - conv) : strlen(conv); /* "CONV" or "CONV EPOCH" */
-    const char *sp = memchr(conv, ' ', hlen);
-    size_t clen = sp ? (size_t)(sp - conv) : hlen;
-    size_t elen = sp ? hlen - clen - 1 : 0;
-    char id[STORE_ID_MAX + 1], epoch[STORE_EPOCH_MAX + 1];
-    if (clen == 0 || clen > STORE_ID_MAX || elen > STORE_EPOCH_MAX || (sp && elen == 0)) goto bad;
-    memcpy(id, conv, clen);
-    id[clen] = '\0';
-    memcpy(epoch, conv + clen + 1, elen);
-    epoch[elen] = '\0';
-    if (!util_id_valid(id) || (elen && !util_id_valid(epoch))) goto bad;
-    if (!bus_has_sub(node->bus, id)) return; /* most conversations have no subscriber here */
+  notify_t n;
+  switch (notify_decode(payload, &n)) {
+  case NOTIFY_CHANNEL:
+    bus_channel_changed(l->bus, n.conv, n.active);
+    return;
+  case NOTIFY_MESSAGE:
+  case NOTIFY_HINT: {
+    if (!bus_has_sub(l->bus, n.conv)) return; /* most conversations have no subscriber here */
     char *json = NULL;
-    if (nl && !(json = strdup(nl + 1))) {
-      log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", id, seq);
+    if (n.kind == NOTIFY_MESSAGE) {
+      store_msg_t m = {.seq = n.seq, .sender = n.sender, .body = (char *)n.body, .ts_ms = n.ts_ms};
+      memcpy(m.id, n.id, sizeof m.id);
+      memcpy(m.epoch, n.epoch, sizeof m.epoch);
+      if (!(json = bus_msg_json(l->bus, n.conv, &m)))
+        log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
+                  (long long)n.seq);
     }
-    /* json NULL: a head hint (bus.h), for a frame that did not fit */
-    bus_msg_t *m = bus_msg_new(id, seq, json);
-    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", epoch);
-    if (m) bus_publish(node->bus, m);
+    /* json NULL: a head hint (bus.h), for a message that did not fit */
+    bus_msg_t *m = bus_msg_new(n.conv, n.seq, json);
+    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", n.epoch);
+    if (m) bus_publish(l->bus, m);
     return;
   }
-  if (kind == 'c' && payload[1] == ' ' && (payload[2] == '0' || payload[2] == '1') &&
-      payload[3] == ' ' && util_id_valid(payload + 4)) {
-    if (payload[2] == '1')
-      session_channel_active(node, payload + 4);
-    else
-      session_channel_inactive(node, payload + 4);
-    return;
+  case NOTIFY_BAD:
+    break;
   }
-bad:
   log_warn("bus: ignoring a notification that is not converger's: %.80s", payload);
 }
 
@@ -294,7 +282,7 @@ static void tick_cb(uv_timer_t *t) {
     if (now >= l->deadline) fail(l, "no answer in time");
     break;
   case PN_LISTENING:
-    if (l->resync_due && now >= l->resync_due && !l->resync && l->node->pool) start_resync(l);
+    if (l->resync_due && now >= l->resync_due && !l->resync && *l->pool) start_resync(l);
     if (l->ping_out && now >= l->deadline) {
       /* The answer may be waiting behind a stalled loop: read first. */
       read_input(l);
@@ -357,14 +345,14 @@ static void resync_done(pool_job_t *job) {
     if (j->status[i] == -CV_ENOTFOUND) continue;
     if (!j->info[i].channel_active) {
       /* unless a notification heard since says otherwise: the newer wins */
-      if (!session_channel_changed_since(l->node, j->chan_gen, j->info[i].channel)) {
-        session_channel_inactive(l->node, j->info[i].channel);
+      if (!bus_channel_changed_since(l->bus, j->chan_gen, j->info[i].channel)) {
+        bus_channel_changed(l->bus, j->info[i].channel, 0);
         inactive++;
       }
       continue;
     }
     bus_msg_t *m = bus_msg_new(j->convs[i], j->info[i].head, NULL);
-    if (m) bus_publish(l->node->bus, m);
+    if (m) bus_publish(l->bus, m);
   }
   log_info("bus: checked %zu conversation(s) against the store (%zu of an inactive channel)", j->n,
            inactive);
@@ -375,16 +363,16 @@ static void resync_done(pool_job_t *job) {
 static void start_resync(pgnotify_t *l) {
   l->resync_due = 0;
   resync_job_t *j = calloc(1, sizeof *j);
-  if (j && bus_convs(l->node->bus, &j->convs, &j->n) == 0 &&
+  if (j && bus_convs(l->bus, &j->convs, &j->n) == 0 &&
       (j->n == 0 || ((j->info = calloc(j->n, sizeof *j->info)) &&
                      (j->status = calloc(j->n, sizeof *j->status))))) {
     if (j->n == 0) return resync_free(j);
     j->l = l;
-    j->chan_gen = session_channel_gen(l->node);
+    j->chan_gen = bus_channel_gen(l->bus);
     j->job.kind = "resync";
     j->job.no_drop = 1; /* the outage is over: this must run */
     l->resync = j;
-    pool_submit(l->node->pool, &j->job, resync_work, resync_done);
+    pool_submit(*l->pool, &j->job, resync_work, resync_done);
     return;
   }
   if (j) resync_free(j);
@@ -395,7 +383,7 @@ static void start_resync(pgnotify_t *l) {
 /* A check is due: now if none runs, else right after the one that runs
  * (its snapshot may predate what made this one due). */
 static void want_resync(pgnotify_t *l) {
-  if (!l->resync && l->node->pool)
+  if (!l->resync && *l->pool)
     start_resync(l);
   else
     l->resync_due = util_mono_ms();
@@ -403,7 +391,8 @@ static void want_resync(pgnotify_t *l) {
 
 /* ---- lifecycle ------------------------------------------------------- */
 
-int pgnotify_start(node_t *node, const char *url, pgnotify_t **out) {
+int pgnotify_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char *node_id,
+                   const char *url, pgnotify_t **out) {
   pgnotify_t *l = calloc(1, sizeof *l);
   if (!l) return -CV_ENOMEM;
   int err = pgconn_timeout_ms(url, &l->connect_timeout_ms);
@@ -412,10 +401,12 @@ int pgnotify_start(node_t *node, const char *url, pgnotify_t **out) {
     free(l);
     return err;
   }
-  l->node = node;
+  l->loop = loop;
+  l->bus = bus;
+  l->pool = pool;
   dburl_redact(url, l->shown, sizeof l->shown);
-  snprintf(l->app, sizeof l->app, "converger listen %s", node->cfg->node_id);
-  uv_timer_init(node->loop, &l->timer);
+  snprintf(l->app, sizeof l->app, "converger listen %s", node_id);
+  uv_timer_init(loop, &l->timer);
   l->timer.data = l;
   uv_timer_start(&l->timer, tick_cb, TICK_MS, TICK_MS);
   start_connect(l);

@@ -8,7 +8,7 @@
  * bus_publish, the same fan-out as the in-process bus: a message with its
  * frame, or a head hint when the frame did not fit the payload limit
  * (subscribers read it from the store). Channel state changes go to
- * session_channel_inactive / session_channel_active.
+ * bus_channel_changed. The payloads' format is store/notify.h's.
  *
  * Outages: a connection that fails, or does not answer a keepalive query
  * within PGNOTIFY_PING_TIMEOUT_MS, is closed and opened again every
@@ -24,7 +24,10 @@
 #ifndef CONVERGER_BUS_PGNOTIFY_H
 #define CONVERGER_BUS_PGNOTIFY_H
 
-#include "node.h"
+#include <uv.h>
+
+#include "bus/bus.h"
+#include "store/pool.h"
 
 #define PGNOTIFY_RETRY_MS        500  /* between connection attempts */
 #define PGNOTIFY_PING_EVERY_MS   2000 /* keepalive query on an idle connection */
@@ -33,11 +36,15 @@
 typedef struct pgnotify_s pgnotify_t;
 
 /* Start listening on the database at `url` (a PostgreSQL URL or keyword
- * string; copied) for `node`, whose bus, pool and sessions receive what is
- * heard. Connecting happens in the background (not ready until LISTEN is
- * established). On success *out is the listener, freed by pgnotify_close.
- * Returns 0, -CV_EINVAL for a URL libpq cannot parse, -CV_ENOMEM. */
-int pgnotify_start(node_t *node, const char *url, pgnotify_t **out);
+ * string; copied) on `loop`: what is heard goes to `bus`; the resync after
+ * an outage runs on the pool `*pool` (borrowed, read at each use: NULL once
+ * the owner has closed the pool). `node_id` names the connection
+ * (application_name; copied). Connecting happens in the background (not
+ * ready until LISTEN is established). On success *out is the listener,
+ * freed by pgnotify_close. Returns 0, -CV_EINVAL for a URL libpq cannot
+ * parse, -CV_ENOMEM. */
+int pgnotify_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char *node_id,
+                   const char *url, pgnotify_t **out);
 
 /* 1 while LISTEN is established, else 0. */
 int pgnotify_listening(const pgnotify_t *l);

@@ -90,13 +90,7 @@ struct session_s {
 
 /* 1 when the last change of `channel` since change `gen` deactivated it. */
 static int deactivated_since(node_t *node, uint64_t gen, const char *channel) {
-  return chanlog_last_change_since(&node->chans, gen, channel) == 0;
-}
-
-uint64_t session_channel_gen(node_t *node) { return node->chans.gen; }
-
-int session_channel_changed_since(node_t *node, uint64_t gen, const char *channel) {
-  return chanlog_changed_since(&node->chans, gen, channel);
+  return bus_channel_last_change_since(node->bus, gen, channel) == 0;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -676,7 +670,7 @@ static void hello_submit(session_t *s) {
     s->subs = sub;
     bus_subscribe(s->node->bus, &sub->bus);
   }
-  h->deact_gen = s->node->chans.gen;
+  h->deact_gen = bus_channel_gen(s->node->bus);
   h->job.kind = "hello";
   h->job.deadline_ms = node_store_deadline(s->node);
   s->hello_running = h;
@@ -1034,12 +1028,8 @@ void session_revoke_jti(node_t *node, const char *jti) {
   }
 }
 
-void session_channel_active(node_t *node, const char *channel) {
-  chanlog_record(&node->chans, channel, 1);
-}
-
-void session_channel_inactive(node_t *node, const char *channel) {
-  chanlog_record(&node->chans, channel, 0);
+void session_channel_changed(node_t *node, const char *channel, int active) {
+  if (active) return; /* handshakes in flight keep it (bus_channel_last_change_since) */
   for (conn_t *c = node->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;

@@ -50,21 +50,11 @@ void session_free(session_t *s);
  * node's revocation cache (one pass over the connections). */
 void session_revoke_jti(node_t *node, const char *jti);
 
-/* Send `error channel_inactive` and end every local subscription whose
- * conversation belongs to `channel`. */
-void session_channel_inactive(node_t *node, const char *channel);
-
-/* A channel was (re)activated: handshakes in flight may keep it. */
-void session_channel_active(node_t *node, const char *channel);
-
-/* The number of channel state changes seen so far: a generation to pass to
- * session_channel_changed_since. */
-uint64_t session_channel_gen(node_t *node);
-
-/* 1 when `channel` changed state after generation `gen` (or too many
- * changes came since to tell), else 0: a state read from the store before
- * that is out of date. */
-int session_channel_changed_since(node_t *node, uint64_t gen, const char *channel);
+/* The bus says `channel` was activated or deactivated (bus.h,
+ * channel_changed): live subscribers of a deactivated channel get `error
+ * channel_inactive` and their subscription ends; handshakes in flight
+ * check the bus's record of changes. */
+void session_channel_changed(node_t *node, const char *channel, int active);
 
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(node_t *node, int code, const char *reason);

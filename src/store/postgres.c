@@ -74,6 +74,7 @@
 #include "core/log.h"
 #include "common/util.h"
 #include "store/backend.h"
+#include "store/notify.h"
 #include "store/pgconn.h"
 
 #define STATEMENT_TIMEOUT_MS  30000 /* any one statement, lock waits included */
@@ -177,7 +178,7 @@ static const char *const migrations[] = {
 /* After the lock: the message already stored under (conv, id), or, when
  * there is none and the channel is active ($6), seq = head + 1 and the
  * insert. Rows: (1, the stored message) or (0, the new seq), or none when
- * the channel is inactive. The NOTIFY variant sends $7 (notify_template)
+ * the channel is inactive. The NOTIFY variant sends $7 (store/notify.h)
  * with its chr(1)s replaced by the new seq, in the same statement. */
 #define SQL_APPEND_WITH                                                                            \
   "WITH found AS (SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2)," \
@@ -235,8 +236,7 @@ typedef struct {
   int in_read;          /* between store_read_begin and store_read_end */
   const char *prepared[PREPARED_MAX]; /* SQL of statement "c<i>" on `conn` */
   int nprepared;
-  int notify;           /* store_options_t.notify */
-  char *(*notify_frame)(const char *conv, const store_msg_t *m);
+  int notify; /* store_options_t.notify */
 } pg_t;
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
@@ -579,7 +579,6 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->connect_timeout_ms = timeout_ms;
   s->lock_timeout_ms = opt->busy_timeout_ms;
   s->notify = opt->notify;
-  s->notify_frame = opt->notify_frame;
   s->url = strdup(url);
   err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
   if (err) {
@@ -773,34 +772,6 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
 
 /* ---- messages --------------------------------------------------------- */
 
-/* The NOTIFY payload of a new message (store.h: "m SEQ CONV EPOCH\nFRAME", or
- * "m SEQ CONV EPOCH" when that does not fit the limit) as a template whose SEQs
- * are chr(1), which SQL_APPEND_NOTIFY replaces with the seq it assigns: the
- * payload is then sent in the statement that inserts, under the lock for
- * no extra round trip. The frame is built with seq 0; its first "seq":0 is
- * the frame's own field (it follows "conv", an id, which holds no quote),
- * and a raw chr(1) cannot occur in JSON text (control characters are
- * escaped), so nothing else is replaced. Heap string (caller frees); NULL
- * when out of memory. */
-static char *notify_template(pg_t *s, const char *conv, const char *id, const char *sender,
-                             const char *body, int64_t ts_ms, const char *epoch) {
-  store_msg_t m = {.seq = 0, .sender = (char *)sender, .body = (char *)body, .ts_ms = ts_ms};
-  store_copy_str(m.id, sizeof m.id, id);
-  store_copy_str(m.epoch, sizeof m.epoch, epoch);
-  char *frame = s->notify_frame != NULL ? s->notify_frame(conv, &m) : NULL;
-  const char *at = frame != NULL ? strstr(frame, "\"seq\":0,") : NULL;
-  char *out = NULL;
-  /* 20 digits per seq at most: "m " SEQ " " CONV " " EPOCH "\n" FRAME with its seq */
-  if (at != NULL &&
-      5 + 2 * 20 + strlen(conv) + strlen(epoch) + strlen(frame) <= STORE_NOTIFY_PAYLOAD_MAX &&
-      asprintf(&out, "m \x01 %s %s\n%.*s\"seq\":\x01%s", conv, epoch, (int)(at - frame), frame,
-               at + strlen("\"seq\":0")) < 0)
-    out = NULL;
-  if (out == NULL && asprintf(&out, "m \x01 %s %s", conv, epoch) < 0) out = NULL;
-  free(frame);
-  return out;
-}
-
 /* One transaction (READ COMMITTED): lock the conversation's row (and read
  * its epoch), then one statement (SQL_APPEND): a message already stored
  * under (conv, id) is the answer (a retry; looked up after the lock, so a
@@ -831,9 +802,9 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
     }
     PQclear(r);
   }
-  /* The payload carries the frame, whose epoch is known only now. */
+  /* The payload (store/notify.h) carries the epoch, known only now. */
   if (!err && s->notify &&
-      (payload = notify_template(s, conv, id, sender, body, ts_ms, out->epoch)) == NULL)
+      (payload = notify_message_template(conv, out->epoch, id, sender, body, ts_ms)) == NULL)
     err = -CV_ENOMEM;
   int64_t seq = 0;
   if (!err) {

@@ -83,14 +83,9 @@ typedef struct {
 /* Cross-node fan-out (PostgreSQL only). With store_options_t.notify set,
  * the transaction that appends a message or changes a channel's state also
  * does NOTIFY on STORE_NOTIFY_CHANNEL, so every node's listener
- * (bus/pgnotify.c) hears of it once it commits, in commit order. Payloads
- * (text, at most STORE_NOTIFY_PAYLOAD_MAX bytes, PostgreSQL's limit):
- *   "m SEQ CONV EPOCH\nFRAME"  a new message, with its conversation's
- *                        epoch and its msg frame JSON when the whole
- *                        payload fits the limit
- *   "m SEQ CONV EPOCH"   a new message too large for that: listeners read
- *                        it from the store
- *   "c 0 CHANNEL"        the channel was deactivated ("c 1": activated) */
+ * (bus/pgnotify.c) hears of it once it commits, in commit order. The
+ * payloads (text, at most STORE_NOTIFY_PAYLOAD_MAX bytes, PostgreSQL's
+ * limit) have a format of their own: store/notify.h. */
 #define STORE_NOTIFY_CHANNEL     "converger"
 #define STORE_NOTIFY_PAYLOAD_MAX 7999
 
@@ -99,10 +94,6 @@ typedef struct {
   int busy_timeout_ms; /* how long to wait for a lock (SQLite busy timeout,
                           PostgreSQL lock_timeout); 0 = 5000 */
   int notify;          /* PostgreSQL: NOTIFY as above (SQLite: ignored) */
-  /* With notify: the msg frame JSON of a new message, called on the
-   * worker inside the append transaction; a heap string the backend frees,
-   * or NULL (out of memory: the payload goes without the frame). */
-  char *(*notify_frame)(const char *conv, const store_msg_t *m);
 } store_options_t;
 
 /* One row of the cluster's membership table: a node's last heartbeat. */

@@ -1,4 +1,4 @@
-#include "proto/chanlog.h"
+#include "bus/chanlog.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -3,10 +3,10 @@
  * deactivated), so that a handshake or a head read whose store read came
  * before a deactivation still ends its subscription, and one that came
  * before a reactivation does not. A ring of the last CHANLOG_RING changes,
- * embedded in node_t. Loop thread only.
+ * embedded in the bus (bus_channel_changed). Loop thread only.
  */
-#ifndef CONVERGER_PROTO_CHANLOG_H
-#define CONVERGER_PROTO_CHANLOG_H
+#ifndef CONVERGER_BUS_CHANLOG_H
+#define CONVERGER_BUS_CHANLOG_H
 
 #include <stdint.h>
 

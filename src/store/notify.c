@@ -1,0 +1,73 @@
+#include "store/notify.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+char *notify_message_template(const char *conv, const char *epoch, const char *id,
+                              const char *sender, const char *body, int64_t ts_ms) {
+  char *out = NULL;
+  /* the mark stands for up to 20 digits once the seq is in */
+  size_t full = 2 + 20 + 1 + strlen(conv) + 1 + strlen(epoch) + 1 + 20 + 1 + strlen(id) + 1 +
+                strlen(sender) + 1 + strlen(body);
+  /* the fields are ids (the store takes any sender: one that is not goes as a hint) */
+  int ids =
+      util_id_valid(conv) && util_id_valid(epoch) && util_id_valid(id) && util_id_valid(sender);
+  if (ids && full <= STORE_NOTIFY_PAYLOAD_MAX &&
+      asprintf(&out, "m %c %s %s %lld %s %s\n%s", NOTIFY_SEQ_MARK, conv, epoch, (long long)ts_ms,
+               id, sender, body) < 0)
+    out = NULL;
+  if (out == NULL && asprintf(&out, "m %c %s %s", NOTIFY_SEQ_MARK, conv, epoch) < 0) out = NULL;
+  return out;
+}
+
+/* The next space- (or end-) delimited field at *p into dst (cap bytes);
+ * 0, or -1 when it is empty or too long. `last`: ends at '\n' or the end. */
+static int field(const char **p, char *dst, size_t cap, int last) {
+  const char *s = *p;
+  size_t n = strcspn(s, last ? "\n" : " \n");
+  if (n == 0 || n >= cap) return -1;
+  memcpy(dst, s, n);
+  dst[n] = '\0';
+  *p = s + n;
+  return 0;
+}
+
+static int number(const char **p, int64_t *out) {
+  char buf[24], *end;
+  if (field(p, buf, sizeof buf, 0) != 0) return -1;
+  errno = 0;
+  long long v = strtoll(buf, &end, 10);
+  if (*end || errno == ERANGE || v < 0) return -1;
+  *out = v;
+  return 0;
+}
+
+notify_kind_t notify_decode(const char *payload, notify_t *out) {
+  memset(out, 0, sizeof *out);
+  const char *p = payload + 2;
+  if (payload[0] == 'c' && payload[1] == ' ' && (payload[2] == '0' || payload[2] == '1') &&
+      payload[3] == ' ' && util_id_valid(payload + 4) && strlen(payload + 4) <= STORE_ID_MAX) {
+    out->active = payload[2] == '1';
+    strcpy(out->conv, payload + 4);
+    return out->kind = NOTIFY_CHANNEL;
+  }
+  if (payload[0] != 'm' || payload[1] != ' ') return NOTIFY_BAD;
+  if (number(&p, &out->seq) != 0 || out->seq < 1 || *p++ != ' ') return NOTIFY_BAD;
+  if (field(&p, out->conv, sizeof out->conv, 0) != 0 || !util_id_valid(out->conv))
+    return NOTIFY_BAD;
+  if (*p == '\0') return out->kind = NOTIFY_HINT; /* "m SEQ CONV": a hint, epoch unknown */
+  if (*p++ != ' ' || field(&p, out->epoch, sizeof out->epoch, 0) != 0 || !util_id_valid(out->epoch))
+    return NOTIFY_BAD;
+  if (*p == '\0') return out->kind = NOTIFY_HINT;
+  if (*p++ != ' ' || number(&p, &out->ts_ms) != 0 || *p++ != ' ' ||
+      field(&p, out->id, sizeof out->id, 0) != 0 || !util_id_valid(out->id) || *p++ != ' ' ||
+      field(&p, out->sender, sizeof out->sender, 1) != 0 || !util_id_valid(out->sender) ||
+      *p++ != '\n')
+    return NOTIFY_BAD;
+  out->body = p;
+  return out->kind = NOTIFY_MESSAGE;
+}

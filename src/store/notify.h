@@ -1,0 +1,59 @@
+/*
+ * notify: the NOTIFY payloads of the PostgreSQL store, a format of their
+ * own. The append transaction writes them (store/postgres.c) and every
+ * node's listener reads them (bus/pgnotify.c); nothing here knows wire
+ * frames: the listener builds the msg frame from the fields.
+ *
+ * Payloads (text, at most STORE_NOTIFY_PAYLOAD_MAX bytes, PostgreSQL's
+ * limit), on channel STORE_NOTIFY_CHANNEL:
+ *   "m SEQ CONV EPOCH TS ID SENDER\nBODY"  a new message: its seq, its
+ *                         conversation and that conversation's epoch, its
+ *                         commit time (ms since the Unix epoch), id and
+ *                         sender (ids: no space), then the body as stored
+ *   "m SEQ CONV EPOCH"    a new message whose payload would not fit: a
+ *                         head hint, the listener reads it from the store
+ *                         (also read without EPOCH: "m SEQ CONV")
+ *   "c 1 CHANNEL", "c 0 CHANNEL"  the channel was activated, deactivated
+ * Anything else is not converger's and is ignored by the reader.
+ *
+ * Pure functions, any thread.
+ */
+#ifndef CONVERGER_STORE_NOTIFY_H
+#define CONVERGER_STORE_NOTIFY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/store.h"
+
+/* The seq placeholder of a template: the append statement replaces every
+ * one with the seq it assigns (chr(1) cannot occur in ids or JSON text). */
+#define NOTIFY_SEQ_MARK '\x01'
+
+/* The payload of a new message with NOTIFY_SEQ_MARK for its seq (a hint
+ * when the whole message would not fit). Heap string the caller frees;
+ * NULL when out of memory. */
+char *notify_message_template(const char *conv, const char *epoch, const char *id,
+                              const char *sender, const char *body, int64_t ts_ms);
+
+typedef enum { NOTIFY_BAD = 0, NOTIFY_MESSAGE, NOTIFY_HINT, NOTIFY_CHANNEL } notify_kind_t;
+
+/* A decoded payload. Strings are copies in the struct, except `body`,
+ * which points into the payload. */
+typedef struct {
+  notify_kind_t kind;
+  int64_t seq;                     /* MESSAGE, HINT */
+  char conv[STORE_ID_MAX + 1];     /* MESSAGE, HINT; CHANNEL: the channel */
+  char epoch[STORE_EPOCH_MAX + 1]; /* MESSAGE, HINT */
+  int64_t ts_ms;                   /* MESSAGE */
+  char id[STORE_ID_MAX + 1];       /* MESSAGE */
+  char sender[STORE_ID_MAX + 1];   /* MESSAGE */
+  const char *body;                /* MESSAGE: JSON text as stored */
+  int active;                      /* CHANNEL: 1 activated, 0 deactivated */
+} notify_t;
+
+/* Decode `payload` (NUL-terminated) into `out`; returns out->kind
+ * (NOTIFY_BAD for anything that is not one of the forms above). */
+notify_kind_t notify_decode(const char *payload, notify_t *out);
+
+#endif
