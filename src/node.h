@@ -14,6 +14,7 @@
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
+#include "net/handler.h"
 
 #include "net/listener.h"
 #include "store/pool.h"
@@ -53,6 +54,7 @@ typedef struct node_s {
   membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
   drain_t *drain;             /* drain and shed (gate/drain.h) */
 
+  conn_handler_t net; /* what the transport calls up (net/handler.h), set by serve.c */
   conn_t *conns; /* every connection (doubly linked) */
   conn_t *dirty; /* connections with queued output */
   int nconns;    /* all TCP connections */

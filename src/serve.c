@@ -84,6 +84,18 @@ static void bus_channel_cb(void *ud, const char *channel, int active) {
   session_channel_changed(ud, channel, active);
 }
 
+/* The transport's handler (net/handler.h): HTTP requests go to the REST
+ * router, WebSocket connections to their protocol sessions. */
+static void net_request_cb(void *ud, conn_t *c, http_request_t *req) { rest_handle(c, req); }
+static int net_upgrade_cb(void *ud, conn_t *c) { return session_start(c); }
+static void net_text_cb(void *ud, conn_t *c, const char *text, size_t len) {
+  session_on_text(c, text, len);
+}
+static void net_writable_cb(void *ud, conn_t *c) { session_on_writable(c); }
+static void net_tick_cb(void *ud, conn_t *c, uint64_t now) { session_tick(c, now); }
+static void net_close_cb(void *ud, conn_t *c) { session_on_close(c->session); }
+static void net_free_cb(void *ud, conn_t *c) { session_free(c->session); }
+
 static uint64_t tick_interval(const config_t *cfg) {
   int m = cfg->hello_timeout_ms;
   if (cfg->heartbeat_ms < m) m = cfg->heartbeat_ms;
@@ -157,6 +169,14 @@ int serve_main(int argc, char **argv) {
   node_t *node = calloc(1, sizeof *node);
   node->loop = uv_default_loop();
   node->cfg = &cfg;
+  node->net = (conn_handler_t){.on_request = net_request_cb,
+                               .on_upgrade = net_upgrade_cb,
+                               .on_text = net_text_cb,
+                               .on_writable = net_writable_cb,
+                               .on_tick = net_tick_cb,
+                               .on_close = net_close_cb,
+                               .on_free = net_free_cb,
+                               .ud = node};
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,

@@ -14,7 +14,6 @@
 #include "common/util.h"
 #include "net/http.h"
 #include "net/ws.h"
-#include "proto/session.h"
 
 #define SHUTDOWN_LINGER_MS 2000
 
@@ -38,7 +37,7 @@ static void free_conn(conn_t *c) {
         *p = c->dirty_next;
         break;
       }
-  session_free(c->session);
+  node->net.on_free(node->net.ud, c);
   ws_free(c->ws);
   http_free(c->http);
   free(c->out);
@@ -111,7 +110,7 @@ void conn_close(conn_t *c) {
   if (c->closing) return;
   conn_set_reclaimable(c, 0);
   c->closing = 1;
-  session_on_close(c->session);
+  c->node->net.on_close(c->node->net.ud, c);
   /* The session leaves the bus now so no more frames are queued for it. */
   uv_close((uv_handle_t *)&c->tcp, close_cb);
 }
@@ -275,7 +274,8 @@ size_t conn_pending_bytes(const conn_t *c) { return c->out_len + (c->writing ? c
 
 /* Output drained below the low-water mark: replay may continue. */
 static void writable(conn_t *c) {
-  if (c->session && !c->closing && conn_pending_bytes(c) < CONN_LOW_WATER) session_on_writable(c);
+  if (c->mode == CONN_WS && !c->closing && conn_pending_bytes(c) < CONN_LOW_WATER)
+    c->node->net.on_writable(c->node->net.ud, c);
 }
 
 static void write_cb(uv_write_t *req, int status) {
@@ -369,7 +369,7 @@ void conn_tick(node_t *node, uint64_t now) {
     } else if (c->mode == CONN_HTTP) {
       http_check_deadline(c, now);
     } else {
-      session_tick(c, now);
+      node->net.on_tick(node->net.ud, c, now);
     }
     c = next;
   }

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "net/handler.h"
 #include "node.h"
 
 #define CONN_MAX_QUEUED       (8u << 20)   /* bytes of unsent output before dropping */

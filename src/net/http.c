@@ -19,7 +19,6 @@
 #include <strings.h>
 
 #include "core/metrics.h"
-#include "api/rest.h"
 #include "core/log.h"
 #include "common/util.h"
 #include "net/ws.h"
@@ -304,7 +303,7 @@ static void dispatch(conn_t *c) {
   h->busy = 1;
   h->in_dispatch = 1;
   h->req.route = "unmatched";
-  rest_handle(c, &h->req);
+  c->node->net.on_request(c->node->net.ud, c, &h->req);
   if (c->http == h) h->in_dispatch = 0;
 }
 

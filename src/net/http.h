@@ -23,7 +23,7 @@
 #define HTTP_MAX_BODY_BYTES      (1024 * 1024)
 #define HTTP_BODY_TIMEOUT_FACTOR 3 /* a body must arrive within 3 x the header timeout */
 
-typedef struct {
+typedef struct http_request_s {
   int method; /* llhttp_method_t */
   const char *method_name;
   char *path;        /* the raw path, without the query string */

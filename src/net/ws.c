@@ -25,7 +25,6 @@
 #include "core/metrics.h"
 #include "core/log.h"
 #include "common/util.h"
-#include "proto/session.h"
 
 struct ws_s {
   wslay_event_context_ptr ctx; /* NULL while idle */
@@ -132,7 +131,7 @@ static void on_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_m
   if (ws->close_sent || c->closing) return;
   switch (arg->opcode) {
   case WSLAY_TEXT_FRAME:
-    session_on_text(c, (const char *)arg->msg, arg->msg_length);
+    c->node->net.on_text(c->node->net.ud, c, (const char *)arg->msg, arg->msg_length);
     break;
   case WSLAY_BINARY_FRAME:
     ws_close(c, WS_CLOSE_UNSUPPORTED_DATA, "binary frames are not supported");
@@ -200,7 +199,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   c->next_ping_ms = now + (uint64_t)c->node->cfg->heartbeat_ms;
   c->node->nws++;
   metrics_set("converger_connections", NULL, c->node->nws);
-  if (session_start(c) != 0) {
+  if (c->node->net.on_upgrade(c->node->net.ud, c) != 0) {
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return -1;
   }
@@ -323,7 +322,7 @@ void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
   c->closed_by_us = 1;
-  session_on_close(c->session); /* nothing more is admitted for it */
+  c->node->net.on_close(c->node->net.ud, c); /* nothing more is admitted for it */
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
   if (ensure_ctx(ws) != 0) return;
