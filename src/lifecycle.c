@@ -96,16 +96,16 @@ static void signal_cb(uv_signal_t *sig, int signum) {
 void node_stop(node_t *node, const char *why) {
   if (node->phase >= NODE_STOPPING) return;
   log_info("%s: stopping: closing %d WebSocket connection(s) with 1001, finishing %d pool job(s)",
-           why, node->nws, pool_in_flight(node->pool));
+           why, node->net.nws, pool_in_flight(node->pool));
   node->phase = NODE_STOPPING;
   node->stop_deadline_ms = util_mono_ms() + STOP_GRACE_MS;
   uv_timer_set_repeat(&node->tick, STOPPING_TICK_MS);
   uv_timer_again(&node->tick);
-  conn_stop_listening(node);
+  conn_stop_listening(&node->net);
   rest_stop(node);
   membership_stop(node); /* one last beat says "draining" (when the pool is idle) */
   session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
-  for (conn_t *c = node->conns; c; c = c->next)
+  for (conn_t *c = node->net.conns; c; c = c->next)
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
 }
 
@@ -113,18 +113,18 @@ void node_stop(node_t *node, const char *why) {
 
 void lifecycle_tick(node_t *node, uint64_t now) {
   if (node->phase == NODE_STOPPING) {
-    int idle = node->nconns == 0 && pool_in_flight(node->pool) == 0;
+    int idle = node->net.nconns == 0 && pool_in_flight(node->pool) == 0;
     if (!idle && now < node->stop_deadline_ms) return;
     if (!idle)
       log_warn("stop deadline passed with %d connection(s) and %d pool job(s); closing",
-               node->nconns, pool_in_flight(node->pool));
-    for (conn_t *c = node->conns; c; c = c->next) conn_close(c);
+               node->net.nconns, pool_in_flight(node->pool));
+    for (conn_t *c = node->net.conns; c; c = c->next) conn_close(c);
     pool_close(node->pool); /* waits for the workers; runs the last done callbacks */
     node->pool = NULL;
     node->phase = NODE_STOPPED;
     return;
   }
-  if (node->phase != NODE_STOPPED || node->nconns > 0) return; /* close callbacks to run */
+  if (node->phase != NODE_STOPPED || node->net.nconns > 0) return; /* close callbacks to run */
   if (uv_is_closing((uv_handle_t *)&node->tick)) return;
   if (node->pgnotify) pgnotify_close(node->pgnotify); /* after pool_close: see its header */
   node->pgnotify = NULL;

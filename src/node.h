@@ -14,9 +14,8 @@
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
-#include "net/handler.h"
+#include "net/conn.h"
 
-#include "net/listener.h"
 #include "store/pool.h"
 
 typedef struct conn_s conn_t;
@@ -46,7 +45,7 @@ typedef struct node_s {
   limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;
 
-  listener_t listener;    /* accepts connections (net/listener.h) */
+  net_t net;              /* the transport: listener, connections (net/conn.h) */
   uv_check_t flush_check; /* writes queued in one loop turn go out together */
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint;
@@ -54,27 +53,18 @@ typedef struct node_s {
   membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
   drain_t *drain;             /* drain and shed (gate/drain.h) */
 
-  conn_handler_t net; /* what the transport calls up (net/handler.h), set by serve.c */
-  conn_t *conns; /* every connection (doubly linked) */
-  conn_t *dirty; /* connections with queued output */
-  int nconns;    /* all TCP connections */
-  int nws;       /* WebSocket connections */
   uint64_t next_session;
-  uint64_t
-      delivered_unflushed; /* deliveries not yet added to their metric (session_flush_metrics) */
+  uint64_t delivered_unflushed; /* deliveries not yet in their metric (session_flush_metrics) */
   uv_timer_t revocation_timer;  /* api/rest.c: the revocation refresh */
   int revocation_running;       /* its store job is in the pool */
-  int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
-
-  /* connections holding a descriptor for nothing owed, oldest first (net/conn.h) */
-  conn_t *reclaim_head, *reclaim_tail;
-  int nreclaimable;
+  int max_connections;          /* WebSocket connections allowed (serve.c); more: 503 */
 
   node_phase_t phase;        /* the one lifecycle state (lifecycle.h) */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
-
-  char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
 } node_t;
+
+/* The node a connection belongs to (its transport is embedded in it). */
+static inline node_t *conn_node(const conn_t *c) { return container_of(c->net, node_t, net); }
 
 /* The word for `p` in /readyz, /admin/status and logs: "starting",
  * "ready", "draining", "stopping", "stopped". */

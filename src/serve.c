@@ -41,7 +41,7 @@
 #define FD_RESERVE_BASE     128
 #define FD_RESERVE_PER_POOL 2
 
-static void check_cb(uv_check_t *h) { conn_flush_all(h->data); }
+static void check_cb(uv_check_t *h) { conn_flush_all(&((node_t *)h->data)->net); }
 
 static void admission_timer_cb(uv_timer_t *t) {
   node_t *node = t->data;
@@ -63,10 +63,10 @@ static void admission_arm(void *ud, int64_t at_ms) {
 static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
-  conn_tick(node, now);
-  listener_tick(&node->listener, now);
+  conn_tick(&node->net, now);
+  listener_tick(&node->net.listener, now);
   session_flush_metrics(node);
-  conn_flush_all(node);
+  conn_flush_all(&node->net);
   lifecycle_tick(node, now);
 }
 
@@ -169,14 +169,15 @@ int serve_main(int argc, char **argv) {
   node_t *node = calloc(1, sizeof *node);
   node->loop = uv_default_loop();
   node->cfg = &cfg;
-  node->net = (conn_handler_t){.on_request = net_request_cb,
-                               .on_upgrade = net_upgrade_cb,
-                               .on_text = net_text_cb,
-                               .on_writable = net_writable_cb,
-                               .on_tick = net_tick_cb,
-                               .on_close = net_close_cb,
-                               .on_free = net_free_cb,
-                               .ud = node};
+  conn_handler_t net_handler = {.on_request = net_request_cb,
+                                .on_upgrade = net_upgrade_cb,
+                                .on_text = net_text_cb,
+                                .on_writable = net_writable_cb,
+                                .on_tick = net_tick_cb,
+                                .on_close = net_close_cb,
+                                .on_free = net_free_cb,
+                                .ud = node};
+  conn_net_init(&node->net, node->loop, &cfg, &net_handler);
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
@@ -224,7 +225,7 @@ int serve_main(int argc, char **argv) {
     pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
   }
   set_max_connections(node);
-  if (conn_listen(node) != 0) goto out;
+  if (conn_listen(&node->net) != 0) goto out;
   uv_check_init(node->loop, &node->flush_check);
   node->flush_check.data = node;
   uv_check_start(&node->flush_check, check_cb);

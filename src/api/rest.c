@@ -247,7 +247,7 @@ static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
     return NULL;
   }
   j->conn = c;
-  j->node = c->node;
+  j->node = conn_node(c);
   j->kind = kind;
   return j;
 }
@@ -283,7 +283,7 @@ static json_t *body_object(conn_t *c, http_request_t *req) {
 }
 
 static int require_key(conn_t *c, http_request_t *req) {
-  if (auth_check_api_key(c->node->auth, req->authorization) == 0) return 0;
+  if (auth_check_api_key(conn_node(c)->auth, req->authorization) == 0) return 0;
   http_respond_error(c, 401, "unauthorized",
                      "missing or wrong API key (Authorization: Bearer <key>)", 0);
   return -1;
@@ -345,7 +345,7 @@ static int split_path(const char *path, char seg[5][STORE_ID_MAX + 1]) {
 
 static void serve_file(conn_t *c, const char *name, const char *type) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", c->node->cfg->web_dir, name);
+  snprintf(path, sizeof path, "%s/%s", conn_node(c)->cfg->web_dir, name);
   int fd = open(path, O_RDONLY);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0 || st.st_size > 4 * 1024 * 1024) {
@@ -366,26 +366,25 @@ static void serve_file(conn_t *c, const char *name, const char *type) {
 }
 
 static void handle_status(conn_t *c) {
-  node_t *node = c->node;
+  node_t *node = conn_node(c);
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
-  json_t *v =
-      json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", node->cfg->node_id,
-                "version", CONVERGER_VERSION, "state", node_phase_name(node->phase),
-                "connections", node->nws, "maxConnections", node->max_connections,
-                "httpConnections", node->nconns - node->nws, "subscriptions",
-                (json_int_t)bus_count(node->bus), "poolInFlight", pool_in_flight(node->pool),
-                "poolSize", node->cfg->pool_size, "drain", drain_states[drain_state(node->drain)]);
+  json_t *v = json_pack(
+      "{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", node->cfg->node_id, "version",
+      CONVERGER_VERSION, "state", node_phase_name(node->phase), "connections", node->net.nws,
+      "maxConnections", node->max_connections, "httpConnections", node->net.nconns - node->net.nws,
+      "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight", pool_in_flight(node->pool),
+      "poolSize", node->cfg->pool_size, "drain", drain_states[drain_state(node->drain)]);
   http_respond_json(c, 200, v, NULL);
 }
 
 /* POST /admin/drain: as SIGTERM (gate/drain.h). 202: begun; 409: already. */
 static void handle_drain(conn_t *c) {
-  node_t *node = c->node;
+  node_t *node = conn_node(c);
   if (node_drain(node, "POST /admin/drain") != 0)
     return http_respond_error(c, 409, "conflict", "the node is already draining or stopping", 0);
   http_respond_json(c, 202,
                     json_pack("{s:s, s:i, s:i, s:i, s:i}", "state", "draining", "connections",
-                              node->nws, "windowMs", node->cfg->drain_window_ms, "closeRate",
+                              node->net.nws, "windowMs", node->cfg->drain_window_ms, "closeRate",
                               node->cfg->drain_close_rate, "shutdownMs",
                               node->cfg->drain_shutdown_ms),
                     NULL);
@@ -394,7 +393,7 @@ static void handle_drain(conn_t *c) {
 /* POST /admin/shed {"fraction": f, "windowMs": w}: 0 < f <= 1, w in
  * 0..3600000 (default the drain window). 200 with the count told to move. */
 static void handle_shed(conn_t *c, http_request_t *req) {
-  node_t *node = c->node;
+  node_t *node = conn_node(c);
   json_t *b = body_object(c, req);
   if (!b) return;
   json_t *f = json_object_get(b, "fraction"), *w = json_object_get(b, "windowMs");
@@ -505,7 +504,7 @@ static void handle_msg_append(conn_t *c, http_request_t *req, const char *conv) 
     bad_request(c, "Idempotency-Key must match [A-Za-z0-9._:-]{1,128}");
   } else if (!(text = frame_dump(body))) {
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
-  } else if (strlen(text) > (size_t)c->node->cfg->max_message_bytes) {
+  } else if (strlen(text) > (size_t)conn_node(c)->cfg->max_message_bytes) {
     http_respond_error(c, 413, "too_large",
                        "message body is larger than CONVERGER_MAX_MESSAGE_BYTES", 0);
   } else {
@@ -564,8 +563,8 @@ static void handle_token(conn_t *c, http_request_t *req) {
   } else {
     int64_t now = util_now_ms() / 1000, exp;
     char *token = NULL, jti[37], at[25];
-    if (auth_sign(c->node->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token, jti,
-                  &exp) != 0) {
+    if (auth_sign(conn_node(c)->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token,
+                  jti, &exp) != 0) {
       http_respond_error(c, 503, "unavailable", "cannot sign the token", 1000);
     } else {
       util_format_ts(exp * 1000, at);
@@ -610,7 +609,7 @@ static void not_found(conn_t *c) { http_respond_error(c, 404, "not_found", "no s
 #define IS(m) (req->method == HTTP_##m)
 
 void rest_handle(conn_t *c, http_request_t *req) {
-  node_t *node = c->node;
+  node_t *node = conn_node(c);
   const char *path = req->path;
   char seg[5][STORE_ID_MAX + 1];
   if (strcmp(path, "/v1/ws") == 0) {
@@ -629,7 +628,7 @@ void rest_handle(conn_t *c, http_request_t *req) {
                          node->phase >= NODE_STOPPING ? "node is shutting down"
                                                       : "node is draining; use another",
                          node_retry_hint(node));
-    } else if (node->nws >= node->max_connections) {
+    } else if (node->net.nws >= node->max_connections) {
       /* Refused while descriptors remain, so health checks, metrics and
        * the store keep theirs (serve.c: the reserve). */
       metrics_add("converger_upgrades_refused_total", "reason=\"max_connections\"", 1);

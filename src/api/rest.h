@@ -7,6 +7,7 @@
 #define CONVERGER_API_REST_H
 
 #include "net/conn.h"
+#include "node.h"
 #include "net/http.h"
 
 /* Answer `req` on `c` (now, or later from a pool job). Called by http.c

@@ -62,7 +62,7 @@ static void beat(node_t *node) {
   b->id = node->cfg->node_id;
   b->public_url = node->cfg->public_url;
   b->state = node->phase >= NODE_DRAINING ? "draining" : "ready";
-  b->connections = node->nws;
+  b->connections = node->net.nws;
   b->waiters = admission_waiting(node->admission);
   b->job.kind = "membership";
   b->job.no_drop = 1; /* an overloaded node is still a member */

@@ -116,7 +116,7 @@ static void enqueue(drain_t *d, conn_t *c) {
 /* Queue every open WebSocket connection of `batch` (any batch: 0). */
 static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   size_t n = 0;
-  for (conn_t *c = d->node->conns; c; c = c->next)
+  for (conn_t *c = d->node->net.conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) &&
         (batch == 0 || c->drain_batch == batch)) {
       enqueue(d, c);
@@ -174,7 +174,7 @@ static void spread_build(drain_t *d, batch_t *b) {
   int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
   if (!load) return;
   for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
-  for (conn_t *x = d->node->conns; x; x = x->next)
+  for (conn_t *x = d->node->net.conns; x; x = x->next)
     c += x->mode == CONN_WS && !x->closing && !ws_close_sent(x) && x->drain_batch == b->id &&
          !x->drain_told;
   if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
@@ -206,7 +206,7 @@ static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
 static void send_frames(drain_t *d, batch_t *b) {
   b->framing = 0;
   spread_build(d, b);
-  for (conn_t *c = d->node->conns; c; c = c->next)
+  for (conn_t *c = d->node->net.conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
         c->drain_batch == b->id && !c->drain_told)
       tell(d, b, c, b->window_ms);
@@ -313,11 +313,11 @@ static void timer_cb(uv_timer_t *t) {
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
   pace(d, now);
-  if (d->begun && !d->stopped && (d->node->nws == 0 || now >= d->shutdown_at)) {
+  if (d->begun && !d->stopped && (d->node->net.nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
     release_queue(d);
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
-    for (conn_t *c = d->node->conns; c; c = c->next)
+    for (conn_t *c = d->node->net.conns; c; c = c->next)
       left += c->mode == CONN_WS && !c->closing && !ws_close_sent(c);
     if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
     char why[160];
@@ -385,14 +385,14 @@ int drain_start(drain_t *d, const char *why) {
              d->shed.told, d->shed.moved);
     d->shed.id = 0;
   }
-  for (conn_t *c = node->conns; c; c = c->next)
+  for (conn_t *c = node->net.conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && (c->drain_batch == 0 || c->drain_batch == shed)) {
       c->drain_batch = BATCH_DRAIN;
       c->drain_told = 0;
     }
   log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
            "rest closed at %d/s after it; exit when none is left or after %d ms",
-           why, node->nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,
+           why, node->net.nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,
            node->cfg->drain_shutdown_ms);
   set_state_metric(d);
   membership_beat_now(node); /* peers stop sending clients here */
@@ -411,10 +411,10 @@ int drain_start(drain_t *d, const char *why) {
 int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total) {
   if (d->begun || d->shed.id) return -CV_EBUSY;
   node_t *node = d->node;
-  conn_t **all = malloc(((size_t)node->nws + 1) * sizeof *all);
+  conn_t **all = malloc(((size_t)node->net.nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
   int n = 0;
-  for (conn_t *c = node->conns; c && n < node->nws; c = c->next)
+  for (conn_t *c = node->net.conns; c && n < node->net.nws; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
         c->drain_batch == 0)
       all[n++] = c;

@@ -18,26 +18,26 @@
 #define SHUTDOWN_LINGER_MS 2000
 
 static void free_conn(conn_t *c) {
-  node_t *node = c->node;
+  net_t *net = c->net;
   conn_set_reclaimable(c, 0);
   if (c->prev)
     c->prev->next = c->next;
   else
-    node->conns = c->next;
+    net->conns = c->next;
   if (c->next) c->next->prev = c->prev;
-  node->nconns--;
+  net->nconns--;
   if (c->mode == CONN_WS) {
-    node->nws--;
-    metrics_set("converger_connections", NULL, node->nws);
+    net->nws--;
+    metrics_set("converger_connections", NULL, net->nws);
   }
   /* Remove from the dirty list if present. */
   if (c->dirty)
-    for (conn_t **p = &node->dirty; *p; p = &(*p)->dirty_next)
+    for (conn_t **p = &net->dirty; *p; p = &(*p)->dirty_next)
       if (*p == c) {
         *p = c->dirty_next;
         break;
       }
-  node->net.on_free(node->net.ud, c);
+  net->handler.on_free(net->handler.ud, c);
   ws_free(c->ws);
   http_free(c->http);
   free(c->out);
@@ -52,31 +52,31 @@ static void close_cb(uv_handle_t *h) {
 }
 
 void conn_set_reclaimable(conn_t *c, int reclaimable) {
-  node_t *node = c->node;
+  net_t *net = c->net;
   if (reclaimable == (int)c->reclaimable || (reclaimable && c->closing)) return;
   if (reclaimable) {
     c->reclaimable = 1;
     c->reclaim_next = NULL;
-    c->reclaim_prev = node->reclaim_tail;
-    if (node->reclaim_tail)
-      node->reclaim_tail->reclaim_next = c;
+    c->reclaim_prev = net->reclaim_tail;
+    if (net->reclaim_tail)
+      net->reclaim_tail->reclaim_next = c;
     else
-      node->reclaim_head = c;
-    node->reclaim_tail = c;
-    node->nreclaimable++;
+      net->reclaim_head = c;
+    net->reclaim_tail = c;
+    net->nreclaimable++;
     return;
   }
   if (c->reclaim_prev)
     c->reclaim_prev->reclaim_next = c->reclaim_next;
   else
-    node->reclaim_head = c->reclaim_next;
+    net->reclaim_head = c->reclaim_next;
   if (c->reclaim_next)
     c->reclaim_next->reclaim_prev = c->reclaim_prev;
   else
-    node->reclaim_tail = c->reclaim_prev;
+    net->reclaim_tail = c->reclaim_prev;
   c->reclaim_prev = c->reclaim_next = NULL;
   c->reclaimable = 0;
-  node->nreclaimable--;
+  net->nreclaimable--;
 }
 
 /* Bytes wait to be read: a request is arriving (a health check accepted a
@@ -88,13 +88,13 @@ static int has_input(conn_t *c) {
   return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
-int conn_reclaim(node_t *node) {
-  int want = node->nreclaimable / 8;
+int conn_reclaim(net_t *net) {
+  int want = net->nreclaimable / 8;
   if (want > CONN_RECLAIM_BATCH) want = CONN_RECLAIM_BATCH;
   if (want < 1) want = 1;
   int closed = 0, looked = 0;
   /* Bounded: the list may start with connections still owed output. */
-  for (conn_t *c = node->reclaim_head; c && closed < want && looked < 8 * CONN_RECLAIM_BATCH;
+  for (conn_t *c = net->reclaim_head; c && closed < want && looked < 8 * CONN_RECLAIM_BATCH;
        looked++) {
     conn_t *next = c->reclaim_next;
     if (conn_pending_bytes(c) == 0 && (c->shut || !has_input(c))) {
@@ -110,7 +110,7 @@ void conn_close(conn_t *c) {
   if (c->closing) return;
   conn_set_reclaimable(c, 0);
   c->closing = 1;
-  c->node->net.on_close(c->node->net.ud, c);
+  c->net->handler.on_close(c->net->handler.ud, c);
   /* The session leaves the bus now so no more frames are queued for it. */
   uv_close((uv_handle_t *)&c->tcp, close_cb);
 }
@@ -128,8 +128,8 @@ int conn_unref(conn_t *c) {
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
-  buf->base = c->node->read_buf;
-  buf->len = sizeof c->node->read_buf;
+  buf->base = c->net->read_buf;
+  buf->len = sizeof c->net->read_buf;
 }
 
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
@@ -158,18 +158,18 @@ void conn_resume_reading(conn_t *c) {
 }
 
 static void accept_cb(listener_t *l, int fd) {
-  node_t *node = container_of(l, node_t, listener);
+  net_t *net = container_of(l, net_t, listener);
   conn_t *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
     return;
   }
-  c->node = node;
-  uv_tcp_init(node->loop, &c->tcp);
-  c->next = node->conns; /* linked first, so free_conn can always unlink it */
-  if (node->conns) node->conns->prev = c;
-  node->conns = c;
-  node->nconns++;
+  c->net = net;
+  uv_tcp_init(net->loop, &c->tcp);
+  c->next = net->conns; /* linked first, so free_conn can always unlink it */
+  if (net->conns) net->conns->prev = c;
+  net->conns = c;
+  net->nconns++;
   if (uv_tcp_open(&c->tcp, fd) != 0) {
     close(fd);
     c->closing = 1;
@@ -179,7 +179,7 @@ static void accept_cb(listener_t *l, int fd) {
   uv_tcp_nodelay(&c->tcp, 1);
   c->http = http_new(c);
   c->last_rx_ms = util_mono_ms();
-  c->deadline_ms = c->last_rx_ms + (uint64_t)node->cfg->header_timeout_ms;
+  c->deadline_ms = c->last_rx_ms + (uint64_t)net->cfg->header_timeout_ms;
   if (!c->http) {
     conn_close(c);
     return;
@@ -188,10 +188,17 @@ static void accept_cb(listener_t *l, int fd) {
   conn_resume_reading(c);
 }
 
-static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, node_t, listener)); }
+void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler) {
+  memset(net, 0, sizeof *net);
+  net->loop = loop;
+  net->cfg = cfg;
+  net->handler = *handler;
+}
 
-int conn_listen(node_t *node) {
-  config_t *cfg = node->cfg;
+static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, net_t, listener)); }
+
+int conn_listen(net_t *net) {
+  config_t *cfg = net->cfg;
   struct sockaddr_storage addr;
   int r = uv_ip4_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in *)&addr);
   if (r != 0) r = uv_ip6_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in6 *)&addr);
@@ -199,14 +206,14 @@ int conn_listen(node_t *node) {
     log_error("listen: %s is not an IP address", cfg->listen_host);
     return r;
   }
-  r = listener_start(&node->listener, node->loop, (struct sockaddr *)&addr, 4096, accept_cb,
-                     reclaim_cb, node);
+  r = listener_start(&net->listener, net->loop, (struct sockaddr *)&addr, 4096, accept_cb,
+                     reclaim_cb, net);
   if (r != 0) {
     log_error("listen on %s: %s", cfg->listen, strerror(-r));
     return r;
   }
   if (cfg->listen_port == 0) { /* an ephemeral port: say which one */
-    int port = listener_port(&node->listener);
+    int port = listener_port(&net->listener);
     char buf[128];
     if (port > 0) {
       snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", cfg->listen_host,
@@ -219,7 +226,10 @@ int conn_listen(node_t *node) {
   return 0;
 }
 
-void conn_stop_listening(node_t *node) { listener_stop(&node->listener); }
+void conn_stop_listening(net_t *net) {
+  net->stopping = 1;
+  listener_stop(&net->listener);
+}
 
 int conn_write(conn_t *c, const void *data, size_t len) {
   if (c->closing) return -EPIPE;
@@ -243,8 +253,8 @@ int conn_write(conn_t *c, const void *data, size_t len) {
   c->out_len += len;
   if (!c->dirty) {
     c->dirty = 1;
-    c->dirty_next = c->node->dirty;
-    c->node->dirty = c;
+    c->dirty_next = c->net->dirty;
+    c->net->dirty = c;
   }
   return 0;
 }
@@ -275,7 +285,7 @@ size_t conn_pending_bytes(const conn_t *c) { return c->out_len + (c->writing ? c
 /* Output drained below the low-water mark: replay may continue. */
 static void writable(conn_t *c) {
   if (c->mode == CONN_WS && !c->closing && conn_pending_bytes(c) < CONN_LOW_WATER)
-    c->node->net.on_writable(c->node->net.ud, c);
+    c->net->handler.on_writable(c->net->handler.ud, c);
 }
 
 static void write_cb(uv_write_t *req, int status) {
@@ -335,9 +345,9 @@ static void flush(conn_t *c) {
   c->writing = 1;
 }
 
-void conn_flush_all(node_t *node) {
-  conn_t *c = node->dirty;
-  node->dirty = NULL;
+void conn_flush_all(net_t *net) {
+  conn_t *c = net->dirty;
+  net->dirty = NULL;
   while (c) {
     conn_t *next = c->dirty_next;
     c->dirty = 0;
@@ -354,8 +364,8 @@ void conn_shutdown(conn_t *c) {
   if (!c->dirty && !c->writing) maybe_shutdown(c);
 }
 
-void conn_tick(node_t *node, uint64_t now) {
-  conn_t *c = node->conns;
+void conn_tick(net_t *net, uint64_t now) {
+  conn_t *c = net->conns;
   while (c) {
     conn_t *next = c->next;
     if (c->closing) {
@@ -369,7 +379,7 @@ void conn_tick(node_t *node, uint64_t now) {
     } else if (c->mode == CONN_HTTP) {
       http_check_deadline(c, now);
     } else {
-      node->net.on_tick(node->net.ud, c, now);
+      net->handler.on_tick(net->handler.ud, c, now);
     }
     c = next;
   }

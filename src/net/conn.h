@@ -25,8 +25,9 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/config.h"
 #include "net/handler.h"
-#include "node.h"
+#include "net/listener.h"
 
 #define CONN_MAX_QUEUED       (8u << 20)   /* bytes of unsent output before dropping */
 #define CONN_CLOSE_TIMEOUT_MS 5000         /* longest wait for output after a close */
@@ -39,11 +40,34 @@ typedef struct session_s session_t;
 
 typedef enum { CONN_HTTP = 0, CONN_WS = 1 } conn_mode_t;
 
+/* The transport of one node: its listener, its connections and what it
+ * calls above it. Embedded in its owner (node_t); loop thread only. */
+typedef struct net_s {
+  uv_loop_t *loop;
+  config_t
+      *cfg; /* borrowed: listen address (conn_listen writes a chosen port back), times, sizes */
+  conn_handler_t handler; /* what the transport calls up (net/handler.h) */
+  listener_t listener;    /* accepts connections (net/listener.h) */
+  conn_t *conns;          /* every connection (doubly linked) */
+  conn_t *dirty;          /* connections with queued output */
+  int nconns;             /* all TCP connections */
+  int nws;                /* WebSocket connections */
+  /* connections holding a descriptor for nothing owed, oldest first */
+  conn_t *reclaim_head, *reclaim_tail;
+  int nreclaimable;
+  int stopping;         /* conn_stop_listening ran: answers close their connection */
+  char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
+} net_t;
+
+/* Set up `net` on `loop` with `cfg` (borrowed) and `handler` (copied;
+ * every function required). Nothing listens before conn_listen. */
+void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler);
+
 struct conn_s {
   uv_tcp_t tcp;
-  node_t *node;
-  conn_t *prev, *next; /* node->conns */
-  conn_t *dirty_next;  /* node->dirty */
+  net_t *net;
+  conn_t *prev, *next; /* net->conns */
+  conn_t *dirty_next;  /* net->dirty */
   conn_mode_t mode;
   unsigned closing : 1;       /* uv_close called or pending */
   unsigned handle_closed : 1; /* close callback ran */
@@ -56,14 +80,14 @@ struct conn_s {
   unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
   unsigned drain_told : 1;           /* sent a drain frame (gate/drain.h) */
   unsigned drain_counted : 1;        /* counted as migrated */
-  unsigned reclaimable : 1;          /* on node->reclaim_head's list */
+  unsigned reclaimable : 1;          /* on net->reclaim_head's list */
   uint32_t drain_batch;              /* the drain or shed it was chosen for; 0: none */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
   uint64_t next_ping_ms;             /* WebSocket heartbeat */
   uint64_t close_deadline_ms;        /* monotonic ms: closed by then, flushed or not */
-  conn_t *reclaim_prev, *reclaim_next; /* node->reclaim_head */
+  conn_t *reclaim_prev, *reclaim_next; /* net->reclaim_head */
 
   char *out; /* queued output */
   size_t out_len, out_cap;
@@ -80,10 +104,10 @@ struct conn_s {
 /* Start listening on cfg->listen_host:listen_port (net/listener.h); with
  * port 0, cfg->listen and listen_port get the port chosen. Returns 0 or a
  * negative errno after logging it. */
-int conn_listen(node_t *node);
+int conn_listen(net_t *net);
 
 /* Stop accepting new connections (idempotent). */
-void conn_stop_listening(node_t *node);
+void conn_stop_listening(net_t *net);
 
 /* Queue `len` bytes of output (copied). Returns 0, or -ENOBUFS after
  * dropping a slow consumer (the connection is then closing). */
@@ -112,7 +136,7 @@ void conn_set_reclaimable(conn_t *c, int reclaimable);
  * with no bytes waiting to be read (those are a request arriving); none
  * with output still queued. Returns how many were closed (their
  * descriptors are free on return). Loop thread. */
-int conn_reclaim(node_t *node);
+int conn_reclaim(net_t *net);
 
 /* Stop/restart reading (HTTP pipelining waits for the current response). */
 void conn_pause_reading(conn_t *c);
@@ -125,10 +149,10 @@ void conn_ref(conn_t *c);
 int conn_unref(conn_t *c);
 
 /* Write every dirty connection's queued output (called from uv_check). */
-void conn_flush_all(node_t *node);
+void conn_flush_all(net_t *net);
 
 /* Per-tick deadline checks for every connection (header/hello timeouts,
  * heartbeat). `now` is monotonic ms. */
-void conn_tick(node_t *node, uint64_t now);
+void conn_tick(net_t *net, uint64_t now);
 
 #endif

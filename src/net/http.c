@@ -104,7 +104,7 @@ static int on_message_begin(llhttp_t *p) {
   h->seen = 0;
   conn_set_reclaimable(h->conn, 0); /* a request is owed an answer */
   if (h->conn->deadline_ms == 0)
-    h->conn->deadline_ms = util_mono_ms() + (uint64_t)h->conn->node->cfg->header_timeout_ms;
+    h->conn->deadline_ms = util_mono_ms() + (uint64_t)h->conn->net->cfg->header_timeout_ms;
   return 0;
 }
 
@@ -216,7 +216,7 @@ static int on_headers_complete(llhttp_t *p) {
   http_t *h = from_parser(p);
   /* The body gets its own deadline, so a stalled upload is cut off too. */
   h->conn->deadline_ms =
-      util_mono_ms() + HTTP_BODY_TIMEOUT_FACTOR * (uint64_t)h->conn->node->cfg->header_timeout_ms;
+      util_mono_ms() + HTTP_BODY_TIMEOUT_FACTOR * (uint64_t)h->conn->net->cfg->header_timeout_ms;
   if (p->content_length > HTTP_MAX_BODY_BYTES && !(p->flags & F_CHUNKED))
     return fail(h, 413, "too_large", "request body is larger than 1 MiB");
   if (h->req.expect) {
@@ -303,7 +303,7 @@ static void dispatch(conn_t *c) {
   h->busy = 1;
   h->in_dispatch = 1;
   h->req.route = "unmatched";
-  c->node->net.on_request(c->node->net.ud, c, &h->req);
+  c->net->handler.on_request(c->net->handler.ud, c, &h->req);
   if (c->http == h) h->in_dispatch = 0;
 }
 
@@ -443,7 +443,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
                   const char *extra_headers) {
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
-  int keep_alive = h->req.keep_alive && c->node->phase < NODE_STOPPING;
+  int keep_alive = h->req.keep_alive && !c->net->stopping;
   count_request(h->req.route, status);
   write_response(c, status, content_type, body, len, extra_headers, keep_alive);
   h->busy = 0;
@@ -453,7 +453,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
     conn_shutdown(c);
     return;
   }
-  c->deadline_ms = util_mono_ms() + (uint64_t)c->node->cfg->header_timeout_ms;
+  c->deadline_ms = util_mono_ms() + (uint64_t)c->net->cfg->header_timeout_ms;
   conn_set_reclaimable(c, 1); /* idle until the next request begins */
   if (h->in_dispatch) return; /* process() continues with the next request */
   char *pending = h->pending;
@@ -508,7 +508,7 @@ void http_fail(conn_t *c, int status, const char *code, const char *message) {
 void http_check_deadline(conn_t *c, uint64_t now) {
   if (!c->deadline_ms || now < c->deadline_ms || !c->http || c->http->busy) return;
   if (conn_pending_bytes(c) > 0) { /* still writing an answer: idle time starts after */
-    c->deadline_ms = now + (uint64_t)c->node->cfg->header_timeout_ms;
+    c->deadline_ms = now + (uint64_t)c->net->cfg->header_timeout_ms;
     return;
   }
   log_debug("http: closing connection: request not complete in time");

@@ -131,7 +131,7 @@ static void on_msg_cb(wslay_event_context_ptr ctx, const struct wslay_event_on_m
   if (ws->close_sent || c->closing) return;
   switch (arg->opcode) {
   case WSLAY_TEXT_FRAME:
-    c->node->net.on_text(c->node->net.ud, c, (const char *)arg->msg, arg->msg_length);
+    c->net->handler.on_text(c->net->handler.ud, c, (const char *)arg->msg, arg->msg_length);
     break;
   case WSLAY_BINARY_FRAME:
     ws_close(c, WS_CLOSE_UNSUPPORTED_DATA, "binary frames are not supported");
@@ -154,7 +154,7 @@ static int ensure_ctx(ws_t *ws) {
     return -1;
   }
   wslay_event_config_set_max_recv_msg_length(ws->ctx,
-                                             (uint64_t)ws->conn->node->cfg->max_message_bytes);
+                                             (uint64_t)ws->conn->net->cfg->max_message_bytes);
   ws->fed = ws->framed = ws->cur_frame = 0;
   ws->frag_open = 0;
   return 0;
@@ -195,11 +195,11 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   c->ws = ws;
   c->mode = CONN_WS;
   uint64_t now = util_mono_ms();
-  c->deadline_ms = now + (uint64_t)c->node->cfg->hello_timeout_ms;
-  c->next_ping_ms = now + (uint64_t)c->node->cfg->heartbeat_ms;
-  c->node->nws++;
-  metrics_set("converger_connections", NULL, c->node->nws);
-  if (c->node->net.on_upgrade(c->node->net.ud, c) != 0) {
+  c->deadline_ms = now + (uint64_t)c->net->cfg->hello_timeout_ms;
+  c->next_ping_ms = now + (uint64_t)c->net->cfg->heartbeat_ms;
+  c->net->nws++;
+  metrics_set("converger_connections", NULL, c->net->nws);
+  if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return -1;
   }
@@ -322,7 +322,7 @@ void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
   c->closed_by_us = 1;
-  c->node->net.on_close(c->node->net.ud, c); /* nothing more is admitted for it */
+  c->net->handler.on_close(c->net->handler.ud, c); /* nothing more is admitted for it */
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
   if (ensure_ctx(ws) != 0) return;

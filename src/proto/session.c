@@ -118,7 +118,7 @@ static void count_handshake(const char *result) {
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * in the reason (the admission-queue decision record). Steals `details`. */
 static void refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details) {
-  long hint = node_retry_hint(c->node);
+  long hint = node_retry_hint(conn_node(c));
   char reason[48];
   send_error(c, "unavailable", message, conv, hint, details);
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
@@ -481,7 +481,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   }
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
-    if (admitted) admission_release(c->node->admission, &sub->adm, util_mono_ms());
+    if (admitted) admission_release(conn_node(c)->admission, &sub->adm, util_mono_ms());
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return;
   }
@@ -494,9 +494,9 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
-  f->job.deadline_ms = node_store_deadline(c->node);
+  f->job.deadline_ms = node_store_deadline(conn_node(c));
   conn_ref(c);
-  pool_submit(c->node->pool, &f->job, fill_work, fill_done);
+  pool_submit(conn_node(c)->pool, &f->job, fill_work, fill_done);
 }
 
 /* ---- hello ------------------------------------------------------------------ */
@@ -569,7 +569,7 @@ static void hello_done(pool_job_t *job) {
   if (h->conn->session && h->conn->session->hello_running == h) {
     /* the store work is done: the slot goes to the next handshake */
     h->conn->session->hello_running = NULL;
-    admission_release(h->conn->node->admission, &h->conn->session->adm, util_mono_ms());
+    admission_release(conn_node(h->conn)->admission, &h->conn->session->adm, util_mono_ms());
   }
   if (conn_unref(h->conn) && h->conn->session) {
     conn_t *c = h->conn;
@@ -766,7 +766,7 @@ typedef struct {
 
 static void send_work(pool_job_t *job, store_t *db) {
   send_job_t *j = container_of(job, send_job_t, job);
-  node_t *node = j->conn->node; /* the node outlives every job */
+  node_t *node = conn_node(j->conn); /* the node outlives every job */
   j->status = bus_append(node->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
                          &j->created);
 }
@@ -875,8 +875,8 @@ int session_start(conn_t *c) {
   session_t *s = calloc(1, sizeof *s);
   if (!s) return -CV_ENOMEM;
   s->conn = c;
-  s->node = c->node;
-  s->id = ++c->node->next_session;
+  s->node = conn_node(c);
+  s->id = ++conn_node(c)->next_session;
   c->session = s;
   return 0;
 }
@@ -886,7 +886,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   frame_client_t f;
   char why[200];
   if (!s) return;
-  if (frame_decode(text, len, c->node->cfg->max_subs, &f, why, sizeof why) != 0) {
+  if (frame_decode(text, len, conn_node(c)->cfg->max_subs, &f, why, sizeof why) != 0) {
     send_error(c, "bad_request", why, NULL, 0, NULL);
     if (!s->hello_seen) {
       count_handshake("bad_request");
@@ -939,7 +939,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
 
 void session_tick(conn_t *c, uint64_t now) {
   session_t *s = c->session;
-  node_t *node = c->node;
+  node_t *node = conn_node(c);
   if (!s || c->closing) return;
   if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
     count_handshake("timeout");
@@ -1019,7 +1019,7 @@ void session_free(session_t *s) {
 }
 
 void session_revoke_jti(node_t *node, const char *jti) {
-  for (conn_t *c = node->conns; c; c = c->next) {
+  for (conn_t *c = node->net.conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing || !s->hello_seen || !s->token.jti[0]) continue;
     if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(node->auth, s->token.jti)) continue;
@@ -1030,7 +1030,7 @@ void session_revoke_jti(node_t *node, const char *jti) {
 
 void session_channel_changed(node_t *node, const char *channel, int active) {
   if (active) return; /* handshakes in flight keep it (bus_channel_last_change_since) */
-  for (conn_t *c = node->conns; c; c = c->next) {
+  for (conn_t *c = node->net.conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;
     sub_t *sub = s->subs;
@@ -1047,6 +1047,6 @@ void session_channel_changed(node_t *node, const char *channel, int active) {
 }
 
 void session_close_all(node_t *node, int code, const char *reason) {
-  for (conn_t *c = node->conns; c; c = c->next)
+  for (conn_t *c = node->net.conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing) ws_close(c, code, reason);
 }

@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "net/conn.h"
+#include "node.h"
 
 /* Attach a new session to an upgraded connection. 0 or -CV_ENOMEM. */
 int session_start(conn_t *c);
