@@ -103,7 +103,7 @@ void node_stop(node_t *node, const char *why) {
   uv_timer_again(&node->tick);
   conn_stop_listening(&node->net);
   rest_stop(node);
-  membership_stop(node); /* one last beat says "draining" (when the pool is idle) */
+  membership_stop(&node->membership); /* one last beat says "draining" (when the pool is idle) */
   session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
   for (conn_t *c = node->net.conns; c; c = c->next)
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);

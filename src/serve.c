@@ -96,6 +96,21 @@ static void net_tick_cb(void *ud, conn_t *c, uint64_t now) { session_tick(c, now
 static void net_close_cb(void *ud, conn_t *c) { session_on_close(c->session); }
 static void net_free_cb(void *ud, conn_t *c) { session_free(c->session); }
 
+/* The drain's hooks (gate/drain.h): the lifecycle's stop, proto's frame. */
+static void drain_stop_cb(void *ud, const char *why) { node_stop(ud, why); }
+static char *drain_frame_cb(void *ud, int64_t after_ms, const char *reconnect_to,
+                            int64_t deadline_ms) {
+  return frame_drain(after_ms, reconnect_to, deadline_ms);
+}
+
+/* What this node's membership row says (cluster/membership.h). */
+static void membership_row(void *ud, membership_row_t *out) {
+  node_t *node = ud;
+  out->draining = node->phase >= NODE_DRAINING;
+  out->connections = node->net.nws;
+  out->waiters = admission_waiting(node->admission);
+}
+
 static uint64_t tick_interval(const config_t *cfg) {
   int m = cfg->hello_timeout_ms;
   if (cfg->heartbeat_ms < m) m = cfg->heartbeat_ms;
@@ -206,7 +221,16 @@ int serve_main(int argc, char **argv) {
   int slots = admission_default_slots(cfg.handshake_concurrency, cfg.pool_size);
   node->admission = admission_new(slots, (uint64_t)cfg.handshake_queue_ms, cfg.handshake_queue_max,
                                   admission_arm, node);
-  node->drain = drain_new(node, node_stop);
+  drain_env_t drain_env = {.loop = node->loop,
+                           .cfg = &cfg,
+                           .net = &node->net,
+                           .pool = &node->pool,
+                           .rng = &node->rng,
+                           .membership = &node->membership,
+                           .stop = drain_stop_cb,
+                           .frame = drain_frame_cb,
+                           .ud = node};
+  node->drain = drain_new(&drain_env);
   if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
@@ -235,7 +259,7 @@ int serve_main(int argc, char **argv) {
   uv_timer_start(&node->tick, tick_cb, iv, iv);
   lifecycle_signals_start(node);
   rest_start_revocation_refresh(node);
-  membership_start(node);
+  membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
   lifecycle_ready(node);
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",

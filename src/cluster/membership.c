@@ -2,7 +2,7 @@
  * membership.c: the heartbeat timer and its pool job (membership.h).
  *
  * The job copies nothing from the loop but the counts and the state: the
- * node id and public URL are read from node->cfg, which is immutable and
+ * node id and public URL are read from the config, which is immutable and
  * outlives the pool. The timestamp is taken on the worker, when the row is
  * written, so time spent in the pool queue does not age the row.
  */
@@ -13,12 +13,10 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "common/util.h"
-#include "gate/admission.h"
-#include "node.h"
 
 typedef struct {
   pool_job_t job;
-  node_t *node;
+  membership_t *m;
   const char *id, *public_url, *state; /* cfg strings, a static string */
   int64_t connections, waiters;
   int status;
@@ -30,18 +28,17 @@ static void beat_work(pool_job_t *job, store_t *db) {
                               util_now_ms());
 }
 
-static void beat(node_t *node);
+static void beat(membership_t *m);
 
 static void beat_done(pool_job_t *job) {
   beat_job_t *b = container_of(job, beat_job_t, job);
-  node_t *node = b->node;
-  membership_t *m = &node->membership;
+  membership_t *m = b->m;
   int status = job->canceled ? -CV_ECANCELED : b->status;
   free(b);
   m->in_flight = 0;
   if (m->again && status != -CV_ECANCELED && !uv_is_closing((uv_handle_t *)&m->timer)) {
     m->again = 0; /* the state changed while this beat was written */
-    beat(node);
+    beat(m);
   }
   if (status != 0 && status != -CV_ECANCELED && !m->failing) {
     log_warn("membership: cannot write this node's heartbeat: %s (retrying every %d ms)",
@@ -53,50 +50,54 @@ static void beat_done(pool_job_t *job) {
   }
 }
 
-static void beat(node_t *node) {
-  membership_t *m = &node->membership;
+static void beat(membership_t *m) {
   beat_job_t *b = calloc(1, sizeof *b);
   if (!b) return; /* the next tick tries again */
+  membership_row_t row;
+  m->row(m->ud, &row);
   m->in_flight = 1;
-  b->node = node;
-  b->id = node->cfg->node_id;
-  b->public_url = node->cfg->public_url;
-  b->state = node->phase >= NODE_DRAINING ? "draining" : "ready";
-  b->connections = node->net.nws;
-  b->waiters = admission_waiting(node->admission);
+  b->m = m;
+  b->id = m->cfg->node_id;
+  b->public_url = m->cfg->public_url;
+  b->state = row.draining ? "draining" : "ready";
+  b->connections = row.connections;
+  b->waiters = row.waiters;
   b->job.kind = "membership";
   b->job.no_drop = 1; /* an overloaded node is still a member */
-  pool_submit(node->pool, &b->job, beat_work, beat_done);
+  pool_submit(*m->pool, &b->job, beat_work, beat_done);
 }
 
 static void timer_cb(uv_timer_t *t) {
-  node_t *node = t->data;
-  if (node->membership.in_flight) return; /* a slow store: skip, never queue beats */
-  beat(node);
+  membership_t *m = t->data;
+  if (m->in_flight) return; /* a slow store: skip, never queue beats */
+  beat(m);
 }
 
-void membership_beat_now(node_t *node) {
-  membership_t *m = &node->membership;
+void membership_beat_now(membership_t *m) {
   if (uv_is_closing((uv_handle_t *)&m->timer)) return;
   if (m->in_flight) { /* it may carry the old state: beat again when it is done */
     m->again = 1;
     return;
   }
-  beat(node);
+  beat(m);
   uv_timer_again(&m->timer); /* the next one a full period later */
 }
 
-void membership_start(node_t *node) {
-  membership_t *m = &node->membership;
-  uv_timer_init(node->loop, &m->timer);
-  m->timer.data = node;
+void membership_start(membership_t *m, uv_loop_t *loop, pool_t *const *pool, const config_t *cfg,
+                      membership_row_cb row, void *ud) {
+  m->pool = pool;
+  m->cfg = cfg;
+  m->row = row;
+  m->ud = ud;
+  uv_timer_init(loop, &m->timer);
+  m->timer.data = m;
   uv_timer_start(&m->timer, timer_cb, 0, MEMBERSHIP_BEAT_MS);
 }
 
-void membership_stop(node_t *node) {
-  uv_timer_t *t = &node->membership.timer;
+void membership_stop(membership_t *m) {
+  uv_timer_t *t = &m->timer;
   if (uv_is_closing((uv_handle_t *)t)) return;
   uv_timer_stop(t);
   uv_close((uv_handle_t *)t, NULL);
-  if (pool_in_flight(node->pool) == 0) beat(node); /* stopping: "draining" */
+  if (pool_in_flight(*m->pool) == 0) beat(m); /* stopping: "draining" */
 }

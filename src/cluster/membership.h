@@ -17,7 +17,11 @@
 #ifndef CONVERGER_CLUSTER_MEMBERSHIP_H
 #define CONVERGER_CLUSTER_MEMBERSHIP_H
 
+#include <stdint.h>
 #include <uv.h>
+
+#include "core/config.h"
+#include "store/pool.h"
 
 #define MEMBERSHIP_BEAT_MS 1000
 /* Gone after three missed beats. A row written at t is still live at
@@ -28,28 +32,40 @@
  * 3.5 to 4.5 s after its last beat. */
 #define MEMBERSHIP_MAX_AGE_MS (3 * MEMBERSHIP_BEAT_MS + 500)
 
-struct node_s;
+/* What this node's row says now: filled by the owner's callback. */
+typedef struct {
+  int draining;        /* 1: "draining" (draining or stopping), 0: "ready" */
+  int64_t connections; /* WebSocket connections */
+  int64_t waiters;     /* admission waiters */
+} membership_row_t;
+typedef void (*membership_row_cb)(void *ud, membership_row_t *out);
 
 typedef struct membership_s {
   uv_timer_t timer;
+  pool_t *const *pool; /* the owner's pool pointer (NULL once closed) */
+  const config_t *cfg; /* node_id, public_url */
+  membership_row_cb row;
+  void *ud;
   int in_flight; /* a beat job was submitted and its done has not run */
   int again;     /* membership_beat_now during a beat: one more when it is done */
   int failing;   /* the last beat failed (logged once per run of failures) */
 } membership_t;
 
-/* Init the timer and beat now, then every MEMBERSHIP_BEAT_MS. After
- * pool_start. */
-void membership_start(struct node_s *node);
+/* Init the timer on `loop` and beat now, then every MEMBERSHIP_BEAT_MS,
+ * on the pool `*pool` (borrowed, read at each beat), with the id and URL
+ * of `cfg` (borrowed) and what `row(ud, ...)` says. After pool_start. */
+void membership_start(membership_t *m, uv_loop_t *loop, pool_t *const *pool, const config_t *cfg,
+                      membership_row_cb row, void *ud);
 
 /* Shutdown (begin_stop): stop and close the timer. When no pool job is in
  * flight, one last beat says "draining", so other nodes stop sending
  * clients here before the row ages out; with work in flight (a slow or
  * unreachable store) it is skipped, because anything submitted now delays
  * the exit by a whole store call. No beat is submitted afterwards. */
-void membership_stop(struct node_s *node);
+void membership_stop(membership_t *m);
 
 /* Beat now (unless a beat is in flight) instead of at the next period: the
  * state changed (a drain began) and peers should know at once. */
-void membership_beat_now(struct node_s *node);
+void membership_beat_now(membership_t *m);
 
 #endif

@@ -37,7 +37,6 @@
 #include "gate/spread.h"
 #include "net/conn.h"
 #include "net/ws.h"
-#include "proto/frames.h"
 
 #define BATCH_DRAIN      1u  /* the drain's batch; sheds count up from 2 */
 #define FRAME_WAIT_MS    500 /* longest wait for the peers read before the frames go anyway */
@@ -69,8 +68,7 @@ typedef struct {
 } peers_job_t;
 
 struct drain_s {
-  node_t *node;
-  drain_stop_cb stop;
+  drain_env_t env;  /* what the drain works with (drain.h) */
   uv_timer_t timer; /* deadlines and pacing, while a batch is active */
   int begun;        /* drain_start ran: the node is draining, or stopping after it */
   int stopped;      /* stop() called: later closes are the shutdown's */
@@ -116,7 +114,7 @@ static void enqueue(drain_t *d, conn_t *c) {
 /* Queue every open WebSocket connection of `batch` (any batch: 0). */
 static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   size_t n = 0;
-  for (conn_t *c = d->node->net.conns; c; c = c->next)
+  for (conn_t *c = d->env.net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) &&
         (batch == 0 || c->drain_batch == batch)) {
       enqueue(d, c);
@@ -135,13 +133,15 @@ static void close_paced(drain_t *d, conn_t *c) {
   batch_t *b = batch_of(d, c);
   if (b) b->closed++;
   char reason[48];
-  snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", node_retry_hint(d->node));
+  snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}",
+           (long)jitter_retry_hint(d->env.rng, d->env.cfg->retry_after_min_ms,
+                                   d->env.cfg->retry_after_max_ms));
   ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
   metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
 }
 
 static void pace(drain_t *d, uint64_t now) {
-  double rate = d->node->cfg->drain_close_rate;
+  double rate = d->env.cfg->drain_close_rate;
   double cap = rate * (double)d->every / 1000.0;
   if (cap < 1) cap = 1;
   d->tokens += (double)(now - d->tokens_at) * rate / 1000.0;
@@ -174,7 +174,7 @@ static void spread_build(drain_t *d, batch_t *b) {
   int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
   if (!load) return;
   for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
-  for (conn_t *x = d->node->net.conns; x; x = x->next)
+  for (conn_t *x = d->env.net->conns; x; x = x->next)
     c += x->mode == CONN_WS && !x->closing && !ws_close_sent(x) && x->drain_batch == b->id &&
          !x->drain_told;
   if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
@@ -186,7 +186,7 @@ static void spread_build(drain_t *d, batch_t *b) {
 /* reconnectTo for the next connection (spread.h), counted on the peer. */
 static const char *pick_peer(drain_t *d) {
   if (d->spread.n == 0 || d->spread.n != d->npeers) return NULL;
-  size_t k = spread_pick(&d->spread, &d->node->rng);
+  size_t k = spread_pick(&d->spread, d->env.rng);
   d->peers[k].load++;
   return d->peers[k].url;
 }
@@ -194,8 +194,8 @@ static const char *pick_peer(drain_t *d) {
 /* One drain frame to `c`: afterMs uniform in [0, window_ms), deadlineMs
  * window_ms + DRAIN_GRACE_MS. */
 static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
-  int64_t after = window_ms > 0 ? jitter_range(&d->node->rng, 0, window_ms - 1) : 0;
-  char *f = frame_drain(after, pick_peer(d), window_ms + DRAIN_GRACE_MS);
+  int64_t after = window_ms > 0 ? jitter_range(d->env.rng, 0, window_ms - 1) : 0;
+  char *f = d->env.frame(d->env.ud, after, pick_peer(d), window_ms + DRAIN_GRACE_MS);
   if (!f) return; /* out of memory: it is closed at the deadline anyway */
   ws_send_text(c, f, strlen(f));
   free(f);
@@ -206,7 +206,7 @@ static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
 static void send_frames(drain_t *d, batch_t *b) {
   b->framing = 0;
   spread_build(d, b);
-  for (conn_t *c = d->node->net.conns; c; c = c->next)
+  for (conn_t *c = d->env.net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
         c->drain_batch == b->id && !c->drain_told)
       tell(d, b, c, b->window_ms);
@@ -233,7 +233,7 @@ static void peers_done(pool_job_t *job) {
     int64_t others = 0;
     for (size_t i = 0; i < j->n; i++) {
       const store_node_t *nd = &j->nodes[i];
-      if (strcmp(nd->id, d->node->cfg->node_id) == 0) continue; /* C: its live count */
+      if (strcmp(nd->id, d->env.cfg->node_id) == 0) continue; /* C: its live count */
       if (strcmp(nd->state, "draining") == 0) others += nd->connections;
       if (strcmp(nd->state, "ready") != 0) continue;
       snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
@@ -275,7 +275,7 @@ static void batch_begin(drain_t *d, batch_t *b) {
   j->batch = b;
   j->job.kind = "drain";
   j->job.no_drop = 1;
-  pool_submit(d->node->pool, &j->job, peers_work, peers_done);
+  pool_submit(*d->env.pool, &j->job, peers_work, peers_done);
 }
 
 /* ---- deadlines ---------------------------------------------------------- */
@@ -300,7 +300,7 @@ static void timer_cb(uv_timer_t *t) {
     if (n)
       log_info("shed: window over: %d told, %d moved, %zu still here, closing them with 1012 "
                "at %d/s",
-               d->shed.told, d->shed.moved, n, d->node->cfg->drain_close_rate);
+               d->shed.told, d->shed.moved, n, d->env.cfg->drain_close_rate);
     else
       log_info("shed: window over: %d told, %d moved, none left", d->shed.told, d->shed.moved);
     d->shed.id = 0;
@@ -309,22 +309,22 @@ static void timer_cb(uv_timer_t *t) {
   if (d->drain.id && !d->drain.framing && d->drain.deadline && now >= d->drain.deadline) {
     size_t n = enqueue_batch(d, 0);
     log_info("drain: window over: %llu moved, %zu still here, closing them with 1012 at %d/s",
-             (unsigned long long)d->drain.moved, n, d->node->cfg->drain_close_rate);
+             (unsigned long long)d->drain.moved, n, d->env.cfg->drain_close_rate);
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
   pace(d, now);
-  if (d->begun && !d->stopped && (d->node->net.nws == 0 || now >= d->shutdown_at)) {
+  if (d->begun && !d->stopped && (d->env.net->nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
     release_queue(d);
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
-    for (conn_t *c = d->node->net.conns; c; c = c->next)
+    for (conn_t *c = d->env.net->conns; c; c = c->next)
       left += c->mode == CONN_WS && !c->closing && !ws_close_sent(c);
     if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
     char why[160];
     snprintf(why, sizeof why, "drain %s after %llu ms: %llu moved, %llu closed with 1012, %d left",
              left ? "deadline" : "complete", (unsigned long long)(now - d->began_ms),
              (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
-    d->stop(d->node, why);
+    d->env.stop(d->env.ud, why);
   }
   if (!d->begun && !d->shed.id && d->qhead == d->qlen) {
     uv_timer_stop(&d->timer);
@@ -337,7 +337,7 @@ static void timer_cb(uv_timer_t *t) {
 }
 
 static void timer_run(drain_t *d) {
-  int rate = d->node->cfg->drain_close_rate;
+  int rate = d->env.cfg->drain_close_rate;
   d->every = rate >= 1000 ? 1 : (uint64_t)(1000 / rate);
   if (d->every > DEADLINE_STEP_MS) d->every = DEADLINE_STEP_MS;
   if (!uv_is_active((uv_handle_t *)&d->timer)) uv_timer_start(&d->timer, timer_cb, 0, d->every);
@@ -345,13 +345,12 @@ static void timer_run(drain_t *d) {
 
 /* ---- public ------------------------------------------------------------- */
 
-drain_t *drain_new(node_t *node, drain_stop_cb stop) {
+drain_t *drain_new(const drain_env_t *env) {
   drain_t *d = calloc(1, sizeof *d);
   if (!d) return NULL;
-  d->node = node;
-  d->stop = stop;
+  d->env = *env;
   d->last_shed = BATCH_DRAIN;
-  uv_timer_init(node->loop, &d->timer);
+  uv_timer_init(env->loop, &d->timer);
   d->timer.data = d;
   set_state_metric(d);
   return d;
@@ -370,12 +369,11 @@ void drain_close(drain_t *d) { uv_close((uv_handle_t *)&d->timer, closed_cb); }
 
 int drain_start(drain_t *d, const char *why) {
   if (d->begun) return -CV_EEXISTS;
-  node_t *node = d->node;
   d->begun = 1;
   d->began_ms = util_mono_ms();
-  d->shutdown_at = d->began_ms + (uint64_t)node->cfg->drain_shutdown_ms;
+  d->shutdown_at = d->began_ms + (uint64_t)d->env.cfg->drain_shutdown_ms;
   d->drain.id = BATCH_DRAIN;
-  d->drain.window_ms = node->cfg->drain_window_ms;
+  d->drain.window_ms = d->env.cfg->drain_window_ms;
   /* The drain takes over a running shed: its connections are told again
    * (the SDK keeps the earlier of two moves) and closed at the drain's
    * deadline if they have not moved by then. */
@@ -385,24 +383,24 @@ int drain_start(drain_t *d, const char *why) {
              d->shed.told, d->shed.moved);
     d->shed.id = 0;
   }
-  for (conn_t *c = node->net.conns; c; c = c->next)
+  for (conn_t *c = d->env.net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && (c->drain_batch == 0 || c->drain_batch == shed)) {
       c->drain_batch = BATCH_DRAIN;
       c->drain_told = 0;
     }
   log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
            "rest closed at %d/s after it; exit when none is left or after %d ms",
-           why, node->net.nws, node->cfg->drain_window_ms, node->cfg->drain_close_rate,
-           node->cfg->drain_shutdown_ms);
+           why, d->env.net->nws, d->env.cfg->drain_window_ms, d->env.cfg->drain_close_rate,
+           d->env.cfg->drain_shutdown_ms);
   set_state_metric(d);
-  membership_beat_now(node); /* peers stop sending clients here */
-  if (node->cfg->drain_migrate) {
+  membership_beat_now(d->env.membership); /* peers stop sending clients here */
+  if (d->env.cfg->drain_migrate) {
     batch_begin(d, &d->drain);
   } else { /* no frames: the deadline is now, the paced 1012 closes begin at once */
     d->drain.began = util_mono_ms();
     d->drain.deadline = d->drain.began;
     log_info("drain: CONVERGER_DRAIN_MIGRATE=0: no drain frames; closing at %d/s now",
-             node->cfg->drain_close_rate);
+             d->env.cfg->drain_close_rate);
   }
   timer_run(d);
   return 0;
@@ -410,11 +408,10 @@ int drain_start(drain_t *d, const char *why) {
 
 int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int *total) {
   if (d->begun || d->shed.id) return -CV_EBUSY;
-  node_t *node = d->node;
-  conn_t **all = malloc(((size_t)node->net.nws + 1) * sizeof *all);
+  conn_t **all = malloc(((size_t)d->env.net->nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
   int n = 0;
-  for (conn_t *c = node->net.conns; c && n < node->net.nws; c = c->next)
+  for (conn_t *c = d->env.net->conns; c && n < d->env.net->nws; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
         c->drain_batch == 0)
       all[n++] = c;
@@ -423,7 +420,7 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
   /* A random k of them: the first k of a partial Fisher-Yates shuffle. */
   uint32_t id = ++d->last_shed;
   for (int i = 0; i < k; i++) {
-    int r = (int)jitter_range(&node->rng, i, n - 1);
+    int r = (int)jitter_range(d->env.rng, i, n - 1);
     conn_t *t = all[i];
     all[i] = all[r];
     all[r] = t;

@@ -39,20 +39,40 @@
 
 #include <stdint.h>
 
-#include "node.h"
+#include <uv.h>
+
+#include "cluster/membership.h"
+#include "common/jitter.h"
+#include "core/config.h"
+#include "net/conn.h"
+#include "store/pool.h"
 
 #define DRAIN_GRACE_MS 2000 /* past the window: a migration's connect, hello, welcome */
 
 typedef struct drain_s drain_t;
 
-/* How the drain ends the node: close everything left and exit (serve.c's
- * stop). `why` is for the log. */
-typedef void (*drain_stop_cb)(node_t *node, const char *why);
+/* What a drain works with, all borrowed from its owner (the node), which
+ * outlives it. */
+typedef struct {
+  uv_loop_t *loop;
+  const config_t *cfg;      /* drain_window_ms, drain_close_rate, drain_migrate, drain_shutdown_ms,
+                               node_id, the retry-hint range */
+  net_t *net;               /* the connections to move (net/conn.h) */
+  pool_t *const *pool;      /* the owner's pool pointer: the peers are read on it */
+  jitter_rng_t *rng;        /* afterMs, retry hints, the shed's choice */
+  membership_t *membership; /* beaten at once when the drain begins */
+  /* How the drain ends the node: close everything left and exit
+   * (lifecycle.h, node_stop). `why` is for the log. */
+  void (*stop)(void *ud, const char *why);
+  /* The drain frame (docs/protocol.md 5.6) as JSON text: heap, NULL when
+   * out of memory; `reconnect_to` NULL for null. Frames are proto's. */
+  char *(*frame)(void *ud, int64_t after_ms, const char *reconnect_to, int64_t deadline_ms);
+  void *ud;
+} drain_env_t;
 
-/* A drain controller for `node` with its settings from node->cfg
- * (drain_window_ms, drain_close_rate, drain_migrate, drain_shutdown_ms). NULL when out of
+/* A drain controller working with `env` (copied). NULL when out of
  * memory. */
-drain_t *drain_new(node_t *node, drain_stop_cb stop);
+drain_t *drain_new(const drain_env_t *env);
 
 /* Close the timer; the struct is freed in its close callback (releasing
  * the connections still queued for a paced close). */
