@@ -104,7 +104,7 @@ void node_stop(node_t *node, const char *why) {
   conn_stop_listening(&node->net);
   rest_stop(node);
   membership_stop(&node->membership); /* one last beat says "draining" (when the pool is idle) */
-  session_close_all(node, WS_CLOSE_GOING_AWAY, "server shutting down");
+  session_close_all(&node->sessions, WS_CLOSE_GOING_AWAY, "server shutting down");
   for (conn_t *c = node->net.conns; c; c = c->next)
     if (c->mode == CONN_HTTP && !http_current(c)) conn_close(c);
 }

@@ -15,6 +15,7 @@
 #include "common/util.h"
 #include "gate/limiter.h"
 #include "net/conn.h"
+#include "proto/session.h"
 
 #include "store/pool.h"
 
@@ -53,8 +54,7 @@ typedef struct node_s {
   membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
   drain_t *drain;             /* drain and shed (gate/drain.h) */
 
-  uint64_t next_session;
-  uint64_t delivered_unflushed; /* deliveries not yet in their metric (session_flush_metrics) */
+  sessions_t sessions;          /* what the protocol sessions work with (proto/session.h) */
   uv_timer_t revocation_timer;  /* api/rest.c: the revocation refresh */
   int revocation_running;       /* its store job is in the pool */
   int max_connections;          /* WebSocket connections allowed (serve.c); more: 503 */

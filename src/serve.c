@@ -65,7 +65,7 @@ static void tick_cb(uv_timer_t *t) {
   uint64_t now = util_mono_ms();
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
-  session_flush_metrics(node);
+  session_flush_metrics(&node->sessions);
   conn_flush_all(&node->net);
   lifecycle_tick(node, now);
 }
@@ -81,13 +81,15 @@ static char *bus_msg_wire_cb(void *ud, const char *json, size_t len, size_t *out
 }
 
 static void bus_channel_cb(void *ud, const char *channel, int active) {
-  session_channel_changed(ud, channel, active);
+  session_channel_changed(&((node_t *)ud)->sessions, channel, active);
 }
 
 /* The transport's handler (net/handler.h): HTTP requests go to the REST
  * router, WebSocket connections to their protocol sessions. */
 static void net_request_cb(void *ud, conn_t *c, http_request_t *req) { rest_handle(c, req); }
-static int net_upgrade_cb(void *ud, conn_t *c) { return session_start(c); }
+static int net_upgrade_cb(void *ud, conn_t *c) {
+  return session_start(&((node_t *)ud)->sessions, c);
+}
 static void net_text_cb(void *ud, conn_t *c, const char *text, size_t len) {
   session_on_text(c, text, len);
 }
@@ -231,6 +233,14 @@ int serve_main(int argc, char **argv) {
                            .frame = drain_frame_cb,
                            .ud = node};
   node->drain = drain_new(&drain_env);
+  node->sessions = (sessions_t){.cfg = &cfg,
+                                .pool = &node->pool,
+                                .bus = node->bus,
+                                .auth = node->auth,
+                                .admission = node->admission,
+                                .drain = &node->drain,
+                                .net = &node->net,
+                                .rng = &node->rng};
   if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));

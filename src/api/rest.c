@@ -222,7 +222,7 @@ static void job_done(pool_job_t *job) {
   }
   if (j->kind == J_REVOKE && j->status == 204) {
     auth_add_revoked(node->auth, j->id);
-    session_revoke_jti(node, j->id);
+    session_revoke_jti(&node->sessions, j->id);
   }
   if (conn_unref(j->conn)) {
     if (j->answer) {
@@ -795,7 +795,7 @@ static void refresh_done(pool_job_t *job) {
     /* Add, never replace: a revocation committed after this read was
      * already added by its own request. */
     for (size_t i = 0; i < r->n; i++) auth_add_revoked(r->node->auth, r->jtis[i]);
-    if (r->n) session_revoke_jti(r->node, NULL);
+    if (r->n) session_revoke_jti(&r->node->sessions, NULL);
   }
   r->node->revocation_running = 0;
   store_strings_free(r->jtis, r->n);

@@ -80,7 +80,7 @@ struct session_s {
   struct hello_job_s *hello;         /* the hello job waiting for its slot */
   struct hello_job_s *hello_running; /* the hello job in the pool */
   conn_t *conn;
-  node_t *node;
+  sessions_t *ss;
   uint64_t id;
   int hello_seen;
   auth_token_t token;
@@ -89,8 +89,18 @@ struct session_s {
 };
 
 /* 1 when the last change of `channel` since change `gen` deactivated it. */
-static int deactivated_since(node_t *node, uint64_t gen, const char *channel) {
-  return bus_channel_last_change_since(node->bus, gen, channel) == 0;
+static int deactivated_since(sessions_t *ss, uint64_t gen, const char *channel) {
+  return bus_channel_last_change_since(ss->bus, gen, channel) == 0;
+}
+
+/* A retry hint for a refusal: uniform in the configured range, ms. */
+static long retry_hint(sessions_t *ss) {
+  return (long)jitter_retry_hint(ss->rng, ss->cfg->retry_after_min_ms, ss->cfg->retry_after_max_ms);
+}
+
+/* The deadline of interactive store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
+static uint64_t store_deadline(const sessions_t *ss) {
+  return util_mono_ms() + (uint64_t)ss->cfg->store_timeout_ms;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -118,7 +128,7 @@ static void count_handshake(const char *result) {
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * in the reason (the admission-queue decision record). Steals `details`. */
 static void refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details) {
-  long hint = node_retry_hint(conn_node(c));
+  long hint = retry_hint(c->session->ss);
   char reason[48];
   send_error(c, "unavailable", message, conv, hint, details);
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);
@@ -145,8 +155,8 @@ static void remove_sub(session_t *s, sub_t *sub) {
       *p = sub->next;
       break;
     }
-  admission_release(s->node->admission, &sub->adm, util_mono_ms());
-  bus_unsubscribe(s->node->bus, &sub->bus);
+  admission_release(s->ss->admission, &sub->adm, util_mono_ms());
+  bus_unsubscribe(s->ss->bus, &sub->bus);
   clear_pending(sub);
   free(sub->pending);
   free(sub);
@@ -185,7 +195,7 @@ static void pending_add(sub_t *sub, bus_msg_t *m) {
 static void send_live(sub_t *sub, bus_msg_t *m) {
   ws_send_frame(sub->session->conn, m->frame, m->frame_len);
   sub->delivered = m->seq;
-  sub->session->node->delivered_unflushed++;
+  sub->session->ss->delivered_unflushed++;
 }
 
 static void fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
@@ -337,7 +347,7 @@ static void send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
     if (msgs[i].seq != sub->delivered + 1) break; /* never: the store is gapless */
     send_text_owned(c, frame_msg(sub->conv, &msgs[i]));
     sub->delivered = msgs[i].seq;
-    sub->session->node->delivered_unflushed++;
+    sub->session->ss->delivered_unflushed++;
   }
 }
 
@@ -354,7 +364,7 @@ static void send_replay_unavailable(sub_t *sub, const char *message, int64_t wat
  * on: what waited in `pending` goes out now (or is filled from the store
  * past an overflow), as after any fill. */
 static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
-  send_replay_unavailable(sub, message, watermark, node_retry_hint(sub->session->node));
+  send_replay_unavailable(sub, message, watermark, retry_hint(sub->session->ss));
   fill_finish(sub, 0, 0);
 }
 
@@ -363,7 +373,7 @@ static void replay_unavailable(sub_t *sub, const char *message, int64_t watermar
  * session_tick starts the fill again after the same hint. Never at once: a
  * store that just failed would fail it again, in a loop. */
 static void fill_failed(sub_t *sub, const char *message) {
-  long hint = node_retry_hint(sub->session->node);
+  long hint = retry_hint(sub->session->ss);
   send_replay_unavailable(sub, message, sub->delivered, hint);
   sub->filling = 1;
   sub->retry_at = util_mono_ms() + (uint64_t)hint;
@@ -395,7 +405,7 @@ static void fill_done(pool_job_t *job) {
     sub_t *sub = find_sub(f->conn->session, f->conv);
     if (sub && sub->sync_job == f) {
       sub->sync_job = NULL;
-      admission_release(f->conn->session->node->admission, &sub->adm, util_mono_ms());
+      admission_release(f->conn->session->ss->admission, &sub->adm, util_mono_ms());
     }
   }
   if (conn_unref(f->conn)) {
@@ -481,7 +491,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   }
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
-    if (admitted) admission_release(conn_node(c)->admission, &sub->adm, util_mono_ms());
+    if (admitted) admission_release(c->session->ss->admission, &sub->adm, util_mono_ms());
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return;
   }
@@ -494,9 +504,9 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
-  f->job.deadline_ms = node_store_deadline(conn_node(c));
+  f->job.deadline_ms = store_deadline(c->session->ss);
   conn_ref(c);
-  pool_submit(conn_node(c)->pool, &f->job, fill_work, fill_done);
+  pool_submit(*c->session->ss->pool, &f->job, fill_work, fill_done);
 }
 
 /* ---- hello ------------------------------------------------------------------ */
@@ -569,7 +579,7 @@ static void hello_done(pool_job_t *job) {
   if (h->conn->session && h->conn->session->hello_running == h) {
     /* the store work is done: the slot goes to the next handshake */
     h->conn->session->hello_running = NULL;
-    admission_release(conn_node(h->conn)->admission, &h->conn->session->adm, util_mono_ms());
+    admission_release(h->conn->session->ss->admission, &h->conn->session->adm, util_mono_ms());
   }
   if (conn_unref(h->conn) && h->conn->session) {
     conn_t *c = h->conn;
@@ -593,7 +603,7 @@ static void hello_done(pool_job_t *job) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = find_sub(s, it->conv);
       if (!sub) continue;
-      if (it->status == 0 && deactivated_since(s->node, h->deact_gen, it->info.channel))
+      if (it->status == 0 && deactivated_since(s->ss, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
         if (it->status == -CV_ENOTFOUND)
@@ -619,12 +629,12 @@ static void hello_done(pool_job_t *job) {
     snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
     json_t *welcome =
         json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session", session_id, "node",
-                  s->node->cfg->node_id, "heartbeatMs", s->node->cfg->heartbeat_ms, "subs", subs);
+                  s->ss->cfg->node_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "subs", subs);
     send_text_owned(c, frame_dump(welcome));
     json_decref(welcome);
     count_handshake("ok");
     c->welcomed = 1;
-    if (c->drain_batch) drain_welcomed(s->node->drain, c); /* told now, not before welcome */
+    if (c->drain_batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
     for (size_t i = 0; i < h->n && !c->closing; i++) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;
@@ -657,7 +667,7 @@ static void hello_submit(session_t *s) {
     sub_t *sub = calloc(1, sizeof *sub);
     if (!sub) {
       free(h);
-      admission_release(s->node->admission, &s->adm, util_mono_ms());
+      admission_release(s->ss->admission, &s->adm, util_mono_ms());
       ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
       return;
     }
@@ -668,14 +678,14 @@ static void hello_submit(session_t *s) {
     sub->filling = 1; /* until the handshake job returns */
     sub->next = s->subs;
     s->subs = sub;
-    bus_subscribe(s->node->bus, &sub->bus);
+    bus_subscribe(s->ss->bus, &sub->bus);
   }
-  h->deact_gen = bus_channel_gen(s->node->bus);
+  h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
-  h->job.deadline_ms = node_store_deadline(s->node);
+  h->job.deadline_ms = store_deadline(s->ss);
   s->hello_running = h;
   conn_ref(c);
-  pool_submit(s->node->pool, &h->job, hello_work, hello_done);
+  pool_submit(*s->ss->pool, &h->job, hello_work, hello_done);
 }
 
 static void observe_admission(const char *result, uint64_t waited_ms) {
@@ -699,7 +709,7 @@ static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms
   if (status != 0) {
     char message[96];
     snprintf(message, sizeof message, "no handshake slot within %d ms; reconnect later",
-             s->node->cfg->handshake_queue_ms);
+             s->ss->cfg->handshake_queue_ms);
     hello_overloaded(s, message, waited_ms);
     return;
   }
@@ -710,8 +720,8 @@ static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms
 static void handle_hello(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   const char *why = NULL;
-  if (auth_verify(s->node->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
-      auth_is_revoked(s->node->auth, s->token.jti)) {
+  if (auth_verify(s->ss->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
+      auth_is_revoked(s->ss->auth, s->token.jti)) {
     if (!why) why = "token revoked";
     count_handshake("unauthorized");
     send_error(c, "unauthorized", why, NULL, 0, NULL);
@@ -741,7 +751,7 @@ static void handle_hello(session_t *s, frame_client_t *f) {
    * admission-queue decision record): a burst queues here, in order,
    * instead of piling into the pool. */
   s->hello = h;
-  int r = admission_acquire(s->node->admission, &s->adm, util_mono_ms(), hello_admitted);
+  int r = admission_acquire(s->ss->admission, &s->adm, util_mono_ms(), hello_admitted);
   if (r == ADMISSION_GRANTED) {
     observe_admission("ok", 0);
     hello_submit(s);
@@ -761,13 +771,13 @@ typedef struct {
   char *body;
   int status;
   int created;
+  bus_t *bus; /* the appends fan out through it (the node outlives every job) */
   store_msg_t msg;
 } send_job_t;
 
 static void send_work(pool_job_t *job, store_t *db) {
   send_job_t *j = container_of(job, send_job_t, job);
-  node_t *node = conn_node(j->conn); /* the node outlives every job */
-  j->status = bus_append(node->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
+  j->status = bus_append(j->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
                          &j->created);
 }
 
@@ -819,13 +829,14 @@ static void handle_send(session_t *s, frame_client_t *f) {
     return;
   }
   j->conn = c;
+  j->bus = s->ss->bus;
   strcpy(j->conv, f->conv);
   strcpy(j->id, f->id);
   strcpy(j->sender, s->token.sub);
   j->job.kind = "ws_send";
-  j->job.deadline_ms = node_store_deadline(s->node);
+  j->job.deadline_ms = store_deadline(s->ss);
   conn_ref(c);
-  pool_submit(s->node->pool, &j->job, send_work, send_done);
+  pool_submit(*s->ss->pool, &j->job, send_work, send_done);
 }
 
 /* ---- sync ------------------------------------------------------------------- */
@@ -855,10 +866,10 @@ static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms)
 }
 
 static void sync_acquire(sub_t *sub, int64_t watermark, const char *epoch) {
-  node_t *node = sub->session->node;
+  sessions_t *ss = sub->session->ss;
   sub->adm_watermark = watermark;
   snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
-  int r = admission_acquire(node->admission, &sub->adm, util_mono_ms(), sync_admitted);
+  int r = admission_acquire(ss->admission, &sub->adm, util_mono_ms(), sync_admitted);
   if (r == ADMISSION_GRANTED) {
     observe_admission("ok", 0);
     sync_begin(sub);
@@ -871,12 +882,12 @@ static void sync_acquire(sub_t *sub, int64_t watermark, const char *epoch) {
 
 /* ---- dispatch --------------------------------------------------------------- */
 
-int session_start(conn_t *c) {
+int session_start(sessions_t *ss, conn_t *c) {
   session_t *s = calloc(1, sizeof *s);
   if (!s) return -CV_ENOMEM;
   s->conn = c;
-  s->node = conn_node(c);
-  s->id = ++conn_node(c)->next_session;
+  s->ss = ss;
+  s->id = ++ss->next_session;
   c->session = s;
   return 0;
 }
@@ -886,7 +897,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   frame_client_t f;
   char why[200];
   if (!s) return;
-  if (frame_decode(text, len, conn_node(c)->cfg->max_subs, &f, why, sizeof why) != 0) {
+  if (frame_decode(text, len, c->session->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
     send_error(c, "bad_request", why, NULL, 0, NULL);
     if (!s->hello_seen) {
       count_handshake("bad_request");
@@ -939,20 +950,20 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
 
 void session_tick(conn_t *c, uint64_t now) {
   session_t *s = c->session;
-  node_t *node = conn_node(c);
+  sessions_t *ss = c->session->ss;
   if (!s || c->closing) return;
   if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
     count_handshake("timeout");
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "no hello in time");
     return;
   }
-  if (now - c->last_rx_ms > 2 * (uint64_t)node->cfg->heartbeat_ms) {
+  if (now - c->last_rx_ms > 2 * (uint64_t)ss->cfg->heartbeat_ms) {
     ws_close(c, WS_CLOSE_GOING_AWAY, "heartbeat timeout");
     return;
   }
   if (now >= c->next_ping_ms) {
     ws_ping(c);
-    c->next_ping_ms = now + (uint64_t)node->cfg->heartbeat_ms;
+    c->next_ping_ms = now + (uint64_t)ss->cfg->heartbeat_ms;
   }
   if (!s->retry_due || now < s->retry_due) return; /* the usual tick: no failed fill is due */
   s->retry_due = 0;
@@ -978,35 +989,35 @@ void session_on_writable(conn_t *c) {
   }
 }
 
-void session_flush_metrics(node_t *node) {
-  if (node->delivered_unflushed) {
-    metrics_add("converger_messages_delivered_total", NULL, node->delivered_unflushed);
-    node->delivered_unflushed = 0;
+void session_flush_metrics(sessions_t *ss) {
+  if (ss->delivered_unflushed) {
+    metrics_add("converger_messages_delivered_total", NULL, ss->delivered_unflushed);
+    ss->delivered_unflushed = 0;
   }
 }
 
 void session_on_close(session_t *s) {
   if (!s) return;
-  node_t *node = s->node;
+  sessions_t *ss = s->ss;
   uint64_t now = util_mono_ms();
-  if (node->drain) drain_conn_closing(node->drain, s->conn);
+  if (*ss->drain) drain_conn_closing(*ss->drain, s->conn);
   /* Waiters leave the queue. */
-  if (s->adm.state == ADMISSION_WAITING) admission_release(node->admission, &s->adm, now);
+  if (s->adm.state == ADMISSION_WAITING) admission_release(ss->admission, &s->adm, now);
   for (sub_t *sub = s->subs; sub; sub = sub->next)
-    if (sub->adm.state == ADMISSION_WAITING) admission_release(node->admission, &sub->adm, now);
+    if (sub->adm.state == ADMISSION_WAITING) admission_release(ss->admission, &sub->adm, now);
   free(s->hello); /* a hello that was still waiting for its slot */
   s->hello = NULL;
   /* A holder whose job has not started takes it back and frees its slot
    * now; one whose job runs frees it when the job returns (its done
    * callback), so that jobs in the pool never outnumber the slots. */
-  if (s->hello_running && node->pool && pool_cancel(node->pool, &s->hello_running->job)) {
+  if (s->hello_running && *ss->pool && pool_cancel(*ss->pool, &s->hello_running->job)) {
     s->hello_running = NULL;
-    admission_release(node->admission, &s->adm, now);
+    admission_release(ss->admission, &s->adm, now);
   }
   for (sub_t *sub = s->subs; sub; sub = sub->next)
-    if (sub->sync_job && node->pool && pool_cancel(node->pool, &sub->sync_job->job)) {
+    if (sub->sync_job && *ss->pool && pool_cancel(*ss->pool, &sub->sync_job->job)) {
       sub->sync_job = NULL;
-      admission_release(node->admission, &sub->adm, now);
+      admission_release(ss->admission, &sub->adm, now);
     }
 }
 
@@ -1018,19 +1029,19 @@ void session_free(session_t *s) {
   free(s);
 }
 
-void session_revoke_jti(node_t *node, const char *jti) {
-  for (conn_t *c = node->net.conns; c; c = c->next) {
+void session_revoke_jti(sessions_t *ss, const char *jti) {
+  for (conn_t *c = ss->net->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing || !s->hello_seen || !s->token.jti[0]) continue;
-    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(node->auth, s->token.jti)) continue;
+    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(ss->auth, s->token.jti)) continue;
     send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
   }
 }
 
-void session_channel_changed(node_t *node, const char *channel, int active) {
+void session_channel_changed(sessions_t *ss, const char *channel, int active) {
   if (active) return; /* handshakes in flight keep it (bus_channel_last_change_since) */
-  for (conn_t *c = node->net.conns; c; c = c->next) {
+  for (conn_t *c = ss->net->conns; c; c = c->next) {
     session_t *s = c->session;
     if (!s || c->closing) continue;
     sub_t *sub = s->subs;
@@ -1046,7 +1057,7 @@ void session_channel_changed(node_t *node, const char *channel, int active) {
   }
 }
 
-void session_close_all(node_t *node, int code, const char *reason) {
-  for (conn_t *c = node->net.conns; c; c = c->next)
+void session_close_all(sessions_t *ss, int code, const char *reason) {
+  for (conn_t *c = ss->net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing) ws_close(c, code, reason);
 }

@@ -15,11 +15,33 @@
 
 #include <stddef.h>
 
+#include "bus/bus.h"
+#include "common/jitter.h"
+#include "core/config.h"
+#include "gate/admission.h"
+#include "gate/auth.h"
+#include "gate/drain.h"
 #include "net/conn.h"
-#include "node.h"
+#include "store/pool.h"
 
-/* Attach a new session to an upgraded connection. 0 or -CV_ENOMEM. */
-int session_start(conn_t *c);
+/* What a node's sessions work with (borrowed from the node, which fills
+ * it before it listens and outlives every session) and their counters. */
+typedef struct sessions_s {
+  const config_t *cfg;
+  pool_t *const *pool; /* the node's pool pointer: NULL once closed */
+  bus_t *bus;          /* subscriptions and fan-out */
+  auth_t *auth;        /* tokens and the revocation cache */
+  admission_t *admission;
+  drain_t *const *drain;        /* the node's drain pointer: NULL once closed */
+  net_t *net;                   /* every connection (revocation, shutdown) */
+  jitter_rng_t *rng;            /* retry hints */
+  uint64_t next_session;        /* the last session id given */
+  uint64_t delivered_unflushed; /* deliveries not yet in their metric */
+} sessions_t;
+
+/* Attach a new session of `ss` to an upgraded connection. 0 or
+ * -CV_ENOMEM. */
+int session_start(sessions_t *ss, conn_t *c);
 
 /* One complete text message from the client. */
 void session_on_text(conn_t *c, const char *text, size_t len);
@@ -34,7 +56,7 @@ void session_on_writable(conn_t *c);
 /* Add the deliveries counted since the last call to
  * converger_messages_delivered_total (once per tick: the hot path counts in
  * a plain integer). */
-void session_flush_metrics(node_t *node);
+void session_flush_metrics(sessions_t *ss);
 
 /* The connection is ending (its close frame is queued, or its socket is
  * closing): a hello or sync waiting for an admission slot leaves the queue,
@@ -49,15 +71,15 @@ void session_free(session_t *s);
 /* Close, with `error unauthorized` then 1008, every session whose token has
  * this jti (token revocation), or, when jti is NULL, whose jti is in the
  * node's revocation cache (one pass over the connections). */
-void session_revoke_jti(node_t *node, const char *jti);
+void session_revoke_jti(sessions_t *ss, const char *jti);
 
 /* The bus says `channel` was activated or deactivated (bus.h,
  * channel_changed): live subscribers of a deactivated channel get `error
  * channel_inactive` and their subscription ends; handshakes in flight
  * check the bus's record of changes. */
-void session_channel_changed(node_t *node, const char *channel, int active);
+void session_channel_changed(sessions_t *ss, const char *channel, int active);
 
 /* Close every session with `code` and `reason` (shutdown). */
-void session_close_all(node_t *node, int code, const char *reason);
+void session_close_all(sessions_t *ss, int code, const char *reason);
 
 #endif
