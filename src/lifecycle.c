@@ -102,7 +102,7 @@ void node_stop(node_t *node, const char *why) {
   uv_timer_set_repeat(&node->tick, STOPPING_TICK_MS);
   uv_timer_again(&node->tick);
   conn_stop_listening(&node->net);
-  rest_stop(node);
+  rest_stop(&node->api);
   membership_stop(&node->membership); /* one last beat says "draining" (when the pool is idle) */
   session_close_all(&node->sessions, WS_CLOSE_GOING_AWAY, "server shutting down");
   for (conn_t *c = node->net.conns; c; c = c->next)

@@ -11,10 +11,12 @@
 
 #include "cluster/membership.h"
 #include "core/config.h"
+#include "core/phase.h"
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
 #include "net/conn.h"
+#include "api/rest.h"
 #include "proto/session.h"
 
 #include "store/pool.h"
@@ -25,15 +27,6 @@ typedef struct auth_s auth_t;
 typedef struct admission_s admission_t;
 typedef struct pgnotify_s pgnotify_t;
 typedef struct drain_s drain_t;
-
-/* The lifecycle's phases (lifecycle.h); they only move forward. */
-typedef enum {
-  NODE_STARTING = 0, /* listening soon, not ready: /readyz 503 "starting" */
-  NODE_READY,        /* /readyz 200 (with the store up), upgrades accepted */
-  NODE_DRAINING,     /* a drain began: not ready, upgrades refused, REST served */
-  NODE_STOPPING,     /* closing everything and exiting */
-  NODE_STOPPED,      /* the pool is joined; the loop is ending */
-} node_phase_t;
 
 typedef struct node_s {
   uv_loop_t *loop;
@@ -55,8 +48,7 @@ typedef struct node_s {
   drain_t *drain;             /* drain and shed (gate/drain.h) */
 
   sessions_t sessions;          /* what the protocol sessions work with (proto/session.h) */
-  uv_timer_t revocation_timer;  /* api/rest.c: the revocation refresh */
-  int revocation_running;       /* its store job is in the pool */
+  api_t api;                    /* what the REST routes work with (api/rest.h) */
   int max_connections;          /* WebSocket connections allowed (serve.c); more: 503 */
 
   node_phase_t phase;        /* the one lifecycle state (lifecycle.h) */
@@ -65,13 +57,6 @@ typedef struct node_s {
 
 /* The node a connection belongs to (its transport is embedded in it). */
 static inline node_t *conn_node(const conn_t *c) { return container_of(c->net, node_t, net); }
-
-/* The word for `p` in /readyz, /admin/status and logs: "starting",
- * "ready", "draining", "stopping", "stopped". */
-static inline const char *node_phase_name(node_phase_t p) {
-  static const char *const names[] = {"starting", "ready", "draining", "stopping", "stopped"};
-  return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "unknown";
-}
 
 /* lifecycle.c: ready -> draining, the drain policy (gate/drain.h) started;
  * `why` for the log ("SIGTERM", "POST /admin/drain"). 0, or -CV_EEXISTS

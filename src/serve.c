@@ -86,7 +86,9 @@ static void bus_channel_cb(void *ud, const char *channel, int active) {
 
 /* The transport's handler (net/handler.h): HTTP requests go to the REST
  * router, WebSocket connections to their protocol sessions. */
-static void net_request_cb(void *ud, conn_t *c, http_request_t *req) { rest_handle(c, req); }
+static void net_request_cb(void *ud, conn_t *c, http_request_t *req) {
+  rest_handle(&((node_t *)ud)->api, c, req);
+}
 static int net_upgrade_cb(void *ud, conn_t *c) {
   return session_start(&((node_t *)ud)->sessions, c);
 }
@@ -97,6 +99,9 @@ static void net_writable_cb(void *ud, conn_t *c) { session_on_writable(c); }
 static void net_tick_cb(void *ud, conn_t *c, uint64_t now) { session_tick(c, now); }
 static void net_close_cb(void *ud, conn_t *c) { session_on_close(c->session); }
 static void net_free_cb(void *ud, conn_t *c) { session_free(c->session); }
+
+/* The REST routes' way to the lifecycle (api/rest.h). */
+static int api_drain_cb(void *ud, const char *why) { return node_drain(ud, why); }
 
 /* The drain's hooks (gate/drain.h): the lifecycle's stop, proto's frame. */
 static void drain_stop_cb(void *ud, const char *why) { node_stop(ud, why); }
@@ -241,6 +246,22 @@ int serve_main(int argc, char **argv) {
                                 .drain = &node->drain,
                                 .net = &node->net,
                                 .rng = &node->rng};
+  node->api = (api_t){.loop = node->loop,
+                      .cfg = &cfg,
+                      .pool = &node->pool,
+                      .bus = node->bus,
+                      .auth = node->auth,
+                      .admission = node->admission,
+                      .drain = &node->drain,
+                      .pgnotify = &node->pgnotify,
+                      .sessions = &node->sessions,
+                      .net = &node->net,
+                      .accept = &node->accept,
+                      .rng = &node->rng,
+                      .max_connections = &node->max_connections,
+                      .phase = &node->phase,
+                      .drain_begin = api_drain_cb,
+                      .ud = node};
   if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
@@ -268,7 +289,7 @@ int serve_main(int argc, char **argv) {
   uint64_t iv = tick_interval(&cfg);
   uv_timer_start(&node->tick, tick_cb, iv, iv);
   lifecycle_signals_start(node);
-  rest_start_revocation_refresh(node);
+  rest_start_revocation_refresh(&node->api);
   membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
   lifecycle_ready(node);
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "

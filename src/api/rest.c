@@ -52,7 +52,7 @@ typedef enum {
 typedef struct {
   pool_job_t job;
   conn_t *conn;
-  node_t *node;
+  api_t *api;
   job_kind_t kind;
   char id[STORE_ID_MAX + 1];
   char other[STORE_ID_MAX + 1]; /* channel of a new conversation; sender */
@@ -66,6 +66,17 @@ typedef struct {
   const char *code; /* error code */
   const char *message;
 } rest_job_t;
+
+/* A retry hint for a refusal: uniform in the configured range, ms. */
+static long retry_hint(api_t *api) {
+  return (long)jitter_retry_hint(api->rng, api->cfg->retry_after_min_ms,
+                                 api->cfg->retry_after_max_ms);
+}
+
+/* The deadline of a request's store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
+static uint64_t store_deadline(const api_t *api) {
+  return util_mono_ms() + (uint64_t)api->cfg->store_timeout_ms;
+}
 
 static json_t *channel_json(const store_channel_t *ch) {
   return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence", ch->presence,
@@ -165,7 +176,7 @@ static void job_work(pool_job_t *job, store_t *db) {
   case J_MSG_APPEND: {
     store_msg_t m = {0};
     int created = 0;
-    r = bus_append(j->node->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m, &created);
+    r = bus_append(j->api->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m, &created);
     if (r == 0) {
       j->status = created ? 201 : 200;
       j->answer = json_pack("{s:I, s:s}", "seq", (json_int_t)m.seq, "id", m.id);
@@ -209,7 +220,7 @@ static void job_work(pool_job_t *job, store_t *db) {
 
 static void job_done(pool_job_t *job) {
   rest_job_t *j = container_of(job, rest_job_t, job);
-  node_t *node = j->node;
+  api_t *api = j->api;
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
   if (job->dropped) /* 503: the pool is overloaded, or the deadline passed in its queue */
     set_error(j, job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY);
@@ -217,12 +228,12 @@ static void job_done(pool_job_t *job) {
   /* On a shared store the change reaches this node's sockets as it
    * reaches every other node's, through the bus (bus/pgnotify.h), in
    * commit order with any other change of the channel. */
-  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !node->pgnotify) {
-    bus_channel_changed(node->bus, j->id, j->flag);
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !*api->pgnotify) {
+    bus_channel_changed(api->bus, j->id, j->flag);
   }
   if (j->kind == J_REVOKE && j->status == 204) {
-    auth_add_revoked(node->auth, j->id);
-    session_revoke_jti(&node->sessions, j->id);
+    auth_add_revoked(api->auth, j->id);
+    session_revoke_jti(api->sessions, j->id);
   }
   if (conn_unref(j->conn)) {
     if (j->answer) {
@@ -232,7 +243,7 @@ static void job_done(pool_job_t *job) {
       http_respond(j->conn, 204, "application/json", "", 0, NULL);
     } else {
       http_respond_error(j->conn, j->status, j->code, j->message,
-                         j->status == 503 ? node_retry_hint(node) : 0);
+                         j->status == 503 ? retry_hint(api) : 0);
     }
   }
   json_decref(j->answer);
@@ -240,14 +251,14 @@ static void job_done(pool_job_t *job) {
   free(j);
 }
 
-static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
+static rest_job_t *job_new(api_t *api, conn_t *c, job_kind_t kind) {
   rest_job_t *j = calloc(1, sizeof *j);
   if (!j) {
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
     return NULL;
   }
   j->conn = c;
-  j->node = conn_node(c);
+  j->api = api;
   j->kind = kind;
   return j;
 }
@@ -255,8 +266,8 @@ static rest_job_t *job_new(conn_t *c, job_kind_t kind) {
 static void job_submit(rest_job_t *j) {
   conn_ref(j->conn);
   j->job.kind = "rest";
-  j->job.deadline_ms = node_store_deadline(j->node);
-  pool_submit(j->node->pool, &j->job, job_work, job_done);
+  j->job.deadline_ms = store_deadline(j->api);
+  pool_submit(*j->api->pool, &j->job, job_work, job_done);
 }
 
 /* ---- helpers ----------------------------------------------------------------- */
@@ -282,8 +293,8 @@ static json_t *body_object(conn_t *c, http_request_t *req) {
   return v;
 }
 
-static int require_key(conn_t *c, http_request_t *req) {
-  if (auth_check_api_key(conn_node(c)->auth, req->authorization) == 0) return 0;
+static int require_key(api_t *api, conn_t *c, http_request_t *req) {
+  if (auth_check_api_key(api->auth, req->authorization) == 0) return 0;
   http_respond_error(c, 401, "unauthorized",
                      "missing or wrong API key (Authorization: Bearer <key>)", 0);
   return -1;
@@ -343,9 +354,9 @@ static int split_path(const char *path, char seg[5][STORE_ID_MAX + 1]) {
 
 /* ---- handlers ---------------------------------------------------------------- */
 
-static void serve_file(conn_t *c, const char *name, const char *type) {
+static void serve_file(api_t *api, conn_t *c, const char *name, const char *type) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s", conn_node(c)->cfg->web_dir, name);
+  snprintf(path, sizeof path, "%s/%s", api->cfg->web_dir, name);
   int fd = open(path, O_RDONLY);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0 || st.st_size > 4 * 1024 * 1024) {
@@ -365,48 +376,45 @@ static void serve_file(conn_t *c, const char *name, const char *type) {
   free(buf);
 }
 
-static void handle_status(conn_t *c) {
-  node_t *node = conn_node(c);
+static void handle_status(api_t *api, conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
   json_t *v = json_pack(
-      "{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", node->cfg->node_id, "version",
-      CONVERGER_VERSION, "state", node_phase_name(node->phase), "connections", node->net.nws,
-      "maxConnections", node->max_connections, "httpConnections", node->net.nconns - node->net.nws,
-      "subscriptions", (json_int_t)bus_count(node->bus), "poolInFlight", pool_in_flight(node->pool),
-      "poolSize", node->cfg->pool_size, "drain", drain_states[drain_state(node->drain)]);
+      "{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", api->cfg->node_id, "version",
+      CONVERGER_VERSION, "state", node_phase_name(*api->phase), "connections", api->net->nws,
+      "maxConnections", *api->max_connections, "httpConnections", api->net->nconns - api->net->nws,
+      "subscriptions", (json_int_t)bus_count(api->bus), "poolInFlight", pool_in_flight(*api->pool),
+      "poolSize", api->cfg->pool_size, "drain", drain_states[drain_state(*api->drain)]);
   http_respond_json(c, 200, v, NULL);
 }
 
 /* POST /admin/drain: as SIGTERM (gate/drain.h). 202: begun; 409: already. */
-static void handle_drain(conn_t *c) {
-  node_t *node = conn_node(c);
-  if (node_drain(node, "POST /admin/drain") != 0)
+static void handle_drain(api_t *api, conn_t *c) {
+  if (api->drain_begin(api->ud, "POST /admin/drain") != 0)
     return http_respond_error(c, 409, "conflict", "the node is already draining or stopping", 0);
   http_respond_json(c, 202,
                     json_pack("{s:s, s:i, s:i, s:i, s:i}", "state", "draining", "connections",
-                              node->net.nws, "windowMs", node->cfg->drain_window_ms, "closeRate",
-                              node->cfg->drain_close_rate, "shutdownMs",
-                              node->cfg->drain_shutdown_ms),
+                              api->net->nws, "windowMs", api->cfg->drain_window_ms, "closeRate",
+                              api->cfg->drain_close_rate, "shutdownMs",
+                              api->cfg->drain_shutdown_ms),
                     NULL);
 }
 
 /* POST /admin/shed {"fraction": f, "windowMs": w}: 0 < f <= 1, w in
  * 0..3600000 (default the drain window). 200 with the count told to move. */
-static void handle_shed(conn_t *c, http_request_t *req) {
-  node_t *node = conn_node(c);
+static void handle_shed(api_t *api, conn_t *c, http_request_t *req) {
   json_t *b = body_object(c, req);
   if (!b) return;
   json_t *f = json_object_get(b, "fraction"), *w = json_object_get(b, "windowMs");
   double fraction = json_is_number(f) ? json_number_value(f) : -1;
-  json_int_t window = w ? (json_is_integer(w) ? json_integer_value(w) : -1)
-                        : node->cfg->drain_window_ms;
+  json_int_t window =
+      w ? (json_is_integer(w) ? json_integer_value(w) : -1) : api->cfg->drain_window_ms;
   int chosen = 0, total = 0, r;
   if (!(fraction > 0 && fraction <= 1))
     bad_request(c, "fraction must be a number with 0 < fraction <= 1");
   else if (window < 0 || window > 3600000)
     bad_request(c, "windowMs must be an integer from 0 to 3600000");
-  else if (node->phase >= NODE_STOPPING || (r = drain_shed(node->drain, fraction, window, &chosen, &total)) ==
-                                 -CV_EBUSY)
+  else if (*api->phase >= NODE_STOPPING ||
+           (r = drain_shed(*api->drain, fraction, window, &chosen, &total)) == -CV_EBUSY)
     http_respond_error(c, 409, "conflict", "the node is draining or already shedding", 0);
   else if (r != 0)
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
@@ -418,7 +426,7 @@ static void handle_shed(conn_t *c, http_request_t *req) {
   json_decref(b);
 }
 
-static void handle_channel_create(conn_t *c, http_request_t *req) {
+static void handle_channel_create(api_t *api, conn_t *c, http_request_t *req) {
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *id = json_string_value(json_object_get(b, "id"));
@@ -432,7 +440,7 @@ static void handle_channel_create(conn_t *c, http_request_t *req) {
   } else if (presence && !json_is_boolean(presence)) {
     bad_request(c, "presence must be a boolean");
   } else {
-    rest_job_t *j = job_new(c, J_CHANNEL_CREATE);
+    rest_job_t *j = job_new(api, c, J_CHANNEL_CREATE);
     if (j) {
       if (!id) {
         util_uuid(gen);
@@ -447,14 +455,14 @@ static void handle_channel_create(conn_t *c, http_request_t *req) {
   json_decref(b);
 }
 
-static void handle_channel_patch(conn_t *c, http_request_t *req, const char *id) {
+static void handle_channel_patch(api_t *api, conn_t *c, http_request_t *req, const char *id) {
   json_t *b = body_object(c, req);
   if (!b) return;
   json_t *active = json_object_get(b, "active");
   if (!json_is_boolean(active)) {
     bad_request(c, "body must be {\"active\": true|false}");
   } else {
-    rest_job_t *j = job_new(c, J_CHANNEL_PATCH);
+    rest_job_t *j = job_new(api, c, J_CHANNEL_PATCH);
     if (j) {
       strcpy(j->id, id);
       j->flag = json_is_true(active);
@@ -464,7 +472,7 @@ static void handle_channel_patch(conn_t *c, http_request_t *req, const char *id)
   json_decref(b);
 }
 
-static void handle_conv_create(conn_t *c, http_request_t *req) {
+static void handle_conv_create(api_t *api, conn_t *c, http_request_t *req) {
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *id = json_string_value(json_object_get(b, "id"));
@@ -475,7 +483,7 @@ static void handle_conv_create(conn_t *c, http_request_t *req) {
   } else if (!util_id_valid(channel)) {
     bad_request(c, "channel must be an id matching [A-Za-z0-9._:-]{1,128}");
   } else {
-    rest_job_t *j = job_new(c, J_CONV_CREATE);
+    rest_job_t *j = job_new(api, c, J_CONV_CREATE);
     if (j) {
       if (!id) {
         util_uuid(gen);
@@ -489,7 +497,7 @@ static void handle_conv_create(conn_t *c, http_request_t *req) {
   json_decref(b);
 }
 
-static void handle_msg_append(conn_t *c, http_request_t *req, const char *conv) {
+static void handle_msg_append(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *sender = json_string_value(json_object_get(b, "sender"));
@@ -504,11 +512,11 @@ static void handle_msg_append(conn_t *c, http_request_t *req, const char *conv) 
     bad_request(c, "Idempotency-Key must match [A-Za-z0-9._:-]{1,128}");
   } else if (!(text = frame_dump(body))) {
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
-  } else if (strlen(text) > (size_t)conn_node(c)->cfg->max_message_bytes) {
+  } else if (strlen(text) > (size_t)api->cfg->max_message_bytes) {
     http_respond_error(c, 413, "too_large",
                        "message body is larger than CONVERGER_MAX_MESSAGE_BYTES", 0);
   } else {
-    rest_job_t *j = job_new(c, J_MSG_APPEND);
+    rest_job_t *j = job_new(api, c, J_MSG_APPEND);
     if (j) {
       strcpy(j->id, conv);
       strcpy(j->other, sender);
@@ -525,7 +533,7 @@ static void handle_msg_append(conn_t *c, http_request_t *req, const char *conv) 
   json_decref(b);
 }
 
-static void handle_msg_list(conn_t *c, http_request_t *req, const char *conv) {
+static void handle_msg_list(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
   int64_t after, limit;
   if (query_int(c, req->query, "after", 0, &after) != 0) return;
   if (query_int(c, req->query, "limit", 100, &limit) != 0) return;
@@ -533,7 +541,7 @@ static void handle_msg_list(conn_t *c, http_request_t *req, const char *conv) {
     bad_request(c, "limit must be between 1 and 1000");
     return;
   }
-  rest_job_t *j = job_new(c, J_MSG_LIST);
+  rest_job_t *j = job_new(api, c, J_MSG_LIST);
   if (!j) return;
   strcpy(j->id, conv);
   j->after = after;
@@ -541,7 +549,7 @@ static void handle_msg_list(conn_t *c, http_request_t *req, const char *conv) {
   job_submit(j);
 }
 
-static void handle_token(conn_t *c, http_request_t *req) {
+static void handle_token(api_t *api, conn_t *c, http_request_t *req) {
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *sub = json_string_value(json_object_get(b, "sub"));
@@ -563,8 +571,8 @@ static void handle_token(conn_t *c, http_request_t *req) {
   } else {
     int64_t now = util_now_ms() / 1000, exp;
     char *token = NULL, jti[37], at[25];
-    if (auth_sign(conn_node(c)->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token,
-                  jti, &exp) != 0) {
+    if (auth_sign(api->auth, sub, convs, now, ttl ? json_integer_value(ttl) : 3600, &token, jti,
+                  &exp) != 0) {
       http_respond_error(c, 503, "unavailable", "cannot sign the token", 1000);
     } else {
       util_format_ts(exp * 1000, at);
@@ -576,14 +584,14 @@ static void handle_token(conn_t *c, http_request_t *req) {
   json_decref(b);
 }
 
-static void handle_revoke(conn_t *c, http_request_t *req) {
+static void handle_revoke(api_t *api, conn_t *c, http_request_t *req) {
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *jti = json_string_value(json_object_get(b, "jti"));
   if (!jti || !*jti || strlen(jti) > STORE_ID_MAX) {
     bad_request(c, "body must be {\"jti\": string}");
   } else {
-    rest_job_t *j = job_new(c, J_REVOKE);
+    rest_job_t *j = job_new(api, c, J_REVOKE);
     if (j) {
       strcpy(j->id, jti);
       /* Keep the row for the longest token lifetime we issue. */
@@ -608,8 +616,7 @@ static void not_found(conn_t *c) { http_respond_error(c, 404, "not_found", "no s
 
 #define IS(m) (req->method == HTTP_##m)
 
-void rest_handle(conn_t *c, http_request_t *req) {
-  node_t *node = conn_node(c);
+void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
   const char *path = req->path;
   char seg[5][STORE_ID_MAX + 1];
   if (strcmp(path, "/v1/ws") == 0) {
@@ -623,24 +630,24 @@ void rest_handle(conn_t *c, http_request_t *req) {
       http_respond_json(c, status,
                         json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
                         "Sec-WebSocket-Version: 13\r\n");
-    } else if (node->phase >= NODE_DRAINING) {
+    } else if (*api->phase >= NODE_DRAINING) {
       http_respond_error(c, 503, "unavailable",
-                         node->phase >= NODE_STOPPING ? "node is shutting down"
+                         *api->phase >= NODE_STOPPING ? "node is shutting down"
                                                       : "node is draining; use another",
-                         node_retry_hint(node));
-    } else if (node->net.nws >= node->max_connections) {
+                         retry_hint(api));
+    } else if (api->net->nws >= *api->max_connections) {
       /* Refused while descriptors remain, so health checks, metrics and
        * the store keep theirs (serve.c: the reserve). */
       metrics_add("converger_upgrades_refused_total", "reason=\"max_connections\"", 1);
       http_respond_error(c, 503, "too_many_connections",
                          "this node holds as many WebSocket connections as it may; retry later "
                          "or on another node",
-                         node_retry_hint(node));
-    } else if (node->cfg->accept_rate > 0 && !limiter_take(&node->accept, util_mono_ms())) {
+                         retry_hint(api));
+    } else if (api->cfg->accept_rate > 0 && !limiter_take(api->accept, util_mono_ms())) {
       /* The accept limiter: refused before any WebSocket work. */
       metrics_add("converger_accept_refused_total", NULL, 1);
       http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
-                         node_retry_hint(node));
+                         retry_hint(api));
     } else {
       ws_upgrade(c, req);
     }
@@ -651,10 +658,10 @@ void rest_handle(conn_t *c, http_request_t *req) {
     req->route = "/";
     if (!IS(GET)) return method_not_allowed(c, "GET");
     if (strcmp(path, "/app.js") == 0)
-      return serve_file(c, "app.js", "text/javascript; charset=utf-8");
+      return serve_file(api, c, "app.js", "text/javascript; charset=utf-8");
     if (strcmp(path, "/style.css") == 0)
-      return serve_file(c, "style.css", "text/css; charset=utf-8");
-    return serve_file(c, "index.html", "text/html; charset=utf-8");
+      return serve_file(api, c, "style.css", "text/css; charset=utf-8");
+    return serve_file(api, c, "index.html", "text/html; charset=utf-8");
   }
   if (strcmp(path, "/livez") == 0) {
     req->route = "/livez";
@@ -666,9 +673,9 @@ void rest_handle(conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     /* Without its LISTEN connection a node would serve subscribers that
      * hear nothing from other nodes: the database is unreachable, or was. */
-    int store_ok = !node->pgnotify || pgnotify_listening(node->pgnotify);
-    int ready = node->phase == NODE_READY && store_ok;
-    const char *state = node->phase != NODE_READY ? node_phase_name(node->phase)
+    int store_ok = !*api->pgnotify || pgnotify_listening(*api->pgnotify);
+    int ready = *api->phase == NODE_READY && store_ok;
+    const char *state = *api->phase != NODE_READY ? node_phase_name(*api->phase)
                         : !store_ok               ? "store_unavailable"
                                                   : "ready";
     return http_respond_json(c, ready ? 200 : 503,
@@ -679,8 +686,8 @@ void rest_handle(conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     size_t len;
     /* gauges read now, not at the last tick */
-    metrics_set("converger_admission_in_use", NULL, admission_in_use(node->admission));
-    metrics_set("converger_admission_waiting", NULL, admission_waiting(node->admission));
+    metrics_set("converger_admission_in_use", NULL, admission_in_use(api->admission));
+    metrics_set("converger_admission_waiting", NULL, admission_waiting(api->admission));
     char *text = metrics_render(&len);
     if (!text) return http_respond_error(c, 503, "unavailable", "out of memory", 1000);
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
@@ -690,26 +697,26 @@ void rest_handle(conn_t *c, http_request_t *req) {
   if (strcmp(path, "/admin/drain") == 0) {
     req->route = "/admin/drain";
     if (!IS(POST)) return method_not_allowed(c, "POST");
-    if (require_key(c, req) != 0) return;
-    return handle_drain(c);
+    if (require_key(api, c, req) != 0) return;
+    return handle_drain(api, c);
   }
   if (strcmp(path, "/admin/shed") == 0) {
     req->route = "/admin/shed";
     if (!IS(POST)) return method_not_allowed(c, "POST");
-    if (require_key(c, req) != 0) return;
-    return handle_shed(c, req);
+    if (require_key(api, c, req) != 0) return;
+    return handle_shed(api, c, req);
   }
   if (strcmp(path, "/admin/status") == 0) {
     req->route = "/admin/status";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    if (require_key(c, req) != 0) return;
-    return handle_status(c);
+    if (require_key(api, c, req) != 0) return;
+    return handle_status(api, c);
   }
   if (strcmp(path, "/admin/cluster") == 0) {
     req->route = "/admin/cluster";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    if (require_key(c, req) != 0) return;
-    rest_job_t *j = job_new(c, J_CLUSTER);
+    if (require_key(api, c, req) != 0) return;
+    rest_job_t *j = job_new(api, c, J_CLUSTER);
     if (j) job_submit(j);
     return;
   }
@@ -721,17 +728,17 @@ void rest_handle(conn_t *c, http_request_t *req) {
     if (n == 2) {
       req->route = "/v1/channels";
       if (!IS(POST)) return method_not_allowed(c, "POST");
-      if (require_key(c, req) != 0) return;
-      return handle_channel_create(c, req);
+      if (require_key(api, c, req) != 0) return;
+      return handle_channel_create(api, c, req);
     }
     if (n == 3) {
       req->route = "/v1/channels/{id}";
       if (!IS(PATCH) && !IS(GET)) return method_not_allowed(c, "GET, PATCH");
-      if (require_key(c, req) != 0) return;
+      if (require_key(api, c, req) != 0) return;
       if (!util_id_valid(seg[2]))
         return bad_request(c, "channel id must match [A-Za-z0-9._:-]{1,128}");
-      if (IS(PATCH)) return handle_channel_patch(c, req, seg[2]);
-      rest_job_t *j = job_new(c, J_CHANNEL_GET);
+      if (IS(PATCH)) return handle_channel_patch(api, c, req, seg[2]);
+      rest_job_t *j = job_new(api, c, J_CHANNEL_GET);
       if (j) {
         strcpy(j->id, seg[2]);
         job_submit(j);
@@ -744,19 +751,20 @@ void rest_handle(conn_t *c, http_request_t *req) {
     if (n == 2) {
       req->route = "/v1/conversations";
       if (!IS(POST)) return method_not_allowed(c, "POST");
-      if (require_key(c, req) != 0) return;
-      return handle_conv_create(c, req);
+      if (require_key(api, c, req) != 0) return;
+      return handle_conv_create(api, c, req);
     }
     if (n == 3 || (n == 4 && strcmp(seg[3], "messages") == 0)) {
       req->route = n == 3 ? "/v1/conversations/{id}" : "/v1/conversations/{id}/messages";
       if (n == 3 && !IS(GET)) return method_not_allowed(c, "GET");
       if (n == 4 && !IS(GET) && !IS(POST)) return method_not_allowed(c, "GET, POST");
-      if (require_key(c, req) != 0) return;
+      if (require_key(api, c, req) != 0) return;
       if (!util_id_valid(seg[2]))
         return bad_request(c, "conversation id must match [A-Za-z0-9._:-]{1,128}");
       if (n == 4)
-        return IS(POST) ? handle_msg_append(c, req, seg[2]) : handle_msg_list(c, req, seg[2]);
-      rest_job_t *j = job_new(c, J_CONV_GET);
+        return IS(POST) ? handle_msg_append(api, c, req, seg[2])
+                        : handle_msg_list(api, c, req, seg[2]);
+      rest_job_t *j = job_new(api, c, J_CONV_GET);
       if (j) {
         strcpy(j->id, seg[2]);
         job_submit(j);
@@ -768,8 +776,8 @@ void rest_handle(conn_t *c, http_request_t *req) {
   if (strcmp(seg[1], "tokens") == 0 && (n == 2 || (n == 3 && strcmp(seg[2], "revoke") == 0))) {
     req->route = n == 2 ? "/v1/tokens" : "/v1/tokens/revoke";
     if (!IS(POST)) return method_not_allowed(c, "POST");
-    if (require_key(c, req) != 0) return;
-    return n == 2 ? handle_token(c, req) : handle_revoke(c, req);
+    if (require_key(api, c, req) != 0) return;
+    return n == 2 ? handle_token(api, c, req) : handle_revoke(api, c, req);
   }
   not_found(c);
 }
@@ -778,7 +786,7 @@ void rest_handle(conn_t *c, http_request_t *req) {
 
 typedef struct {
   pool_job_t job;
-  node_t *node;
+  api_t *api;
   char **jtis;
   size_t n;
   int status;
@@ -794,33 +802,33 @@ static void refresh_done(pool_job_t *job) {
   if (r->status == 0) {
     /* Add, never replace: a revocation committed after this read was
      * already added by its own request. */
-    for (size_t i = 0; i < r->n; i++) auth_add_revoked(r->node->auth, r->jtis[i]);
-    if (r->n) session_revoke_jti(&r->node->sessions, NULL);
+    for (size_t i = 0; i < r->n; i++) auth_add_revoked(r->api->auth, r->jtis[i]);
+    if (r->n) session_revoke_jti(r->api->sessions, NULL);
   }
-  r->node->revocation_running = 0;
+  r->api->revocation_running = 0;
   store_strings_free(r->jtis, r->n);
   free(r);
 }
 
 static void refresh_cb(uv_timer_t *t) {
-  node_t *node = t->data;
-  if (node->revocation_running || node->phase >= NODE_STOPPING) return;
+  api_t *api = t->data;
+  if (api->revocation_running || *api->phase >= NODE_STOPPING) return;
   refresh_job_t *r = calloc(1, sizeof *r);
   if (!r) return;
-  r->node = node;
-  node->revocation_running = 1;
+  r->api = api;
+  api->revocation_running = 1;
   r->job.kind = "revocations";
   r->job.no_drop = 1; /* revocations must take effect under overload too */
-  pool_submit(node->pool, &r->job, refresh_work, refresh_done);
+  pool_submit(*api->pool, &r->job, refresh_work, refresh_done);
 }
 
-void rest_stop(node_t *node) {
-  if (!uv_is_closing((uv_handle_t *)&node->revocation_timer))
-    uv_close((uv_handle_t *)&node->revocation_timer, NULL);
+void rest_stop(api_t *api) {
+  if (!uv_is_closing((uv_handle_t *)&api->revocation_timer))
+    uv_close((uv_handle_t *)&api->revocation_timer, NULL);
 }
 
-void rest_start_revocation_refresh(node_t *node) {
-  uv_timer_init(node->loop, &node->revocation_timer);
-  node->revocation_timer.data = node;
-  uv_timer_start(&node->revocation_timer, refresh_cb, 0, (uint64_t)node->cfg->revocation_refresh_ms);
+void rest_start_revocation_refresh(api_t *api) {
+  uv_timer_init(api->loop, &api->revocation_timer);
+  api->revocation_timer.data = api;
+  uv_timer_start(&api->revocation_timer, refresh_cb, 0, (uint64_t)api->cfg->revocation_refresh_ms);
 }

@@ -6,18 +6,57 @@
 #ifndef CONVERGER_API_REST_H
 #define CONVERGER_API_REST_H
 
-#include "net/conn.h"
-#include "node.h"
-#include "net/http.h"
+#include <uv.h>
 
-/* Answer `req` on `c` (now, or later from a pool job). Called by http.c
- * once per complete request; exactly one response follows. */
-void rest_handle(conn_t *c, http_request_t *req);
+#include "bus/bus.h"
+#include "bus/pgnotify.h"
+#include "common/jitter.h"
+#include "core/config.h"
+#include "core/phase.h"
+#include "gate/admission.h"
+#include "gate/auth.h"
+#include "gate/drain.h"
+#include "gate/limiter.h"
+#include "net/conn.h"
+#include "net/http.h"
+#include "proto/session.h"
+#include "store/pool.h"
+
+/* What the routes work with, borrowed from the node (which fills it before
+ * it listens and outlives every request), and the revocation refresh's own
+ * state. References (`*const *`) are read at each use: the node sets them
+ * to NULL as it closes them. */
+typedef struct api_s {
+  uv_loop_t *loop;
+  config_t *cfg;
+  pool_t *const *pool;
+  bus_t *bus;
+  auth_t *auth;
+  admission_t *admission;
+  drain_t *const *drain;
+  pgnotify_t *const *pgnotify; /* NULL target: no shared store */
+  sessions_t *sessions;
+  net_t *net;
+  limiter_t *accept;          /* upgrades per second, when cfg->accept_rate > 0 */
+  jitter_rng_t *rng;          /* retry hints */
+  const int *max_connections; /* WebSocket connections allowed; more: 503 */
+  const node_phase_t *phase;  /* the lifecycle's phase (core/phase.h) */
+  /* The lifecycle's drain (lifecycle.h, node_drain): 0, or -CV_EEXISTS. */
+  int (*drain_begin)(void *ud, const char *why);
+  void *ud;
+  uv_timer_t revocation_timer; /* the revocation refresh */
+  int revocation_running;      /* its store job is in the pool */
+} api_t;
+
+/* Answer `req` on `c` (now, or later from a pool job). Called through the
+ * transport's handler once per complete request; exactly one response
+ * follows. */
+void rest_handle(api_t *api, conn_t *c, http_request_t *req);
 
 /* Start the periodic revocation refresh (every revocation_refresh_ms). */
-void rest_start_revocation_refresh(node_t *node);
+void rest_start_revocation_refresh(api_t *api);
 
 /* Stop the refresh timer (shutdown). */
-void rest_stop(node_t *node);
+void rest_stop(api_t *api);
 
 #endif
