@@ -1,6 +1,7 @@
 # converger: thin wrapper over CMake.
 #   make                build
-#   make run            build and start a node on 127.0.0.1:8080 (SQLite in data/)
+#   make run            build and start a node on 127.0.0.1:8080 (SQLite in data/);
+#                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:9090"
 #   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
 #                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help)
 #   make test           build and run every test through CTest
@@ -28,26 +29,31 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: setup $(BUILD_DIR)/CMakeCache.txt
 	@cmake --build $(BUILD_DIR) -j $(JOBS) -- --no-print-directory
 
+# $(call foreground,COMMAND): run COMMAND so that Ctrl-C at a terminal ends
+# it, not make. At a terminal, Ctrl-C signals the whole foreground process
+# group, make included, and make then reports "Interrupt" and dies of SIGINT
+# whatever the recipe's status. So when that group is make's (stderr a
+# terminal, and this shell's process group the terminal's), COMMAND runs as
+# the job of a job-control shell (bash -m): in a process group of its own,
+# given the terminal, so that only it gets Ctrl-C; bash gives the terminal
+# back to make when it ends. Ctrl-Z is ignored there: a stopped job would end
+# the recipe and leave COMMAND behind. Elsewhere (make run &, no terminal)
+# COMMAND runs in make's group, as any recipe. COMMAND holds no single quote.
+foreground = read -r _ _ _ _ pgrp _ _ tpgid _ </proc/$$$$/stat; \
+	if [ -t 2 ] && [ "$$pgrp" = "$$tpgid" ]; then exec bash -mc "trap '' TSTP; "'$(1)'; \
+	else $(1); fi
+
+# The node exits 0 on Ctrl-C (SIGINT: 1001 to every socket) and on SIGTERM.
 run: setup $(BUILD_DIR)/CMakeCache.txt
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger -- --no-print-directory
-	$(BUILD_DIR)/converger serve $(ARGS)
+	@echo $(BUILD_DIR)/converger serve $(ARGS)
+	@$(call foreground,$(BUILD_DIR)/converger serve $(ARGS))
 
 # build has run scripts/setup (haproxy included): the script only starts things.
 # Ctrl-C (130) and SIGTERM (143) are how it is meant to end: not an error.
-# At a terminal, Ctrl-C signals the whole foreground process group, make
-# included, and make then reports "Interrupt" and dies of SIGINT whatever the
-# recipe's status. So when that group is make's (stderr a terminal, and this
-# shell's process group the terminal's), the script runs as the job of a
-# job-control shell (bash -m): in a process group of its own, given the
-# terminal, so that only the script gets Ctrl-C; bash gives the terminal back
-# to make when it ends. Ctrl-Z is ignored there: a stopped job would end the
-# recipe and leave the script behind. Elsewhere (make cluster &, no terminal)
-# the script runs in make's group, as any recipe.
 CLUSTER_RUN = scripts/cluster --binary $(BUILD_DIR)/converger; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
 cluster: build
-	@read -r _ _ _ _ pgrp _ _ tpgid _ </proc/$$$$/stat; \
-	if [ -t 2 ] && [ "$$pgrp" = "$$tpgid" ]; then exec bash -mc "trap '' TSTP; "'$(CLUSTER_RUN)'; \
-	else $(CLUSTER_RUN); fi
+	@$(call foreground,$(CLUSTER_RUN))
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

@@ -21,8 +21,10 @@ static void usage(FILE *out) {
           "only those named with --conv. A client that resumes with a watermark taken before\n"
           "is then answered with a reset (the new head and epoch) instead of being served\n"
           "other messages under seqs it has already seen. Run it after restoring a backup,\n"
-          "before the nodes take clients again (docs/operations.md). Messages and heads are\n"
-          "not changed. Migrates the schema first if the store is older.\n");
+          "before the nodes take clients again: with SQLite, while the node is stopped;\n"
+          "with PostgreSQL, right after the restore (docs/operations.md, \"Restoring a\n"
+          "backup\"). Messages and heads are not changed. Migrates the schema first if the\n"
+          "store is older.\n");
 }
 
 int epoch_main(int argc, char **argv) {

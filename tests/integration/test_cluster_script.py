@@ -376,6 +376,73 @@ class ClusterScript(unittest.TestCase):
         self.assertFalse(pid_alive(int(state["SCRIPT_PID"])), "the script outlived make")
         self.assertFalse(os.path.exists(self.pg_dir), "PostgreSQL's directory left behind")
 
+    def test_make_run_ctrl_c_at_a_terminal_exits_0_quietly(self):
+        """The walk-through's restart: `make run` at a terminal (a new pty,
+        make in its foreground process group), ^C once the node listens:
+        the node stops (1001 to its sockets) and make exits 0 without its
+        "Interrupt"."""
+        port = harness.free_port()
+        master, slave = os.openpty()
+        self.addCleanup(os.close, master)
+        data = tempfile.mkdtemp(prefix="converger-run-")
+        self.addCleanup(shutil.rmtree, data, True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+        env.update(CONVERGER_DATABASE_URL="sqlite:%s/converger.db" % data, TERM="dumb",
+                   CONVERGER_API_KEY=harness.API_KEY, CONVERGER_TOKEN_SECRET=harness.TOKEN_SECRET)
+        env.pop("MAKEFLAGS", None)
+        env.pop("MFLAGS", None)
+        build_dir = os.path.dirname(os.path.abspath(harness.binary()))
+        proc = subprocess.Popen(
+            ["make", "--no-print-directory", "-C", ROOT, "run", "BUILD_DIR=" + build_dir,
+             "ARGS=--listen 127.0.0.1:%d" % port],
+            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+
+        def kill_group():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        self.addCleanup(kill_group)
+        out = bytearray()
+        lock = threading.Lock()
+
+        def reader():
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                with lock:
+                    out.extend(chunk)
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+
+        def text():
+            with lock:
+                return out.decode("utf-8", "replace").replace("\r\n", "\n")
+        deadline = time.monotonic() + 60
+        while "listening on" not in text():
+            self.assertIsNone(proc.poll(), "make run exited early:\n" + text())
+            self.assertLess(time.monotonic(), deadline, "not listening within 60 s:\n" + text())
+            time.sleep(0.1)
+        self.assertEqual(self.request(port, "GET", "/readyz")[0], 200)
+        os.write(master, b"\x03")  # Ctrl-C, as typed
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.fail("make run still running 30 s after ^C:\n" + text())
+        t.join(5)
+        shown = text()
+        self.assertEqual(rc, 0, "make run after ^C: status %r; output:\n%s" % (rc, shown))
+        self.assertNotIn("Interrupt", shown)
+        self.assertNotIn("make: ***", shown)
+        self.assertIn("stopped", shown)
+        with self.assertRaises(OSError):  # the node is gone: nothing listens
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
     def stop_script_by_state(self):
         """Cleanup of the make test: SIGTERM to the script the state file
         names (the one make started, if still that script), waited for."""
