@@ -55,9 +55,6 @@ typedef struct node_s {
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
 } node_t;
 
-/* The node a connection belongs to (its transport is embedded in it). */
-static inline node_t *conn_node(const conn_t *c) { return container_of(c->net, node_t, net); }
-
 /* lifecycle.c: ready -> draining, the drain policy (gate/drain.h) started;
  * `why` for the log ("SIGTERM", "POST /admin/drain"). 0, or -CV_EEXISTS
  * when the node already drains or stops. Loop thread. */
@@ -67,21 +64,5 @@ int node_drain(node_t *node, const char *why);
  * 1001, HTTP answers in flight finish, then the pool is joined and the
  * loop ends (lifecycle_tick). Idempotent. Loop thread. */
 void node_stop(node_t *node, const char *why);
-
-/* A retry hint for a refusal: uniform in the configured retry-after range
- * (CONVERGER_RETRY_AFTER_MIN_MS..MAX_MS), ms. Loop thread. */
-static inline long node_retry_hint(node_t *node) {
-  return (long)jitter_retry_hint(&node->rng, node->cfg->retry_after_min_ms,
-                                 node->cfg->retry_after_max_ms);
-}
-
-/* The deadline of interactive store work submitted now (a REST request, a
- * hello, a sync or gap fill, a socket send: work a client waits for), for
- * pool_job_t.deadline_ms: CONVERGER_STORE_TIMEOUT_MS from now, monotonic
- * ms. Background jobs (membership, revocations, resync, drain peers) have
- * none. Loop thread. */
-static inline uint64_t node_store_deadline(const node_t *node) {
-  return util_mono_ms() + (uint64_t)node->cfg->store_timeout_ms;
-}
 
 #endif

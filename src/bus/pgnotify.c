@@ -212,9 +212,13 @@ static void heard(pgnotify_t *l, const char *payload) {
     bus_channel_changed(l->bus, n.conv, n.active);
     return;
   case NOTIFY_MESSAGE:
+  case NOTIFY_FRAME:
   case NOTIFY_HINT: {
     if (!bus_has_sub(l->bus, n.conv)) return; /* most conversations have no subscriber here */
     char *json = NULL;
+    if (n.kind == NOTIFY_FRAME && !(json = strdup(n.body)))
+      log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
+                (long long)n.seq);
     if (n.kind == NOTIFY_MESSAGE) {
       store_msg_t m = {.seq = n.seq, .sender = n.sender, .body = (char *)n.body, .ts_ms = n.ts_ms};
       memcpy(m.id, n.id, sizeof m.id);

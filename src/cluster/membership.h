@@ -57,7 +57,7 @@ typedef struct membership_s {
 void membership_start(membership_t *m, uv_loop_t *loop, pool_t *const *pool, const config_t *cfg,
                       membership_row_cb row, void *ud);
 
-/* Shutdown (begin_stop): stop and close the timer. When no pool job is in
+/* Shutdown (node_stop, lifecycle.c): stop and close the timer. When no pool job is in
  * flight, one last beat says "draining", so other nodes stop sending
  * clients here before the row ages out; with work in flight (a slow or
  * unreachable store) it is skipped, because anything submitted now delays

@@ -106,7 +106,9 @@ struct conn_s {
  * negative errno after logging it. */
 int conn_listen(net_t *net);
 
-/* Stop accepting new connections (idempotent). */
+/* Stop accepting new connections, and from now on close each HTTP
+ * connection after its answer instead of keeping it alive: the node is
+ * stopping (idempotent). */
 void conn_stop_listening(net_t *net);
 
 /* Queue `len` bytes of output (copied). Returns 0, or -ENOBUFS after

@@ -897,7 +897,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   frame_client_t f;
   char why[200];
   if (!s) return;
-  if (frame_decode(text, len, c->session->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
+  if (frame_decode(text, len, s->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
     send_error(c, "bad_request", why, NULL, 0, NULL);
     if (!s->hello_seen) {
       count_handshake("bad_request");
@@ -950,8 +950,8 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
 
 void session_tick(conn_t *c, uint64_t now) {
   session_t *s = c->session;
-  sessions_t *ss = c->session->ss;
-  if (!s || c->closing) return;
+  if (!s || c->closing) return; /* no session: its start failed, the close is under way */
+  sessions_t *ss = s->ss;
   if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
     count_handshake("timeout");
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "no hello in time");

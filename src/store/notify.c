@@ -60,9 +60,17 @@ notify_kind_t notify_decode(const char *payload, notify_t *out) {
   if (field(&p, out->conv, sizeof out->conv, 0) != 0 || !util_id_valid(out->conv))
     return NOTIFY_BAD;
   if (*p == '\0') return out->kind = NOTIFY_HINT; /* "m SEQ CONV": a hint, epoch unknown */
+  if (*p == '\n') {                               /* an earlier version's frame */
+    out->body = p + 1;
+    return out->kind = NOTIFY_FRAME;
+  }
   if (*p++ != ' ' || field(&p, out->epoch, sizeof out->epoch, 0) != 0 || !util_id_valid(out->epoch))
     return NOTIFY_BAD;
   if (*p == '\0') return out->kind = NOTIFY_HINT;
+  if (*p == '\n') {
+    out->body = p + 1;
+    return out->kind = NOTIFY_FRAME;
+  }
   if (*p++ != ' ' || number(&p, &out->ts_ms) != 0 || *p++ != ' ' ||
       field(&p, out->id, sizeof out->id, 0) != 0 || !util_id_valid(out->id) || *p++ != ' ' ||
       field(&p, out->sender, sizeof out->sender, 1) != 0 || !util_id_valid(out->sender) ||

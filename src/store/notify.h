@@ -13,6 +13,10 @@
  *   "m SEQ CONV EPOCH"    a new message whose payload would not fit: a
  *                         head hint, the listener reads it from the store
  *                         (also read without EPOCH: "m SEQ CONV")
+ * Earlier versions wrote "m SEQ CONV\nFRAME" and "m SEQ CONV EPOCH\nFRAME"
+ * (the msg frame JSON after the newline): they are still read, as
+ * NOTIFY_FRAME, so that nodes of this version keep hearing older ones
+ * during a rolling upgrade (docs/operations.md, "Upgrading").
  *   "c 1 CHANNEL", "c 0 CHANNEL"  the channel was activated, deactivated
  * Anything else is not converger's and is ignored by the reader.
  *
@@ -36,7 +40,13 @@
 char *notify_message_template(const char *conv, const char *epoch, const char *id,
                               const char *sender, const char *body, int64_t ts_ms);
 
-typedef enum { NOTIFY_BAD = 0, NOTIFY_MESSAGE, NOTIFY_HINT, NOTIFY_CHANNEL } notify_kind_t;
+typedef enum {
+  NOTIFY_BAD = 0,
+  NOTIFY_MESSAGE, /* the fields of a new message */
+  NOTIFY_HINT,    /* a head hint */
+  NOTIFY_CHANNEL, /* a channel's state */
+  NOTIFY_FRAME,   /* an earlier version's "m SEQ CONV[ EPOCH]\nFRAME": the msg frame JSON itself */
+} notify_kind_t;
 
 /* A decoded payload. Strings are copies in the struct, except `body`,
  * which points into the payload. */
@@ -48,7 +58,7 @@ typedef struct {
   int64_t ts_ms;                   /* MESSAGE */
   char id[STORE_ID_MAX + 1];       /* MESSAGE */
   char sender[STORE_ID_MAX + 1];   /* MESSAGE */
-  const char *body;                /* MESSAGE: JSON text as stored */
+  const char *body;                /* MESSAGE: JSON text as stored; FRAME: the frame JSON */
   int active;                      /* CHANNEL: 1 activated, 0 deactivated */
 } notify_t;
 

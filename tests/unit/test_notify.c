@@ -70,6 +70,22 @@ static void test_large_message_is_a_hint(void **state) {
   free(tpl);
 }
 
+/* What earlier versions wrote is still read: the frame JSON after the
+ * header, with or without an epoch (a node of each version in one cluster
+ * during a rolling upgrade). */
+static void test_earlier_frames_are_read(void **state) {
+  notify_t n;
+  assert_int_equal(notify_decode("m 9 room {\"type\":\"msg\"}", &n), NOTIFY_BAD);
+  assert_int_equal(notify_decode("m 9 room\n{\"type\":\"msg\",\"seq\":9}", &n), NOTIFY_FRAME);
+  assert_int_equal(n.seq, 9);
+  assert_string_equal(n.conv, "room");
+  assert_string_equal(n.epoch, "");
+  assert_string_equal(n.body, "{\"type\":\"msg\",\"seq\":9}");
+  assert_int_equal(notify_decode("m 9 room e1\n{\"seq\":9}", &n), NOTIFY_FRAME);
+  assert_string_equal(n.epoch, "e1");
+  assert_string_equal(n.body, "{\"seq\":9}");
+}
+
 static void test_channels_and_foreign_payloads(void **state) {
   notify_t n;
   assert_int_equal(notify_decode("c 0 general", &n), NOTIFY_CHANNEL);
@@ -99,6 +115,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_round_trip),
       cmocka_unit_test(test_large_message_is_a_hint),
+      cmocka_unit_test(test_earlier_frames_are_read),
       cmocka_unit_test(test_channels_and_foreign_payloads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
