@@ -110,6 +110,8 @@ static char *drain_frame_cb(void *ud, int64_t after_ms, const char *reconnect_to
   return frame_drain(after_ms, reconnect_to, deadline_ms);
 }
 
+static drain_mark_t *drain_mark_cb(void *ud, conn_t *c) { return session_drain_mark(c->session); }
+
 /* What this node's membership row says (cluster/membership.h). */
 static void membership_row(void *ud, membership_row_t *out) {
   node_t *node = ud;
@@ -236,6 +238,7 @@ int serve_main(int argc, char **argv) {
                            .membership = &node->membership,
                            .stop = drain_stop_cb,
                            .frame = drain_frame_cb,
+                           .mark = drain_mark_cb,
                            .ud = node};
   node->drain = drain_new(&drain_env);
   node->sessions = (sessions_t){.cfg = &cfg,

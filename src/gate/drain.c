@@ -3,7 +3,7 @@
  *
  * A batch is one set of connections told to move: the drain's (every
  * WebSocket connection) or a shed's (a random share). A connection's
- * drain_batch says which one it belongs to (0: none). A batch begins with a
+ * its drain mark's batch says which one it belongs to (0: none). A batch begins with a
  * pool job that reads the live peers (reconnectTo), then sends its frames
  * (or, if that read takes over FRAME_WAIT_MS, with the peers read last
  * time) and sets its deadline. Only welcomed connections are told; one
@@ -111,22 +111,32 @@ static void enqueue(drain_t *d, conn_t *c) {
   d->queue[d->qlen++] = c;
 }
 
+/* The drain state of `c`, kept by its session (drain_env_t.mark); NULL
+ * for a connection that has none (HTTP, or a session that never began). */
+static drain_mark_t *mark(drain_t *d, conn_t *c) {
+  return c->mode == CONN_WS ? d->env.mark(d->env.ud, c) : NULL;
+}
+
+static uint32_t batch_id(drain_t *d, conn_t *c) {
+  drain_mark_t *m = mark(d, c);
+  return m ? m->batch : 0;
+}
+
 /* Queue every open WebSocket connection of `batch` (any batch: 0). */
 static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   size_t n = 0;
   for (conn_t *c = d->env.net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) &&
-        (batch == 0 || c->drain_batch == batch)) {
+        (batch == 0 || batch_id(d, c) == batch)) {
       enqueue(d, c);
       n++;
     }
   return n;
 }
 
-static batch_t *batch_of(drain_t *d, const conn_t *c) {
-  return c->drain_batch == BATCH_DRAIN                    ? &d->drain
-         : c->drain_batch && c->drain_batch == d->shed.id ? &d->shed
-                                                          : NULL;
+static batch_t *batch_of(drain_t *d, conn_t *c) {
+  uint32_t id = batch_id(d, c);
+  return id == BATCH_DRAIN ? &d->drain : id && id == d->shed.id ? &d->shed : NULL;
 }
 
 static void close_paced(drain_t *d, conn_t *c) {
@@ -174,9 +184,10 @@ static void spread_build(drain_t *d, batch_t *b) {
   int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
   if (!load) return;
   for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
-  for (conn_t *x = d->env.net->conns; x; x = x->next)
-    c += x->mode == CONN_WS && !x->closing && !ws_close_sent(x) && x->drain_batch == b->id &&
-         !x->drain_told;
+  for (conn_t *x = d->env.net->conns; x; x = x->next) {
+    drain_mark_t *m = mark(d, x);
+    c += m && !x->closing && !ws_close_sent(x) && m->batch == b->id && !m->told;
+  }
   if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
     log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
              b->id == BATCH_DRAIN ? "drain" : "shed");
@@ -199,17 +210,18 @@ static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   if (!f) return; /* out of memory: it is closed at the deadline anyway */
   ws_send_text(c, f, strlen(f));
   free(f);
-  c->drain_told = 1;
+  mark(d, c)->told = 1; /* only connections with a mark are told */
   b->told++;
 }
 
 static void send_frames(drain_t *d, batch_t *b) {
   b->framing = 0;
   spread_build(d, b);
-  for (conn_t *c = d->env.net->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
-        c->drain_batch == b->id && !c->drain_told)
+  for (conn_t *c = d->env.net->conns; c; c = c->next) {
+    drain_mark_t *m = mark(d, c);
+    if (m && !c->closing && !ws_close_sent(c) && m->welcomed && m->batch == b->id && !m->told)
       tell(d, b, c, b->window_ms);
+  }
   b->deadline = util_mono_ms() + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
   log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo, "
            "level %.0f, %zu below it)",
@@ -383,11 +395,13 @@ int drain_start(drain_t *d, const char *why) {
              d->shed.told, d->shed.moved);
     d->shed.id = 0;
   }
-  for (conn_t *c = d->env.net->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && (c->drain_batch == 0 || c->drain_batch == shed)) {
-      c->drain_batch = BATCH_DRAIN;
-      c->drain_told = 0;
+  for (conn_t *c = d->env.net->conns; c; c = c->next) {
+    drain_mark_t *m = mark(d, c);
+    if (m && !c->closing && (m->batch == 0 || m->batch == shed)) {
+      m->batch = BATCH_DRAIN;
+      m->told = 0;
     }
+  }
   log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
            "rest closed at %d/s after it; exit when none is left or after %d ms",
            why, d->env.net->nws, d->env.cfg->drain_window_ms, d->env.cfg->drain_close_rate,
@@ -411,10 +425,10 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
   conn_t **all = malloc(((size_t)d->env.net->nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
   int n = 0;
-  for (conn_t *c = d->env.net->conns; c && n < d->env.net->nws; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) && c->welcomed &&
-        c->drain_batch == 0)
-      all[n++] = c;
+  for (conn_t *c = d->env.net->conns; c && n < d->env.net->nws; c = c->next) {
+    drain_mark_t *m = mark(d, c);
+    if (m && !c->closing && !ws_close_sent(c) && m->welcomed && m->batch == 0) all[n++] = c;
+  }
   int k = (int)(fraction * n + 0.5);
   if (k > n) k = n;
   /* A random k of them: the first k of a partial Fisher-Yates shuffle. */
@@ -424,7 +438,7 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
     conn_t *t = all[i];
     all[i] = all[r];
     all[r] = t;
-    all[i]->drain_batch = id;
+    mark(d, all[i])->batch = id;
   }
   free(all);
   memset(&d->shed, 0, sizeof d->shed);
@@ -442,7 +456,8 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
 
 void drain_welcomed(drain_t *d, conn_t *c) {
   batch_t *b = batch_of(d, c);
-  if (!b || b->framing || c->drain_told || d->stopped) return; /* the batch's frames tell it */
+  drain_mark_t *m = mark(d, c);
+  if (!b || !m || b->framing || m->told || d->stopped) return; /* the batch's frames tell it */
   uint64_t now = util_mono_ms();
   if (now >= b->deadline) return; /* it is queued for its 1012 anyway */
   int64_t left = (int64_t)(b->deadline - now) - DRAIN_GRACE_MS;
@@ -450,8 +465,9 @@ void drain_welcomed(drain_t *d, conn_t *c) {
 }
 
 void drain_conn_closing(drain_t *d, conn_t *c) {
-  if (!c->drain_told || c->closed_by_us || c->drain_counted || d->stopped) return;
-  c->drain_counted = 1;
+  drain_mark_t *m = mark(d, c);
+  if (!m || !m->told || c->closed_by_us || m->counted || d->stopped) return;
+  m->counted = 1;
   batch_t *b = batch_of(d, c);
   if (b) b->moved++;
   metrics_add("converger_drain_migrated_total", NULL, 1);

@@ -51,6 +51,15 @@
 
 typedef struct drain_s drain_t;
 
+/* A connection's drain state. Its session keeps it (the drain reaches it
+ * through drain_env_t.mark), not the connection. */
+typedef struct {
+  unsigned welcomed : 1; /* its session sent `welcome`: it may be told to move */
+  unsigned told : 1;     /* it was sent a drain frame */
+  unsigned counted : 1;  /* counted as migrated */
+  uint32_t batch;        /* the drain or shed it was chosen for; 0: none */
+} drain_mark_t;
+
 /* What a drain works with, all borrowed from its owner (the node), which
  * outlives it. */
 typedef struct {
@@ -67,6 +76,9 @@ typedef struct {
   /* The drain frame (docs/protocol.md 5.6) as JSON text: heap, NULL when
    * out of memory; `reconnect_to` NULL for null. Frames are proto's. */
   char *(*frame)(void *ud, int64_t after_ms, const char *reconnect_to, int64_t deadline_ms);
+  /* The drain state of WebSocket connection `c`, or NULL when it has none
+   * (its session never began). */
+  drain_mark_t *(*mark)(void *ud, conn_t *c);
   void *ud;
 } drain_env_t;
 

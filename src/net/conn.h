@@ -76,12 +76,8 @@ struct conn_s {
   unsigned reading : 1;
   unsigned shutdown_after_write : 1; /* half-close once output is flushed */
   unsigned shut : 1;                 /* uv_shutdown issued */
-  unsigned welcomed : 1;             /* the session sent `welcome` (proto/session.c) */
   unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
-  unsigned drain_told : 1;           /* sent a drain frame (gate/drain.h) */
-  unsigned drain_counted : 1;        /* counted as migrated */
   unsigned reclaimable : 1;          /* on net->reclaim_head's list */
-  uint32_t drain_batch;              /* the drain or shed it was chosen for; 0: none */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */

@@ -86,7 +86,10 @@ struct session_s {
   auth_token_t token;
   sub_t *subs;
   uint64_t retry_due; /* the earliest retry_at of its subscriptions; 0: none */
+  drain_mark_t drain_mark; /* this connection's drain state (gate/drain.h) */
 };
+
+drain_mark_t *session_drain_mark(session_t *s) { return s ? &s->drain_mark : NULL; }
 
 /* 1 when the last change of `channel` since change `gen` deactivated it. */
 static int deactivated_since(sessions_t *ss, uint64_t gen, const char *channel) {
@@ -633,8 +636,8 @@ static void hello_done(pool_job_t *job) {
     send_text_owned(c, frame_dump(welcome));
     json_decref(welcome);
     count_handshake("ok");
-    c->welcomed = 1;
-    if (c->drain_batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
+    s->drain_mark.welcomed = 1;
+    if (s->drain_mark.batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
     for (size_t i = 0; i < h->n && !c->closing; i++) {
       hello_item_t *it = &h->items[i];
       sub_t *sub = it->status == 0 ? find_sub(s, it->conv) : NULL;

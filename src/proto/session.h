@@ -43,6 +43,10 @@ typedef struct sessions_s {
  * -CV_ENOMEM. */
 int session_start(sessions_t *ss, conn_t *c);
 
+/* The drain state of the session's connection (gate/drain.h); NULL for no
+ * session. */
+drain_mark_t *session_drain_mark(session_t *s);
+
 /* One complete text message from the client. */
 void session_on_text(conn_t *c, const char *text, size_t len);
 
