@@ -1,0 +1,281 @@
+/*
+ * hello.c: the hello of a session (session_int.h), with its admission: the
+ * slot is acquired here (handle_hello), given back when the hello's one
+ * store job returns (hello_done) or when the connection closes before
+ * (session_on_close in session.c, which also cancels a job not started).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "net/ws.h"
+#include "proto/session_int.h"
+
+/* 1 when the last change of `channel` since change `gen` deactivated it. */
+static int deactivated_since(sessions_t *ss, uint64_t gen, const char *channel) {
+  return bus_channel_last_change_since(ss->bus, gen, channel) == 0;
+}
+
+/* ---- hello ------------------------------------------------------------------ */
+
+typedef struct {
+  char conv[STORE_ID_MAX + 1];
+  int64_t watermark;
+  char epoch[STORE_EPOCH_MAX + 1]; /* the client's, "" when not given */
+  const char *reset;               /* a sub_reset_reason (worker thread; read in done) */
+  int status;
+  int replayed; /* a replay query was made (worker thread; read in done) */
+  store_conv_t info;
+  store_msg_t *msgs;
+  size_t n;
+} hello_item_t;
+
+typedef struct hello_job_s {
+  pool_job_t job;
+  conn_t *conn;
+  uint64_t deact_gen; /* deactivations seen when the job was submitted */
+  size_t n;
+  hello_item_t items[];
+} hello_job_t;
+
+/* Approximate bytes of a msg frame: the JSON around the fields, the fields. */
+static size_t frame_bytes(const char *conv, const store_msg_t *m) {
+  return 110 + strlen(conv) + strlen(m->id) + strlen(m->sender) + strlen(m->body);
+}
+
+/* One handshake = one pool job (one checkout): conversation, channel flags
+ * and head in one read, then the first replay page unless the watermark is
+ * already at the head (the admission-queue decision record). */
+static void hello_work(pool_job_t *job, store_t *db) {
+  hello_job_t *h = container_of(job, hello_job_t, job);
+  size_t budget = HELLO_BYTES;  /* first pages of all subs together */
+  int r = store_read_begin(db); /* one snapshot for every sub's head and replay */
+  for (size_t i = 0; i < h->n && r != 0; i++) h->items[i].status = r;
+  for (size_t i = 0; i < h->n && r == 0; i++) {
+    hello_item_t *it = &h->items[i];
+    it->status = store_conv_get(db, it->conv, &it->info);
+    if (it->status != 0) continue;
+    if (!it->info.channel_active) {
+      it->status = -CV_EINACTIVE;
+      continue;
+    }
+    /* The replay is skipped at the head and for a reset; past the budget
+     * the rest of the replay comes in paced fill pages. */
+    it->reset = sub_reset_reason(it->watermark, it->epoch, &it->info);
+    if (!it->reset && it->watermark >= 0 && it->watermark < it->info.head && budget > 0) {
+      it->replayed = 1;
+      it->status = store_replay(db, it->conv, it->watermark, it->info.head, STORE_REPLAY_PAGE_MAX,
+                                budget < PAGE_BYTES ? budget : PAGE_BYTES, &it->msgs, &it->n);
+      for (size_t k = 0; k < it->n; k++) {
+        size_t b = frame_bytes(it->conv, &it->msgs[k]);
+        budget = b < budget ? budget - b : 0;
+      }
+    }
+  }
+  store_read_end(db);
+}
+
+static void hello_done(pool_job_t *job) {
+  hello_job_t *h = container_of(job, hello_job_t, job);
+  if (job->canceled || job->dropped) { /* stopping, overloaded, or past the deadline */
+    int st = !job->dropped ? -CV_ECANCELED : job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+    for (size_t i = 0; i < h->n; i++) h->items[i].status = st;
+  }
+  for (size_t i = 0; i < h->n; i++)
+    if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
+  if (h->conn->session && h->conn->session->hello_running == h) {
+    /* the store work is done: the slot goes to the next handshake */
+    h->conn->session->hello_running = NULL;
+    admission_release(h->conn->session->ss->admission, &h->conn->session->adm, util_mono_ms());
+  }
+  if (conn_unref(h->conn) && h->conn->session) {
+    conn_t *c = h->conn;
+    session_t *s = c->session;
+    for (size_t i = 0; i < h->n; i++) {
+      int st = h->items[i].status;
+      if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) {
+        /* The store failed or the pool dropped the job: the handshake
+         * cannot be served now. */
+        log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
+        session_count_handshake(st == -CV_EBUSY ? "overloaded" : "unavailable");
+        session_refuse_unavailable(c,
+                                   st == -CV_EBUSY ? "store overloaded; reconnect later"
+                                                   : "store unavailable; reconnect later",
+                                   NULL, NULL);
+        goto out;
+      }
+    }
+    json_t *subs = json_array();
+    for (size_t i = 0; i < h->n; i++) {
+      hello_item_t *it = &h->items[i];
+      sub_t *sub = session_find_sub(s, it->conv);
+      if (!sub) continue;
+      if (it->status == 0 && deactivated_since(s->ss, h->deact_gen, it->info.channel))
+        it->status = -CV_EINACTIVE; /* deactivated after our read */
+      if (it->status != 0) {
+        if (it->status == -CV_ENOTFOUND)
+          session_send_error(c, "not_found", "no such conversation", it->conv, 0, NULL);
+        else
+          session_send_error(c, "channel_inactive", "the conversation's channel is inactive",
+                             it->conv, 0, NULL);
+        sub_remove(s, sub);
+        continue;
+      }
+      strcpy(sub->channel, it->info.channel);
+      strcpy(sub->epoch, it->info.epoch);
+      json_t *entry =
+          json_pack("{s:s, s:I, s:s, s:b}", "conv", it->conv, "head", (json_int_t)it->info.head,
+                    "epoch", it->info.epoch, "presence", it->info.presence);
+      if (entry && it->reset) {
+        json_object_set_new(entry, "reset", json_true());
+        sub_count_reset(it->reset);
+      }
+      json_array_append_new(subs, entry);
+    }
+    char session_id[32];
+    snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
+    json_t *welcome =
+        json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session", session_id, "node",
+                  s->ss->cfg->node_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "subs", subs);
+    session_send_owned(c, frame_dump(welcome));
+    json_decref(welcome);
+    session_count_handshake("ok");
+    s->drain_mark.welcomed = 1;
+    if (s->drain_mark.batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
+    for (size_t i = 0; i < h->n && !c->closing; i++) {
+      hello_item_t *it = &h->items[i];
+      sub_t *sub = it->status == 0 ? session_find_sub(s, it->conv) : NULL;
+      if (!sub) continue;
+      int64_t head = it->info.head;
+      /* null: start at the head; a reset (told in the welcome) too */
+      sub->delivered = it->watermark < 0 || it->reset ? head : it->watermark;
+      /* Pace the first pages too: past the high-water mark the page is
+       * read again later, when the client has taken what it has. */
+      if (conn_pending_bytes(c) <= OUT_HIGH_WATER) sub_send_replay(sub, it->msgs, it->n);
+      if (sub->delivered < head)
+        sub_fill_start(sub, sub->delivered, head, 1);
+      else
+        sub_fill_finish(sub, head, 1);
+    }
+  }
+out:
+  for (size_t i = 0; i < h->n; i++) store_msgs_free(h->items[i].msgs, h->items[i].n);
+  free(h);
+}
+
+/* The hello has its admission slot: subscribe (before the head is read,
+ * so anything committed from now on arrives live and waits in `pending`)
+ * and run the handshake's one pool job. */
+static void hello_submit(session_t *s) {
+  hello_job_t *h = s->hello;
+  conn_t *c = s->conn;
+  s->hello = NULL;
+  for (size_t i = 0; i < h->n; i++) {
+    sub_t *sub = calloc(1, sizeof *sub);
+    if (!sub) {
+      free(h);
+      admission_release(s->ss->admission, &s->adm, util_mono_ms());
+      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+      return;
+    }
+    sub->session = s;
+    strcpy(sub->conv, h->items[i].conv);
+    sub->bus.conv = sub->conv;
+    sub->bus.deliver = sub_deliver_cb;
+    sub->filling = 1; /* until the handshake job returns */
+    sub->next = s->subs;
+    s->subs = sub;
+    bus_subscribe(s->ss->bus, &sub->bus);
+  }
+  h->deact_gen = bus_channel_gen(s->ss->bus);
+  h->job.kind = "hello";
+  h->job.deadline_ms = session_store_deadline(s->ss);
+  s->hello_running = h;
+  conn_ref(c);
+  pool_submit(*s->ss->pool, &h->job, hello_work, hello_done);
+}
+
+/* No slot for the hello: the refusal clients already know from a
+ * saturated pool, unavailable then 1013, both with a jittered hint. */
+static void hello_overloaded(session_t *s, const char *message, uint64_t waited_ms) {
+  free(s->hello);
+  s->hello = NULL;
+  session_observe_admission("overloaded", waited_ms);
+  session_count_handshake("overloaded");
+  session_refuse_unavailable(s->conn, message, NULL, NULL);
+}
+
+static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
+  session_t *s = container_of(w, session_t, adm);
+  if (status != 0) {
+    char message[96];
+    snprintf(message, sizeof message, "no handshake slot within %d ms; reconnect later",
+             s->ss->cfg->handshake_queue_ms);
+    hello_overloaded(s, message, waited_ms);
+    return;
+  }
+  session_observe_admission("ok", waited_ms);
+  hello_submit(s);
+}
+
+void session_handle_hello(session_t *s, frame_client_t *f) {
+  conn_t *c = s->conn;
+  const char *why = NULL;
+  if (auth_verify(s->ss->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
+      auth_is_revoked(s->ss->auth, s->token.jti)) {
+    if (!why) why = "token revoked";
+    session_count_handshake("unauthorized");
+    session_send_error(c, "unauthorized", why, NULL, 0, NULL);
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "unauthorized");
+    return;
+  }
+  s->hello_seen = 1;
+  c->deadline_ms = 0;
+  hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
+  if (!h) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  h->conn = c;
+  for (size_t i = 0; i < f->nsubs; i++) {
+    const char *conv = f->subs[i].conv;
+    if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
+      session_send_error(c, "forbidden", "the token does not cover this conversation", conv, 0,
+                         NULL);
+      continue;
+    }
+    hello_item_t *it = &h->items[h->n++];
+    strcpy(it->conv, conv);
+    it->watermark = f->subs[i].watermark;
+    strcpy(it->epoch, f->subs[i].epoch);
+  }
+  /* The store work of a handshake waits for an admission slot (the
+   * admission-queue decision record): a burst queues here, in order,
+   * instead of piling into the pool. */
+  s->hello = h;
+  int r = admission_acquire(s->ss->admission, &s->adm, util_mono_ms(), hello_admitted);
+  if (r == ADMISSION_GRANTED) {
+    session_observe_admission("ok", 0);
+    hello_submit(s);
+  } else if (r != ADMISSION_QUEUED) {
+    hello_overloaded(s, "the handshake queue is full; reconnect later", 0);
+  }
+}
+
+void session_hello_leave(session_t *s, uint64_t now) {
+  if (s->adm.state == ADMISSION_WAITING) admission_release(s->ss->admission, &s->adm, now);
+  free(s->hello); /* a hello that was still waiting for its slot */
+  s->hello = NULL;
+}
+
+void session_hello_cancel(session_t *s, uint64_t now) {
+  pool_t *pool = *s->ss->pool;
+  if (s->hello_running && pool && pool_cancel(pool, &s->hello_running->job)) {
+    s->hello_running = NULL;
+    admission_release(s->ss->admission, &s->adm, now);
+  }
+}

@@ -1,0 +1,94 @@
+/*
+ * send.c: a `send` frame of a session (session_int.h) and its store job:
+ * `sent` once committed, an error with the frame's id otherwise.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "net/ws.h"
+#include "proto/session_int.h"
+
+/* ---- send ------------------------------------------------------------------- */
+
+typedef struct {
+  pool_job_t job;
+  conn_t *conn;
+  char conv[STORE_ID_MAX + 1];
+  char id[STORE_ID_MAX + 1];
+  char sender[STORE_ID_MAX + 1];
+  char *body;
+  int status;
+  int created;
+  bus_t *bus; /* the appends fan out through it (the node outlives every job) */
+  store_msg_t msg;
+} send_job_t;
+
+static void send_work(pool_job_t *job, store_t *db) {
+  send_job_t *j = container_of(job, send_job_t, job);
+  j->status = bus_append(j->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
+                         &j->created);
+}
+
+static void send_done(pool_job_t *job) {
+  send_job_t *j = container_of(job, send_job_t, job);
+  if (job->canceled) j->status = -CV_ECANCELED;
+  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
+    j->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (conn_unref(j->conn)) {
+    conn_t *c = j->conn;
+    json_t *details = json_pack("{s:s}", "id", j->id);
+    switch (j->status) {
+    case 0:
+      json_decref(details);
+      session_send_owned(c, frame_sent(j->conv, j->msg.id, j->msg.seq));
+      break;
+    case -CV_ENOTFOUND:
+      session_send_error(c, "not_found", "no such conversation", j->conv, 0, details);
+      break;
+    case -CV_EINACTIVE:
+      session_send_error(c, "channel_inactive", "the conversation's channel is inactive", j->conv,
+                         0, details);
+      break;
+    default:
+      /* The client reconnects after the hint and sends again with the same
+       * id (docs/protocol.md: unavailable is followed by 1013). */
+      log_warn("send to %s failed: %s", j->conv, cv_strerror(j->status));
+      session_refuse_unavailable(c, "store unavailable; send again later", j->conv, details);
+      break;
+    }
+  }
+  store_msg_clear(&j->msg);
+  free(j->body);
+  free(j);
+}
+
+void session_handle_send(session_t *s, frame_client_t *f) {
+  conn_t *c = s->conn;
+  json_t *details = json_pack("{s:s}", "id", f->id);
+  if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
+    session_send_error(c, "forbidden", "the token may not send to this conversation", f->conv, 0,
+                       details);
+    return;
+  }
+  json_decref(details);
+  send_job_t *j = calloc(1, sizeof *j);
+  if (!j || !(j->body = frame_dump(f->body))) {
+    free(j);
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  j->conn = c;
+  j->bus = s->ss->bus;
+  strcpy(j->conv, f->conv);
+  strcpy(j->id, f->id);
+  strcpy(j->sender, s->token.sub);
+  j->job.kind = "ws_send";
+  j->job.deadline_ms = session_store_deadline(s->ss);
+  conn_ref(c);
+  pool_submit(*s->ss->pool, &j->job, send_work, send_done);
+}

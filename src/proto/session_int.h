@@ -1,0 +1,131 @@
+/*
+ * session_int.h: what the files of a protocol session share (internal to
+ * src/proto; callers use session.h). The session is split by concern:
+ *   session.c  the session: dispatch of client frames, ticks, close, free,
+ *              sending helpers, revocation, channel ends, shutdown
+ *   sub.c      a subscription: live delivery, pending messages, fills
+ *              (replay, gap fill, sync) and their store jobs, epochs
+ *   hello.c    the hello with its admission (acquire, release, cancel)
+ *   send.c     a `send` frame and its store job
+ * Loop thread only, as session.h.
+ */
+#ifndef CONVERGER_PROTO_SESSION_INT_H
+#define CONVERGER_PROTO_SESSION_INT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "bus/bus.h"
+#include "gate/admission.h"
+#include "gate/auth.h"
+#include "gate/drain.h"
+#include "proto/frames.h"
+#include "proto/session.h"
+
+#define PENDING_MAX    10000         /* live messages buffered per subscription during a fill */
+#define PAGE_BYTES     (256 * 1024)  /* bytes of bodies in one replay page */
+#define HELLO_BYTES    (1024 * 1024) /* bytes of first pages in one hello job, all subs */
+#define OUT_HIGH_WATER (1024 * 1024) /* queued output above which replay pauses */
+
+typedef struct sub_s {
+  bus_sub_t bus;
+  admission_waiter_t adm;              /* a sync waiting for, or holding, an admission slot */
+  int64_t adm_watermark;               /* that sync's watermark */
+  char adm_epoch[STORE_EPOCH_MAX + 1]; /* and its epoch ("" when not given) */
+  struct fill_job_s *sync_job;         /* that sync's store job while it is in the pool */
+  struct sub_s *next;
+  session_t *session;
+  char conv[STORE_ID_MAX + 1];
+  char channel[STORE_ID_MAX + 1];
+  char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
+  int64_t delivered;
+  int reset_pending; /* the next synced says "reset": a sync or fill found the history changed */
+  int filling;
+  int overflow;
+  int sync_pending;
+  int64_t sync_watermark;
+  char sync_epoch[STORE_EPOCH_MAX + 1];
+  uint64_t retry_at; /* monotonic ms: a failed fill starts again (session_tick); 0: none */
+  int deferred;      /* a fill waits for the output to drain */
+  int64_t deferred_after, deferred_upto;
+  int deferred_synced;
+  bus_msg_t **pending;
+  size_t npending, cap;
+  size_t pending_bytes; /* frame bytes held in pending */
+} sub_t;
+
+struct hello_job_s;
+
+struct session_s {
+  admission_waiter_t adm;            /* the hello waiting for, or holding, an admission slot */
+  struct hello_job_s *hello;         /* the hello job waiting for its slot */
+  struct hello_job_s *hello_running; /* the hello job in the pool */
+  conn_t *conn;
+  sessions_t *ss;
+  uint64_t id;
+  int hello_seen;
+  auth_token_t token;
+  sub_t *subs;
+  uint64_t retry_due;      /* the earliest retry_at of its subscriptions; 0: none */
+  drain_mark_t drain_mark; /* this connection's drain state (gate/drain.h) */
+};
+
+/* ---- session.c ---- */
+
+/* Send `text` (heap, taken; NULL: out of memory, close 1011). */
+void session_send_owned(conn_t *c, char *text);
+/* `error` frame (frames.h: frame_error; `details` stolen). */
+void session_send_error(conn_t *c, const char *code, const char *message, const char *conv,
+                        long retry_after_ms, json_t *details);
+/* converger_handshakes_total{result}. */
+void session_count_handshake(const char *result);
+/* `error unavailable` with a retry hint, then close 1013 with the same hint
+ * (the admission-queue decision record). Steals `details`. */
+void session_refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details);
+/* A retry hint for a refusal: uniform in the configured range, ms. */
+long session_retry_hint(sessions_t *ss);
+/* The deadline of interactive store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
+uint64_t session_store_deadline(const sessions_t *ss);
+/* The subscription of `conv`, or NULL. */
+sub_t *session_find_sub(session_t *s, const char *conv);
+/* converger_protocol_admission_wait_ms{result}. */
+void session_observe_admission(const char *result, uint64_t waited_ms);
+
+/* ---- sub.c ---- */
+
+/* The bus's delivery callback of a subscription (bus_sub_t.deliver). */
+void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m);
+/* Read from the store after `after` up to `upto` (< 0: the head), then, if
+ * `synced`, send synced; live messages wait meanwhile. */
+void sub_fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
+/* The fill reached `head`: synced if asked, then what waited. */
+void sub_fill_finish(sub_t *sub, int64_t head, int synced);
+/* Send replayed messages above `delivered`, in order. */
+void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n);
+/* A client's sync from `watermark` in `epoch` (""): through admission. */
+void sub_sync(sub_t *sub, int64_t watermark, const char *epoch);
+/* Leave the session, the admission queue and the bus, and free. */
+void sub_remove(session_t *s, sub_t *sub);
+/* Why a resume is answered with reset (a metric label), or NULL. */
+const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
+/* converger_resets_total{reason}. */
+void sub_count_reset(const char *reason);
+/* The connection closes: a sync waiting for a slot leaves the queue
+ * (sub_leave); a sync whose store job has not started takes it back and
+ * gives its slot back (sub_cancel). session_on_close calls every leave
+ * before any cancel. */
+void sub_leave(sub_t *sub, uint64_t now);
+void sub_cancel(sub_t *sub, uint64_t now);
+
+/* ---- hello.c, send.c ---- */
+
+/* A hello frame (the first frame of the connection). */
+void session_handle_hello(session_t *s, frame_client_t *f);
+/* A send frame. */
+void session_handle_send(session_t *s, frame_client_t *f);
+/* The connection closes: the hello's waiter leaves the queue (leave); a
+ * hello job not started is taken back and its slot given back (cancel). */
+void session_hello_leave(session_t *s, uint64_t now);
+void session_hello_cancel(session_t *s, uint64_t now);
+
+#endif

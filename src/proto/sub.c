@@ -1,0 +1,436 @@
+/*
+ * sub.c: one subscription of a session (session_int.h): live delivery,
+ * the messages kept while a fill runs, fills from the store (the rest of a
+ * hello's replay, a client's sync, a gap fill) and the epochs; the design
+ * block of session.c states the invariants.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "net/ws.h"
+#include "proto/session_int.h"
+
+/* ---- subscriptions --------------------------------------------------------- */
+
+static void clear_pending(sub_t *sub) {
+  for (size_t i = 0; i < sub->npending; i++) bus_msg_unref(sub->pending[i]);
+  sub->npending = 0;
+  sub->pending_bytes = 0;
+}
+
+void sub_remove(session_t *s, sub_t *sub) {
+  for (sub_t **p = &s->subs; *p; p = &(*p)->next)
+    if (*p == sub) {
+      *p = sub->next;
+      break;
+    }
+  admission_release(s->ss->admission, &sub->adm, util_mono_ms());
+  bus_unsubscribe(s->ss->bus, &sub->bus);
+  clear_pending(sub);
+  free(sub->pending);
+  free(sub);
+}
+
+/* Keep `m` for later, in seq order; duplicates are dropped. */
+static void pending_add(sub_t *sub, bus_msg_t *m) {
+  if (sub->overflow) return;
+  if (sub->npending == PENDING_MAX || sub->pending_bytes + m->frame_len > OUT_HIGH_WATER) {
+    /* Too far behind: forget the buffer and re-read from the store later. */
+    clear_pending(sub);
+    sub->overflow = 1;
+    return;
+  }
+  if (sub->npending == sub->cap) {
+    size_t cap = sub->cap ? sub->cap * 2 : 8;
+    bus_msg_t **p = realloc(sub->pending, cap * sizeof *p);
+    if (!p) {
+      sub->overflow = 1;
+      clear_pending(sub);
+      return;
+    }
+    sub->pending = p;
+    sub->cap = cap;
+  }
+  size_t i = sub->npending;
+  while (i > 0 && sub->pending[i - 1]->seq > m->seq) i--;
+  if (i > 0 && sub->pending[i - 1]->seq == m->seq) return;
+  memmove(&sub->pending[i + 1], &sub->pending[i], (sub->npending - i) * sizeof *sub->pending);
+  sub->pending[i] = m;
+  bus_msg_ref(m);
+  sub->npending++;
+  sub->pending_bytes += m->frame_len;
+}
+
+static void send_live(sub_t *sub, bus_msg_t *m) {
+  ws_send_frame(sub->session->conn, m->frame, m->frame_len);
+  sub->delivered = m->seq;
+  sub->session->ss->delivered_unflushed++;
+}
+
+/* Why a resume is answered with reset (metric label), or NULL: its
+ * watermark is above the head, or it names another epoch than the
+ * conversation's. A watermark of NONE (start at the head) never resets. */
+const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info) {
+  if (watermark < 0) return NULL;
+  if (epoch[0] && strcmp(epoch, info->epoch) != 0) return "epoch";
+  return watermark > info->head ? "ahead" : NULL;
+}
+
+void sub_count_reset(const char *reason) {
+  char labels[32];
+  snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
+  metrics_add("converger_resets_total", labels, 1);
+}
+
+/* How far a fill must read before `m` can follow: up to the message
+ * before it, or up to a head hint's seq itself (bus.h). */
+static int64_t fill_target(const bus_msg_t *m) { return m->frame ? m->seq - 1 : m->seq; }
+
+/* The fill reached its target: send synced if asked, then what waited. */
+void sub_fill_finish(sub_t *sub, int64_t head, int synced) {
+  conn_t *c = sub->session->conn;
+  if (synced || sub->reset_pending)
+    session_send_owned(c, frame_synced(sub->conv, head, sub->epoch, sub->reset_pending));
+  sub->reset_pending = 0;
+  sub->filling = 0;
+  if (c->closing) return;
+  if (sub->sync_pending) { /* a sync that came during the fill: it queues like any sync */
+    sub->sync_pending = 0;
+    sub_sync(sub, sub->sync_watermark, sub->sync_epoch);
+    return;
+  }
+  if (sub->overflow) {
+    sub->overflow = 0;
+    clear_pending(sub);
+    sub_fill_start(sub, sub->delivered, -1, 0);
+    return;
+  }
+  size_t i = 0;
+  int behind = 0;
+  for (; i < sub->npending; i++) {
+    bus_msg_t *m = sub->pending[i];
+    /* A message goes out at delivered + 1; a head hint above delivered
+     * needs a fill first. */
+    if (m->seq > sub->delivered + (m->frame ? 1 : 0)) break;
+    if (conn_pending_bytes(c) > OUT_HIGH_WATER) {
+      behind = 1;
+      break;
+    }
+    if (m->frame && m->seq == sub->delivered + 1) send_live(sub, m);
+    sub->pending_bytes -= m->frame_len;
+    bus_msg_unref(m);
+  }
+  if (i > 0) { /* drop the prefix handled above */
+    memmove(sub->pending, sub->pending + i, (sub->npending - i) * sizeof *sub->pending);
+    sub->npending -= i;
+  }
+  if (behind) {
+    /* The client is behind: the rest comes from the store, paced. */
+    clear_pending(sub);
+    sub_fill_start(sub, sub->delivered, -1, 0);
+  } else if (sub->npending) {
+    sub_fill_start(sub, sub->delivered, fill_target(sub->pending[0]), 0);
+  }
+}
+
+/* A live message in another epoch than the subscription's: the store was
+ * restored (or its epoch rotated) under this connection. The message
+ * starts the new history here, as the client takes it (docs/protocol.md,
+ * section 3.1): a watermark at or past it moves back to just before it, one
+ * behind it is filled from the store, in the new epoch, up to it. */
+static void epoch_changed(sub_t *sub, const bus_msg_t *m) {
+  log_debug("session %llu: %s: a message in epoch %s, the subscription's was %s",
+            (unsigned long long)sub->session->id, sub->conv, m->epoch, sub->epoch);
+  sub_count_reset("epoch");
+  strcpy(sub->epoch, m->epoch);
+  if (sub->delivered >= m->seq) sub->delivered = m->seq - 1;
+}
+
+void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
+  sub_t *sub = container_of(bs, sub_t, bus);
+  if (sub->session->conn->closing) return;
+  if (m->epoch[0] && sub->epoch[0] && strcmp(m->epoch, sub->epoch) != 0) epoch_changed(sub, m);
+  if (sub->filling) {
+    pending_add(sub, m);
+    return;
+  }
+  if (m->seq <= sub->delivered) return;
+  if (m->frame && m->seq == sub->delivered + 1) {
+    if (conn_pending_bytes(sub->session->conn) > OUT_HIGH_WATER) {
+      /* The client reads slower than the conversation moves: the store is
+       * its buffer. Catch up from there, paced, instead of queueing more. */
+      sub_fill_start(sub, sub->delivered, -1, 0);
+      return;
+    }
+    send_live(sub, m);
+    return;
+  }
+  pending_add(sub, m);
+  sub_fill_start(sub, sub->delivered, fill_target(m), 0);
+}
+
+/* ---- fill job: replay pages, sync, gap fill -------------------------------- */
+
+typedef struct fill_job_s {
+  pool_job_t job;
+  conn_t *conn;
+  char conv[STORE_ID_MAX + 1];
+  int64_t after, upto;
+  int synced;
+  int admitted; /* the first job of a sync: its subscription holds an admission slot */
+  int replayed; /* a replay query was made (worker thread; read in done) */
+  int status;
+  /* With upto < 0 the job reads the conversation: `epoch` is the epoch
+   * `after` belongs to ("" unknown), and the worker sets `reset` (a
+   * sub_reset_reason) and `head_epoch` from what it read. */
+  char epoch[STORE_EPOCH_MAX + 1];
+  char head_epoch[STORE_EPOCH_MAX + 1];
+  const char *reset;
+  store_msg_t *msgs;
+  size_t n;
+} fill_job_t;
+
+static void fill_work(pool_job_t *job, store_t *db) {
+  fill_job_t *f = container_of(job, fill_job_t, job);
+  if (f->upto < 0) {
+    store_conv_t info;
+    if ((f->status = store_conv_get(db, f->conv, &info)) != 0) return;
+    f->upto = info.head;
+    strcpy(f->head_epoch, info.epoch);
+    if ((f->reset = sub_reset_reason(f->after, f->epoch, &info)) != NULL) return;
+  }
+  if (f->after >= f->upto) return;
+  f->replayed = 1;
+  f->status = store_replay(db, f->conv, f->after, f->upto, STORE_REPLAY_PAGE_MAX, PAGE_BYTES,
+                           &f->msgs, &f->n);
+}
+
+/* Send replayed messages above `delivered` in order. */
+void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
+  conn_t *c = sub->session->conn;
+  for (size_t i = 0; i < n && !c->closing; i++) {
+    if (msgs[i].seq <= sub->delivered) continue;
+    if (msgs[i].seq != sub->delivered + 1) break; /* never: the store is gapless */
+    session_send_owned(c, frame_msg(sub->conv, &msgs[i]));
+    sub->delivered = msgs[i].seq;
+    sub->session->ss->delivered_unflushed++;
+  }
+}
+
+/* `error replay_unavailable` for the replay from `watermark`, with the
+ * retry hint `hint_ms`; the subscription stays. */
+static void send_replay_unavailable(sub_t *sub, const char *message, int64_t watermark,
+                                    long hint_ms) {
+  json_t *details = json_pack("{s:I}", "watermark", (json_int_t)watermark);
+  session_send_error(sub->session->conn, "replay_unavailable", message, sub->conv, hint_ms,
+                     details);
+  sub->sync_pending = 0; /* the client syncs again after the hint */
+}
+
+/* A sync got no admission slot: replay_unavailable, and live delivery goes
+ * on: what waited in `pending` goes out now (or is filled from the store
+ * past an overflow), as after any fill. */
+static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
+  send_replay_unavailable(sub, message, watermark, session_retry_hint(sub->session->ss));
+  sub_fill_finish(sub, 0, 0);
+}
+
+/* A fill's store work failed (store down, pool overloaded): replay_unavailable,
+ * and the subscription keeps filling, buffering live messages, until
+ * session_tick starts the fill again after the same hint. Never at once: a
+ * store that just failed would fail it again, in a loop. */
+static void fill_failed(sub_t *sub, const char *message) {
+  long hint = session_retry_hint(sub->session->ss);
+  send_replay_unavailable(sub, message, sub->delivered, hint);
+  sub->filling = 1;
+  sub->retry_at = util_mono_ms() + (uint64_t)hint;
+  session_t *s = sub->session;
+  if (!s->retry_due || sub->retry_at < s->retry_due) s->retry_due = sub->retry_at;
+}
+
+/* Head hints above `seq` in `pending` (bus.h) claim messages the store does
+ * not have (a foreign notification): forget them. */
+static void drop_hints_above(sub_t *sub, int64_t seq) {
+  size_t k = 0;
+  for (size_t i = 0; i < sub->npending; i++) {
+    bus_msg_t *m = sub->pending[i];
+    if (!m->frame && m->seq > seq)
+      bus_msg_unref(m);
+    else
+      sub->pending[k++] = m;
+  }
+  sub->npending = k;
+}
+
+static void fill_done(pool_job_t *job) {
+  fill_job_t *f = container_of(job, fill_job_t, job);
+  if (job->canceled) f->status = -CV_ECANCELED;
+  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
+    f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
+  if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
+    sub_t *sub = session_find_sub(f->conn->session, f->conv);
+    if (sub && sub->sync_job == f) {
+      sub->sync_job = NULL;
+      admission_release(f->conn->session->ss->admission, &sub->adm, util_mono_ms());
+    }
+  }
+  if (conn_unref(f->conn)) {
+    session_t *s = f->conn->session;
+    sub_t *sub = s ? session_find_sub(s, f->conv) : NULL;
+    if (sub && f->status != 0) {
+      log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
+               cv_strerror(f->status));
+      fill_failed(sub, "replay failed; sync again later");
+    } else if (sub && f->replayed && f->n == 0) {
+      /* Nothing after `delivered`: the target was above the head (the
+       * store is gapless and notifies after commit, so only a foreign
+       * notification claims that). Done at what the store has. */
+      log_warn("session %llu: %s has no message after %lld, below the %lld asked for",
+               (unsigned long long)s->id, f->conv, (long long)f->after, (long long)f->upto);
+      drop_hints_above(sub, sub->delivered);
+      sub_fill_finish(sub, sub->delivered, f->synced);
+    } else if (sub && f->reset && !f->admitted && strcmp(f->reset, "epoch") == 0 &&
+               strcmp(sub->epoch, f->head_epoch) == 0) {
+      /* A fill of the node's own, whose epoch a live message moved on
+       * while it was out (epoch_changed): not a reset any more; read
+       * again in the new epoch. (A client's sync keeps its own epoch.) */
+      sub_fill_start(sub, sub->delivered, -1, f->synced);
+    } else if (sub && f->reset) {
+      /* The history the subscription was in is not the store's: from the
+       * head, and the client is told (synced with reset). What waits in
+       * `pending` at or below the head is dropped by sub_fill_finish. */
+      log_debug("session %llu: %s resets: watermark %lld epoch \"%s\", head %lld epoch %s (%s)",
+                (unsigned long long)s->id, f->conv, (long long)f->after, f->epoch,
+                (long long)f->upto, f->head_epoch, f->reset);
+      sub_count_reset(f->reset);
+      sub->delivered = f->upto;
+      strcpy(sub->epoch, f->head_epoch);
+      sub->reset_pending = 1;
+      sub_fill_finish(sub, f->upto, f->synced);
+    } else if (sub) {
+      if (f->head_epoch[0]) strcpy(sub->epoch, f->head_epoch);
+      /* Only a target given by the caller (a head hint) can be below
+       * `delivered`; a head read from the store was checked above. */
+      if (sub->delivered > f->upto) sub->delivered = f->upto;
+      if (conn_pending_bytes(f->conn) > OUT_HIGH_WATER) {
+        /* Other pages filled the output meanwhile: read this one again
+         * once the client has caught up. */
+        sub_fill_start(sub, sub->delivered, f->upto, f->synced);
+        goto out;
+      }
+      int64_t before = sub->delivered;
+      sub_send_replay(sub, f->msgs, f->n);
+      if (sub->delivered >= f->upto)
+        sub_fill_finish(sub, f->upto, f->synced);
+      else if (sub->delivered == before) /* never for a gapless store */
+        fill_failed(sub, "replay made no progress; sync again later");
+      else
+        sub_fill_start(sub, sub->delivered, f->upto, f->synced);
+    }
+  }
+out:
+  store_msgs_free(f->msgs, f->n);
+  free(f);
+}
+
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted,
+                        const char *epoch);
+
+void sub_fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
+  fill_submit(sub, after, upto, synced, 0, sub->epoch);
+}
+
+/* sub_fill_start for the first job of a sync that holds an admission slot:
+ * never deferred (the slot is released when the job returns). `epoch` is
+ * the epoch `after` is in ("": unknown). */
+static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted,
+                        const char *epoch) {
+  conn_t *c = sub->session->conn;
+  sub->filling = 1;
+  if (!admitted && conn_pending_bytes(c) > OUT_HIGH_WATER) {
+    /* Let the client read what it has first: session_on_writable resumes. */
+    sub->deferred = 1;
+    sub->deferred_after = after;
+    sub->deferred_upto = upto;
+    sub->deferred_synced = synced;
+    return;
+  }
+  fill_job_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    if (admitted) admission_release(c->session->ss->admission, &sub->adm, util_mono_ms());
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  f->conn = c;
+  strcpy(f->conv, sub->conv);
+  f->after = after;
+  f->upto = upto;
+  f->synced = synced;
+  f->admitted = admitted;
+  snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
+  if (admitted) sub->sync_job = f;
+  f->job.kind = admitted ? "sync" : "fill";
+  f->job.deadline_ms = session_store_deadline(c->session->ss);
+  conn_ref(c);
+  pool_submit(*c->session->ss->pool, &f->job, fill_work, fill_done);
+}
+
+/* ---- sync ------------------------------------------------------------------- */
+
+/* A sync's replay holds an admission slot for its first store job, like a
+ * hello (the admission-queue decision record); gap fills do not. */
+static void sync_begin(sub_t *sub) {
+  sub->delivered = sub->adm_watermark;
+  fill_submit(sub, sub->adm_watermark, -1, 1, 1, sub->adm_epoch);
+}
+
+/* No slot: replay_unavailable with the watermark asked for; the
+ * connection stays and live delivery goes on. */
+static void sync_refused(sub_t *sub, const char *message, uint64_t waited_ms) {
+  session_observe_admission("overloaded", waited_ms);
+  replay_unavailable(sub, message, sub->adm_watermark);
+}
+
+static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
+  sub_t *sub = container_of(w, sub_t, adm);
+  if (status != 0) {
+    sync_refused(sub, "no replay slot in time; sync again later", waited_ms);
+    return;
+  }
+  session_observe_admission("ok", waited_ms);
+  sync_begin(sub);
+}
+
+void sub_sync(sub_t *sub, int64_t watermark, const char *epoch) {
+  sessions_t *ss = sub->session->ss;
+  sub->adm_watermark = watermark;
+  snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
+  int r = admission_acquire(ss->admission, &sub->adm, util_mono_ms(), sync_admitted);
+  if (r == ADMISSION_GRANTED) {
+    session_observe_admission("ok", 0);
+    sync_begin(sub);
+  } else if (r == ADMISSION_QUEUED) {
+    sub->filling = 1; /* live messages wait in `pending` meanwhile */
+  } else {
+    sync_refused(sub, "the replay queue is full; sync again later", 0);
+  }
+}
+
+void sub_leave(sub_t *sub, uint64_t now) {
+  if (sub->adm.state == ADMISSION_WAITING)
+    admission_release(sub->session->ss->admission, &sub->adm, now);
+}
+
+void sub_cancel(sub_t *sub, uint64_t now) {
+  pool_t *pool = *sub->session->ss->pool;
+  if (sub->sync_job && pool && pool_cancel(pool, &sub->sync_job->job)) {
+    sub->sync_job = NULL;
+    admission_release(sub->session->ss->admission, &sub->adm, now);
+  }
+}
