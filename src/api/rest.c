@@ -67,17 +67,6 @@ typedef struct {
   const char *message;
 } rest_job_t;
 
-/* A retry hint for a refusal: uniform in the configured range, ms. */
-static long retry_hint(api_t *api) {
-  return (long)jitter_retry_hint(api->rng, api->cfg->retry_after_min_ms,
-                                 api->cfg->retry_after_max_ms);
-}
-
-/* The deadline of a request's store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
-static uint64_t store_deadline(const api_t *api) {
-  return util_mono_ms() + (uint64_t)api->cfg->store_timeout_ms;
-}
-
 static json_t *channel_json(const store_channel_t *ch) {
   return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence", ch->presence,
                    "active", ch->active);
@@ -243,7 +232,7 @@ static void job_done(pool_job_t *job) {
       http_respond(j->conn, 204, "application/json", "", 0, NULL);
     } else {
       http_respond_error(j->conn, j->status, j->code, j->message,
-                         j->status == 503 ? retry_hint(api) : 0);
+                         j->status == 503 ? config_retry_hint(api->cfg, api->rng) : 0);
     }
   }
   json_decref(j->answer);
@@ -266,7 +255,7 @@ static rest_job_t *job_new(api_t *api, conn_t *c, job_kind_t kind) {
 static void job_submit(rest_job_t *j) {
   conn_ref(j->conn);
   j->job.kind = "rest";
-  j->job.deadline_ms = store_deadline(j->api);
+  j->job.deadline_ms = config_store_deadline(j->api->cfg);
   pool_submit(*j->api->pool, &j->job, job_work, job_done);
 }
 
@@ -634,7 +623,7 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
       http_respond_error(c, 503, "unavailable",
                          *api->phase >= NODE_STOPPING ? "node is shutting down"
                                                       : "node is draining; use another",
-                         retry_hint(api));
+                         config_retry_hint(api->cfg, api->rng));
     } else if (api->net->nws >= *api->max_connections) {
       /* Refused while descriptors remain, so health checks, metrics and
        * the store keep theirs (serve.c: the reserve). */
@@ -642,12 +631,12 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
       http_respond_error(c, 503, "too_many_connections",
                          "this node holds as many WebSocket connections as it may; retry later "
                          "or on another node",
-                         retry_hint(api));
+                         config_retry_hint(api->cfg, api->rng));
     } else if (api->cfg->accept_rate > 0 && !limiter_take(api->accept, util_mono_ms())) {
       /* The accept limiter: refused before any WebSocket work. */
       metrics_add("converger_accept_refused_total", NULL, 1);
       http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
-                         retry_hint(api));
+                         config_retry_hint(api->cfg, api->rng));
     } else {
       ws_upgrade(c, req);
     }

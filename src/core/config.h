@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/jitter.h"
+#include "common/util.h"
+
 /* The shortest token secret accepted (bytes): HS256's key is as strong as
  * its hash is long (RFC 7518, section 3.2). */
 #define CONFIG_SECRET_MIN 32
@@ -74,5 +77,20 @@ int config_parse(config_t *cfg, int argc, char **argv);
 int config_load_secrets(config_t *cfg, int create, int *key_from_file);
 
 void config_free(config_t *cfg);
+
+/* A retry hint for a refusal, drawn from `rng`: uniform in
+ * CONVERGER_RETRY_AFTER_MIN_MS..MAX_MS, ms. The thread owning `rng`. */
+static inline long config_retry_hint(const config_t *cfg, jitter_rng_t *rng) {
+  return (long)jitter_retry_hint(rng, cfg->retry_after_min_ms, cfg->retry_after_max_ms);
+}
+
+/* The deadline of interactive store work submitted now (a REST request, a
+ * hello, a sync or gap fill, a socket send: work a client waits for), for
+ * pool_job_t.deadline_ms: CONVERGER_STORE_TIMEOUT_MS from now, monotonic
+ * ms. Background jobs (membership, revocations, resync, drain peers) have
+ * none. Any thread. */
+static inline uint64_t config_store_deadline(const config_t *cfg) {
+  return util_mono_ms() + (uint64_t)cfg->store_timeout_ms;
+}
 
 #endif

@@ -144,8 +144,7 @@ static void close_paced(drain_t *d, conn_t *c) {
   if (b) b->closed++;
   char reason[48];
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}",
-           (long)jitter_retry_hint(d->env.rng, d->env.cfg->retry_after_min_ms,
-                                   d->env.cfg->retry_after_max_ms));
+           config_retry_hint(d->env.cfg, d->env.rng));
   ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
   metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
 }

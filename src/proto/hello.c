@@ -193,7 +193,7 @@ static void hello_submit(session_t *s) {
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
-  h->job.deadline_ms = session_store_deadline(s->ss);
+  h->job.deadline_ms = config_store_deadline(s->ss->cfg);
   s->hello_running = h;
   conn_ref(c);
   pool_submit(*s->ss->pool, &h->job, hello_work, hello_done);

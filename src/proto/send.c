@@ -88,7 +88,7 @@ void session_handle_send(session_t *s, frame_client_t *f) {
   strcpy(j->id, f->id);
   strcpy(j->sender, s->token.sub);
   j->job.kind = "ws_send";
-  j->job.deadline_ms = session_store_deadline(s->ss);
+  j->job.deadline_ms = config_store_deadline(s->ss->cfg);
   conn_ref(c);
   pool_submit(*s->ss->pool, &j->job, send_work, send_done);
 }

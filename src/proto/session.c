@@ -43,16 +43,6 @@
 
 drain_mark_t *session_drain_mark(session_t *s) { return s ? &s->drain_mark : NULL; }
 
-/* A retry hint for a refusal: uniform in the configured range, ms. */
-long session_retry_hint(sessions_t *ss) {
-  return (long)jitter_retry_hint(ss->rng, ss->cfg->retry_after_min_ms, ss->cfg->retry_after_max_ms);
-}
-
-/* The deadline of interactive store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
-uint64_t session_store_deadline(const sessions_t *ss) {
-  return util_mono_ms() + (uint64_t)ss->cfg->store_timeout_ms;
-}
-
 /* ---- sending -------------------------------------------------------------- */
 
 void session_send_owned(conn_t *c, char *text) {
@@ -78,7 +68,7 @@ void session_count_handshake(const char *result) {
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * in the reason (the admission-queue decision record). Steals `details`. */
 void session_refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details) {
-  long hint = session_retry_hint(c->session->ss);
+  long hint = config_retry_hint(c->session->ss->cfg, c->session->ss->rng);
   char reason[48];
   session_send_error(c, "unavailable", message, conv, hint, details);
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}", hint);

@@ -82,10 +82,6 @@ void session_count_handshake(const char *result);
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * (the admission-queue decision record). Steals `details`. */
 void session_refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details);
-/* A retry hint for a refusal: uniform in the configured range, ms. */
-long session_retry_hint(sessions_t *ss);
-/* The deadline of interactive store work submitted now (CONVERGER_STORE_TIMEOUT_MS). */
-uint64_t session_store_deadline(const sessions_t *ss);
 /* The subscription of `conv`, or NULL. */
 sub_t *session_find_sub(session_t *s, const char *conv);
 /* converger_protocol_admission_wait_ms{result}. */

@@ -236,7 +236,8 @@ static void send_replay_unavailable(sub_t *sub, const char *message, int64_t wat
  * on: what waited in `pending` goes out now (or is filled from the store
  * past an overflow), as after any fill. */
 static void replay_unavailable(sub_t *sub, const char *message, int64_t watermark) {
-  send_replay_unavailable(sub, message, watermark, session_retry_hint(sub->session->ss));
+  send_replay_unavailable(sub, message, watermark,
+                          config_retry_hint(sub->session->ss->cfg, sub->session->ss->rng));
   sub_fill_finish(sub, 0, 0);
 }
 
@@ -245,7 +246,7 @@ static void replay_unavailable(sub_t *sub, const char *message, int64_t watermar
  * session_tick starts the fill again after the same hint. Never at once: a
  * store that just failed would fail it again, in a loop. */
 static void fill_failed(sub_t *sub, const char *message) {
-  long hint = session_retry_hint(sub->session->ss);
+  long hint = config_retry_hint(sub->session->ss->cfg, sub->session->ss->rng);
   send_replay_unavailable(sub, message, sub->delivered, hint);
   sub->filling = 1;
   sub->retry_at = util_mono_ms() + (uint64_t)hint;
@@ -376,7 +377,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
   f->job.kind = admitted ? "sync" : "fill";
-  f->job.deadline_ms = session_store_deadline(c->session->ss);
+  f->job.deadline_ms = config_store_deadline(c->session->ss->cfg);
   conn_ref(c);
   pool_submit(*c->session->ss->pool, &f->job, fill_work, fill_done);
 }

@@ -72,6 +72,41 @@ def read_state(path):
     return out
 
 
+
+def make_at_a_terminal(master, slave, args, env):
+    """`make ARGS...` in the repository as the session leader of the pty
+    (`slave` becomes its controlling terminal, so make's process group is
+    the terminal's foreground group, as an interactive shell makes it).
+    Returns (process, reader thread, text()): text() is everything written
+    to the terminal so far."""
+    env = dict(env)
+    env.pop("MAKEFLAGS", None)
+    env.pop("MFLAGS", None)
+    proc = subprocess.Popen(["make", "--no-print-directory", "-C", ROOT] + args,
+                            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    out = bytearray()
+    lock = threading.Lock()
+
+    def reader():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every process holding the pty is gone
+                return
+            if not chunk:
+                return
+            with lock:
+                out.extend(chunk)
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+
+    def text():
+        with lock:
+            return out.decode("utf-8", "replace").replace("\r\n", "\n")
+    return proc, t, text
+
 class ClusterScript(unittest.TestCase):
     def setUp(self):
         if shutil.which("haproxy") is None:
@@ -318,34 +353,10 @@ class ClusterScript(unittest.TestCase):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
         env.update(CONVERGER_CLUSTER_DIR=self.dir, CONVERGER_CLUSTER_PORT_BASE=str(base),
                    CONVERGER_CLUSTER_STATS_PORT=str(stats), TERM="dumb")
-        env.pop("MAKEFLAGS", None)
-        env.pop("MFLAGS", None)
         build_dir = os.path.dirname(os.path.abspath(harness.binary()))
-        self.proc = subprocess.Popen(
-            ["make", "--no-print-directory", "-C", ROOT, "-o", "build", "cluster", "BUILD_DIR=" + build_dir],
-            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-        os.close(slave)
+        self.proc, t, text = make_at_a_terminal(
+            master, slave, ["-o", "build", "cluster", "BUILD_DIR=" + build_dir], env)
         self.addCleanup(self.stop_script_by_state)
-        out = bytearray()
-        lock = threading.Lock()
-
-        def reader():
-            while True:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # EIO: every process holding the pty is gone
-                    return
-                if not chunk:
-                    return
-                with lock:
-                    out.extend(chunk)
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-
-        def text():
-            with lock:
-                return out.decode("utf-8", "replace").replace("\r\n", "\n")
         deadline = time.monotonic() + 40
         while "\nStop: " not in text():
             self.assertIsNone(self.proc.poll(), "make cluster exited early:\n" + text())
@@ -389,40 +400,15 @@ class ClusterScript(unittest.TestCase):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
         env.update(CONVERGER_DATABASE_URL="sqlite:%s/converger.db" % data, TERM="dumb",
                    CONVERGER_API_KEY=harness.API_KEY, CONVERGER_TOKEN_SECRET=harness.TOKEN_SECRET)
-        env.pop("MAKEFLAGS", None)
-        env.pop("MFLAGS", None)
         build_dir = os.path.dirname(os.path.abspath(harness.binary()))
-        proc = subprocess.Popen(
-            ["make", "--no-print-directory", "-C", ROOT, "run", "BUILD_DIR=" + build_dir,
-             "ARGS=--listen 127.0.0.1:%d" % port],
-            env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-        os.close(slave)
+        proc, t, text = make_at_a_terminal(
+            master, slave, ["run", "BUILD_DIR=" + build_dir, "ARGS=--listen 127.0.0.1:%d" % port], env)
 
         def kill_group():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         self.addCleanup(kill_group)
-        out = bytearray()
-        lock = threading.Lock()
-
-        def reader():
-            while True:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                with lock:
-                    out.extend(chunk)
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-
-        def text():
-            with lock:
-                return out.decode("utf-8", "replace").replace("\r\n", "\n")
         deadline = time.monotonic() + 60
         while "listening on" not in text():
             self.assertIsNone(proc.poll(), "make run exited early:\n" + text())

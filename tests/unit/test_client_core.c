@@ -191,7 +191,9 @@ static void msg_in(h_t *h, uint32_t t, const char *conv, int64_t seq, const char
 
 /* Start, open the first transport and welcome it with `head` for "c1".
  * Returns the transport id. */
-static uint32_t connect_first(h_t *h, int64_t head) {
+/* Start and open the first transport (its hello is the last send).
+ * Returns the transport id. */
+static uint32_t open_first(h_t *h) {
   cvg_core_start(h->core, h->now);
   take(h);
   act_t *o = last(h, CVG_ACT_OPEN, 0);
@@ -200,6 +202,11 @@ static uint32_t connect_first(h_t *h, int64_t head) {
   cvg_core_opened(h->core, t, h->now);
   take(h);
   assert_non_null(last(h, CVG_ACT_SEND, t));
+  return t;
+}
+
+static uint32_t connect_first(h_t *h, int64_t head) {
+  uint32_t t = open_first(h);
   text(h, t,
        "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n-%u\",\"heartbeatMs\":0,"
        "\"subs\":[{\"conv\":\"c1\",\"head\":%lld,\"presence\":false}]}",
@@ -731,11 +738,7 @@ static void test_unauthorized_stops_for_good(void **state) {
   h_t h;
   cvg_sub_t subs[] = {{"c1", 0}};
   make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
-  cvg_core_start(h.core, 0);
-  take(&h);
-  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
-  cvg_core_opened(h.core, t, 0);
-  take(&h);
+  uint32_t t = open_first(&h);
   assert_int_equal(cvg_core_send(h.core, "c1", NULL, "1", on_sent, &h, 0), 0);
   text(&h, t, "{\"type\":\"error\",\"code\":\"unauthorized\",\"message\":\"token expired\"}");
   clear_acts(&h);
@@ -1129,11 +1132,7 @@ static void test_watermark_above_head_resets_and_delivers_what_follows(void **st
   h_t h;
   cvg_sub_t subs[] = {{"c1", 10}};
   make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
-  cvg_core_start(h.core, 0);
-  take(&h);
-  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
-  cvg_core_opened(h.core, t, 0);
-  take(&h);
+  uint32_t t = open_first(&h);
   assert_string_equal(
       last(&h, CVG_ACT_SEND, t)->data,
       "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
@@ -1183,11 +1182,7 @@ static void test_epoch_option_is_sent_and_checked(void **state) {
   const char *const epochs[] = {"e0"};
   more_t more = {.epochs = epochs};
   make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &more);
-  cvg_core_start(h.core, 0);
-  take(&h);
-  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
-  cvg_core_opened(h.core, t, 0);
-  take(&h);
+  uint32_t t = open_first(&h);
   assert_string_equal(
       last(&h, CVG_ACT_SEND, t)->data,
       "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
@@ -1314,11 +1309,7 @@ static void test_reset_in_the_same_epoch_keeps_its_messages(void **state) {
   const char *const epochs[] = {"e1"};
   more_t more = {.epochs = epochs};
   make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &more);
-  cvg_core_start(h.core, 0);
-  take(&h);
-  uint32_t t = last(&h, CVG_ACT_OPEN, 0)->t;
-  cvg_core_opened(h.core, t, 0);
-  take(&h);
+  uint32_t t = open_first(&h);
   text(&h, t,
        "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
        "\"conv\":"
