@@ -121,9 +121,17 @@ class ClientSdk(NodeCase):
         acks = {}
         stop = threading.Event()
         progress = threading.Condition()
+        # The sender runs on through each kill (its POSTs meet the dead node
+        # and are retried) but holds at kill point + 50 until the node is back:
+        # without that it could finish all 1000 while the subscriber is still
+        # in backoff, and the subscriber could end before the second kill.
+        restarted = [threading.Event() for _ in kills_at]
+        holds = {k + 50: ev for k, ev in zip(kills_at, restarted)}
 
         def sender():
             for i in range(1, total + 1):
+                if i in holds and not holds[i].wait(60):
+                    return
                 js = post_until_committed(n.port, conv, i, stop)
                 if js is None:
                     return
@@ -148,10 +156,13 @@ class ClientSdk(NodeCase):
                 self.assertEqual(n.exit_codes[-1], -9)
                 time.sleep(0.3)  # the subscriber and the sender see the node gone
                 n.start()
+                restarted[round_].set()
             th.join(120)
             self.assertFalse(th.is_alive(), "the sender did not finish")
         finally:
             stop.set()
+            for ev in restarted:
+                ev.set()
         self.assertEqual(len(acks), total)
         # one message per key: the retries of the sender did not duplicate
         self.assertEqual(sorted(a["seq"] for a in acks.values()), list(range(1, total + 1)))
