@@ -15,8 +15,14 @@
 /* Wall-clock time, ms since the Unix epoch (UTC). */
 int64_t util_now_ms(void);
 
-/* Monotonic time in ms (CLOCK_MONOTONIC), for durations. */
+/* Monotonic time in ms (CLOCK_MONOTONIC), for durations; the fake clock's
+ * value while one is set (util_mono_fake). Any thread. */
 uint64_t util_mono_ms(void);
+
+/* Tests only: make util_mono_ms return *ms (the caller owns it and moves
+ * it forward), or the real clock again when `ms` is NULL. Set it before
+ * any other thread starts; the caller's value is read with no lock. */
+void util_mono_fake(const uint64_t *ms);
 
 /* 1 when `s` matches [A-Za-z0-9._:-]{1,128} (PROTOCOL.md ids), else 0. */
 int util_id_valid(const char *s);

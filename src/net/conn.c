@@ -157,12 +157,11 @@ void conn_resume_reading(conn_t *c) {
   if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0) c->reading = 1;
 }
 
-static void accept_cb(listener_t *l, int fd) {
-  net_t *net = container_of(l, net_t, listener);
+conn_t *conn_adopt(net_t *net, int fd) {
   conn_t *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
-    return;
+    return NULL;
   }
   c->net = net;
   uv_tcp_init(net->loop, &c->tcp);
@@ -174,19 +173,22 @@ static void accept_cb(listener_t *l, int fd) {
     close(fd);
     c->closing = 1;
     uv_close((uv_handle_t *)&c->tcp, close_cb);
-    return;
+    return NULL;
   }
-  uv_tcp_nodelay(&c->tcp, 1);
+  uv_tcp_nodelay(&c->tcp, 1); /* fails harmlessly on a socketpair */
   c->http = http_new(c);
   c->last_rx_ms = util_mono_ms();
   c->deadline_ms = c->last_rx_ms + (uint64_t)net->cfg->header_timeout_ms;
   if (!c->http) {
     conn_close(c);
-    return;
+    return NULL;
   }
   conn_set_reclaimable(c, 1); /* until its first request begins */
   conn_resume_reading(c);
+  return c;
 }
+
+static void accept_cb(listener_t *l, int fd) { conn_adopt(container_of(l, net_t, listener), fd); }
 
 void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler) {
   memset(net, 0, sizeof *net);

@@ -102,6 +102,15 @@ struct conn_s {
  * negative errno after logging it. */
 int conn_listen(net_t *net);
 
+/* Make a connection of the connected stream socket `fd` (ownership passes
+ * to the connection, which closes it): an HTTP connection, reading, with
+ * the header timeout running. The listener calls it for every accepted
+ * socket; tests and fuzz targets call it with one end of a socketpair(2)
+ * to drive the real HTTP and WebSocket layers without a network. Returns
+ * the connection, or NULL when it could not be set up (fd is closed; a
+ * half-made connection is freed on the loop's next turn). Loop thread. */
+conn_t *conn_adopt(net_t *net, int fd);
+
 /* Stop accepting new connections, and from now on close each HTTP
  * connection after its answer instead of keeping it alive: the node is
  * stopping (idempotent). */
