@@ -186,7 +186,7 @@ static void hello_submit(session_t *s) {
     strcpy(sub->conv, h->items[i].conv);
     sub->bus.conv = sub->conv;
     sub->bus.deliver = sub_deliver_cb;
-    sub->filling = 1; /* until the handshake job returns */
+    sub->state = SUB_FILLING; /* new: until the handshake job returns */
     sub->next = s->subs;
     s->subs = sub;
     bus_subscribe(s->ss->bus, &sub->bus);

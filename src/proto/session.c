@@ -14,7 +14,8 @@
  * Invariants per subscription:
  *  - `delivered` is the last seq sent to the client; frames go out only as
  *    delivered + 1;
- *  - while `filling` (handshake replay, sync, gap fill), live messages are
+ *  - in every state but SUB_LIVE (a handshake replay, a sync, a gap fill;
+ *    the states and their transitions are in sub.c), live messages are
  *    kept in `pending` (sorted by seq, bounded) and sent after the fill;
  *  - at most one fill job per subscription is in flight;
  *  - replay is paced by the connection's output: a page is read and sent
@@ -138,7 +139,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
       session_send_error(c, "bad_request",
                          "sync for a conversation this connection is not subscribed to", f.conv, 0,
                          NULL);
-    } else if (sub->filling) {
+    } else if (sub->state != SUB_LIVE) {
       if (!sub->sync_pending || f.watermark < sub->sync_watermark) {
         sub->sync_watermark = f.watermark;
         strcpy(sub->sync_epoch, f.epoch);
@@ -179,12 +180,10 @@ void session_tick(conn_t *c, uint64_t now) {
   if (!s->retry_due || now < s->retry_due) return; /* the usual tick: no failed fill is due */
   s->retry_due = 0;
   for (sub_t *sub = s->subs; sub; sub = sub->next) {
-    if (sub->retry_at && now >= sub->retry_at) {
-      sub->retry_at = 0;
+    if (sub->state == SUB_RETRY && now >= sub->retry_at)
       sub_fill_start(sub, sub->delivered, -1, 0); /* up to the head, then what waited */
-    }
     /* not due yet, or failed again at once: the next one to wait for */
-    if (sub->retry_at && (!s->retry_due || sub->retry_at < s->retry_due))
+    if (sub->state == SUB_RETRY && (!s->retry_due || sub->retry_at < s->retry_due))
       s->retry_due = sub->retry_at;
   }
 }
@@ -193,9 +192,8 @@ void session_on_writable(conn_t *c) {
   session_t *s = c->session;
   if (!s || c->closing) return;
   for (sub_t *sub = s->subs; sub; sub = sub->next) {
-    if (!sub->deferred) continue;
+    if (sub->state != SUB_DEFERRED) continue;
     if (conn_pending_bytes(c) > OUT_HIGH_WATER) return;
-    sub->deferred = 0;
     sub_fill_start(sub, sub->deferred_after, sub->deferred_upto, sub->deferred_synced);
   }
 }

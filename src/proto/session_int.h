@@ -27,6 +27,17 @@
 #define HELLO_BYTES    (1024 * 1024) /* bytes of first pages in one hello job, all subs */
 #define OUT_HIGH_WATER (1024 * 1024) /* queued output above which replay pauses */
 
+/* A subscription's state (the transition table is in sub.c's design
+ * block). Every state but SUB_LIVE holds live messages in `pending`. */
+typedef enum {
+  SUB_LIVE = 0, /* live messages go out as they come */
+  SUB_QUEUED,   /* a client's sync waits for an admission slot */
+  SUB_FILLING,  /* a store job (the hello's, a sync's, a fill's) is out */
+  SUB_DEFERRED, /* a fill waits for the output to drain (session_on_writable) */
+  SUB_RETRY,    /* a failed fill waits for retry_at (session_tick) */
+  SUB_NSTATES
+} sub_state_t;
+
 typedef struct sub_s {
   bus_sub_t bus;
   admission_waiter_t adm;              /* a sync waiting for, or holding, an admission slot */
@@ -40,13 +51,14 @@ typedef struct sub_s {
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
   int reset_pending; /* the next synced says "reset": a sync or fill found the history changed */
-  int filling;
-  int overflow;
-  int sync_pending;
+  sub_state_t state;
+  /* What the fill under way owes when it finishes (any state but LIVE): */
+  int overflow;     /* `pending` overflowed and was forgotten: fill up to the head */
+  int sync_pending; /* a client's sync came meanwhile: run it (sync_watermark, sync_epoch) */
   int64_t sync_watermark;
   char sync_epoch[STORE_EPOCH_MAX + 1];
-  uint64_t retry_at; /* monotonic ms: a failed fill starts again (session_tick); 0: none */
-  int deferred;      /* a fill waits for the output to drain */
+  uint64_t retry_at; /* SUB_RETRY: monotonic ms at which the fill starts again */
+  /* SUB_DEFERRED: the fill to start once the output has drained */
   int64_t deferred_after, deferred_upto;
   int deferred_synced;
   bus_msg_t **pending;
@@ -88,6 +100,12 @@ sub_t *session_find_sub(session_t *s, const char *conv);
 void session_observe_admission(const char *result, uint64_t waited_ms);
 
 /* ---- sub.c ---- */
+
+/* Move `sub` to `to`: a transition of the table in sub.c's design block
+ * (an illegal one is a bug: logged, and an assertion in debug builds). */
+void sub_set_state(sub_t *sub, sub_state_t to);
+/* The state's name, for logs and tests ("live", "queued", ...). */
+const char *sub_state_name(sub_state_t st);
 
 /* The bus's delivery callback of a subscription (bus_sub_t.deliver). */
 void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m);

@@ -3,7 +3,42 @@
  * the messages kept while a fill runs, fills from the store (the rest of a
  * hello's replay, a client's sync, a gap fill) and the epochs; the design
  * block of session.c states the invariants.
+ *
+ * A subscription's states (sub_state_t) and what moves it. "Finish" is
+ * sub_fill_finish: synced if the fill was asked for one, then what the
+ * fill owes, in this order: a sync that came meanwhile (sync_pending) runs
+ * as from LIVE; after an overflow, a fill up to the head; messages kept
+ * that are not next go after a fill up to them; the rest goes out, LIVE.
+ * A fill starts in DEFERRED instead of FILLING while the output holds more
+ * than OUT_HIGH_WATER bytes, except a sync's first job (it holds a slot).
+ *
+ *   state     event                                 action                        next
+ *   (new)     hello admitted                        subscribe; the hello's job    FILLING
+ *   LIVE      message delivered + 1                 send it                       LIVE
+ *   LIVE      message delivered + 1, output high    fill to the head              DEFERRED
+ *   LIVE      message past a gap, or a head hint    keep it; fill up to it        FILLING
+ *   LIVE      message at or below delivered         drop it                       LIVE
+ *   LIVE      sync, slot granted                    the sync's job                FILLING
+ *   LIVE      sync, queued                          wait for a slot               QUEUED
+ *   LIVE      sync, queue full                      replay_unavailable; finish    LIVE
+ *   QUEUED    slot granted                          the sync's job                FILLING
+ *   QUEUED    slot refused (queue timeout)          replay_unavailable; finish    LIVE, ...
+ *   FILLING   job done, target reached              finish                        LIVE, ...
+ *   FILLING   job done, a page short of target      the next page                 FILLING
+ *   FILLING   job done, output high                 the same page again           DEFERRED
+ *   FILLING   job done, history reset               synced with reset; finish     LIVE, ...
+ *   FILLING   job failed, dropped or timed out      replay_unavailable (hint)     RETRY
+ *   DEFERRED  output drained (on_writable)          start the fill                FILLING
+ *   RETRY     tick at retry_at                      fill to the head              FILLING
+ *   not LIVE  message                               keep it in `pending`          same
+ *   not LIVE  `pending` full                        forget it; overflow = 1       same
+ *   not LIVE  sync                                  keep the lowest: sync_pending same
+ *   any       connection closes                     leave the queue; cancel job   (freed)
+ *
+ * ("LIVE, ..." is finish's: LIVE, or QUEUED/FILLING/DEFERRED for what the
+ * fill owed. A fill started from LIVE or RETRY may begin DEFERRED.)
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +51,30 @@
 #include "proto/session_int.h"
 
 /* ---- subscriptions --------------------------------------------------------- */
+
+/* The transitions of the table above: allowed[from] has bit `to`. */
+#define TO(st) (1u << (st))
+static const unsigned allowed[SUB_NSTATES] = {
+    [SUB_LIVE] = TO(SUB_LIVE) | TO(SUB_QUEUED) | TO(SUB_FILLING) | TO(SUB_DEFERRED),
+    [SUB_QUEUED] = TO(SUB_FILLING) | TO(SUB_LIVE),
+    [SUB_FILLING] = TO(SUB_LIVE) | TO(SUB_FILLING) | TO(SUB_DEFERRED) | TO(SUB_RETRY),
+    [SUB_DEFERRED] = TO(SUB_FILLING),
+    [SUB_RETRY] = TO(SUB_FILLING) | TO(SUB_DEFERRED),
+};
+
+const char *sub_state_name(sub_state_t st) {
+  static const char *const names[SUB_NSTATES] = {"live", "queued", "filling", "deferred", "retry"};
+  return (unsigned)st < SUB_NSTATES ? names[st] : "?";
+}
+
+void sub_set_state(sub_t *sub, sub_state_t to) {
+  if (!(allowed[sub->state] & TO(to))) {
+    log_error("session %llu: %s: no transition from %s to %s", (unsigned long long)sub->session->id,
+              sub->conv, sub_state_name(sub->state), sub_state_name(to));
+    assert(!"subscription transition outside the table");
+  }
+  sub->state = to;
+}
 
 static void clear_pending(sub_t *sub) {
   for (size_t i = 0; i < sub->npending; i++) bus_msg_unref(sub->pending[i]);
@@ -97,7 +156,7 @@ void sub_fill_finish(sub_t *sub, int64_t head, int synced) {
   if (synced || sub->reset_pending)
     session_send_owned(c, frame_synced(sub->conv, head, sub->epoch, sub->reset_pending));
   sub->reset_pending = 0;
-  sub->filling = 0;
+  sub_set_state(sub, SUB_LIVE);
   if (c->closing) return;
   if (sub->sync_pending) { /* a sync that came during the fill: it queues like any sync */
     sub->sync_pending = 0;
@@ -155,7 +214,7 @@ void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
   sub_t *sub = container_of(bs, sub_t, bus);
   if (sub->session->conn->closing) return;
   if (m->epoch[0] && sub->epoch[0] && strcmp(m->epoch, sub->epoch) != 0) epoch_changed(sub, m);
-  if (sub->filling) {
+  if (sub->state != SUB_LIVE) {
     pending_add(sub, m);
     return;
   }
@@ -248,7 +307,7 @@ static void replay_unavailable(sub_t *sub, const char *message, int64_t watermar
 static void fill_failed(sub_t *sub, const char *message) {
   long hint = config_retry_hint(sub->session->ss->cfg, sub->session->ss->rng);
   send_replay_unavailable(sub, message, sub->delivered, hint);
-  sub->filling = 1;
+  sub_set_state(sub, SUB_RETRY);
   sub->retry_at = util_mono_ms() + (uint64_t)hint;
   session_t *s = sub->session;
   if (!s->retry_due || sub->retry_at < s->retry_due) s->retry_due = sub->retry_at;
@@ -353,15 +412,15 @@ void sub_fill_start(sub_t *sub, int64_t after, int64_t upto, int synced) {
 static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int admitted,
                         const char *epoch) {
   conn_t *c = sub->session->conn;
-  sub->filling = 1;
   if (!admitted && conn_pending_bytes(c) > OUT_HIGH_WATER) {
     /* Let the client read what it has first: session_on_writable resumes. */
-    sub->deferred = 1;
+    sub_set_state(sub, SUB_DEFERRED);
     sub->deferred_after = after;
     sub->deferred_upto = upto;
     sub->deferred_synced = synced;
     return;
   }
+  sub_set_state(sub, SUB_FILLING);
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
     if (admitted) admission_release(c->session->ss->admission, &sub->adm, util_mono_ms());
@@ -417,7 +476,7 @@ void sub_sync(sub_t *sub, int64_t watermark, const char *epoch) {
     session_observe_admission("ok", 0);
     sync_begin(sub);
   } else if (r == ADMISSION_QUEUED) {
-    sub->filling = 1; /* live messages wait in `pending` meanwhile */
+    sub_set_state(sub, SUB_QUEUED); /* live messages wait in `pending` meanwhile */
   } else {
     sync_refused(sub, "the replay queue is full; sync again later", 0);
   }

@@ -165,6 +165,37 @@ static void sweep_cb(uv_timer_t *t) {
   if (dropped) uv_async_send(&pool->async);
 }
 
+/* Take the oldest queued job for running now, with the queue-delay rule
+ * and its deadline applied (job->dropped, job->timed_out). Under mu; the
+ * queue is not empty. */
+static pool_job_t *take(pool_t *pool) {
+  pool_job_t *job = pool->todo_head;
+  pool->todo_head = job->next;
+  if (!pool->todo_head) pool->todo_tail = NULL;
+  uint64_t now = util_mono_ms();
+  job->wait_ms = now - job->submit_ms;
+  job->timed_out = job->deadline_ms != 0 && now >= job->deadline_ms;
+  job->dropped = should_drop(pool, job, now, job->wait_ms) || job->timed_out;
+  return job;
+}
+
+/* Run a job taken by `take` with `db` (not under mu), then queue it for
+ * its `done` on the loop. */
+static void run(pool_t *pool, pool_job_t *job, store_t *db) {
+  metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
+  if (!job->dropped) {
+    if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
+    store_set_deadline(db, job->deadline_ms);
+    job->work(job, db);
+    job->timed_out = store_deadline_hit(db);
+    store_set_deadline(db, 0);
+  }
+  uv_mutex_lock(&pool->mu);
+  push(&pool->done_head, &pool->done_tail, job);
+  uv_mutex_unlock(&pool->mu);
+  uv_async_send(&pool->async);
+}
+
 static void worker_main(void *arg) {
   worker_arg_t *wa = arg;
   pool_t *pool = wa->pool;
@@ -177,32 +208,13 @@ static void worker_main(void *arg) {
       uv_cond_wait(&pool->cond, &pool->mu);
       pool->idle--;
     }
-    pool_job_t *job = pool->todo_head;
-    if (!job) { /* stopping and nothing left */
+    if (!pool->todo_head) { /* stopping and nothing left */
       uv_mutex_unlock(&pool->mu);
       return;
     }
-    pool->todo_head = job->next;
-    if (!pool->todo_head) pool->todo_tail = NULL;
-    uint64_t now = util_mono_ms();
-    job->wait_ms = now - job->submit_ms;
-    job->timed_out = job->deadline_ms != 0 && now >= job->deadline_ms;
-    job->dropped = should_drop(pool, job, now, job->wait_ms) || job->timed_out;
+    pool_job_t *job = take(pool);
     uv_mutex_unlock(&pool->mu);
-
-    metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
-    if (!job->dropped) {
-      if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
-      store_set_deadline(db, job->deadline_ms);
-      job->work(job, db);
-      job->timed_out = store_deadline_hit(db);
-      store_set_deadline(db, 0);
-    }
-
-    uv_mutex_lock(&pool->mu);
-    push(&pool->done_head, &pool->done_tail, job);
-    uv_mutex_unlock(&pool->mu);
-    uv_async_send(&pool->async);
+    run(pool, job, db);
   }
 }
 
@@ -271,8 +283,9 @@ static void closed_cb(uv_handle_t *handle) {
   if (--pool->handles_open == 0) free_pool(pool);
 }
 
-int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-               pool_t **out) {
+/* pool_start, with `threads` workers (0: inline, pool_step runs the jobs). */
+static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
+                 int threads, pool_t **out) {
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
@@ -294,7 +307,7 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
     } else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
       log_error("store: migration failed: %s", cv_strerror(r));
   }
-  for (int i = 0; r == 0 && i < size; i++) {
+  for (int i = 0; r == 0 && i < threads; i++) {
     worker_arg_t *wa = malloc(sizeof *wa);
     if (!wa) {
       r = -CV_ENOMEM;
@@ -325,6 +338,24 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   pool->handles_open = 3;
   *out = pool;
   return 0;
+}
+
+int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
+               pool_t **out) {
+  return start(loop, url, opt, size, size, out);
+}
+
+int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt, pool_t **out) {
+  return start(loop, url, opt, 1, 0, out);
+}
+
+int pool_step(pool_t *pool) {
+  uv_mutex_lock(&pool->mu);
+  pool_job_t *job = pool->todo_head ? take(pool) : NULL;
+  uv_mutex_unlock(&pool->mu);
+  if (job) run(pool, job, pool->stores[0]);
+  async_cb(&pool->async); /* every done waiting, this one's included */
+  return job != NULL;
 }
 
 void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done) {

@@ -76,6 +76,20 @@ struct pool_job_s {
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
                pool_t **out);
 
+/* Tests only: a pool of one store connection and no worker thread. Jobs
+ * wait in the queue (pool_cancel, deadlines and the queue-delay rule apply
+ * as usual) until pool_step runs them on the caller's thread, so a test
+ * decides exactly when each store job runs and returns. Returns as
+ * pool_start. Loop thread. */
+int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt, pool_t **out);
+
+/* Tests only (a pool of pool_start_inline): run the oldest queued job's
+ * `work` now on the calling (loop) thread, then the `done` of every
+ * finished job, this one's included (a canceled or dropped job's too).
+ * Returns 1 when a job was taken from the queue, 0 when it was empty (the
+ * waiting `done`s still ran). */
+int pool_step(pool_t *pool);
+
 /* The queue-delay rule: target and interval in ms (defaults 50 and 1000).
  * Loop thread, before jobs are submitted. */
 void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms);

@@ -2,10 +2,9 @@
  * come back on the loop in one piece; a burst is woken once per loop turn;
  * pool_close cancels what has not started, also jobs submitted by done
  * callbacks while closing; the queue-delay rule drops the jobs of a slow
- * pool and nothing else; a job whose deadline passes in the queue comes
- * back at its deadline, not run, while its worker is still busy; a running
- * job's store calls stop at its deadline, and the next job's do not; the
- * loop ends with no handle left open. */
+ * pool and nothing else (on an inline pool with a fake clock); a job whose deadline passes in the
+ * queue comes back at its deadline, not run, while its worker is still busy; a running job's store
+ * calls stop at its deadline, and the next job's do not; the loop ends with no handle left open. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -164,19 +163,30 @@ static void test_close_cancels_queued_jobs(void **state) {
   uv_sem_destroy(&gate);
 }
 
-/* The queue-delay rule: one worker, every job takes 20 ms, target 5 ms,
- * interval 20 ms. The first jobs run; once an interval has passed in which
- * no job waited less than the target, jobs that waited more than twice the
- * target are dropped without running. Once the queue has drained, a new
- * burst is not dropped for the old verdict. */
+/* The fake clock of test_queue_delay_rule (util_mono_fake). */
+static uint64_t fake_now;
+
+/* A job of a slow store: 20 ms of the fake clock. */
+static void slow_work_cb(pool_job_t *job, store_t *db) {
+  work_cb(job, db);
+  fake_now += 20;
+}
+
+/* The queue-delay rule, on an inline pool (one "worker": pool_step) and a
+ * fake clock: every job takes 20 ms, target 5 ms, interval 20 ms. The first
+ * jobs run; once an interval has passed in which no job waited less than
+ * the target, jobs that waited more than twice the target are dropped
+ * without running. Once the queue has drained, a new burst is not dropped
+ * for the old verdict. */
 static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
   uv_loop_t loop;
   pool_t *pool;
   uv_loop_init(&loop);
   loop_thread = uv_thread_self();
-  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  fake_now = 1000;
+  util_mono_fake(&fake_now);
+  assert_int_equal(pool_start_inline(&loop, url, NULL, &pool), 0);
   pool_set_queue_rule(pool, 5, 20);
-  pool_set_test_delay(pool, 20);
   enum { N = 30 };
   job_t jobs[N];
   memset(jobs, 0, sizeof jobs);
@@ -187,11 +197,14 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
     jobs[i].done_order = order;
     jobs[i].ndone = &ndone;
   }
-  for (int i = 0; i < N; i++) pool_submit(pool, &jobs[i].job, work_cb, done_cb);
-  while (ndone < N) uv_run(&loop, UV_RUN_ONCE);
+  for (int i = 0; i < N; i++) pool_submit(pool, &jobs[i].job, slow_work_cb, done_cb);
+  while (pool_step(pool)) {
+  }
+  assert_int_equal(ndone, N);
   int dropped = 0;
   for (int i = 0; i < N; i++) {
     assert_false(jobs[i].job.canceled);
+    assert_int_equal(order[i], i); /* done in submission order */
     if (jobs[i].job.dropped) {
       dropped++;
       assert_int_equal(jobs[i].status, -1); /* work never ran */
@@ -206,7 +219,7 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
    * wait 0 and 20 ms; the second is not dropped although 20 > 2 x 5: the
    * interval before it had a job under the target (the first), and the
    * verdict of the overload above is forgotten. */
-  usleep(60 * 1000);
+  fake_now += 60;
   job_t again[2];
   memset(again, 0, sizeof again);
   for (int i = 0; i < 2; i++) {
@@ -214,17 +227,21 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
     again[i].status = -1;
     again[i].done_order = order2;
     again[i].ndone = &ndone2;
-    pool_submit(pool, &again[i].job, work_cb, done_cb);
+    pool_submit(pool, &again[i].job, slow_work_cb, done_cb);
   }
-  while (ndone2 < 2) uv_run(&loop, UV_RUN_ONCE);
+  while (pool_step(pool)) {
+  }
+  assert_int_equal(ndone2, 2);
   for (int i = 0; i < 2; i++) {
     assert_false(again[i].job.dropped);
     assert_int_equal(again[i].status, 0);
+    assert_false(again[i].ran_on_worker); /* inline: on the caller's thread */
   }
   assert_true(again[1].job.wait_ms > 10);
   pool_close(pool);
   assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
   assert_int_equal(uv_loop_close(&loop), 0);
+  util_mono_fake(NULL);
 }
 
 /* The value of one series in the metrics exposition, -1 when absent. */
