@@ -295,8 +295,9 @@ static void set_state_metric(drain_t *d) {
   metrics_set("converger_drain_state", NULL, drain_state(d));
 }
 
-static void timer_cb(uv_timer_t *t) {
-  drain_t *d = t->data;
+static void timer_cb(uv_timer_t *t) { drain_tick(t->data); }
+
+void drain_tick(drain_t *d) {
   uint64_t now = util_mono_ms();
   if (d->stopped) return; /* the stop closes what is left */
   batch_t *bs[] = {&d->drain, &d->shed};
@@ -406,7 +407,8 @@ int drain_start(drain_t *d, const char *why) {
            why, d->env.net->nws, d->env.cfg->drain_window_ms, d->env.cfg->drain_close_rate,
            d->env.cfg->drain_shutdown_ms);
   set_state_metric(d);
-  membership_beat_now(d->env.membership); /* peers stop sending clients here */
+  if (d->env.membership)
+    membership_beat_now(d->env.membership); /* peers stop sending clients here */
   if (d->env.cfg->drain_migrate) {
     batch_begin(d, &d->drain);
   } else { /* no frames: the deadline is now, the paced 1012 closes begin at once */

@@ -69,7 +69,7 @@ typedef struct {
   net_t *net;               /* the connections to move (net/conn.h) */
   pool_t *const *pool;      /* the owner's pool pointer: the peers are read on it */
   jitter_rng_t *rng;        /* afterMs, retry hints, the shed's choice */
-  membership_t *membership; /* beaten at once when the drain begins */
+  membership_t *membership; /* beaten at once when the drain begins; NULL: none (tests) */
   /* How the drain ends the node: close everything left and exit
    * (lifecycle.h, node_stop). `why` is for the log. */
   void (*stop)(void *ud, const char *why);
@@ -108,6 +108,13 @@ void drain_welcomed(drain_t *d, conn_t *c);
  * close frame, or its connection ending, first: not ws_close) counts as
  * migrated. Idempotent. */
 void drain_conn_closing(drain_t *d, conn_t *c);
+
+/* What the drain's timer does, at util_mono_ms(): the frames once the
+ * peers' read is late, the windows' ends, the paced closes, the stop. The
+ * timer calls it (every pacing period while closes are queued, else every
+ * 20 ms); a test on a fake clock calls it after moving the clock. Calling
+ * it again at the same time changes nothing. Loop thread. */
+void drain_tick(drain_t *d);
 
 /* 0 ready, 1 draining, 2 shedding (converger_drain_state). */
 int drain_state(const drain_t *d);
