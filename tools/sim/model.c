@@ -452,7 +452,7 @@ static void controller(sim_t *s) {
       }
       if (!n->up && !n->draining && s->now >= n->ready_at) {
         n->up = n->ready = 1;
-        n->hot_s = n->abort_s = 0;
+        n->hot_s = 0;
         n->cpu = 0;
         rebuild_ready(s);
       }
@@ -496,17 +496,21 @@ static void end_second(sim_t *s) {
   sim_second_t *row = &s->sec[sec];
   uint8_t *drop = s->drop;
   int ndrop = 0, b = s->batch_active ? s->next_batch - 1 : -1;
-  double survivor_max = 0;
   for (int64_t k = 0; k < p->nodes; k++) {
     sim_node_t *n = &s->n[k];
     if (n->welcomes_s > n->peak_welcomes) n->peak_welcomes = n->welcomes_s;
     n->welcomes_s = 0;
+    int in_batch = b >= 0 && k >= batch_first(s, b) && k < batch_end(s, b);
+    s->pnode[k] = (rollpolicy_node_t){.up = n->up,
+                                      .ready = n->ready,
+                                      .in_batch = in_batch,
+                                      .connections = n->up ? n->conns : 0,
+                                      .cpu = -1};
     if (!n->up) continue;
     n->cpu = (double)n->conns / (double)s->capacity + n->work;
     n->work = 0;
     if (n->cpu > row->max_cpu) row->max_cpu = n->cpu;
-    int in_batch = b >= 0 && k >= batch_first(s, b) && k < batch_end(s, b);
-    if (n->ready && !in_batch && n->cpu > survivor_max) survivor_max = n->cpu;
+    s->pnode[k].cpu = n->cpu;
     if (n->cpu >= 0.99) { /* at 100 % */
       row->nodes_hot++;
       row->on_hot += n->conns;
@@ -521,10 +525,6 @@ static void end_second(sim_t *s) {
     } else {
       n->hot_s = 0;
     }
-    n->abort_s = p->abort_cpu > 0 && n->ready && !in_batch && n->cpu * 100 > (double)p->abort_cpu
-                     ? n->abort_s + 1
-                     : 0;
-    if (n->abort_s >= p->abort_s) s->aborted = 1;
   }
   if (ndrop) {
     collapse(s, drop);
@@ -535,19 +535,17 @@ static void end_second(sim_t *s) {
   row->disconnected = p->clients - s->connected;
   row->collapses = (int)s->collapses;
   row->batch = s->next_batch;
-  s->paused_now = p->pause_cpu > 0 && survivor_max * 100 > (double)p->pause_cpu;
+  /* Pause, abort and the connections-drop alarm: the policy converger roll
+   * runs, on this second's nodes (a batch may start only while none is
+   * active). */
+  rollpolicy_verdict_t v =
+      rollpolicy_observe(&s->policy, (uint64_t)sec * 1000, s->pnode, !s->batch_active, p->clients);
+  if (v == ROLLPOLICY_ABORT) s->aborted = 1;
+  if (s->policy.alarm && s->alarm_s < 0) s->alarm_s = (int)(s->policy.alarm_ms / 1000);
+  s->paused_now = v == ROLLPOLICY_PAUSE;
   row->paused = s->paused_now && !s->batch_active && !s->aborted && s->next_batch < s->nbatches &&
                 s->now >= (uint32_t)(p->start_s * SIM_TICKS_PER_S);
   s->paused_s += row->paused;
-  /* the connections-drop alarm */
-  if (s->alarm_s < 0) {
-    for (int t = sec - 1; t >= 0 && t >= sec - SIM_ALARM_WINDOW_S; t--)
-      if ((double)(s->sec[t].connected - row->connected) > SIM_ALARM_DROP * (double)p->clients) {
-        s->alarm_s = sec;
-        if (p->abort_alarm) s->aborted = 1;
-        break;
-      }
-  }
   /* a batch is reconnected once its nodes are empty and at most 1 % of the
    * clients it displaced are without a connection */
   for (int i = 0; i < s->next_batch; i++)
@@ -701,6 +699,16 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->n = calloc((size_t)p->nodes, sizeof *s->n);
   s->ready = malloc((size_t)p->nodes * sizeof *s->ready);
   s->drop = calloc((size_t)p->nodes, 1);
+  s->pnode = calloc((size_t)p->nodes, sizeof *s->pnode);
+  rollpolicy_params_t rpp;
+  rollpolicy_defaults(&rpp);
+  rpp.pause_cpu = (double)p->pause_cpu / 100.0; /* 0: off, as in the params */
+  rpp.abort_cpu = (double)p->abort_cpu / 100.0;
+  rpp.abort_ms = (uint64_t)p->abort_s * 1000;
+  rpp.drop_alarm = SIM_ALARM_DROP;
+  rpp.drop_window_ms = SIM_ALARM_WINDOW_S * 1000;
+  rpp.abort_on_drop = p->abort_alarm;
+  rpp.sample_ms = 1000;
   s->nbins = p->duration_s * (1000 / SIM_HIST_BIN_MS) + 2; /* up to the whole run */
   s->hist = calloc((size_t)s->nbins, sizeof *s->hist);
   s->sec = calloc((size_t)s->nsec, sizeof *s->sec);
@@ -709,7 +717,8 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->reconnect99_s = malloc((size_t)s->nbatches * sizeof *s->reconnect99_s);
   s->batch_displaced = calloc((size_t)s->nbatches, sizeof *s->batch_displaced);
   s->batch_out = calloc((size_t)s->nbatches, sizeof *s->batch_out);
-  if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->hist || !s->sec ||
+  if (!s->c || !s->wheel || !s->n || !s->ready || !s->drop || !s->pnode ||
+      rollpolicy_init(&s->policy, &rpp, (size_t)p->nodes) != 0 || !s->hist || !s->sec ||
       !s->batch_start_s || !s->batch_empty_s || !s->reconnect99_s || !s->batch_displaced ||
       !s->batch_out || build_ring(s) != 0) {
     sim_free(s);
@@ -755,6 +764,8 @@ void sim_free(sim_t *s) {
   free(s->n);
   free(s->ready);
   free(s->drop);
+  free(s->pnode);
+  rollpolicy_free(&s->policy);
   free(s->ring_pos);
   free(s->ring_node);
   free(s->hist);

@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "backoff.h"
+#include "cluster/rollpolicy.h"
 #include "common/jitter.h"
 #include "gate/spread.h"
 #include "sim/params.h"
@@ -112,7 +113,6 @@ typedef struct {
   double refuse_share;  /* CPU share the last step's refusals took */
   double cpu;           /* the last whole second's CPU (1.0 = 100 %; may exceed) */
   int hot_s;            /* seconds in a row at >= 100 % */
-  int abort_s;          /* seconds in a row above abort_cpu */
   int collapsed;        /* collapsed at least once */
   int64_t welcomes_s, peak_welcomes;
 } sim_node_t;
@@ -147,6 +147,8 @@ typedef struct {
   double churn_per_step;
   int64_t connected;
   /* restart controller */
+  rollpolicy_t policy;      /* pause, abort and the drop alarm (cluster/rollpolicy.h) */
+  rollpolicy_node_t *pnode; /* per node: the policy's sample of this second */
   int next_batch, nbatches, batch_active, aborted;
   uint32_t batch_start, batch_done, first_start, restart_done;
   int paused_now;

@@ -1,0 +1,195 @@
+/* Unit tests of the rolling-restart policy (cluster/rollpolicy.h) on
+ * recorded series, one sample a second: the headroom budget (capacity and
+ * CPU), a normal roll of three nodes that never pauses or aborts (its
+ * make-before-break dip stays under the drop alarm), a hot survivor that
+ * pauses the next batch and aborts only after 30 s above 80 %, and a
+ * storm-shaped connection drop that aborts at once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cluster/rollpolicy.h"
+
+static rollpolicy_node_t node(int64_t conns, int64_t cap, double cpu) {
+  return (rollpolicy_node_t){
+      .up = 1, .ready = 1, .connections = conns, .capacity = cap, .cpu = cpu};
+}
+
+static void test_headroom_with_capacities(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  char why[320];
+  rollpolicy_node_t n[3] = {node(6000, 10000, 0.3), node(6000, 10000, 0.3), node(6000, 10000, 0.3)};
+  size_t one_each[3] = {0, 1, 2};
+  assert_true(rollpolicy_fleet_utilisation(n, 3) > 0.599 &&
+              rollpolicy_fleet_utilisation(n, 3) < 0.601);
+  assert_int_equal(rollpolicy_headroom(&p, n, 3, one_each, 3, why, sizeof why), 0);
+  /* 70 %: above the 65 % budget */
+  for (int i = 0; i < 3; i++) n[i].connections = 7000;
+  assert_int_equal(rollpolicy_headroom(&p, n, 3, one_each, 3, why, sizeof why), 1);
+  assert_non_null(strstr(why, "fleet utilisation 70 %"));
+  assert_non_null(strstr(why, "65 %"));
+  /* 60 % fleet, but two of three at once: 18 000 on a capacity of 10 000 */
+  for (int i = 0; i < 3; i++) n[i].connections = 6000;
+  size_t two_then_one[3] = {0, 0, 1};
+  assert_int_equal(rollpolicy_headroom(&p, n, 3, two_then_one, 2, why, sizeof why), 1);
+  assert_non_null(strstr(why, "batch 1"));
+  assert_non_null(strstr(why, "18000 connection(s) on a capacity of 10000"));
+  size_t all_at_once[3] = {0, 0, 0};
+  assert_int_equal(rollpolicy_headroom(&p, n, 3, all_at_once, 1, why, sizeof why), 1);
+  assert_non_null(strstr(why, "no survivor"));
+}
+
+static void test_headroom_from_cpu(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  char why[320];
+  rollpolicy_node_t n[4] = {node(100, 0, 0.40), node(100, 0, 0.50), node(100, 0, 0.30),
+                            node(100, 0, 0.40)};
+  size_t one_each[4] = {0, 1, 2, 3};
+  assert_true(rollpolicy_fleet_utilisation(n, 4) > 0.399 &&
+              rollpolicy_fleet_utilisation(n, 4) < 0.401);
+  assert_int_equal(rollpolicy_headroom(&p, n, 4, one_each, 4, why, sizeof why), 0);
+  size_t halves[4] = {0, 0, 1, 1}; /* 1.6 of CPU on two survivors: 80 % */
+  assert_int_equal(rollpolicy_headroom(&p, n, 4, halves, 2, why, sizeof why), 0);
+  for (int i = 0; i < 4; i++) n[i].cpu = 0.6; /* 2.4 on two: 120 % */
+  assert_int_equal(rollpolicy_headroom(&p, n, 4, halves, 2, why, sizeof why), 1);
+  assert_non_null(strstr(why, "120 % CPU"));
+  rollpolicy_node_t unknown[2] = {node(1, 0, -1), node(1, 0, -1)};
+  assert_true(rollpolicy_fleet_utilisation(unknown, 2) < 0);
+}
+
+/* A normal roll of three nodes of 3 000 clients, one batch each: the
+ * draining node's clients open their new connection before the old one
+ * closes (the total rises a little, then comes back), and the restarted
+ * node comes back empty. Nothing pauses, nothing aborts, no alarm. */
+static void test_normal_roll(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  rollpolicy_t rp;
+  assert_int_equal(rollpolicy_init(&rp, &p, 3), 0);
+  int64_t c[3] = {3000, 3000, 3000};
+  int64_t total0 = 9000;
+  uint64_t t = 0;
+  for (int b = 0; b < 3; b++) {
+    rollpolicy_node_t n[3];
+    for (int i = 0; i < 3; i++) n[i] = node(c[i], 0, 0.35), n[i].in_batch = i == b;
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_GO);
+    /* 20 s of drain: a twentieth of its clients move each second, each
+     * briefly counted twice */
+    int64_t per_s = (c[b] + 19) / 20;
+    for (int s = 0; s < 20; s++) {
+      int64_t move = c[b] < per_s ? c[b] : per_s;
+      c[b] -= move;
+      for (int k = 1; k <= 2; k++) c[(b + k) % 3] += move / 2;
+      c[(b + 1) % 3] += move % 2;
+      for (int i = 0; i < 3; i++)
+        n[i] = node(c[i] + (i == b ? 0 : 40), 0, i == b ? 0.2 : 0.55), n[i].in_batch = i == b;
+      n[b].ready = 0; /* draining */
+      assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_GO);
+    }
+    /* down 10 s, then back, empty */
+    for (int s = 0; s < 10; s++) {
+      for (int i = 0; i < 3; i++) n[i] = node(c[i], 0, 0.5), n[i].in_batch = i == b;
+      n[b].up = n[b].ready = 0;
+      assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_GO);
+    }
+  }
+  assert_int_equal(c[0] + c[1] + c[2], total0); /* everyone moved */
+  assert_int_equal(c[2], 0);                    /* and the last node is empty */
+  assert_false(rp.alarm);
+  assert_false(rp.aborted);
+  rollpolicy_free(&rp);
+}
+
+/* A survivor at 85 %: the next batch pauses at once; the restart aborts
+ * after 30 one-second samples above 80 %, not before; a survivor that
+ * cools down in between starts its count again. */
+static void test_hot_survivor_pauses_then_aborts_after_30_s(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  rollpolicy_t rp;
+  assert_int_equal(rollpolicy_init(&rp, &p, 3), 0);
+  rollpolicy_node_t n[3] = {node(3000, 0, 0.5), node(3000, 0, 0.85), node(3000, 0, 0.5)};
+  n[1].name = "gw-2";
+  n[0].in_batch = 1; /* the next batch */
+  uint64_t t = 0;
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_PAUSE);
+  assert_non_null(strstr(rp.why, "gw-2 at 85 %"));
+  for (int s = 2; s <= 20; s++)
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_PAUSE);
+  n[1].cpu = 0.78; /* below the abort line, above the pause line */
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_PAUSE);
+  n[1].cpu = 0.85;
+  for (int s = 1; s < 30; s++)
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_PAUSE);
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 1, 0), ROLLPOLICY_ABORT);
+  assert_non_null(strstr(rp.why, "gw-2 has been above 80 % for 30 s"));
+  n[1].cpu = 0.1;
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_ABORT); /* latched */
+  rollpolicy_free(&rp);
+  /* the node being restarted is not a survivor: its CPU never counts */
+  assert_int_equal(rollpolicy_init(&rp, &p, 2), 0);
+  rollpolicy_node_t m[2] = {node(10, 0, 0.99), node(10, 0, 0.2)};
+  m[0].in_batch = 1;
+  for (int s = 0; s < 60; s++)
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, m, 0, 0), ROLLPOLICY_GO);
+  rollpolicy_free(&rp);
+}
+
+/* A storm: a survivor dies and its 3 000 clients (a third) are offline:
+ * the alarm fires and aborts at the sample where the drop passes 5 % of
+ * the window's peak. */
+static void test_connection_drop_aborts(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  rollpolicy_t rp;
+  assert_int_equal(rollpolicy_init(&rp, &p, 3), 0);
+  rollpolicy_node_t n[3] = {node(3000, 0, 0.5), node(3000, 0, 0.5), node(3000, 0, 0.5)};
+  uint64_t t = 0;
+  for (int s = 0; s < 30; s++)
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_GO);
+  n[2].connections = 2600; /* 400 of 9 000: 4.4 % */
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_GO);
+  n[2].up = 0; /* 3 000 gone */
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, n, 0, 0), ROLLPOLICY_ABORT);
+  assert_true(rp.alarm);
+  assert_non_null(strstr(rp.why, "from 9000 to 6000"));
+  rollpolicy_free(&rp);
+  /* a slow decline spread over more than the window never fires */
+  assert_int_equal(rollpolicy_init(&rp, &p, 1), 0);
+  rollpolicy_node_t one = node(10000, 0, 0.3);
+  for (int s = 0; s < 600; s++) {
+    one.connections = 10000 - s * 5; /* 300 a minute: 3 % */
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 0), ROLLPOLICY_GO);
+  }
+  assert_false(rp.alarm);
+  rollpolicy_free(&rp);
+  /* with a population and abort_on_drop off: the alarm is reported, the
+   * restart goes on */
+  p.abort_on_drop = 0;
+  assert_int_equal(rollpolicy_init(&rp, &p, 1), 0);
+  one.connections = 1000;
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 1000), ROLLPOLICY_GO);
+  one.connections = 940;
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 1000), ROLLPOLICY_GO);
+  assert_true(rp.alarm);
+  assert_int_equal(rp.alarm_ms, t);
+  rollpolicy_free(&rp);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_headroom_with_capacities),
+      cmocka_unit_test(test_headroom_from_cpu),
+      cmocka_unit_test(test_normal_roll),
+      cmocka_unit_test(test_hot_survivor_pauses_then_aborts_after_30_s),
+      cmocka_unit_test(test_connection_drop_aborts),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
