@@ -118,6 +118,7 @@ static void membership_row(void *ud, membership_row_t *out) {
   out->draining = node->phase >= NODE_DRAINING;
   out->connections = node->net.nws;
   out->waiters = admission_waiting(node->admission);
+  out->capacity = node->cfg->capacity_connections;
 }
 
 static uint64_t tick_interval(const config_t *cfg) {

@@ -18,14 +18,14 @@ typedef struct {
   pool_job_t job;
   membership_t *m;
   const char *id, *public_url, *state; /* cfg strings, a static string */
-  int64_t connections, waiters;
+  int64_t connections, waiters, capacity;
   int status;
 } beat_job_t;
 
 static void beat_work(pool_job_t *job, store_t *db) {
   beat_job_t *b = container_of(job, beat_job_t, job);
   b->status = store_node_beat(db, b->id, b->public_url, b->state, b->connections, b->waiters,
-                              util_now_ms());
+                              b->capacity, util_now_ms());
 }
 
 static void beat(membership_t *m);
@@ -62,6 +62,7 @@ static void beat(membership_t *m) {
   b->state = row.draining ? "draining" : "ready";
   b->connections = row.connections;
   b->waiters = row.waiters;
+  b->capacity = row.capacity;
   b->job.kind = "membership";
   b->job.no_drop = 1; /* an overloaded node is still a member */
   pool_submit(*m->pool, &b->job, beat_work, beat_done);

@@ -37,6 +37,7 @@ typedef struct {
   int draining;        /* 1: "draining" (draining or stopping), 0: "ready" */
   int64_t connections; /* WebSocket connections */
   int64_t waiters;     /* admission waiters */
+  int64_t capacity;    /* connections it is sized for; 0: not set */
 } membership_row_t;
 typedef void (*membership_row_cb)(void *ud, membership_row_t *out);
 

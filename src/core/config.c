@@ -98,15 +98,21 @@ static const setting_t settings[] = {
       NULL,
       "WebSocket connections at once; more upgrades: HTTP 503 too_many_connections; 0: the "
       "open-file limit (RLIMIT_NOFILE) minus a reserve of 128 + 2 per pool connection"),
+    S("CONVERGER_CAPACITY_CONNECTIONS", "capacity-connections", K_INT, capacity_connections, "0", 0,
+      100000000, NULL,
+      "connections this node is sized for, published in its membership row and /admin/status"
+      " for converger roll's headroom budget; 0: not set (roll then uses loop utilisation)"),
     S("CONVERGER_DRAIN_WINDOW_MS", "drain-window-ms", K_INT, drain_window_ms, "30000", 0, 3600000,
       NULL, "drain: clients are told to move at a time drawn from [0, this) (ms)"),
     S("CONVERGER_DRAIN_CLOSE_RATE", "drain-close-rate", K_INT, drain_close_rate, "500", 1, 1000000,
-      NULL, "drain: connections still open after the window are closed (1012) at this rate (per s)"),
+      NULL,
+      "drain: connections still open after the window are closed (1012) at this rate (per s)"),
     S("CONVERGER_DRAIN_MIGRATE", "drain-migrate", K_INT, drain_migrate, "1", 0, 1, NULL,
       "drain: 1 tell clients to move (drain frames) first; 0 no frames, the paced 1012 closes "
       "begin at once (for experiments)"),
     S("CONVERGER_DRAIN_SHUTDOWN_MS", "drain-shutdown-ms", K_INT, drain_shutdown_ms, "60000", 0,
-      86400000, NULL, "drain: the node closes what remains and exits this long after it began (ms)"),
+      86400000, NULL,
+      "drain: the node closes what remains and exits this long after it began (ms)"),
     S("CONVERGER_TEST_STORE_DELAY_MS", "test-store-delay-ms", K_INT, test_store_delay_ms, "0", 0,
       60000, NULL, "for tests only: every store job sleeps this long (ms) before it runs"),
     S("CONVERGER_WEB_DIR", "web-dir", K_STR, web_dir, CONVERGER_WEB_DIR_DEFAULT, 0, 0, NULL,

@@ -48,6 +48,7 @@ typedef struct {
   int store_timeout_ms;       /* deadline of interactive store jobs from submission, ms */
   int accept_rate;            /* WebSocket upgrades per second; 0: unlimited */
   int max_connections;        /* WebSocket connections at once; 0: from the open-file limit */
+  int capacity_connections;   /* connections the node is sized for (roll's budget); 0: not set */
   int drain_window_ms;        /* drain: afterMs drawn from [0, this), ms (gate/drain.h) */
   int drain_close_rate;       /* drain: paced 1012 closes per second after the window */
   int drain_migrate;          /* drain: 1 drain frames first; 0 none, paced 1012 closes at once */

@@ -133,6 +133,10 @@ static const char *const migrations[] = {
      * existing row and for every insert; SQL_EPOCH_ROTATE draws again. */
     "ALTER TABLE conversations ADD COLUMN epoch TEXT NOT NULL"
     " DEFAULT substr(md5(random()::text || clock_timestamp()::text), 1, 8);",
+    /* 4: a node's capacity (CONVERGER_CAPACITY_CONNECTIONS) in its row,
+     * for converger roll's headroom budget; 0 is "not set", which is what
+     * rows of nodes from before it say. */
+    "ALTER TABLE nodes ADD COLUMN capacity BIGINT NOT NULL DEFAULT 0;",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -216,13 +220,13 @@ static const char *const migrations[] = {
   " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"
 #define SQL_REVOCATIONS "SELECT jti FROM revocations WHERE exp_s >= $1 ORDER BY jti"
 #define SQL_NODE_BEAT                                                                              \
-  "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms)"                    \
-  " VALUES ($1, $2, $3, $4, $5, $6)"                                                               \
+  "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms, capacity)"          \
+  " VALUES ($1, $2, $3, $4, $5, $6, $7)"                                                           \
   " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url, state = excluded.state,"      \
   " connections = excluded.connections, waiters = excluded.waiters,"                               \
-  " updated_ms = excluded.updated_ms"
+  " updated_ms = excluded.updated_ms, capacity = excluded.capacity"
 #define SQL_NODES_LIVE                                                                             \
-  "SELECT id, public_url, state, connections, waiters, updated_ms"                                 \
+  "SELECT id, public_url, state, connections, waiters, updated_ms, capacity"                       \
   " FROM nodes WHERE updated_ms >= $1 ORDER BY id"
 
 typedef struct {
@@ -933,15 +937,16 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
 /* ---- membership ------------------------------------------------------- */
 
 static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
-                        int64_t connections, int64_t waiters, int64_t now_ms) {
+                        int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
   pg_t *s = pg(base);
-  char c[24], w[24], t[24];
-  const char *const p[] = {id, public_url, state, c, w, t};
+  char c[24], w[24], t[24], k[24];
+  const char *const p[] = {id, public_url, state, c, w, t, k};
   fmt_i64(c, connections);
   fmt_i64(w, waiters);
   fmt_i64(t, now_ms);
+  fmt_i64(k, capacity);
   int err = conn_ready(s);
-  return err ? err : run(s, "node beat", SQL_NODE_BEAT, 6, p, NULL);
+  return err ? err : run(s, "node beat", SQL_NODE_BEAT, 7, p, NULL);
 }
 
 static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, size_t *n) {
@@ -967,6 +972,7 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
     v[i].connections = get_i64(r, row, 3);
     v[i].waiters = get_i64(r, row, 4);
     v[i].updated_ms = get_i64(r, row, 5);
+    v[i].capacity = get_i64(r, row, 6);
   }
   PQclear(r);
   *out = v;

@@ -92,6 +92,10 @@ static const char *const migrations[] = {
      * by ST_CONV_INSERT for new ones, by ST_EPOCH_ROTATE after a restore. */
     "ALTER TABLE conversations ADD COLUMN epoch TEXT NOT NULL DEFAULT '';"
     "UPDATE conversations SET epoch = lower(hex(randomblob(4)));",
+    /* 4: a node's capacity (CONVERGER_CAPACITY_CONNECTIONS) in its row,
+     * for converger roll's headroom budget; 0 is "not set", which is what
+     * rows of nodes from before it say. */
+    "ALTER TABLE nodes ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -161,12 +165,13 @@ static const char *const stmt_sql[ST_COUNT_] = {
                   " ON CONFLICT (jti) DO UPDATE"
                   " SET exp_s = max(exp_s, excluded.exp_s)",
     [ST_REVOCATIONS] = "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
-    [ST_NODE_BEAT] = "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms)"
-                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+    [ST_NODE_BEAT] = "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms,"
+                     " capacity) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
                      " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url,"
                      " state = excluded.state, connections = excluded.connections,"
-                     " waiters = excluded.waiters, updated_ms = excluded.updated_ms",
-    [ST_NODES_LIVE] = "SELECT id, public_url, state, connections, waiters, updated_ms"
+                     " waiters = excluded.waiters, updated_ms = excluded.updated_ms,"
+                     " capacity = excluded.capacity",
+    [ST_NODES_LIVE] = "SELECT id, public_url, state, connections, waiters, updated_ms, capacity"
                       " FROM nodes WHERE updated_ms >= ?1 ORDER BY id",
 };
 
@@ -915,7 +920,7 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
 /* ---- membership ------------------------------------------------------- */
 
 static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
-                        int64_t connections, int64_t waiters, int64_t now_ms) {
+                        int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
   sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_NODE_BEAT, &st);
@@ -926,6 +931,7 @@ static int op_node_beat(store_t *base, const char *id, const char *public_url, c
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 4, connections);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 5, waiters);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 6, now_ms);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 7, capacity);
   if (rc == SQLITE_OK) rc = sqlite3_step(st);
   if (rc != SQLITE_DONE) err = db_error(s, rc, "node beat");
   stmt_done(st);
@@ -960,6 +966,7 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
     r->connections = sqlite3_column_int64(st, 3);
     r->waiters = sqlite3_column_int64(st, 4);
     r->updated_ms = sqlite3_column_int64(st, 5);
+    r->capacity = sqlite3_column_int64(st, 6);
   }
   if (!err && rc != SQLITE_DONE) err = db_error(s, rc, "nodes live");
   stmt_done(st);

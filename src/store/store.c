@@ -141,13 +141,13 @@ static int node_state_valid(const char *state) {
 }
 
 int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
-                    int64_t connections, int64_t waiters, int64_t now_ms) {
+                    int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
   if (s == NULL || id == NULL || id[0] == '\0' || strnlen(id, STORE_ID_MAX + 1) > STORE_ID_MAX ||
       public_url == NULL || public_url[0] == '\0' ||
       strnlen(public_url, STORE_URL_MAX + 1) > STORE_URL_MAX || !node_state_valid(state) ||
-      connections < 0 || waiters < 0)
+      connections < 0 || waiters < 0 || capacity < 0)
     return -CV_EINVAL;
-  return s->ops->node_beat(s, id, public_url, state, connections, waiters, now_ms);
+  return s->ops->node_beat(s, id, public_url, state, connections, waiters, capacity, now_ms);
 }
 
 int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out,

@@ -103,6 +103,7 @@ typedef struct {
   char state[STORE_NODE_STATE_MAX + 1]; /* "ready" or "draining" */
   int64_t connections;                  /* its WebSocket connections */
   int64_t waiters;                      /* its admission waiters */
+  int64_t capacity;                     /* connections it is sized for; 0: not set */
   int64_t updated_ms;                   /* wall clock of the beat, ms since the Unix epoch */
 } store_node_t;
 
@@ -221,12 +222,13 @@ void store_strings_free(char **v, size_t n);
 /* Cluster membership (cluster/membership.h). beat: insert or replace the
  * row of node `id` (1..STORE_ID_MAX bytes, any characters) with the other
  * fields and updated_ms = now_ms; `public_url` 1..STORE_URL_MAX bytes,
- * `state` "ready" or "draining", counts >= 0 (else -CV_EINVAL). live: the
+ * `state` "ready" or "draining", counts and capacity (0: not set) >= 0
+ * (else -CV_EINVAL). live: the
  * rows with updated_ms >= now_ms - max_age_ms (max_age_ms >= 0), ordered by
  * id, as a heap array of *n rows (NULL when 0) freed with store_nodes_free.
  * Rows are never deleted: a node that stopped beating just ages out. */
 int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
-                    int64_t connections, int64_t waiters, int64_t now_ms);
+                    int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms);
 int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out, size_t *n);
 void store_nodes_free(store_node_t *v);
 

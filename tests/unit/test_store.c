@@ -591,10 +591,12 @@ static void test_epochs(void **state) {
   assert_int_equal(store_epoch_rotate(s, "bad id", NULL), -CV_EINVAL);
 
   /* A database from before epochs (schema version 2): migrating gives
-   * every conversation that exists an epoch of its own. */
+   * every conversation that exists an epoch of its own (and the nodes
+   * their capacity, version 4). */
   raw_t raw = raw_open(f);
   raw_exec(&raw, "ALTER TABLE conversations DROP COLUMN epoch");
-  raw_exec(&raw, "DELETE FROM schema_version WHERE version = 3");
+  raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN capacity");
+  raw_exec(&raw, "DELETE FROM schema_version WHERE version >= 3");
   raw_close(&raw);
   store_close(f->s);
   assert_int_equal(store_open(f->url, &test_opt, &f->s), 0);
@@ -928,9 +930,9 @@ static void test_membership(void **state) {
   fx_t *f = *state;
   store_t *s = f->s;
   expect_live(s, 10000, 3000, "");
-  assert_int_equal(store_node_beat(s, "node-b", "ws://b:1/v1/ws", "ready", 3, 1, 9000), 0);
-  assert_int_equal(store_node_beat(s, "node-a", "ws://a:1/v1/ws", "ready", 5, 0, 8000), 0);
-  assert_int_equal(store_node_beat(s, "node-c", "ws://c:1/v1/ws", "draining", 0, 0, 6999), 0);
+  assert_int_equal(store_node_beat(s, "node-b", "ws://b:1/v1/ws", "ready", 3, 1, 0, 9000), 0);
+  assert_int_equal(store_node_beat(s, "node-a", "ws://a:1/v1/ws", "ready", 5, 0, 0, 8000), 0);
+  assert_int_equal(store_node_beat(s, "node-c", "ws://c:1/v1/ws", "draining", 0, 0, 0, 6999), 0);
   /* ordered by id; updated_ms >= now - max_age; older rows are not live */
   expect_live(s, 10000, 3000, "node-a/ready/5/0/8000,node-b/ready/3/1/9000");
   expect_live(s, 9999, 3000,
@@ -938,21 +940,22 @@ static void test_membership(void **state) {
   expect_live(s, 20000, 3000, "");
 
   /* upsert replaces every field of the row */
-  assert_int_equal(store_node_beat(s, "node-a", "wss://a.example/v1/ws", "draining", 7, 2, 19000),
-                   0);
+  assert_int_equal(
+      store_node_beat(s, "node-a", "wss://a.example/v1/ws", "draining", 7, 2, 5000, 19000), 0);
   expect_live(s, 20000, 3000, "node-a/draining/7/2/19000");
   store_node_t *v = NULL;
   size_t n = 0;
   assert_int_equal(store_nodes_live(s, 20000, 3000, &v, &n), 0);
   assert_int_equal(n, 1);
   assert_string_equal(v[0].public_url, "wss://a.example/v1/ws");
+  assert_int_equal(v[0].capacity, 5000);
   store_nodes_free(v);
 
   /* another connection (another node) sees the same table; values are
    * parameters, never SQL */
   store_t *s2 = NULL;
   assert_int_equal(store_open(f->url, &test_opt, &s2), 0);
-  assert_int_equal(store_node_beat(s2, SQL_EVIL, "ws://" SQL_EVIL, "ready", 0, 0, 19500), 0);
+  assert_int_equal(store_node_beat(s2, SQL_EVIL, "ws://" SQL_EVIL, "ready", 0, 0, 0, 19500), 0);
   assert_int_equal(store_nodes_live(s2, 20000, 3000, &v, &n), 0);
   assert_int_equal(n, 2);
   assert_string_equal(v[0].id, SQL_EVIL); /* "'" sorts before "n" */
@@ -962,12 +965,13 @@ static void test_membership(void **state) {
   store_close(s2);
 
   /* bad arguments */
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "gone", 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", NULL, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "", "ws://x", "ready", 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "", "ready", 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", -1, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, -1, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "gone", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", NULL, 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "", "ws://x", "ready", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "", "ready", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", -1, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, -1, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, 0, -1, 1), -CV_EINVAL);
   assert_int_equal(store_nodes_live(s, 1, -1, &v, &n), -CV_EINVAL);
   assert_null(v);
   assert_int_equal(n, 0);
