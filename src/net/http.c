@@ -45,9 +45,6 @@ struct http_s {
   size_t pending_len;
 };
 
-static llhttp_settings_t settings;
-static int settings_ready;
-
 static int str_append(str_t *s, const char *at, size_t len) {
   char *p = realloc(s->p, s->len + len + 1);
   if (!p) return -1;
@@ -259,22 +256,21 @@ static int on_message_complete(llhttp_t *p) {
   return HPE_PAUSED;
 }
 
-static void init_settings(void) {
-  llhttp_settings_init(&settings);
-  settings.on_message_begin = on_message_begin;
-  settings.on_url = on_url;
-  settings.on_header_field = on_header_field;
-  settings.on_header_field_complete = on_header_field_complete;
-  settings.on_header_value = on_header_value;
-  settings.on_header_value_complete = on_header_value_complete;
-  settings.on_headers_complete = on_headers_complete;
-  settings.on_body = on_body;
-  settings.on_message_complete = on_message_complete;
-  settings_ready = 1;
-}
+/* Every parser's callbacks; the rest are NULL, as llhttp_settings_init
+ * leaves them. Constant: no parser writes to its settings. */
+static const llhttp_settings_t settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
 
 http_t *http_new(conn_t *c) {
-  if (!settings_ready) init_settings();
   http_t *h = calloc(1, sizeof *h);
   if (!h) return NULL;
   llhttp_init(&h->parser, HTTP_REQUEST, &settings);
