@@ -27,6 +27,7 @@
 
 struct pool_s {
   uv_loop_t *loop;
+  store_shared_t shared; /* what the stores below share (store.h) */
   uv_async_t async;
   uv_prepare_t kick; /* wakes workers for the jobs submitted this turn */
   int unsignaled;    /* jobs queued since the last kick (loop thread) */
@@ -276,6 +277,9 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
+  /* NULL: store_open's defaults (FULL, 0 = its default busy timeout) */
+  store_options_t o = opt ? *opt : (store_options_t){.sync = STORE_SYNC_FULL};
+  o.shared = &pool->shared;
   pool->size = size;
   pool->target_ms = 50;
   pool->interval_ms = 1000;
@@ -287,7 +291,7 @@ int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int
   int r = 0;
   if (!pool->threads || !pool->stores) r = -CV_ENOMEM;
   for (int i = 0; r == 0 && i < size; i++) {
-    if ((r = store_open(url, opt, &pool->stores[i])) != 0) {
+    if ((r = store_open(url, &o, &pool->stores[i])) != 0) {
       char shown[512]; /* without a password */
       dburl_redact(url, shown, sizeof shown);
       log_error("store: cannot open %s: %s", shown, cv_strerror(r));

@@ -69,9 +69,10 @@ struct pool_job_s {
 };
 
 /* Open `size` store connections with `url`/`opt`, migrate the schema on the
- * first one, and start one worker per connection. On success *out is a pool
- * bound to `loop` (whose uv_async handle keeps the loop alive until
- * pool_close). Returns 0, or the store's error after logging it (nothing is
+ * first one, and start one worker per connection. The connections share
+ * the pool's store_shared_t (store.h; opt->shared is ignored). On success
+ * *out is a pool bound to `loop` (whose uv_async handle keeps the loop
+ * alive until pool_close). Returns 0, or the store's error after logging it (nothing is
  * left running). Loop thread. */
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
                pool_t **out);
