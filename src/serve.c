@@ -77,7 +77,7 @@ static char *bus_msg_json_cb(void *ud, const char *conv, const store_msg_t *m) {
 }
 
 static char *bus_msg_wire_cb(void *ud, const char *json, size_t len, size_t *out_len) {
-  return ws_encode_text(json, len, out_len);
+  return ws_encode_text(&((node_t *)ud)->net, json, len, out_len);
 }
 
 static void bus_channel_cb(void *ud, const char *channel, int active) {
@@ -324,8 +324,8 @@ out:
                 admission_in_use(node->admission), admission_waiting(node->admission));
     admission_free(node->admission);
   }
+  conn_net_free(&node->net);
   free(node);
-  ws_encoder_free();
   metrics_reset();
   config_free(&cfg);
   return status;

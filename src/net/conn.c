@@ -197,6 +197,8 @@ void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handle
   net->handler = *handler;
 }
 
+void conn_net_free(net_t *net) { ws_encoder_free(net); }
+
 static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, net_t, listener)); }
 
 int conn_listen(net_t *net) {

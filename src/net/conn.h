@@ -37,6 +37,7 @@
 typedef struct http_s http_t;
 typedef struct ws_s ws_t;
 typedef struct session_s session_t;
+typedef struct ws_encoder_s ws_encoder_t;
 
 typedef enum { CONN_HTTP = 0, CONN_WS = 1 } conn_mode_t;
 
@@ -57,11 +58,17 @@ typedef struct net_s {
   int nreclaimable;
   int stopping;         /* conn_stop_listening ran: answers close their connection */
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
+  ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
 } net_t;
 
 /* Set up `net` on `loop` with `cfg` (borrowed) and `handler` (copied;
  * every function required). Nothing listens before conn_listen. */
 void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler);
+
+/* Free what `net` itself holds (the shared WebSocket encoder), once its
+ * loop has ended and every connection is freed; `net` may be set up again
+ * with conn_net_init. Loop thread. */
+void conn_net_free(net_t *net);
 
 struct conn_s {
   uv_tcp_t tcp;
