@@ -26,6 +26,7 @@
 #include <uv.h>
 
 #include "core/config.h"
+#include "core/metrics.h"
 #include "net/handler.h"
 #include "net/listener.h"
 
@@ -48,6 +49,7 @@ typedef struct net_s {
   config_t
       *cfg; /* borrowed: listen address (conn_listen writes a chosen port back), times, sizes */
   conn_handler_t handler; /* what the transport calls up (net/handler.h) */
+  metrics_t *metrics;     /* borrowed: the node's registry (core/metrics.h); NULL: none */
   listener_t listener;    /* accepts connections (net/listener.h) */
   conn_t *conns;          /* every connection (doubly linked) */
   conn_t *dirty;          /* connections with queued output */
@@ -61,9 +63,11 @@ typedef struct net_s {
   ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
 } net_t;
 
-/* Set up `net` on `loop` with `cfg` (borrowed) and `handler` (copied;
- * every function required). Nothing listens before conn_listen. */
-void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler);
+/* Set up `net` on `loop` with `cfg` (borrowed), `handler` (copied; every
+ * function required) and `metrics` (borrowed, may be NULL: nothing is
+ * recorded; it must outlive the net). Nothing listens before conn_listen. */
+void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler,
+                   metrics_t *metrics);
 
 /* Free what `net` itself holds (the shared WebSocket encoder), once its
  * loop has ended and every connection is freed; `net` may be set up again

@@ -408,10 +408,10 @@ const char *http_reason(int status) {
   }
 }
 
-static void count_request(const char *route, int status) {
+static void count_request(conn_t *c, const char *route, int status) {
   char labels[160];
   snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route ? route : "unmatched", status);
-  metrics_add("converger_http_requests_total", labels, 1);
+  metrics_add(c->net->metrics, "converger_http_requests_total", labels, 1);
 }
 
 static void write_response(conn_t *c, int status, const char *content_type, const char *body,
@@ -440,7 +440,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
   int keep_alive = h->req.keep_alive && !c->net->stopping;
-  count_request(h->req.route, status);
+  count_request(c, h->req.route, status);
   write_response(c, status, content_type, body, len, extra_headers, keep_alive);
   h->busy = 0;
   req_reset(&h->req);
@@ -494,7 +494,7 @@ void http_fail(conn_t *c, int status, const char *code, const char *message) {
   json_t *body = error_body(code, message, 0);
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
-  count_request(c->http && c->http->req.route ? c->http->req.route : "unmatched", status);
+  count_request(c, c->http && c->http->req.route ? c->http->req.route : "unmatched", status);
   if (text) write_response(c, status, "application/json", text, strlen(text), NULL, 0);
   free(text);
   if (c->http) c->http->busy = 0;

@@ -185,7 +185,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
     return -1;
   }
   ws->conn = c;
-  metrics_add("converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
+  metrics_add(c->net->metrics, "converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
   if (conn_write(c, head, (size_t)n) != 0) {
     free(ws);
     return -1;
@@ -198,7 +198,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   c->deadline_ms = now + (uint64_t)c->net->cfg->hello_timeout_ms;
   c->next_ping_ms = now + (uint64_t)c->net->cfg->heartbeat_ms;
   c->net->nws++;
-  metrics_set("converger_connections", NULL, c->net->nws);
+  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
   if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return -1;

@@ -27,6 +27,7 @@
 
 struct pool_s {
   uv_loop_t *loop;
+  metrics_t *metrics;    /* borrowed; workers observe the wait histogram (its own lock) */
   store_shared_t shared; /* what the stores below share (store.h) */
   uv_async_t async;
   uv_prepare_t kick; /* wakes workers for the jobs submitted this turn */
@@ -191,7 +192,7 @@ static void worker_main(void *arg) {
     job->dropped = should_drop(pool, job, now, job->wait_ms) || job->timed_out;
     uv_mutex_unlock(&pool->mu);
 
-    metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
+    metrics_observe(pool->metrics, "converger_pool_wait_ms", (double)job->wait_ms);
     if (!job->dropped) {
       if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
       store_set_deadline(db, job->deadline_ms);
@@ -219,14 +220,15 @@ static void async_cb(uv_async_t *handle) {
     if (job->dropped || job->timed_out) {
       char labels[64];
       snprintf(labels, sizeof labels, "kind=\"%s\"", job->kind ? job->kind : "other");
-      metrics_add(job->timed_out ? "converger_store_timeouts_total"
+      metrics_add(pool->metrics,
+                  job->timed_out ? "converger_store_timeouts_total"
                                  : "converger_pool_dropped_total",
                   labels, 1);
     }
     job->done(job);
     job = next;
   }
-  metrics_set("converger_pool_jobs_in_flight", NULL, pool->in_flight);
+  metrics_set(pool->metrics, "converger_pool_jobs_in_flight", NULL, pool->in_flight);
 }
 
 static void stop_workers(pool_t *pool) {
@@ -273,10 +275,11 @@ static void closed_cb(uv_handle_t *handle) {
 }
 
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-               pool_t **out) {
+               metrics_t *metrics, pool_t **out) {
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
+  pool->metrics = metrics;
   /* NULL: store_open's defaults (FULL, 0 = its default busy timeout) */
   store_options_t o = opt ? *opt : (store_options_t){.sync = STORE_SYNC_FULL};
   o.shared = &pool->shared;

@@ -41,6 +41,7 @@
 
 #define SWEEP_MAX_MS 50 /* longest period of the queue sweep (deadlines, drops) */
 
+#include "core/metrics.h"
 #include "store/store.h"
 
 typedef struct pool_s pool_t;
@@ -72,10 +73,12 @@ struct pool_job_s {
  * first one, and start one worker per connection. The connections share
  * the pool's store_shared_t (store.h; opt->shared is ignored). On success
  * *out is a pool bound to `loop` (whose uv_async handle keeps the loop
- * alive until pool_close). Returns 0, or the store's error after logging it (nothing is
- * left running). Loop thread. */
+ * alive until pool_close), recording in `metrics` (borrowed, may be NULL;
+ * workers observe converger_pool_wait_ms into it, so it must outlive the
+ * pool). Returns 0, or the store's error after logging it (nothing is left
+ * running). Loop thread. */
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-               pool_t **out);
+               metrics_t *metrics, pool_t **out);
 
 /* The queue-delay rule: target and interval in ms (defaults 50 and 1000).
  * Loop thread, before jobs are submitted. */
