@@ -11,6 +11,7 @@
 
 #include "cluster/membership.h"
 #include "core/config.h"
+#include "core/metrics.h"
 #include "core/phase.h"
 #include "common/jitter.h"
 #include "common/util.h"
@@ -31,6 +32,7 @@ typedef struct drain_s drain_t;
 typedef struct node_s {
   uv_loop_t *loop;
   config_t *cfg;
+  metrics_t *metrics; /* this node's registry (core/metrics.h); every module borrows it */
   pool_t *pool;
   bus_t *bus;
   pgnotify_t *pgnotify;   /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */

@@ -77,7 +77,7 @@ static char *bus_msg_json_cb(void *ud, const char *conv, const store_msg_t *m) {
 }
 
 static char *bus_msg_wire_cb(void *ud, const char *json, size_t len, size_t *out_len) {
-  return ws_encode_text(json, len, out_len);
+  return ws_encode_text(&((node_t *)ud)->net, json, len, out_len);
 }
 
 static void bus_channel_cb(void *ud, const char *channel, int active) {
@@ -194,6 +194,7 @@ int serve_main(int argc, char **argv) {
   node_t *node = calloc(1, sizeof *node);
   node->loop = uv_default_loop();
   node->cfg = &cfg;
+  node->metrics = metrics_new(); /* NULL (out of memory): the node does not start */
   conn_handler_t net_handler = {.on_request = net_request_cb,
                                 .on_upgrade = net_upgrade_cb,
                                 .on_text = net_text_cb,
@@ -202,14 +203,14 @@ int serve_main(int argc, char **argv) {
                                 .on_close = net_close_cb,
                                 .on_free = net_free_cb,
                                 .ud = node};
-  conn_net_init(&node->net, node->loop, &cfg, &net_handler);
+  conn_net_init(&node->net, node->loop, &cfg, &net_handler, node->metrics);
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
                                .msg_wire = bus_msg_wire_cb,
                                .channel_changed = bus_channel_cb,
                                .ud = node};
-  node->bus = bus_new(node->loop, &bus_handler);
+  node->bus = bus_new(node->loop, &bus_handler, node->metrics);
   store_options_t opt = {
       .sync = strcmp(cfg.sqlite_sync, "off") == 0      ? STORE_SYNC_OFF
               : strcmp(cfg.sqlite_sync, "normal") == 0 ? STORE_SYNC_NORMAL
@@ -237,6 +238,7 @@ int serve_main(int argc, char **argv) {
                            .pool = &node->pool,
                            .rng = &node->rng,
                            .membership = &node->membership,
+                           .metrics = node->metrics,
                            .stop = drain_stop_cb,
                            .frame = drain_frame_cb,
                            .mark = drain_mark_cb,
@@ -249,7 +251,8 @@ int serve_main(int argc, char **argv) {
                                 .admission = node->admission,
                                 .drain = &node->drain,
                                 .net = &node->net,
-                                .rng = &node->rng};
+                                .rng = &node->rng,
+                                .metrics = node->metrics};
   node->api = (api_t){.loop = node->loop,
                       .cfg = &cfg,
                       .pool = &node->pool,
@@ -262,12 +265,14 @@ int serve_main(int argc, char **argv) {
                       .net = &node->net,
                       .accept = &node->accept,
                       .rng = &node->rng,
+                      .metrics = node->metrics,
                       .max_connections = &node->max_connections,
                       .phase = &node->phase,
                       .drain_begin = api_drain_cb,
                       .ud = node};
-  if (!node->auth || !node->bus || !node->admission || !node->drain) goto out;
-  if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, &node->pool)) != 0) {
+  if (!node->metrics || !node->auth || !node->bus || !node->admission || !node->drain) goto out;
+  if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, node->metrics,
+                      &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
     goto out;
   }
@@ -325,9 +330,9 @@ out:
                 admission_in_use(node->admission), admission_waiting(node->admission));
     admission_free(node->admission);
   }
+  conn_net_free(&node->net);
+  metrics_free(node->metrics); /* the pool's workers are joined: no one records now */
   free(node);
-  ws_encoder_free();
-  metrics_reset();
   config_free(&cfg);
   return status;
 }

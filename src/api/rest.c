@@ -627,14 +627,15 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     } else if (api->net->nws >= *api->max_connections) {
       /* Refused while descriptors remain, so health checks, metrics and
        * the store keep theirs (serve.c: the reserve). */
-      metrics_add("converger_upgrades_refused_total", "reason=\"max_connections\"", 1);
+      metrics_add(api->metrics, "converger_upgrades_refused_total", "reason=\"max_connections\"",
+                  1);
       http_respond_error(c, 503, "too_many_connections",
                          "this node holds as many WebSocket connections as it may; retry later "
                          "or on another node",
                          config_retry_hint(api->cfg, api->rng));
     } else if (api->cfg->accept_rate > 0 && !limiter_take(api->accept, util_mono_ms())) {
       /* The accept limiter: refused before any WebSocket work. */
-      metrics_add("converger_accept_refused_total", NULL, 1);
+      metrics_add(api->metrics, "converger_accept_refused_total", NULL, 1);
       http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
                          config_retry_hint(api->cfg, api->rng));
     } else {
@@ -675,9 +676,10 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     size_t len;
     /* gauges read now, not at the last tick */
-    metrics_set("converger_admission_in_use", NULL, admission_in_use(api->admission));
-    metrics_set("converger_admission_waiting", NULL, admission_waiting(api->admission));
-    char *text = metrics_render(&len);
+    metrics_set(api->metrics, "converger_admission_in_use", NULL, admission_in_use(api->admission));
+    metrics_set(api->metrics, "converger_admission_waiting", NULL,
+                admission_waiting(api->admission));
+    char *text = metrics_render(api->metrics, &len);
     if (!text) return http_respond_error(c, 503, "unavailable", "out of memory", 1000);
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
     free(text);

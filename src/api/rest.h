@@ -12,6 +12,7 @@
 #include "bus/pgnotify.h"
 #include "common/jitter.h"
 #include "core/config.h"
+#include "core/metrics.h"
 #include "core/phase.h"
 #include "gate/admission.h"
 #include "gate/auth.h"
@@ -39,6 +40,7 @@ typedef struct api_s {
   net_t *net;
   limiter_t *accept;          /* upgrades per second, when cfg->accept_rate > 0 */
   jitter_rng_t *rng;          /* retry hints */
+  metrics_t *metrics;         /* the node's registry: counted here, rendered at /metrics */
   const int *max_connections; /* WebSocket connections allowed; more: 503 */
   const node_phase_t *phase;  /* the lifecycle's phase (core/phase.h) */
   /* The lifecycle's drain (lifecycle.h, node_drain): 0, or -CV_EEXISTS. */

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/metrics.h"
 #include "store/store.h"
 
 typedef struct bus_s bus_t;
@@ -70,8 +71,9 @@ struct bus_sub_s {
 };
 
 /* Create the bus on `loop` with its owner's handler (copied; every
- * function required). NULL on failure. Loop thread. */
-bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler);
+ * function required); it counts in `metrics` (borrowed, may be NULL; it
+ * must outlive the bus). NULL on failure. Loop thread. */
+bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler, metrics_t *metrics);
 
 /* A channel's state changed (a REST PATCH here, or heard from another
  * node): record it, then tell the owner (handler.channel_changed). Loop

@@ -27,6 +27,7 @@ struct bus_s {
   _Atomic uint64_t appended; /* by this node's workers, not yet counted */
   int remote;                /* bus_set_remote: fan-out comes from a listener */
   bus_handler_t h;           /* the owner's (bus.h) */
+  metrics_t *metrics;        /* the owner's registry, borrowed (loop thread) */
   chanlog_t chans;           /* recent channel state changes */
   size_t nsubs;
   bus_sub_t *buckets[BUS_BUCKETS];
@@ -102,13 +103,14 @@ static void drain_cb(uv_async_t *handle) {
     m = next;
   }
   uint64_t appended = atomic_exchange(&bus->appended, 0);
-  if (appended) metrics_add("converger_messages_appended_total", NULL, appended);
+  if (appended) metrics_add(bus->metrics, "converger_messages_appended_total", NULL, appended);
 }
 
-bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler) {
+bus_t *bus_new(uv_loop_t *loop, const bus_handler_t *handler, metrics_t *metrics) {
   bus_t *bus = calloc(1, sizeof *bus);
   if (!bus) return NULL;
   bus->h = *handler;
+  bus->metrics = metrics;
   uv_mutex_init(&bus->append_mu);
   uv_mutex_init(&bus->queue_mu);
   if (uv_async_init(loop, &bus->async, drain_cb) != 0) {
@@ -142,7 +144,7 @@ void bus_subscribe(bus_t *bus, bus_sub_t *sub) {
   *b = sub;
   sub->linked = 1;
   bus->nsubs++;
-  metrics_set("converger_subscriptions", NULL, (double)bus->nsubs);
+  metrics_set(bus->metrics, "converger_subscriptions", NULL, (double)bus->nsubs);
 }
 
 void bus_unsubscribe(bus_t *bus, bus_sub_t *sub) {
@@ -155,7 +157,7 @@ void bus_unsubscribe(bus_t *bus, bus_sub_t *sub) {
   sub->next = sub->prev = NULL;
   sub->linked = 0;
   bus->nsubs--;
-  metrics_set("converger_subscriptions", NULL, (double)bus->nsubs);
+  metrics_set(bus->metrics, "converger_subscriptions", NULL, (double)bus->nsubs);
 }
 
 size_t bus_count(const bus_t *bus) { return bus->nsubs; }

@@ -98,8 +98,8 @@ static void reader_gone(tail_t *t) {
  * waiting out EAGAIN (a non-blocking stdout). Returns 0 once all of it is
  * written, else a negative errno (-EPIPE: no reader). */
 static int write_line(const char *data, size_t len) {
-  static char nl[] = "\n";
-  struct iovec iov[2] = {{(void *)data, len}, {nl, 1}}, *v = iov;
+  static const char nl[] = "\n";
+  struct iovec iov[2] = {{(void *)data, len}, {(void *)nl, 1}}, *v = iov;
   int n = 2;
   while (n > 0) {
     ssize_t w = writev(STDOUT_FILENO, v, n);

@@ -5,12 +5,13 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The process's level: process-wide on purpose (log.h). */
 static log_level_t min_level = LOG_INFO;
 
 void log_set_level(log_level_t level) { min_level = level; }
 
 void log_write(log_level_t level, const char *fmt, ...) {
-  static const char *names[] = {"debug", "info", "warn", "error"};
+  static const char *const names[] = {"debug", "info", "warn", "error"};
   char line[2048];
   struct timespec ts;
   struct tm tm;

@@ -1,9 +1,11 @@
 /*
  * metrics.c: registry behind metrics.h.
  *
- * Series live in one linked list per family; a node has a few hundred at
- * most (routes x status codes), so lookup is a short scan. Histograms use
- * fixed buckets in ms and are guarded by one mutex.
+ * The families are one constant table; a registry holds, for each family,
+ * one linked list of series. A node has a few hundred at most (routes x
+ * status codes), so lookup is a short scan. Histograms use fixed buckets
+ * in ms and are guarded by the registry's mutex (hist_mu), which render
+ * takes too; counters and gauges are the loop thread's alone.
  */
 #include "core/metrics.h"
 
@@ -33,98 +35,120 @@ typedef struct {
   const char *name;
   mtype_t type;
   const char *help;
-  series_t *series;
 } family_t;
 
-static family_t families[] = {
-    {"converger_connections", M_GAUGE, "Open WebSocket connections.", NULL},
-    {"converger_handshakes_total", M_COUNTER, "WebSocket hello handshakes by result.", NULL},
-    {"converger_messages_appended_total", M_COUNTER, "Messages committed to the store.", NULL},
+static const family_t families[] = {
+    {"converger_connections", M_GAUGE, "Open WebSocket connections."},
+    {"converger_handshakes_total", M_COUNTER, "WebSocket hello handshakes by result."},
+    {"converger_messages_appended_total", M_COUNTER, "Messages committed to the store."},
     {"converger_messages_delivered_total", M_COUNTER,
-     "msg frames queued to subscribers (live and replay).", NULL},
-    {"converger_http_requests_total", M_COUNTER, "HTTP requests by route and status code.", NULL},
-    {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms).",
-     NULL},
-    {"converger_pool_jobs_in_flight", M_GAUGE, "Store jobs queued or running.", NULL},
-    {"converger_subscriptions", M_GAUGE, "Live subscriptions on this node.", NULL},
+     "msg frames queued to subscribers (live and replay)."},
+    {"converger_http_requests_total", M_COUNTER, "HTTP requests by route and status code."},
+    {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms)."},
+    {"converger_pool_jobs_in_flight", M_GAUGE, "Store jobs queued or running."},
+    {"converger_subscriptions", M_GAUGE, "Live subscriptions on this node."},
     {"converger_protocol_admission_wait_ms", M_HISTOGRAM,
-     "Time a hello or sync waited in the admission queue (ms), by result.", NULL},
-    {"converger_admission_in_use", M_GAUGE, "Admission slots held (handshake and sync work).",
-     NULL},
-    {"converger_admission_waiting", M_GAUGE, "Hellos and syncs waiting for an admission slot.",
-     NULL},
+     "Time a hello or sync waited in the admission queue (ms), by result."},
+    {"converger_admission_in_use", M_GAUGE, "Admission slots held (handshake and sync work)."},
+    {"converger_admission_waiting", M_GAUGE, "Hellos and syncs waiting for an admission slot."},
     {"converger_pool_dropped_total", M_COUNTER,
-     "Store jobs dropped by the pool's queue-delay rule, by kind.", NULL},
+     "Store jobs dropped by the pool's queue-delay rule, by kind."},
     {"converger_store_timeouts_total", M_COUNTER,
-     "Store jobs whose deadline (CONVERGER_STORE_TIMEOUT_MS) passed, queued or running, by kind.",
-     NULL},
+     "Store jobs whose deadline (CONVERGER_STORE_TIMEOUT_MS) passed, queued or running, by kind."},
     {"converger_accept_refused_total", M_COUNTER,
-     "WebSocket upgrades refused by the accept rate limit.", NULL},
+     "WebSocket upgrades refused by the accept rate limit."},
     {"converger_upgrades_refused_total", M_COUNTER,
      "WebSocket upgrades refused with 503, by reason (max_connections: CONVERGER_MAX_CONNECTIONS "
-     "reached).",
-     NULL},
+     "reached)."},
     {"converger_accept_errors_total", M_COUNTER,
-     "accept() calls that failed, by reason (emfile, enfile, enobufs, enomem, other).", NULL},
+     "accept() calls that failed, by reason (emfile, enfile, enobufs, enomem, other)."},
     {"converger_fd_limit_closed_total", M_COUNTER,
      "Connections closed because the process was out of file descriptors, by kind (idle: an "
      "idle or answered HTTP connection closed to make room; pending: a new one closed "
-     "unanswered).",
-     NULL},
+     "unanswered)."},
     {"converger_replay_queries_total", M_COUNTER,
-     "Replay reads of the store, by kind (hello, fill).", NULL},
+     "Replay reads of the store, by kind (hello, fill)."},
     {"converger_resets_total", M_COUNTER,
      "Resumes answered with reset, by reason (ahead: watermark above the head; epoch: another "
-     "epoch).",
-     NULL},
-    {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding.", NULL},
+     "epoch)."},
+    {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding."},
     {"converger_drain_migrated_total", M_COUNTER,
-     "Connections told to move (drain or shed) that then closed by themselves.", NULL},
+     "Connections told to move (drain or shed) that then closed by themselves."},
     {"converger_drain_closed_total", M_COUNTER,
-     "Connections the drain closed, by reason (paced: 1012 after the window; shutdown: at exit).",
-     NULL},
+     "Connections the drain closed, by reason (paced: 1012 after the window; shutdown: at exit)."},
+};
+#define NFAMILIES CV_ARRAY_SIZE(families)
+
+struct metrics_s {
+  series_t *series[NFAMILIES]; /* families[i]'s series, newest first */
+  pthread_mutex_t hist_mu;     /* the histograms' series; render */
 };
 
-static pthread_mutex_t hist_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static family_t *family(const char *name) {
-  for (size_t i = 0; i < CV_ARRAY_SIZE(families); i++)
-    if (strcmp(families[i].name, name) == 0) return &families[i];
-  log_error("metrics: unknown family %s", name);
-  return NULL;
+metrics_t *metrics_new(void) {
+  metrics_t *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  if (pthread_mutex_init(&m->hist_mu, NULL) != 0) {
+    free(m);
+    return NULL;
+  }
+  return m;
 }
 
-static series_t *series(family_t *f, const char *labels) {
+void metrics_free(metrics_t *m) {
+  if (!m) return;
+  metrics_reset(m);
+  pthread_mutex_destroy(&m->hist_mu);
+  free(m);
+}
+
+/* The index of family `name` in families[], or -1 (logged). */
+static int family(const char *name) {
+  for (size_t i = 0; i < NFAMILIES; i++)
+    if (strcmp(families[i].name, name) == 0) return (int)i;
+  log_error("metrics: unknown family %s", name);
+  return -1;
+}
+
+static series_t *series(metrics_t *m, int f, const char *labels) {
   if (!labels) labels = "";
-  for (series_t *s = f->series; s; s = s->next)
+  for (series_t *s = m->series[f]; s; s = s->next)
     if (strcmp(s->labels, labels) == 0) return s;
   series_t *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->labels = strdup(labels);
-  s->next = f->series;
-  f->series = s;
+  if (!s->labels) {
+    free(s);
+    return NULL;
+  }
+  s->next = m->series[f];
+  m->series[f] = s;
   return s;
 }
 
-void metrics_add(const char *name, const char *labels, uint64_t n) {
-  family_t *f = family(name);
-  series_t *s = f ? series(f, labels) : NULL;
+void metrics_add(metrics_t *m, const char *name, const char *labels, uint64_t n) {
+  if (!m) return;
+  int f = family(name);
+  series_t *s = f >= 0 ? series(m, f, labels) : NULL;
   if (s) s->value += (double)n;
 }
 
-void metrics_set(const char *name, const char *labels, double value) {
-  family_t *f = family(name);
-  series_t *s = f ? series(f, labels) : NULL;
+void metrics_set(metrics_t *m, const char *name, const char *labels, double value) {
+  if (!m) return;
+  int f = family(name);
+  series_t *s = f >= 0 ? series(m, f, labels) : NULL;
   if (s) s->value = value;
 }
 
-void metrics_observe(const char *name, double v) { metrics_observe_labels(name, NULL, v); }
+void metrics_observe(metrics_t *m, const char *name, double v) {
+  metrics_observe_labels(m, name, NULL, v);
+}
 
-void metrics_observe_labels(const char *name, const char *labels, double v) {
-  family_t *f = family(name);
-  if (!f) return;
-  pthread_mutex_lock(&hist_mu);
-  series_t *s = series(f, labels);
+void metrics_observe_labels(metrics_t *m, const char *name, const char *labels, double v) {
+  if (!m) return;
+  int f = family(name);
+  if (f < 0) return;
+  pthread_mutex_lock(&m->hist_mu);
+  series_t *s = series(m, f, labels);
   if (s) {
     size_t i = 0;
     while (i < NBUCKETS && v > buckets[i]) i++;
@@ -132,7 +156,7 @@ void metrics_observe_labels(const char *name, const char *labels, double v) {
     s->count++;
     s->sum += v;
   }
-  pthread_mutex_unlock(&hist_mu);
+  pthread_mutex_unlock(&m->hist_mu);
 }
 
 typedef struct {
@@ -161,17 +185,18 @@ static void put(sbuf_t *b, const char *fmt, ...) {
   }
 }
 
-char *metrics_render(size_t *len) {
+char *metrics_render(metrics_t *m, size_t *len) {
   sbuf_t b = {malloc(4096), 0, 4096};
   if (!b.p) return NULL;
-  static const char *tnames[] = {"counter", "gauge", "histogram"};
-  pthread_mutex_lock(&hist_mu);
-  for (size_t i = 0; i < CV_ARRAY_SIZE(families); i++) {
-    family_t *f = &families[i];
+  static const char *const tnames[] = {"counter", "gauge", "histogram"};
+  pthread_mutex_lock(&m->hist_mu);
+  for (size_t i = 0; i < NFAMILIES; i++) {
+    const family_t *f = &families[i];
+    series_t *first = m->series[i];
     put(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, tnames[f->type]);
     if (f->type == M_HISTOGRAM) {
       series_t empty = {.labels = ""};
-      for (series_t *s = f->series ? f->series : &empty; s; s = s->next) {
+      for (series_t *s = first ? first : &empty; s; s = s->next) {
         const char *l = s->labels, *comma = l[0] ? "," : "";
         uint64_t cum = 0;
         for (size_t k = 0; k < NBUCKETS; k++) {
@@ -190,28 +215,28 @@ char *metrics_render(size_t *len) {
       }
       continue;
     }
-    if (!f->series) put(&b, "%s 0\n", f->name);
-    for (series_t *s = f->series; s; s = s->next) {
+    if (!first) put(&b, "%s 0\n", f->name);
+    for (series_t *s = first; s; s = s->next) {
       if (s->labels[0])
         put(&b, "%s{%s} %.17g\n", f->name, s->labels, s->value);
       else
         put(&b, "%s %.17g\n", f->name, s->value);
     }
   }
-  pthread_mutex_unlock(&hist_mu);
+  pthread_mutex_unlock(&m->hist_mu);
   *len = b.len;
   return b.p;
 }
 
-void metrics_reset(void) {
-  for (size_t i = 0; i < CV_ARRAY_SIZE(families); i++) {
-    series_t *s = families[i].series;
+void metrics_reset(metrics_t *m) {
+  for (size_t i = 0; i < NFAMILIES; i++) {
+    series_t *s = m->series[i];
     while (s) {
       series_t *n = s->next;
       free(s->labels);
       free(s);
       s = n;
     }
-    families[i].series = NULL;
+    m->series[i] = NULL;
   }
 }

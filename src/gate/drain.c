@@ -146,7 +146,7 @@ static void close_paced(drain_t *d, conn_t *c) {
   snprintf(reason, sizeof reason, "{\"retryAfterMs\":%ld}",
            config_retry_hint(d->env.cfg, d->env.rng));
   ws_close(c, WS_CLOSE_SERVICE_RESTART, reason);
-  metrics_add("converger_drain_closed_total", "reason=\"paced\"", 1);
+  metrics_add(d->env.metrics, "converger_drain_closed_total", "reason=\"paced\"", 1);
 }
 
 static void pace(drain_t *d, uint64_t now) {
@@ -292,7 +292,7 @@ static void batch_begin(drain_t *d, batch_t *b) {
 /* ---- deadlines ---------------------------------------------------------- */
 
 static void set_state_metric(drain_t *d) {
-  metrics_set("converger_drain_state", NULL, drain_state(d));
+  metrics_set(d->env.metrics, "converger_drain_state", NULL, drain_state(d));
 }
 
 static void timer_cb(uv_timer_t *t) { drain_tick(t->data); }
@@ -331,7 +331,9 @@ void drain_tick(drain_t *d) {
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
     for (conn_t *c = d->env.net->conns; c; c = c->next)
       left += c->mode == CONN_WS && !c->closing && !ws_close_sent(c);
-    if (left) metrics_add("converger_drain_closed_total", "reason=\"shutdown\"", (uint64_t)left);
+    if (left)
+      metrics_add(d->env.metrics, "converger_drain_closed_total", "reason=\"shutdown\"",
+                  (uint64_t)left);
     char why[160];
     snprintf(why, sizeof why, "drain %s after %llu ms: %llu moved, %llu closed with 1012, %d left",
              left ? "deadline" : "complete", (unsigned long long)(now - d->began_ms),
@@ -471,7 +473,7 @@ void drain_conn_closing(drain_t *d, conn_t *c) {
   m->counted = 1;
   batch_t *b = batch_of(d, c);
   if (b) b->moved++;
-  metrics_add("converger_drain_migrated_total", NULL, 1);
+  metrics_add(d->env.metrics, "converger_drain_migrated_total", NULL, 1);
 }
 
 int drain_state(const drain_t *d) { return d->begun ? 1 : d->shed.id ? 2 : 0; }

@@ -70,6 +70,7 @@ typedef struct {
   pool_t *const *pool;      /* the owner's pool pointer: the peers are read on it */
   jitter_rng_t *rng;        /* afterMs, retry hints, the shed's choice */
   membership_t *membership; /* beaten at once when the drain begins; NULL: none (tests) */
+  metrics_t *metrics;       /* the drain's counters and state gauge (core/metrics.h) */
   /* How the drain ends the node: close everything left and exit
    * (lifecycle.h, node_stop). `why` is for the log. */
   void (*stop)(void *ud, const char *why);

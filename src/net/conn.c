@@ -28,7 +28,7 @@ static void free_conn(conn_t *c) {
   net->nconns--;
   if (c->mode == CONN_WS) {
     net->nws--;
-    metrics_set("converger_connections", NULL, net->nws);
+    metrics_set(net->metrics, "converger_connections", NULL, net->nws);
   }
   /* Remove from the dirty list if present. */
   if (c->dirty)
@@ -190,12 +190,16 @@ conn_t *conn_adopt(net_t *net, int fd) {
 
 static void accept_cb(listener_t *l, int fd) { conn_adopt(container_of(l, net_t, listener), fd); }
 
-void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler) {
+void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler,
+                   metrics_t *metrics) {
   memset(net, 0, sizeof *net);
   net->loop = loop;
   net->cfg = cfg;
   net->handler = *handler;
+  net->metrics = metrics;
 }
+
+void conn_net_free(net_t *net) { ws_encoder_free(net); }
 
 static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, net_t, listener)); }
 
@@ -209,7 +213,7 @@ int conn_listen(net_t *net) {
     return r;
   }
   r = listener_start(&net->listener, net->loop, (struct sockaddr *)&addr, 4096, accept_cb,
-                     reclaim_cb, net);
+                     reclaim_cb, net->metrics, net);
   if (r != 0) {
     log_error("listen on %s: %s", cfg->listen, strerror(-r));
     return r;

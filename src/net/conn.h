@@ -26,6 +26,7 @@
 #include <uv.h>
 
 #include "core/config.h"
+#include "core/metrics.h"
 #include "net/handler.h"
 #include "net/listener.h"
 
@@ -37,6 +38,7 @@
 typedef struct http_s http_t;
 typedef struct ws_s ws_t;
 typedef struct session_s session_t;
+typedef struct ws_encoder_s ws_encoder_t;
 
 typedef enum { CONN_HTTP = 0, CONN_WS = 1 } conn_mode_t;
 
@@ -47,6 +49,7 @@ typedef struct net_s {
   config_t
       *cfg; /* borrowed: listen address (conn_listen writes a chosen port back), times, sizes */
   conn_handler_t handler; /* what the transport calls up (net/handler.h) */
+  metrics_t *metrics;     /* borrowed: the node's registry (core/metrics.h); NULL: none */
   listener_t listener;    /* accepts connections (net/listener.h) */
   conn_t *conns;          /* every connection (doubly linked) */
   conn_t *dirty;          /* connections with queued output */
@@ -57,11 +60,19 @@ typedef struct net_s {
   int nreclaimable;
   int stopping;         /* conn_stop_listening ran: answers close their connection */
   char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
+  ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
 } net_t;
 
-/* Set up `net` on `loop` with `cfg` (borrowed) and `handler` (copied;
- * every function required). Nothing listens before conn_listen. */
-void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler);
+/* Set up `net` on `loop` with `cfg` (borrowed), `handler` (copied; every
+ * function required) and `metrics` (borrowed, may be NULL: nothing is
+ * recorded; it must outlive the net). Nothing listens before conn_listen. */
+void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler,
+                   metrics_t *metrics);
+
+/* Free what `net` itself holds (the shared WebSocket encoder), once its
+ * loop has ended and every connection is freed; `net` may be set up again
+ * with conn_net_init. Loop thread. */
+void conn_net_free(net_t *net);
 
 struct conn_s {
   uv_tcp_t tcp;

@@ -45,9 +45,6 @@ struct http_s {
   size_t pending_len;
 };
 
-static llhttp_settings_t settings;
-static int settings_ready;
-
 static int str_append(str_t *s, const char *at, size_t len) {
   char *p = realloc(s->p, s->len + len + 1);
   if (!p) return -1;
@@ -259,22 +256,21 @@ static int on_message_complete(llhttp_t *p) {
   return HPE_PAUSED;
 }
 
-static void init_settings(void) {
-  llhttp_settings_init(&settings);
-  settings.on_message_begin = on_message_begin;
-  settings.on_url = on_url;
-  settings.on_header_field = on_header_field;
-  settings.on_header_field_complete = on_header_field_complete;
-  settings.on_header_value = on_header_value;
-  settings.on_header_value_complete = on_header_value_complete;
-  settings.on_headers_complete = on_headers_complete;
-  settings.on_body = on_body;
-  settings.on_message_complete = on_message_complete;
-  settings_ready = 1;
-}
+/* Every parser's callbacks; the rest are NULL, as llhttp_settings_init
+ * leaves them. Constant: no parser writes to its settings. */
+static const llhttp_settings_t settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
 
 http_t *http_new(conn_t *c) {
-  if (!settings_ready) init_settings();
   http_t *h = calloc(1, sizeof *h);
   if (!h) return NULL;
   llhttp_init(&h->parser, HTTP_REQUEST, &settings);
@@ -412,10 +408,10 @@ const char *http_reason(int status) {
   }
 }
 
-static void count_request(const char *route, int status) {
+static void count_request(conn_t *c, const char *route, int status) {
   char labels[160];
   snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route ? route : "unmatched", status);
-  metrics_add("converger_http_requests_total", labels, 1);
+  metrics_add(c->net->metrics, "converger_http_requests_total", labels, 1);
 }
 
 static void write_response(conn_t *c, int status, const char *content_type, const char *body,
@@ -444,7 +440,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
   int keep_alive = h->req.keep_alive && !c->net->stopping;
-  count_request(h->req.route, status);
+  count_request(c, h->req.route, status);
   write_response(c, status, content_type, body, len, extra_headers, keep_alive);
   h->busy = 0;
   req_reset(&h->req);
@@ -498,7 +494,7 @@ void http_fail(conn_t *c, int status, const char *code, const char *message) {
   json_t *body = error_body(code, message, 0);
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
-  count_request(c->http && c->http->req.route ? c->http->req.route : "unmatched", status);
+  count_request(c, c->http && c->http->req.route ? c->http->req.route : "unmatched", status);
   if (text) write_response(c, status, "application/json", text, strlen(text), NULL, 0);
   free(text);
   if (c->http) c->http->busy = 0;

@@ -57,7 +57,7 @@ static void report(listener_t *l, uint64_t now) {
 static void count_error(listener_t *l, int err) {
   char labels[32];
   snprintf(labels, sizeof labels, "reason=\"%s\"", reason_of(err));
-  metrics_add("converger_accept_errors_total", labels, 1);
+  metrics_add(l->metrics, "converger_accept_errors_total", labels, 1);
   l->n_errors++;
   l->last_errno = err;
 }
@@ -100,7 +100,7 @@ static void refuse_pending(listener_t *l) {
     }
     close(fd);
     l->n_refused++;
-    metrics_add("converger_fd_limit_closed_total", "kind=\"pending\"", 1);
+    metrics_add(l->metrics, "converger_fd_limit_closed_total", "kind=\"pending\"", 1);
   }
   l->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* else again when the pause ends */
 }
@@ -127,7 +127,8 @@ static void readable_cb(uv_poll_t *p, int status, int events) {
       int freed = l->reclaim ? l->reclaim(l) : 0;
       if (freed > 0) {
         l->n_reclaimed += (uint64_t)freed;
-        metrics_add("converger_fd_limit_closed_total", "kind=\"idle\"", (uint64_t)freed);
+        metrics_add(l->metrics, "converger_fd_limit_closed_total", "kind=\"idle\"",
+                    (uint64_t)freed);
         continue;
       }
       refuse_pending(l);
@@ -141,12 +142,14 @@ static void readable_cb(uv_poll_t *p, int status, int events) {
 }
 
 int listener_start(listener_t *l, uv_loop_t *loop, const struct sockaddr *addr, int backlog,
-                   listener_conn_cb on_conn, listener_reclaim_cb reclaim, void *data) {
+                   listener_conn_cb on_conn, listener_reclaim_cb reclaim, metrics_t *metrics,
+                   void *data) {
   memset(l, 0, sizeof *l);
   l->fd = l->spare_fd = -1;
   l->loop = loop;
   l->on_conn = on_conn;
   l->reclaim = reclaim;
+  l->metrics = metrics;
   l->data = data;
   int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;

@@ -38,6 +38,8 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "core/metrics.h"
+
 #define LISTENER_ACCEPT_BATCH 128  /* accept() calls per readable event */
 #define LISTENER_PAUSE_MS     100  /* accepting rests this long after an error it cannot relieve */
 #define LISTENER_REPORT_MS    1000 /* at most one warning line per this many ms */
@@ -62,7 +64,8 @@ struct listener_s {
   int paused;
   listener_conn_cb on_conn;
   listener_reclaim_cb reclaim;
-  void *data; /* the owner's */
+  metrics_t *metrics; /* borrowed: where the counters above go; NULL: nowhere */
+  void *data;         /* the owner's */
 
   /* for the next warning line */
   uint64_t report_ms;                        /* monotonic ms of the last line; 0: none yet */
@@ -73,9 +76,11 @@ struct listener_s {
 /* Bind a TCP socket to `addr` (sockaddr_in or sockaddr_in6, SO_REUSEADDR),
  * listen with `backlog` and start accepting. `on_conn` gets every new
  * connection; `reclaim` (may be NULL) is asked for descriptors at the
- * limit. Returns 0, or a negative errno (nothing is left open then). */
+ * limit; the counters go to `metrics` (borrowed, may be NULL). Returns 0,
+ * or a negative errno (nothing is left open then). */
 int listener_start(listener_t *l, uv_loop_t *loop, const struct sockaddr *addr, int backlog,
-                   listener_conn_cb on_conn, listener_reclaim_cb reclaim, void *data);
+                   listener_conn_cb on_conn, listener_reclaim_cb reclaim, metrics_t *metrics,
+                   void *data);
 
 /* The bound port (host byte order), or a negative errno. */
 int listener_port(const listener_t *l);

@@ -185,7 +185,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
     return -1;
   }
   ws->conn = c;
-  metrics_add("converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
+  metrics_add(c->net->metrics, "converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
   if (conn_write(c, head, (size_t)n) != 0) {
     free(ws);
     return -1;
@@ -198,7 +198,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   c->deadline_ms = now + (uint64_t)c->net->cfg->hello_timeout_ms;
   c->next_ping_ms = now + (uint64_t)c->net->cfg->heartbeat_ms;
   c->net->nws++;
-  metrics_set("converger_connections", NULL, c->net->nws);
+  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
   if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
     ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return -1;
@@ -252,22 +252,28 @@ void ws_feed(conn_t *c, const char *data, size_t len) {
   maybe_release(ws);
 }
 
-/* ---- outgoing: one shared frame encoder ---------------------------------- */
+/* ---- outgoing: one frame encoder per net ---------------------------------- */
 
-static wslay_frame_context_ptr encoder;
-static char *enc_buf;
-static size_t enc_len, enc_cap;
+/* net->encoder: every frame the node sends is encoded here, then copied
+ * (conn_write, or the heap copy ws_encode_text returns), so one buffer
+ * serves the whole loop. */
+struct ws_encoder_s {
+  wslay_frame_context_ptr frame; /* NULL until used, and after a failed encode */
+  char *buf;                     /* the last frame encoded */
+  size_t len, cap;
+};
 
 static ssize_t enc_send_cb(const uint8_t *data, size_t len, int flags, void *user) {
-  if (enc_len + len > enc_cap) {
-    size_t cap = (enc_len + len) * 2;
-    char *p = realloc(enc_buf, cap);
+  ws_encoder_t *e = user;
+  if (e->len + len > e->cap) {
+    size_t cap = (e->len + len) * 2;
+    char *p = realloc(e->buf, cap);
     if (!p) return WSLAY_ERR_NOMEM;
-    enc_buf = p;
-    enc_cap = cap;
+    e->buf = p;
+    e->cap = cap;
   }
-  memcpy(enc_buf + enc_len, data, len);
-  enc_len += len;
+  memcpy(e->buf + e->len, data, len);
+  e->len += len;
   return (ssize_t)len;
 }
 
@@ -275,42 +281,51 @@ static ssize_t enc_recv_cb(uint8_t *buf, size_t len, int flags, void *user) {
   return WSLAY_ERR_WANT_READ;
 }
 
-static int encode(const char *text, size_t len) {
+/* Encode one text frame into net->encoder's buffer: the encoder, or NULL
+ * when out of memory. */
+static ws_encoder_t *encode(net_t *net, const char *text, size_t len) {
   static const struct wslay_frame_callbacks cbs = {enc_send_cb, enc_recv_cb, NULL};
-  if (!encoder && wslay_frame_context_init(&encoder, &cbs, NULL) != 0) return -1;
-  enc_len = 0;
+  if (!net->encoder && !(net->encoder = calloc(1, sizeof *net->encoder))) return NULL;
+  ws_encoder_t *e = net->encoder;
+  if (!e->frame && wslay_frame_context_init(&e->frame, &cbs, e) != 0) {
+    e->frame = NULL;
+    return NULL;
+  }
+  e->len = 0;
   struct wslay_frame_iocb iocb = {.fin = 1,
                                   .opcode = WSLAY_TEXT_FRAME,
                                   .payload_length = len,
                                   .mask = 0,
                                   .data = (const uint8_t *)text,
                                   .data_length = len};
-  ssize_t r = wslay_frame_send(encoder, &iocb);
+  ssize_t r = wslay_frame_send(e->frame, &iocb);
   if (r < 0 || (size_t)r != len) {
-    /* The encoder is in an unknown state now; start over next time. */
-    wslay_frame_context_free(encoder);
-    encoder = NULL;
-    return -1;
+    /* The frame context is in an unknown state now; start over next time. */
+    wslay_frame_context_free(e->frame);
+    e->frame = NULL;
+    return NULL;
   }
-  return 0;
+  return e;
 }
 
-char *ws_encode_text(const char *text, size_t text_len, size_t *len) {
-  if (encode(text, text_len) != 0) return NULL;
-  char *out = malloc(enc_len);
+char *ws_encode_text(net_t *net, const char *text, size_t text_len, size_t *len) {
+  ws_encoder_t *e = encode(net, text, text_len);
+  if (!e) return NULL;
+  char *out = malloc(e->len);
   if (!out) return NULL;
-  memcpy(out, enc_buf, enc_len);
-  *len = enc_len;
+  memcpy(out, e->buf, e->len);
+  *len = e->len;
   return out;
 }
 
 void ws_send_text(conn_t *c, const char *text, size_t len) {
   if (c->closing || !c->ws || c->ws->close_sent) return;
-  if (encode(text, len) != 0) {
+  ws_encoder_t *e = encode(c->net, text, len);
+  if (!e) {
     conn_close(c);
     return;
   }
-  conn_write(c, enc_buf, enc_len);
+  conn_write(c, e->buf, e->len);
 }
 
 void ws_send_frame(conn_t *c, const char *frame, size_t len) {
@@ -352,10 +367,11 @@ void ws_free(ws_t *ws) {
   free(ws);
 }
 
-void ws_encoder_free(void) {
-  if (encoder) wslay_frame_context_free(encoder);
-  free(enc_buf);
-  encoder = NULL;
-  enc_buf = NULL;
-  enc_len = enc_cap = 0;
+void ws_encoder_free(net_t *net) {
+  ws_encoder_t *e = net->encoder;
+  if (!e) return;
+  if (e->frame) wslay_frame_context_free(e->frame);
+  free(e->buf);
+  free(e);
+  net->encoder = NULL;
 }

@@ -8,9 +8,10 @@
  * sections 5.1-5.5: an unmasked frame, reserved bits or opcodes, a control
  * frame over 125 bytes or fragmented, a bad length encoding, a continuation
  * out of place): close 1002.
- * Outgoing: text frames are encoded by one shared wslay frame context
- * straight into the connection's output buffer; a frame for many
- * subscribers is encoded once (ws_encode_text) and copied as bytes.
+ * Outgoing: text frames are encoded by the net's one wslay frame context
+ * (net_t.encoder) and copied into the connection's output buffer; a frame
+ * for many subscribers is encoded once (ws_encode_text) and copied as
+ * bytes.
  * Loop thread only.
  */
 #ifndef CONVERGER_NET_WS_H
@@ -59,9 +60,9 @@ void ws_send_text(conn_t *c, const char *text, size_t len);
 /* Queue pre-encoded frame bytes (from ws_encode_text). */
 void ws_send_frame(conn_t *c, const char *frame, size_t len);
 
-/* Encode a text frame (header + payload) into a heap buffer; *len gets its
- * size. Caller frees. NULL on OOM. */
-char *ws_encode_text(const char *text, size_t text_len, size_t *len);
+/* Encode a text frame (header + payload) with `net`'s encoder into a heap
+ * buffer; *len gets its size. Caller frees. NULL on OOM. Loop thread. */
+char *ws_encode_text(net_t *net, const char *text, size_t text_len, size_t *len);
 
 /* Send a close frame with `code` and `reason` (<= 123 bytes), then
  * half-close and close. Further input is ignored. Idempotent. */
@@ -74,8 +75,9 @@ int ws_close_sent(const conn_t *c);
 /* Send a ping (heartbeat). */
 void ws_ping(conn_t *c);
 
-/* Free the shared encoder (at shutdown). */
-void ws_encoder_free(void);
+/* Free `net`'s encoder (conn_net_free calls it); it is made again when
+ * next needed. */
+void ws_encoder_free(net_t *net);
 
 /* Free the WebSocket state (called when the connection is freed). */
 void ws_free(ws_t *ws);

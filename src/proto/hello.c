@@ -37,6 +37,7 @@ typedef struct {
 typedef struct hello_job_s {
   pool_job_t job;
   conn_t *conn;
+  sessions_t *ss;     /* the connection's session may be gone when the job is done */
   uint64_t deact_gen; /* deactivations seen when the job was submitted */
   size_t n;
   hello_item_t items[];
@@ -86,7 +87,8 @@ static void hello_done(pool_job_t *job) {
     for (size_t i = 0; i < h->n; i++) h->items[i].status = st;
   }
   for (size_t i = 0; i < h->n; i++)
-    if (h->items[i].replayed) metrics_add("converger_replay_queries_total", "kind=\"hello\"", 1);
+    if (h->items[i].replayed)
+      metrics_add(h->ss->metrics, "converger_replay_queries_total", "kind=\"hello\"", 1);
   if (h->conn->session && h->conn->session->hello_running == h) {
     /* the store work is done: the slot goes to the next handshake */
     h->conn->session->hello_running = NULL;
@@ -101,7 +103,7 @@ static void hello_done(pool_job_t *job) {
         /* The store failed or the pool dropped the job: the handshake
          * cannot be served now. */
         log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
-        session_count_handshake(st == -CV_EBUSY ? "overloaded" : "unavailable");
+        session_count_handshake(s->ss, st == -CV_EBUSY ? "overloaded" : "unavailable");
         session_refuse_unavailable(c,
                                    st == -CV_EBUSY ? "store overloaded; reconnect later"
                                                    : "store unavailable; reconnect later",
@@ -132,7 +134,7 @@ static void hello_done(pool_job_t *job) {
                     "epoch", it->info.epoch, "presence", it->info.presence);
       if (entry && it->reset) {
         json_object_set_new(entry, "reset", json_true());
-        sub_count_reset(it->reset);
+        sub_count_reset(s->ss, it->reset);
       }
       json_array_append_new(subs, entry);
     }
@@ -143,7 +145,7 @@ static void hello_done(pool_job_t *job) {
                   s->ss->cfg->node_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
-    session_count_handshake("ok");
+    session_count_handshake(s->ss, "ok");
     s->drain_mark.welcomed = 1;
     if (s->drain_mark.batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
     for (size_t i = 0; i < h->n && !c->closing; i++) {
@@ -204,8 +206,8 @@ static void hello_submit(session_t *s) {
 static void hello_overloaded(session_t *s, const char *message, uint64_t waited_ms) {
   free(s->hello);
   s->hello = NULL;
-  session_observe_admission("overloaded", waited_ms);
-  session_count_handshake("overloaded");
+  session_observe_admission(s->ss, "overloaded", waited_ms);
+  session_count_handshake(s->ss, "overloaded");
   session_refuse_unavailable(s->conn, message, NULL, NULL);
 }
 
@@ -218,7 +220,7 @@ static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms
     hello_overloaded(s, message, waited_ms);
     return;
   }
-  session_observe_admission("ok", waited_ms);
+  session_observe_admission(s->ss, "ok", waited_ms);
   hello_submit(s);
 }
 
@@ -228,7 +230,7 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   if (auth_verify(s->ss->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
       auth_is_revoked(s->ss->auth, s->token.jti)) {
     if (!why) why = "token revoked";
-    session_count_handshake("unauthorized");
+    session_count_handshake(s->ss, "unauthorized");
     session_send_error(c, "unauthorized", why, NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "unauthorized");
     return;
@@ -241,6 +243,7 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
     return;
   }
   h->conn = c;
+  h->ss = s->ss;
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
     if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
@@ -259,7 +262,7 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   s->hello = h;
   int r = admission_acquire(s->ss->admission, &s->adm, util_mono_ms(), hello_admitted);
   if (r == ADMISSION_GRANTED) {
-    session_observe_admission("ok", 0);
+    session_observe_admission(s->ss, "ok", 0);
     hello_submit(s);
   } else if (r != ADMISSION_QUEUED) {
     hello_overloaded(s, "the handshake queue is full; reconnect later", 0);

@@ -60,10 +60,10 @@ void session_send_error(conn_t *c, const char *code, const char *message, const 
   session_send_owned(c, frame_error(code, message, conv, retry_after_ms, details));
 }
 
-void session_count_handshake(const char *result) {
+void session_count_handshake(sessions_t *ss, const char *result) {
   char labels[64];
   snprintf(labels, sizeof labels, "result=\"%s\"", result);
-  metrics_add("converger_handshakes_total", labels, 1);
+  metrics_add(ss->metrics, "converger_handshakes_total", labels, 1);
 }
 
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
@@ -84,10 +84,11 @@ sub_t *session_find_sub(session_t *s, const char *conv) {
   return NULL;
 }
 
-void session_observe_admission(const char *result, uint64_t waited_ms) {
+void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms) {
   char labels[32];
   snprintf(labels, sizeof labels, "result=\"%s\"", result);
-  metrics_observe_labels("converger_protocol_admission_wait_ms", labels, (double)waited_ms);
+  metrics_observe_labels(ss->metrics, "converger_protocol_admission_wait_ms", labels,
+                         (double)waited_ms);
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
@@ -110,7 +111,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   if (frame_decode(text, len, s->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
     session_send_error(c, "bad_request", why, NULL, 0, NULL);
     if (!s->hello_seen) {
-      session_count_handshake("bad_request");
+      session_count_handshake(s->ss, "bad_request");
       /* An invalid hello may be corrected within the hello timeout; any
        * other first frame is a policy violation. */
       if (!f.known_type || f.type != FRAME_HELLO)
@@ -119,7 +120,7 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
     return;
   }
   if (!s->hello_seen && f.type != FRAME_HELLO) {
-    session_count_handshake("bad_request");
+    session_count_handshake(s->ss, "bad_request");
     session_send_error(c, "bad_request", "the first frame must be hello", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "the first frame must be hello");
     frame_client_clear(&f);
@@ -165,7 +166,7 @@ void session_tick(conn_t *c, uint64_t now) {
   if (!s || c->closing) return; /* no session: its start failed, the close is under way */
   sessions_t *ss = s->ss;
   if (!s->hello_seen && c->deadline_ms && now >= c->deadline_ms) {
-    session_count_handshake("timeout");
+    session_count_handshake(ss, "timeout");
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "no hello in time");
     return;
   }
@@ -200,7 +201,7 @@ void session_on_writable(conn_t *c) {
 
 void session_flush_metrics(sessions_t *ss) {
   if (ss->delivered_unflushed) {
-    metrics_add("converger_messages_delivered_total", NULL, ss->delivered_unflushed);
+    metrics_add(ss->metrics, "converger_messages_delivered_total", NULL, ss->delivered_unflushed);
     ss->delivered_unflushed = 0;
   }
 }

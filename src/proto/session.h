@@ -18,6 +18,7 @@
 #include "bus/bus.h"
 #include "common/jitter.h"
 #include "core/config.h"
+#include "core/metrics.h"
 #include "gate/admission.h"
 #include "gate/auth.h"
 #include "gate/drain.h"
@@ -35,6 +36,7 @@ typedef struct sessions_s {
   drain_t *const *drain;        /* the node's drain pointer: NULL once closed */
   net_t *net;                   /* every connection (revocation, shutdown) */
   jitter_rng_t *rng;            /* retry hints */
+  metrics_t *metrics;           /* the node's registry (core/metrics.h) */
   uint64_t next_session;        /* the last session id given */
   uint64_t delivered_unflushed; /* deliveries not yet in their metric */
 } sessions_t;

@@ -90,14 +90,14 @@ void session_send_owned(conn_t *c, char *text);
 void session_send_error(conn_t *c, const char *code, const char *message, const char *conv,
                         long retry_after_ms, json_t *details);
 /* converger_handshakes_total{result}. */
-void session_count_handshake(const char *result);
+void session_count_handshake(sessions_t *ss, const char *result);
 /* `error unavailable` with a retry hint, then close 1013 with the same hint
  * (the admission-queue decision record). Steals `details`. */
 void session_refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details);
 /* The subscription of `conv`, or NULL. */
 sub_t *session_find_sub(session_t *s, const char *conv);
 /* converger_protocol_admission_wait_ms{result}. */
-void session_observe_admission(const char *result, uint64_t waited_ms);
+void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms);
 
 /* ---- sub.c ---- */
 
@@ -123,7 +123,7 @@ void sub_remove(session_t *s, sub_t *sub);
 /* Why a resume is answered with reset (a metric label), or NULL. */
 const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
 /* converger_resets_total{reason}. */
-void sub_count_reset(const char *reason);
+void sub_count_reset(sessions_t *ss, const char *reason);
 /* The connection closes: a sync waiting for a slot leaves the queue
  * (sub_leave); a sync whose store job has not started takes it back and
  * gives its slot back (sub_cancel). session_on_close calls every leave

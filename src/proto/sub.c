@@ -140,10 +140,10 @@ const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_c
   return watermark > info->head ? "ahead" : NULL;
 }
 
-void sub_count_reset(const char *reason) {
+void sub_count_reset(sessions_t *ss, const char *reason) {
   char labels[32];
   snprintf(labels, sizeof labels, "reason=\"%s\"", reason);
-  metrics_add("converger_resets_total", labels, 1);
+  metrics_add(ss->metrics, "converger_resets_total", labels, 1);
 }
 
 /* How far a fill must read before `m` can follow: up to the message
@@ -205,7 +205,7 @@ void sub_fill_finish(sub_t *sub, int64_t head, int synced) {
 static void epoch_changed(sub_t *sub, const bus_msg_t *m) {
   log_debug("session %llu: %s: a message in epoch %s, the subscription's was %s",
             (unsigned long long)sub->session->id, sub->conv, m->epoch, sub->epoch);
-  sub_count_reset("epoch");
+  sub_count_reset(sub->session->ss, "epoch");
   strcpy(sub->epoch, m->epoch);
   if (sub->delivered >= m->seq) sub->delivered = m->seq - 1;
 }
@@ -238,6 +238,7 @@ void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m) {
 typedef struct fill_job_s {
   pool_job_t job;
   conn_t *conn;
+  sessions_t *ss; /* the connection's session may be gone when the job is done */
   char conv[STORE_ID_MAX + 1];
   int64_t after, upto;
   int synced;
@@ -332,7 +333,8 @@ static void fill_done(pool_job_t *job) {
   if (job->canceled) f->status = -CV_ECANCELED;
   if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
     f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
-  if (f->replayed) metrics_add("converger_replay_queries_total", "kind=\"fill\"", 1);
+  if (f->replayed)
+    metrics_add(f->ss->metrics, "converger_replay_queries_total", "kind=\"fill\"", 1);
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
     sub_t *sub = session_find_sub(f->conn->session, f->conv);
     if (sub && sub->sync_job == f) {
@@ -368,7 +370,7 @@ static void fill_done(pool_job_t *job) {
       log_debug("session %llu: %s resets: watermark %lld epoch \"%s\", head %lld epoch %s (%s)",
                 (unsigned long long)s->id, f->conv, (long long)f->after, f->epoch,
                 (long long)f->upto, f->head_epoch, f->reset);
-      sub_count_reset(f->reset);
+      sub_count_reset(f->ss, f->reset);
       sub->delivered = f->upto;
       strcpy(sub->epoch, f->head_epoch);
       sub->reset_pending = 1;
@@ -428,6 +430,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
     return;
   }
   f->conn = c;
+  f->ss = c->session->ss;
   strcpy(f->conv, sub->conv);
   f->after = after;
   f->upto = upto;
@@ -453,7 +456,7 @@ static void sync_begin(sub_t *sub) {
 /* No slot: replay_unavailable with the watermark asked for; the
  * connection stays and live delivery goes on. */
 static void sync_refused(sub_t *sub, const char *message, uint64_t waited_ms) {
-  session_observe_admission("overloaded", waited_ms);
+  session_observe_admission(sub->session->ss, "overloaded", waited_ms);
   replay_unavailable(sub, message, sub->adm_watermark);
 }
 
@@ -463,7 +466,7 @@ static void sync_admitted(admission_waiter_t *w, int status, uint64_t waited_ms)
     sync_refused(sub, "no replay slot in time; sync again later", waited_ms);
     return;
   }
-  session_observe_admission("ok", waited_ms);
+  session_observe_admission(sub->session->ss, "ok", waited_ms);
   sync_begin(sub);
 }
 
@@ -473,7 +476,7 @@ void sub_sync(sub_t *sub, int64_t watermark, const char *epoch) {
   snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
   int r = admission_acquire(ss->admission, &sub->adm, util_mono_ms(), sync_admitted);
   if (r == ADMISSION_GRANTED) {
-    session_observe_admission("ok", 0);
+    session_observe_admission(ss, "ok", 0);
     sync_begin(sub);
   } else if (r == ADMISSION_QUEUED) {
     sub_set_state(sub, SUB_QUEUED); /* live messages wait in `pending` meanwhile */

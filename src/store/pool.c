@@ -27,6 +27,8 @@
 
 struct pool_s {
   uv_loop_t *loop;
+  metrics_t *metrics;    /* borrowed; workers observe the wait histogram (its own lock) */
+  store_shared_t shared; /* what the stores below share (store.h) */
   uv_async_t async;
   uv_prepare_t kick; /* wakes workers for the jobs submitted this turn */
   int unsignaled;    /* jobs queued since the last kick (loop thread) */
@@ -182,7 +184,7 @@ static pool_job_t *take(pool_t *pool) {
 /* Run a job taken by `take` with `db` (not under mu), then queue it for
  * its `done` on the loop. */
 static void run(pool_t *pool, pool_job_t *job, store_t *db) {
-  metrics_observe("converger_pool_wait_ms", (double)job->wait_ms);
+  metrics_observe(pool->metrics, "converger_pool_wait_ms", (double)job->wait_ms);
   if (!job->dropped) {
     if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
     store_set_deadline(db, job->deadline_ms);
@@ -230,14 +232,15 @@ static void async_cb(uv_async_t *handle) {
     if (job->dropped || job->timed_out) {
       char labels[64];
       snprintf(labels, sizeof labels, "kind=\"%s\"", job->kind ? job->kind : "other");
-      metrics_add(job->timed_out ? "converger_store_timeouts_total"
+      metrics_add(pool->metrics,
+                  job->timed_out ? "converger_store_timeouts_total"
                                  : "converger_pool_dropped_total",
                   labels, 1);
     }
     job->done(job);
     job = next;
   }
-  metrics_set("converger_pool_jobs_in_flight", NULL, pool->in_flight);
+  metrics_set(pool->metrics, "converger_pool_jobs_in_flight", NULL, pool->in_flight);
 }
 
 static void stop_workers(pool_t *pool) {
@@ -285,10 +288,14 @@ static void closed_cb(uv_handle_t *handle) {
 
 /* pool_start, with `threads` workers (0: inline, pool_step runs the jobs). */
 static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-                 int threads, pool_t **out) {
+                 int threads, metrics_t *metrics, pool_t **out) {
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
   pool->loop = loop;
+  pool->metrics = metrics;
+  /* NULL: store_open's defaults (FULL, 0 = its default busy timeout) */
+  store_options_t o = opt ? *opt : (store_options_t){.sync = STORE_SYNC_FULL};
+  o.shared = &pool->shared;
   pool->size = size;
   pool->target_ms = 50;
   pool->interval_ms = 1000;
@@ -300,7 +307,7 @@ static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, i
   int r = 0;
   if (!pool->threads || !pool->stores) r = -CV_ENOMEM;
   for (int i = 0; r == 0 && i < size; i++) {
-    if ((r = store_open(url, opt, &pool->stores[i])) != 0) {
+    if ((r = store_open(url, &o, &pool->stores[i])) != 0) {
       char shown[512]; /* without a password */
       dburl_redact(url, shown, sizeof shown);
       log_error("store: cannot open %s: %s", shown, cv_strerror(r));
@@ -341,12 +348,13 @@ static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, i
 }
 
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-               pool_t **out) {
-  return start(loop, url, opt, size, size, out);
+               metrics_t *metrics, pool_t **out) {
+  return start(loop, url, opt, size, size, metrics, out);
 }
 
-int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt, pool_t **out) {
-  return start(loop, url, opt, 1, 0, out);
+int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt,
+                      metrics_t *metrics, pool_t **out) {
+  return start(loop, url, opt, 1, 0, metrics, out);
 }
 
 int pool_step(pool_t *pool) {

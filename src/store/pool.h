@@ -41,6 +41,7 @@
 
 #define SWEEP_MAX_MS 50 /* longest period of the queue sweep (deadlines, drops) */
 
+#include "core/metrics.h"
 #include "store/store.h"
 
 typedef struct pool_s pool_t;
@@ -69,19 +70,23 @@ struct pool_job_s {
 };
 
 /* Open `size` store connections with `url`/`opt`, migrate the schema on the
- * first one, and start one worker per connection. On success *out is a pool
- * bound to `loop` (whose uv_async handle keeps the loop alive until
- * pool_close). Returns 0, or the store's error after logging it (nothing is
- * left running). Loop thread. */
+ * first one, and start one worker per connection. The connections share
+ * the pool's store_shared_t (store.h; opt->shared is ignored). On success
+ * *out is a pool bound to `loop` (whose uv_async handle keeps the loop
+ * alive until pool_close), recording in `metrics` (borrowed, may be NULL;
+ * workers observe converger_pool_wait_ms into it, so it must outlive the
+ * pool). Returns 0, or the store's error after logging it (nothing is left
+ * running). Loop thread. */
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-               pool_t **out);
+               metrics_t *metrics, pool_t **out);
 
 /* Tests only: a pool of one store connection and no worker thread. Jobs
  * wait in the queue (pool_cancel, deadlines and the queue-delay rule apply
  * as usual) until pool_step runs them on the caller's thread, so a test
  * decides exactly when each store job runs and returns. Returns as
  * pool_start. Loop thread. */
-int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt, pool_t **out);
+int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *opt,
+                      metrics_t *metrics, pool_t **out);
 
 /* Tests only (a pool of pool_start_inline): run the oldest queued job's
  * `work` now on the calling (loop) thread, then the `done` of every

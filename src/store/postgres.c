@@ -241,13 +241,16 @@ typedef struct {
   const char *prepared[PREPARED_MAX]; /* SQL of statement "c<i>" on `conn` */
   int nprepared;
   int notify; /* store_options_t.notify */
+  /* store_options_t.shared, or `own`: connect_failing is set by a failed
+   * connect and cleared by a successful one, over every connection that
+   * shares it (a pool's workers): an outage is logged once, not once per
+   * worker per try. */
+  store_shared_t *shared;
+  store_shared_t own;
 } pg_t;
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
 
-/* Set by a failed connect, cleared by a successful one, over every worker
- * of the process: an outage is logged once, not once per worker per try. */
-static _Atomic int connect_failing;
 #define QUIET_NOTE " (further failures at debug level until a connect succeeds)"
 
 /* ---- messages and errors --------------------------------------------- */
@@ -430,7 +433,7 @@ static int connect_db(pg_t *s) {
   if (c == NULL) {
     /* Every worker fails during an outage, each every RECONNECT_PAUSE_MS:
      * the first failure is an error, the rest until a success are debug. */
-    int first = atomic_exchange(&connect_failing, 1) == 0;
+    int first = atomic_exchange(&s->shared->connect_failing, 1) == 0;
     dburl_redact(s->url, url, sizeof url);
     log_write(first ? LOG_ERROR : LOG_DEBUG, "store: cannot connect to %s: %s%s", url, why,
               first ? QUIET_NOTE : "");
@@ -440,7 +443,8 @@ static int connect_db(pg_t *s) {
     }
     return -CV_ESTORE;
   }
-  if (atomic_exchange(&connect_failing, 0)) log_info("store: connected to the database again");
+  if (atomic_exchange(&s->shared->connect_failing, 0))
+    log_info("store: connected to the database again");
   PQsetNoticeProcessor(c, pgconn_notice, NULL);
   s->conn = c;
   s->nprepared = 0; /* a new session has none */
@@ -583,6 +587,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->connect_timeout_ms = timeout_ms;
   s->lock_timeout_ms = opt->busy_timeout_ms;
   s->notify = opt->notify;
+  s->shared = opt->shared ? opt->shared : &s->own;
   s->url = strdup(url);
   err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
   if (err) {

@@ -89,11 +89,21 @@ typedef struct {
 #define STORE_NOTIFY_CHANNEL     "converger"
 #define STORE_NOTIFY_PAYLOAD_MAX 7999
 
+/* What the connections of one owner share (the pool's workers: one per
+ * pool, so two nodes in one process share nothing). Owned by whoever opens
+ * the connections, which must outlive them; any thread. */
+typedef struct {
+  /* PostgreSQL: a connect failed and none has succeeded since, so an
+   * outage is logged once, not once per connection per try. */
+  _Atomic int connect_failing;
+} store_shared_t;
+
 typedef struct {
   store_sync_t sync;   /* SQLite PRAGMA synchronous (PostgreSQL: ignored) */
   int busy_timeout_ms; /* how long to wait for a lock (SQLite busy timeout,
                           PostgreSQL lock_timeout); 0 = 5000 */
   int notify;          /* PostgreSQL: NOTIFY as above (SQLite: ignored) */
+  store_shared_t *shared; /* borrowed; NULL: the connection keeps its own */
 } store_options_t;
 
 /* One row of the cluster's membership table: a node's last heartbeat. */

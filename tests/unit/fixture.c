@@ -47,7 +47,7 @@ static char *bus_json(void *ud, const char *conv, const store_msg_t *m) {
   return frame_msg(conv, m);
 }
 static char *bus_wire(void *ud, const char *json, size_t len, size_t *out_len) {
-  return ws_encode_text(json, len, out_len);
+  return ws_encode_text(&((fx_t *)ud)->net, json, len, out_len);
 }
 static void bus_channel(void *ud, const char *channel, int active) {
   session_channel_changed(&((fx_t *)ud)->sessions, channel, active);
@@ -85,6 +85,8 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
   fx->cfg.handshake_queue_ms = o.queue_ms;
   fx->cfg.handshake_queue_max = o.queue_max;
   assert_int_equal(uv_loop_init(&fx->loop), 0);
+  fx->metrics = metrics_new();
+  assert_non_null(fx->metrics);
   jitter_seed(&fx->rng, 42);
   conn_handler_t h = {.on_request = on_request,
                       .on_upgrade = on_upgrade,
@@ -94,13 +96,13 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                       .on_close = on_close,
                       .on_free = on_free,
                       .ud = fx};
-  conn_net_init(&fx->net, &fx->loop, &fx->cfg, &h);
+  conn_net_init(&fx->net, &fx->loop, &fx->cfg, &h, fx->metrics);
   assert_int_equal(store_open(fx->url, NULL, &fx->db), 0);
   assert_int_equal(store_migrate(fx->db), 0);
-  assert_int_equal(pool_start_inline(&fx->loop, fx->url, NULL, &fx->pool), 0);
+  assert_int_equal(pool_start_inline(&fx->loop, fx->url, NULL, fx->metrics, &fx->pool), 0);
   bus_handler_t bh = {
       .msg_json = bus_json, .msg_wire = bus_wire, .channel_changed = bus_channel, .ud = fx};
-  fx->bus = bus_new(&fx->loop, &bh);
+  fx->bus = bus_new(&fx->loop, &bh, fx->metrics);
   fx->auth = auth_new(fx->cfg.api_key, fx->cfg.token_secret);
   fx->admission_at = -1;
   fx->admission = admission_new(o.slots, (uint64_t)o.queue_ms, o.queue_max, admission_arm, fx);
@@ -109,6 +111,7 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                     .net = &fx->net,
                     .pool = &fx->pool,
                     .rng = &fx->rng,
+                    .metrics = fx->metrics,
                     .stop = drain_stop,
                     .frame = drain_frame,
                     .mark = drain_mark,
@@ -121,7 +124,8 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                               .admission = fx->admission,
                               .drain = &fx->drain,
                               .net = &fx->net,
-                              .rng = &fx->rng};
+                              .rng = &fx->rng,
+                              .metrics = fx->metrics};
   assert_non_null(fx->bus);
   assert_non_null(fx->auth);
   assert_non_null(fx->admission);
@@ -145,7 +149,8 @@ void fx_free(fx_t *fx) {
   auth_free(fx->auth);
   store_close(fx->db);
   config_free(&fx->cfg);
-  ws_encoder_free();
+  conn_net_free(&fx->net);
+  metrics_free(fx->metrics);
   util_mono_fake(NULL);
   char cmd[96];
   snprintf(cmd, sizeof cmd, "rm -rf %s", fx->dir);

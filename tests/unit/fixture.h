@@ -24,6 +24,7 @@
 
 #include "bus/bus.h"
 #include "common/jitter.h"
+#include "core/metrics.h"
 #include "core/config.h"
 #include "gate/admission.h"
 #include "gate/auth.h"
@@ -50,6 +51,7 @@ typedef struct fx_peer_s fx_peer_t;
 typedef struct fx_s {
   uv_loop_t loop;
   config_t cfg;
+  metrics_t *metrics; /* the fixture node's registry */
   uint64_t now; /* the fake monotonic clock, ms */
   char dir[64];
   char url[128];

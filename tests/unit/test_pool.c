@@ -68,7 +68,7 @@ static void test_jobs_run_on_workers_and_come_back(void **state) {
   pool_t *pool;
   uv_loop_init(&loop);
   loop_thread = uv_thread_self();
-  assert_int_equal(pool_start(&loop, url, NULL, 4, &pool), 0);
+  assert_int_equal(pool_start(&loop, url, NULL, 4, NULL, &pool), 0);
   enum { N = 500 };
   job_t *jobs = calloc(N, sizeof *jobs);
   int order[N], ndone = 0;
@@ -131,7 +131,7 @@ static void test_close_cancels_queued_jobs(void **state) {
   uv_loop_init(&loop);
   loop_thread = uv_thread_self();
   uv_sem_init(&gate, 0);
-  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  assert_int_equal(pool_start(&loop, url, NULL, 1, NULL, &pool), 0);
   job_t jobs[5] = {0};
   int order[8], ndone = 0;
   for (int i = 0; i < 5; i++) {
@@ -185,7 +185,7 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
   loop_thread = uv_thread_self();
   fake_now = 1000;
   util_mono_fake(&fake_now);
-  assert_int_equal(pool_start_inline(&loop, url, NULL, &pool), 0);
+  assert_int_equal(pool_start_inline(&loop, url, NULL, NULL, &pool), 0);
   pool_set_queue_rule(pool, 5, 20);
   enum { N = 30 };
   job_t jobs[N];
@@ -245,9 +245,9 @@ static void test_queue_delay_rule_drops_jobs_of_a_slow_pool(void **state) {
 }
 
 /* The value of one series in the metrics exposition, -1 when absent. */
-static double metric_value(const char *series) {
+static double metric_value(metrics_t *m, const char *series) {
   size_t len = 0;
-  char *text = metrics_render(&len);
+  char *text = metrics_render(m, &len);
   assert_non_null(text);
   double v = -1;
   size_t n = strlen(series);
@@ -270,8 +270,9 @@ static void test_deadline_expires_queued_jobs(void **state) {
   uv_loop_init(&loop);
   loop_thread = uv_thread_self();
   uv_sem_init(&gate, 0);
-  metrics_reset();
-  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  metrics_t *m = metrics_new();
+  assert_non_null(m);
+  assert_int_equal(pool_start(&loop, url, NULL, 1, m, &pool), 0);
   pool_set_queue_rule(pool, 100000, 100000);
   job_t jobs[4];
   memset(jobs, 0, sizeof jobs);
@@ -309,13 +310,13 @@ static void test_deadline_expires_queued_jobs(void **state) {
   }
   assert_true(jobs[3].job.dropped && jobs[3].job.timed_out);
   assert_int_equal(jobs[3].status, -1);
-  assert_true(metric_value("converger_store_timeouts_total{kind=\"deadline-test\"}") == 2);
-  assert_true(metric_value("converger_pool_dropped_total{kind=\"deadline-test\"}") == -1);
+  assert_true(metric_value(m, "converger_store_timeouts_total{kind=\"deadline-test\"}") == 2);
+  assert_true(metric_value(m, "converger_pool_dropped_total{kind=\"deadline-test\"}") == -1);
   pool_close(pool);
   assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
   assert_int_equal(uv_loop_close(&loop), 0);
   uv_sem_destroy(&gate);
-  metrics_reset();
+  metrics_free(m);
 }
 
 typedef struct {
@@ -340,7 +341,7 @@ static void test_store_calls_stop_at_the_job_deadline(void **state) {
   pool_t *pool;
   uv_loop_init(&loop);
   loop_thread = uv_thread_self();
-  assert_int_equal(pool_start(&loop, url, NULL, 1, &pool), 0);
+  assert_int_equal(pool_start(&loop, url, NULL, 1, NULL, &pool), 0);
   char path[128];
   snprintf(path, sizeof path, "%s/p.db", dir);
   sqlite3 *raw = NULL;
@@ -379,9 +380,9 @@ static void test_start_failure_leaves_nothing(void **state) {
   uv_loop_t loop;
   pool_t *pool = NULL;
   uv_loop_init(&loop);
-  assert_true(pool_start(&loop, "postgres://127.0.0.1:1/nowhere", NULL, 2, &pool) < 0);
+  assert_true(pool_start(&loop, "postgres://127.0.0.1:1/nowhere", NULL, 2, NULL, &pool) < 0);
   assert_null(pool);
-  assert_true(pool_start(&loop, "sqlite:/nonexistent-dir/x/y.db", NULL, 2, &pool) < 0);
+  assert_true(pool_start(&loop, "sqlite:/nonexistent-dir/x/y.db", NULL, 2, NULL, &pool) < 0);
   assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
   assert_int_equal(uv_loop_close(&loop), 0);
 }

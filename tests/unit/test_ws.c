@@ -77,8 +77,10 @@ static void test_upgrade_checks(void **state) {
 
 /* Server frames are unmasked: 0x81, then the 7-bit, 16-bit or 64-bit length. */
 static void test_encode_text_frames(void **state) {
+  net_t net; /* only its encoder is used */
+  memset(&net, 0, sizeof net);
   size_t len;
-  char *f = ws_encode_text("hello", 5, &len);
+  char *f = ws_encode_text(&net, "hello", 5, &len);
   assert_non_null(f);
   assert_int_equal(len, 7);
   assert_memory_equal(f, "\x81\x05hello", 7);
@@ -86,7 +88,7 @@ static void test_encode_text_frames(void **state) {
 
   char big[300];
   memset(big, 'x', sizeof big);
-  f = ws_encode_text(big, sizeof big, &len);
+  f = ws_encode_text(&net, big, sizeof big, &len);
   assert_int_equal(len, 4 + sizeof big);
   assert_memory_equal(f, "\x81\x7e\x01\x2c", 4);
   assert_memory_equal(f + 4, big, sizeof big);
@@ -95,17 +97,17 @@ static void test_encode_text_frames(void **state) {
   size_t n = 70000;
   char *huge = malloc(n);
   memset(huge, 'y', n);
-  f = ws_encode_text(huge, n, &len);
+  f = ws_encode_text(&net, huge, n, &len);
   assert_int_equal(len, 10 + n);
   assert_memory_equal(f, "\x81\x7f\x00\x00\x00\x00\x00\x01\x11\x70", 10);
   free(f);
   free(huge);
 
-  f = ws_encode_text("", 0, &len);
+  f = ws_encode_text(&net, "", 0, &len);
   assert_int_equal(len, 2);
   assert_memory_equal(f, "\x81\x00", 2);
   free(f);
-  ws_encoder_free();
+  conn_net_free(&net);
 }
 
 int main(void) {
