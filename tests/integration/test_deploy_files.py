@@ -43,7 +43,7 @@ PER_POD = {"CONVERGER_PUBLIC_URL", "CONVERGER_NODE_ID"}
 # ConfigMap values that differ from the defaults, on purpose (each has a
 # comment in configmap.yaml saying why).
 OVERRIDES = {"CONVERGER_LISTEN", "CONVERGER_DATABASE_URL", "CONVERGER_WEB_DIR",
-             "CONVERGER_DRAIN_SHUTDOWN_MS"}
+             "CONVERGER_DRAIN_SHUTDOWN_MS", "CONVERGER_CAPACITY_CONNECTIONS"}
 # How long the node waits for in-flight store jobs when it exits, if
 # src/serve.c does not say (STOP_GRACE_MS).
 STOP_GRACE_FALLBACK_MS = 10000
@@ -250,6 +250,11 @@ class DeployFiles(unittest.TestCase):
         self.assertEqual(self.docs["PodDisruptionBudget"]["spec"]["maxUnavailable"], 1)
 
     # -- the drain's arithmetic ----------------------------------------------------
+
+    def test_capacity_is_the_planned_connections(self):
+        # converger roll's headroom budget reads what a pod is sized for
+        self.assertEqual(int(self.configmap()["CONVERGER_CAPACITY_CONNECTIONS"]),
+                         self.planned_connections())
 
     def planned_connections(self):
         a = self.docs["Deployment"]["metadata"]["annotations"]
