@@ -69,7 +69,7 @@ int restc_expect(bench_t *b, const char *method, const char *path, const char *b
 /* One channel, RUN_CONVS conversations with RUN_SETUP_HEAD messages each, the
  * fan-out conversation (empty), and a token covering every conversation. */
 int restc_setup(bench_t *b) {
-  char path[96], body[256], extra[96], name[32], out[2048];
+  char path[96], body[256], extra[96], name[32];
   if (restc_expect(b, "POST", "/v1/channels", "{\"id\":\"bench\",\"name\":\"bench\"}", NULL, 201,
                    NULL, 0) != 0)
     return -1;
@@ -86,19 +86,19 @@ int restc_setup(bench_t *b) {
       snprintf(body, sizeof body, "{\"sender\":\"bench\",\"body\":{\"text\":\"setup %d\"}}", k);
       if (restc_expect(b, "POST", path, body, extra, 201, NULL, 0) != 0) return -1;
     }
-  if (restc_expect(b, "POST", "/v1/tokens",
-                   "{\"sub\":\"bench\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
-                   sizeof out) != 0)
-    return -1;
+  return (b->token = restc_token(b, "bench")) ? 0 : -1;
+}
+
+char *restc_token(bench_t *b, const char *sub) {
+  char body[256], out[2048];
+  snprintf(body, sizeof body, "{\"sub\":\"%s\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", sub);
+  if (restc_expect(b, "POST", "/v1/tokens", body, NULL, 201, out, sizeof out) != 0) return NULL;
   json_t *v = json_loads(out, 0, NULL);
-  const char *token = json_string_value(json_object_get(v, "token"));
-  if (token) b->token = strdup(token);
+  const char *t = json_string_value(json_object_get(v, "token"));
+  char *token = t ? strdup(t) : NULL;
   json_decref(v);
-  if (!b->token) {
-    run_fail(b, "POST /v1/tokens: no token in %.200s", out);
-    return -1;
-  }
-  return 0;
+  if (!token) run_fail(b, "POST /v1/tokens: no token in %.200s", out);
+  return token;
 }
 
 /* ---- REST connections of the delivery phase -------------------------------------- */

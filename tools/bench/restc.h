@@ -1,11 +1,11 @@
 /*
  * restc: the bench's REST client of the node, in two forms.
  *
- * Blocking calls (restc_call, restc_expect, restc_setup) for setup and
- * checks, made while no loop runs: one request per fresh connection
- * (Connection: close, through net/httpc.h) to 127.0.0.1:b->port, authorized
- * with b->api_key, bounded by 10 s in all, cut short when run_interrupted
- * is set.
+ * Blocking calls (restc_call, restc_expect, restc_token, restc_setup) for
+ * setup and checks, made while no loop runs: one request per fresh
+ * connection (Connection: close, through net/httpc.h) to
+ * 127.0.0.1:b->port, authorized with b->api_key, bounded by 10 s in all,
+ * cut short when run_interrupted is set.
  *
  * The appenders of the delivery phase (restc_begin, restc_end): --rest-conns
  * keep-alive connections in the bench's loop, on which the phase writes
@@ -48,6 +48,11 @@ int restc_call(bench_t *b, const char *method, const char *path, const char *bod
  * then holds the body). */
 int restc_expect(bench_t *b, const char *method, const char *path, const char *body,
                  const char *extra, int want, char *out, size_t cap);
+
+/* POST /v1/tokens on the node at b->port: a token for `sub` covering
+ * every conversation for 86 400 s, signed by that node (its secret).
+ * Returns it malloc'ed (the caller frees it), or NULL after run_fail(b). */
+char *restc_token(bench_t *b, const char *sub);
 
 /* Append `n` bytes at `at` to the response body in `buf` (`cap` bytes,
  * `*len` used), truncating what does not fit and keeping it

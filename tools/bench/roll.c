@@ -392,19 +392,7 @@ static int setup(ctx_t *x) {
     snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", x->convs[i], x->tag);
     if (restc_expect(b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0) != 0) goto err;
   }
-  char out[2048];
-  if (restc_expect(b, "POST", "/v1/tokens",
-                   "{\"sub\":\"roll\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
-                   sizeof out) != 0)
-    goto err;
-  json_t *v = json_loads(out, 0, NULL);
-  const char *t = json_string_value(json_object_get(v, "token"));
-  x->token = t ? strdup(t) : NULL;
-  json_decref(v);
-  if (!x->token) {
-    fail(x, "POST /v1/tokens: no token in %.200s", out);
-    return -1;
-  }
+  if (!(x->token = restc_token(b, "roll"))) goto err;
   return 0;
 err:
   fail(x, "setup: %s", b->err[0] ? b->err : "out of memory");

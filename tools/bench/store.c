@@ -433,18 +433,8 @@ static int node_up(ctx_t *x, bench_t *nb, const char *name) {
 
 /* One token covering every conversation, minted by node `nb` (its secret). */
 static char *mint_token(bench_t *b, bench_t *nb) {
-  char out[2048];
-  if (restc_expect(nb, "POST", "/v1/tokens",
-                   "{\"sub\":\"bench\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
-                   sizeof out) != 0) {
-    if (nb != b) run_fail(b, "node B: %s", nb->err);
-    return NULL;
-  }
-  json_t *v = json_loads(out, 0, NULL);
-  const char *t = json_string_value(json_object_get(v, "token"));
-  char *token = t ? strdup(t) : NULL;
-  json_decref(v);
-  if (!token) run_fail(b, "POST /v1/tokens: no token in %.200s", out);
+  char *token = restc_token(nb, "bench");
+  if (!token && nb != b) run_fail(b, "node B: %s", nb->err);
   return token;
 }
 
