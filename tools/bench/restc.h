@@ -76,10 +76,10 @@ int restc_setup(bench_t *b);
 
 /* Start connecting `r` (zeroed by the caller, or closed before) to
  * 127.0.0.1:b->port in b->loop, with TCP_NODELAY; raises b->handles.
- * `on_connected` runs once it is connected and reading, `on_answer` for
- * every answer read (neither when the connect fails or after
- * b->closing). Returns 0, or -1 after run_fail; close it with restc_close
- * either way. */
+ * `on_connected` runs once it is connected and reading (not when the
+ * connect fails, that fails the bench, nor once b->closing is set);
+ * `on_answer` for every answer read until restc_close. Returns 0, or -1
+ * after run_fail; close it with restc_close either way. */
 int restc_open(bench_t *b, restc_t *r, size_t index, restc_connected_cb on_connected,
                restc_answer_cb on_answer);
 
