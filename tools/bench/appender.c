@@ -11,7 +11,6 @@
  */
 #include "bench/appender.h"
 
-#include <llhttp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,23 +20,18 @@
 
 typedef struct phase_s phase_t;
 
-/* One keep-alive REST connection with at most one append in flight. */
+/* One keep-alive REST connection (bench/restc.h) with at most one append
+ * in flight. */
 typedef struct {
-  uv_tcp_t tcp;
-  uv_connect_t creq;
-  llhttp_t parser;
+  restc_t conn;
   phase_t *ph;
-  size_t index;
-  int handle; /* uv_tcp_init done and not closed yet */
-  int busy;   /* an append is in flight */
+  int busy; /* an append is in flight */
   size_t conv_index;
   uint64_t k;       /* appends written (throughput: the key's counter) */
   uint64_t sent_ns; /* when the append in flight was first written */
   int refused;      /* the append in flight was refused (503) at least once */
   char key[48];     /* its Idempotency-Key */
   size_t msg;       /* paced: the message in flight */
-  char body[256];   /* the answer's body, for error messages */
-  size_t blen;
 } sender_t;
 
 struct phase_s {
@@ -107,13 +101,13 @@ static void write_append(sender_t *c, const char *conv) {
     c->k++;
     c->sent_ns = run_now_ns();
   }
-  run_send(b, (uv_stream_t *)&c->tcp, req, (size_t)n);
+  run_send(b, (uv_stream_t *)&c->conn.tcp, req, (size_t)n);
 }
 
 /* ---- throughput: closed-loop senders -------------------------------------------- */
 
 static void tput_next(sender_t *c) {
-  snprintf(c->key, sizeof c->key, "%zu-%llu", c->index, (unsigned long long)c->k);
+  snprintf(c->key, sizeof c->key, "%zu-%llu", c->conn.index, (unsigned long long)c->k);
   write_append(c, c->ph->convs[c->conv_index]);
 }
 
@@ -208,26 +202,15 @@ static void paced_on_msg(bench_t *b, int64_t seq, const char *frame, size_t len)
 
 /* ---- the connections ------------------------------------------------------------- */
 
-static int on_begin(llhttp_t *p) {
-  ((sender_t *)p->data)->blen = 0;
-  return 0;
-}
-
-static int on_body(llhttp_t *p, const char *at, size_t len) {
-  sender_t *c = p->data;
-  restc_body_add(c->body, sizeof c->body, &c->blen, at, len);
-  return 0;
-}
-
-static int on_complete(llhttp_t *p) {
-  sender_t *c = p->data;
+/* restc_answer_cb: the answer to the append in flight. */
+static void on_answer(restc_t *r, int st) {
+  sender_t *c = container_of(r, sender_t, conn);
   phase_t *ph = c->ph;
   bench_t *b = ph->b;
   uint64_t now = run_now_ns();
-  int st = llhttp_get_status_code(p);
   if (!c->busy) {
     run_fail(b, "%s: an answer (%d) with no append in flight", b->phase, st);
-    return 0;
+    return;
   }
   c->busy = 0;
   if (st == 503) { /* shed before it ran: the same append again */
@@ -239,16 +222,15 @@ static int on_complete(llhttp_t *p) {
     if (!ph->paced && now >= ph->win_end) { /* nothing stored: this sender is done */
       c->refused = 0;
       if (--ph->active == 0) done(ph);
-      return 0;
+      return;
     }
     write_append(c, ph->convs[c->conv_index]);
-    return 0;
+    return;
   }
   if (st != 201 && !(st == 200 && c->refused)) {
-    c->body[c->blen] = '\0';
     run_fail(b, "%s: an append to %s (key %s) answered %d: %s", b->phase, ph->convs[c->conv_index],
-             c->key, st, c->body);
-    return 0;
+             c->key, st, r->body);
+    return;
   }
   if (st == 200) {
     if (ph->paced)
@@ -261,79 +243,24 @@ static int on_complete(llhttp_t *p) {
     paced_answer(c, now);
   else
     tput_answer(c, now);
-  return 0;
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  sender_t *c = container_of((uv_tcp_t *)h, sender_t, tcp);
-  buf->base = c->ph->b->read_buf;
-  buf->len = sizeof c->ph->b->read_buf;
-}
-
-static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  sender_t *c = container_of((uv_tcp_t *)s, sender_t, tcp);
-  bench_t *b = c->ph->b;
-  if (nread == 0) return;
-  if (nread < 0) {
-    uv_read_stop(s);
-    if (!b->closing)
-      run_fail(b, "%s: REST connection %zu: %s", b->phase, c->index,
-               nread == UV_EOF ? "closed by the node" : uv_strerror((int)nread));
-    return;
-  }
-  llhttp_errno_t e = llhttp_execute(&c->parser, buf->base, (size_t)nread);
-  if (e != HPE_OK && !b->failed)
-    run_fail(b, "%s: bad REST answer: %s", b->phase, llhttp_get_error_reason(&c->parser));
-}
-
-static void connect_cb(uv_connect_t *req, int status) {
-  sender_t *c = container_of(req, sender_t, creq);
-  phase_t *ph = c->ph;
-  bench_t *b = ph->b;
-  if (status == UV_ECANCELED || b->closing) return;
-  int e = status < 0 ? status : uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
-  if (e != 0) {
-    run_fail(b, "%s: REST connection %zu: %s", b->phase, c->index, uv_strerror(e));
-    return;
-  }
+/* restc_connected_cb: the phase's connecting step ends with the last one. */
+static void on_connected(restc_t *r) {
+  phase_t *ph = container_of(r, sender_t, conn)->ph;
   if (++ph->connected == ph->nsnd && !ph->loading) done(ph);
 }
 
 /* Connect ph->nsnd senders to b->port and run the loop until all are. */
 static int senders_open(phase_t *ph) {
-  static llhttp_settings_t settings;
-  static int settings_ready;
   bench_t *b = ph->b;
-  if (!settings_ready) {
-    llhttp_settings_init(&settings);
-    settings.on_message_begin = on_begin;
-    settings.on_body = on_body;
-    settings.on_message_complete = on_complete;
-    settings_ready = 1;
-  }
   if (!(ph->snd = calloc(ph->nsnd, sizeof *ph->snd))) {
     run_fail(b, "out of memory");
     return -1;
   }
-  struct sockaddr_in addr;
-  uv_ip4_addr("127.0.0.1", b->port, &addr);
   for (size_t i = 0; i < ph->nsnd; i++) {
-    sender_t *c = &ph->snd[i];
-    c->ph = ph;
-    c->index = i;
-    llhttp_init(&c->parser, HTTP_RESPONSE, &settings);
-    c->parser.data = c;
-    int e = uv_tcp_init(&b->loop, &c->tcp);
-    if (e == 0) {
-      c->handle = 1;
-      b->handles++;
-      uv_tcp_nodelay(&c->tcp, 1);
-      e = uv_tcp_connect(&c->creq, &c->tcp, (const struct sockaddr *)&addr, connect_cb);
-    }
-    if (e != 0) {
-      run_fail(b, "REST connection: %s", uv_strerror(e));
-      return -1;
-    }
+    ph->snd[i].ph = ph;
+    if (restc_open(b, &ph->snd[i].conn, i, on_connected, on_answer) != 0) return -1;
   }
   quiet(b);
   return run_phase(b, ph->paced ? "latency: connecting" : "appends: connecting");
@@ -349,15 +276,7 @@ static void phase_end(phase_t *ph) {
   bench_t *b = ph->b;
   b->closing = 1;
   size_t left = b->handles;
-  for (size_t i = 0; ph->snd && i < ph->nsnd; i++) {
-    sender_t *c = &ph->snd[i];
-    if (!c->handle) continue;
-    c->handle = 0;
-    left--;
-    c->tcp.data = b;
-    if (uv_tcp_close_reset(&c->tcp, handle_close_cb) != 0)
-      uv_close((uv_handle_t *)&c->tcp, handle_close_cb);
-  }
+  for (size_t i = 0; ph->snd && i < ph->nsnd; i++) left -= (size_t)restc_close(&ph->snd[i].conn);
   if (ph->timers) {
     ph->timers = 0;
     left -= 2;

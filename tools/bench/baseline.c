@@ -43,6 +43,7 @@
 #include "bench/wsclient.h"
 #include "common/jitter.h"
 #include "common/util.h"
+#include "stats/rank.h"
 
 #define BODY_BYTES 100  /* JSON body of each message appended in phase 3 */
 #define SETTLE_MS  2000 /* idle time before the second RSS reading */
@@ -194,9 +195,8 @@ static int phase_handshakes(bench_t *b, int64_t watermark, results_t *res) {
   }
   double s = (double)(b->done_ns - t0) / RUN_NS;
   qsort(b->lat, b->nlat, sizeof *b->lat, run_cmp_u64);
-  double p50 = (double)b->lat[b->nlat / 2] / 1e6;
-  double p99 =
-      (double)b->lat[b->nlat * 99 / 100 < b->nlat ? b->nlat * 99 / 100 : b->nlat - 1] / 1e6;
+  double p50 = (double)b->lat[rank_nearest(0.50, b->nlat) - 1] / 1e6;
+  double p99 = (double)b->lat[rank_nearest(0.99, b->nlat) - 1] / 1e6;
   char cpu[160];
   double node_s = bnode_cpu_text(&c0, &c1, cpu, sizeof cpu);
   res->hs_rate[round] = (double)k / s;

@@ -15,7 +15,8 @@
  *   admission the admission queue's acquire/release throughput on one core,
  *             and a burst of simultaneous hellos with admission on and off
  *             (tools/bench/admission.c, docs/benchmarks/admission.md; one
- *             burst is bench/burst.h's, with libconverger-client clients)
+ *             burst is bench/burst.h's, with libconverger-client clients;
+ *             the node's /metrics are read by bench/promtext.h, as in roll)
  *   store     appends/s with concurrent REST senders and delivery latency,
  *             same node and across two nodes, on SQLite (synchronous full
  *             and normal) and PostgreSQL (tools/bench/store.c,
@@ -27,6 +28,8 @@
  *             admission-queue decision record's before and after, and
  *             converger's default; gw05: the drain lesson's no jitter against
  *             full jitter), with overlay plots (tools/bench/compare.c)
+ *
+ * Every percentile a benchmark prints is nearest rank (stats/rank.h).
  *
  * Main thread only; a benchmark owns the process while it runs (it handles
  * SIGINT/SIGTERM; baseline and admission also raise RLIMIT_NOFILE and pin

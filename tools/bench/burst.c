@@ -20,18 +20,17 @@
 #include <uv.h>
 
 #include "bench/node.h"
+#include "bench/promtext.h"
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "converger/client.h"
 #include "common/util.h"
+#include "stats/rank.h"
 
 #define WATCH_MS      100          /* deadline, node and signal checks */
 #define PROGRESS_MS   5000         /* progress line to stderr */
 #define CLOSE_WAIT_MS 20000        /* for every client's close to complete */
 #define METRICS_BYTES (256 * 1024) /* GET /metrics answer */
-#define NBUCKETS      13           /* the node's histogram buckets, +Inf not counted */
-static const double buckets[NBUCKETS] = {1,   2,   5,    10,   25,   50,   100,
-                                         250, 500, 1000, 2500, 5000, 10000};
 
 typedef struct burst_s burst_t;
 
@@ -53,69 +52,30 @@ struct burst_s {
 
 /* ---- the node's /metrics ----------------------------------------------------- */
 
-/* Sum of the values of the series `name` whose labels contain `want1` and
- * `want2` (either may be NULL: any), in Prometheus text `text`. */
-static double metric_sum(const char *text, const char *name, const char *want1, const char *want2) {
-  double total = 0;
-  size_t nl = strlen(name);
-  for (const char *line = text, *next; line && *line; line = next) {
-    next = strchr(line, '\n');
-    if (next) next++;
-    if (*line == '#' || strncmp(line, name, nl) != 0) continue;
-    const char *p = line + nl, *labels = "", *labels_end = p;
-    if (*p == '{') {
-      labels = p + 1;
-      labels_end = strchr(labels, '}');
-      if (!labels_end) continue;
-      p = labels_end + 1;
-    }
-    if (*p != ' ') continue; /* a longer name with this prefix */
-    size_t ll = (size_t)(labels_end - labels);
-    char lab[256];
-    snprintf(lab, sizeof lab, "%.*s", (int)(ll < sizeof lab ? ll : sizeof lab - 1), labels);
-    if ((want1 && !strstr(lab, want1)) || (want2 && !strstr(lab, want2))) continue;
-    total += strtod(p + 1, NULL);
-  }
-  return total;
-}
-
-typedef struct {
-  double cum[NBUCKETS + 1]; /* cumulative counts; [NBUCKETS] is +Inf */
-  double sum, count;
-} hist_t;
-
-static void hist_read(const char *text, const char *name, const char *filter, hist_t *h) {
-  char series[128], le[32];
-  snprintf(series, sizeof series, "%s_bucket", name);
-  for (int k = 0; k <= NBUCKETS; k++) {
-    if (k < NBUCKETS)
-      snprintf(le, sizeof le, "le=\"%g\"", buckets[k]);
-    else
-      snprintf(le, sizeof le, "le=\"+Inf\"");
-    h->cum[k] = metric_sum(text, series, filter, le);
-  }
-  snprintf(series, sizeof series, "%s_sum", name);
-  h->sum = metric_sum(text, series, filter, NULL);
-  snprintf(series, sizeof series, "%s_count", name);
-  h->count = metric_sum(text, series, filter, NULL);
-}
-
-/* after - before: the observations of the burst. Its highest non-empty
- * bucket is (lo, hi]; hi = 0 when empty, INFINITY above the last bound. */
-static void hist_delta(const hist_t *before, const hist_t *after, double *count, double *mean,
-                       double *lo, double *hi) {
-  *count = after->count - before->count;
-  *mean = *count > 0 ? (after->sum - before->sum) / *count : 0;
+/* The observations of histogram `name` (series matching `labels`) between
+ * the two scrapes: their count, their mean, and the bucket of the largest
+ * one, (lo, hi] (its nearest rank at p = 1); hi = 0 when there is none,
+ * INFINITY above the last bound. */
+static void hist_delta(const char *before, const char *after, const char *name, const char *labels,
+                       double *count, double *mean, double *lo, double *hi) {
+  promtext_hist_t d, hb;
+  promtext_hist(after, name, labels, &d);
+  promtext_hist(before, name, labels, &hb);
+  promtext_hist_add(&d, &hb, -1);
+  *count = d.count;
+  *mean = d.count > 0 ? d.sum / d.count : 0;
   *lo = *hi = 0;
-  for (int k = NBUCKETS; k >= 0; k--) {
-    double in_k =
-        (after->cum[k] - before->cum[k]) - (k > 0 ? after->cum[k - 1] - before->cum[k - 1] : 0);
-    if (in_k > 0) {
-      *hi = k < NBUCKETS ? buckets[k] : INFINITY;
-      *lo = k > 0 ? buckets[k - 1] : 0;
-      return;
-    }
+  size_t k = rank_bucket(d.cum, d.n, 1.0);
+  if (k < d.n) {
+    *hi = d.le[k];
+    *lo = k > 0 ? d.le[k - 1] : 0;
   }
+}
+
+/* after - before of the samples `name` matching `labels`. */
+static double value_delta(const char *before, const char *after, const char *name,
+                          const char *labels) {
+  return promtext_value(after, name, labels) - promtext_value(before, name, labels);
 }
 
 /* GET /metrics into a malloc'ed string; NULL after run_fail. */
@@ -133,25 +93,18 @@ static char *metrics_get(bench_t *b) {
 }
 
 static void metrics_delta(const char *before, const char *after, burst_result_t *r) {
-  hist_t hb, ha;
-  hist_read(before, "converger_pool_wait_ms", NULL, &hb);
-  hist_read(after, "converger_pool_wait_ms", NULL, &ha);
-  hist_delta(&hb, &ha, &r->pool_jobs, &r->pool_wait_mean_ms, &r->pool_wait_peak_lo,
-             &r->pool_wait_peak_ms);
+  hist_delta(before, after, "converger_pool_wait_ms", NULL, &r->pool_jobs, &r->pool_wait_mean_ms,
+             &r->pool_wait_peak_lo, &r->pool_wait_peak_ms);
   const char *ok = "result=\"ok\"", *over = "result=\"overloaded\"";
-  hist_read(before, "converger_protocol_admission_wait_ms", ok, &hb);
-  hist_read(after, "converger_protocol_admission_wait_ms", ok, &ha);
-  hist_delta(&hb, &ha, &r->adm_ok, &r->adm_wait_mean_ms, &r->adm_wait_peak_lo,
-             &r->adm_wait_peak_ms);
-  r->adm_overloaded = metric_sum(after, "converger_protocol_admission_wait_ms_count", over, NULL) -
-                      metric_sum(before, "converger_protocol_admission_wait_ms_count", over, NULL);
-  const char *dropped = "converger_pool_dropped_total", *hs = "converger_handshakes_total";
-  r->pool_dropped =
-      metric_sum(after, dropped, NULL, NULL) - metric_sum(before, dropped, NULL, NULL);
-  r->hs_ok = metric_sum(after, hs, ok, NULL) - metric_sum(before, hs, ok, NULL);
-  r->hs_overloaded = metric_sum(after, hs, over, NULL) - metric_sum(before, hs, over, NULL);
-  const char *unav = "result=\"unavailable\"";
-  r->hs_unavailable = metric_sum(after, hs, unav, NULL) - metric_sum(before, hs, unav, NULL);
+  hist_delta(before, after, "converger_protocol_admission_wait_ms", ok, &r->adm_ok,
+             &r->adm_wait_mean_ms, &r->adm_wait_peak_lo, &r->adm_wait_peak_ms);
+  r->adm_overloaded =
+      value_delta(before, after, "converger_protocol_admission_wait_ms_count", over);
+  const char *hs = "converger_handshakes_total";
+  r->pool_dropped = value_delta(before, after, "converger_pool_dropped_total", NULL);
+  r->hs_ok = value_delta(before, after, hs, ok);
+  r->hs_overloaded = value_delta(before, after, hs, over);
+  r->hs_unavailable = value_delta(before, after, hs, "result=\"unavailable\"");
 }
 
 /* The node's start-up line from node.log, from its "pool" settings on. */
@@ -230,11 +183,10 @@ static void watch_cb(uv_timer_t *t) {
   }
 }
 
-/* Nearest rank: the smallest value with at least p of the clients at or
- * below it; INFINITY when that client was never welcomed. */
+/* The p-quantile (stats/rank.h) of the sorted first welcomes, in ms;
+ * INFINITY when it falls on a client never welcomed. */
 static double rank_ms(const uint64_t *sorted, size_t n, double p) {
-  size_t k = (size_t)ceil(p * (double)n);
-  uint64_t v = sorted[k > 0 ? k - 1 : 0];
+  uint64_t v = sorted[rank_nearest(p, n) - 1];
   return v == UINT64_MAX ? INFINITY : (double)v / 1e6;
 }
 

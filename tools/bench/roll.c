@@ -47,6 +47,7 @@
 
 #include "bench/node.h"
 #include "bench/pgtmp.h"
+#include "bench/promtext.h"
 #include "bench/restc.h"
 #include "bench/rolllb.h"
 #include "bench/rollplot.h"
@@ -54,6 +55,7 @@
 #include "bench/run.h"
 #include "cli/args.h"
 #include "common/util.h"
+#include "stats/rank.h"
 
 #define CMD          "converger bench roll"
 #define MAX_NODES    ROLLW_MAX_NODES
@@ -110,13 +112,6 @@ typedef struct {
   int64_t to_ms; /* ready_ms + --restart-gap-ms (the pause before the next SIGTERM) */
 } restart_t;
 
-/* A histogram merged from the nodes' /metrics: cumulative counts by `le`. */
-typedef struct {
-  double le[64];
-  double count[64];
-  size_t n;
-} mhist_t;
-
 typedef struct {
   options_t *o;
   bench_t *node[MAX_NODES];
@@ -146,7 +141,7 @@ typedef struct {
   int64_t roll_from_ms, roll_to_ms;
   restart_t restarts[MAX_NODES];
   size_t nrestarts;
-  mhist_t adm, pool;
+  promtext_hist_t adm, pool; /* merged from the nodes' /metrics */
   int failed;
   char err[512];
 } ctx_t;
@@ -306,11 +301,9 @@ static int cmp_i64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The p-quantile (stats/rank.h) of sorted `v`; 0 when n is 0. */
 static int64_t pct_i64(const int64_t *v, size_t n, double p) {
-  if (!n) return 0;
-  size_t i = (size_t)ceil(p * (double)n);
-  if (i < 1) i = 1;
-  return v[i - 1];
+  return n ? v[rank_nearest(p, n) - 1] : 0;
 }
 
 /* ---- nodes ------------------------------------------------------------------------ */
@@ -354,25 +347,10 @@ static int node_start(ctx_t *x, size_t k) {
 }
 
 /* Add the `name` histogram of one node's /metrics, times `sign`, into `h`. */
-static void scrape_hist(const char *text, const char *name, mhist_t *h, double sign) {
-  char prefix[128];
-  snprintf(prefix, sizeof prefix, "%s_bucket{", name);
-  for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-    if (strncmp(p, prefix, strlen(prefix)) != 0) continue;
-    const char *le = strstr(p, "le=\"");
-    const char *close = le ? strchr(le, '}') : NULL;
-    if (!le || !close) continue;
-    double v = strncmp(le + 4, "+Inf", 4) == 0 ? INFINITY : strtod(le + 4, NULL);
-    double c = strtod(close + 1, NULL);
-    size_t i = 0;
-    while (i < h->n && h->le[i] != v) i++;
-    if (i == h->n) {
-      if (h->n == 64) continue;
-      h->le[h->n] = v;
-      h->count[h->n++] = 0;
-    }
-    h->count[i] += sign * c;
-  }
+static void scrape_hist(const char *text, const char *name, promtext_hist_t *h, double sign) {
+  promtext_hist_t node;
+  promtext_hist(text, name, NULL, &node);
+  promtext_hist_add(h, &node, sign);
 }
 
 /* Add node k's admission and pool wait histograms into the run's, or
@@ -389,24 +367,14 @@ static void scrape(ctx_t *x, size_t k, double sign) {
   scrape_hist(text, "converger_pool_wait_ms", &x->pool, sign);
 }
 
-/* The upper bound (le) of the bucket under which fraction p of the
- * observations fall (the nodes' buckets: 1, 2, 5, 10, 25, 50, 100, 250 ...
- * ms), the largest finite bound when beyond it; 0 when there are none. */
-static double hist_pct(const mhist_t *h, double p) {
-  double total = 0;
-  for (size_t i = 0; i < h->n; i++)
-    if (isinf(h->le[i])) total = h->count[i];
-  if (total <= 0) return 0;
-  double best = INFINITY;
-  for (size_t i = 0; i < h->n; i++)
-    if (h->count[i] >= p * total && h->le[i] < best) best = h->le[i];
-  if (isinf(best)) { /* beyond the last finite bucket: report that bound */
-    double top = 0;
-    for (size_t i = 0; i < h->n; i++)
-      if (!isinf(h->le[i]) && h->le[i] > top) top = h->le[i];
-    return top;
-  }
-  return best;
+/* The p-quantile (stats/rank.h) of a merged histogram: the upper bound of
+ * its bucket (the nodes' buckets: 1, 2, 5, 10, 25, 50, 100, 250 ... ms),
+ * the largest finite bound when it is beyond it; 0 when there are none. */
+static double hist_pct(const promtext_hist_t *h, double p) {
+  size_t k = rank_bucket(h->cum, h->n, p);
+  if (k == h->n) return 0;
+  if (isinf(h->le[k])) return k > 0 ? h->le[k - 1] : 0; /* beyond the last finite bucket */
+  return h->le[k];
 }
 
 static int setup(ctx_t *x) {
@@ -424,19 +392,7 @@ static int setup(ctx_t *x) {
     snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", x->convs[i], x->tag);
     if (restc_expect(b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0) != 0) goto err;
   }
-  char out[2048];
-  if (restc_expect(b, "POST", "/v1/tokens",
-                   "{\"sub\":\"roll\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
-                   sizeof out) != 0)
-    goto err;
-  json_t *v = json_loads(out, 0, NULL);
-  const char *t = json_string_value(json_object_get(v, "token"));
-  x->token = t ? strdup(t) : NULL;
-  json_decref(v);
-  if (!x->token) {
-    fail(x, "POST /v1/tokens: no token in %.200s", out);
-    return -1;
-  }
+  if (!(x->token = restc_token(b, "roll"))) goto err;
   return 0;
 err:
   fail(x, "setup: %s", b->err[0] ? b->err : "out of memory");
@@ -785,17 +741,11 @@ static int restart_node(ctx_t *x, size_t k) {
 
 /* ---- figures ---------------------------------------------------------------------- */
 
-/* The p-quantile of a 1 ms histogram (the bin's upper bound), -1 when empty. */
+/* The p-quantile (stats/rank.h) of a 1 ms histogram (the bin's upper
+ * bound), -1 when empty. */
 static double lat_pct(const uint64_t *lat, double p) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < LAT_BINS_MAX; i++) total += lat[i];
-  if (!total) return -1;
-  uint64_t want = (uint64_t)ceil(p * (double)total), seen = 0;
-  for (size_t i = 0; i < LAT_BINS_MAX; i++) {
-    seen += lat[i];
-    if (seen >= want) return (double)i + 1; /* the bin's upper bound */
-  }
-  return LAT_BINS_MAX;
+  size_t i = rank_bin(lat, LAT_BINS_MAX, p);
+  return i == LAT_BINS_MAX ? -1 : (double)i + 1;
 }
 
 /* Welcomes on node `k` over [from_ms, to_ms) (whole 100 ms buckets): the

@@ -63,6 +63,7 @@
 #include "cli/args.h"
 #include "common/util.h"
 #include "core/dburl.h"
+#include "stats/rank.h"
 #include "store/store.h"
 
 #ifndef CONVERGER_PG_TMP_DEFAULT
@@ -301,10 +302,9 @@ static int parse_options(options_t *o, int argc, char **argv) {
 
 /* ---- statistics ----------------------------------------------------------------- */
 
-/* Nearest rank of sorted `v` (n > 0), in ms. */
-static double pct_ms(const uint64_t *v, size_t n, int pct) {
-  size_t i = n * (size_t)pct / 100;
-  return (double)v[i < n ? i : n - 1] / 1e6;
+/* The p-quantile (stats/rank.h) of sorted `v` (n > 0), ns in, ms out. */
+static double pct_ms(const uint64_t *v, size_t n, double p) {
+  return (double)v[rank_nearest(p, n) - 1] / 1e6;
 }
 
 /* ---- PostgreSQL: scripts/pg-tmp and the durability settings -------------------- */
@@ -433,18 +433,8 @@ static int node_up(ctx_t *x, bench_t *nb, const char *name) {
 
 /* One token covering every conversation, minted by node `nb` (its secret). */
 static char *mint_token(bench_t *b, bench_t *nb) {
-  char out[2048];
-  if (restc_expect(nb, "POST", "/v1/tokens",
-                   "{\"sub\":\"bench\",\"convs\":[\"*\"],\"ttlSeconds\":86400}", NULL, 201, out,
-                   sizeof out) != 0) {
-    if (nb != b) run_fail(b, "node B: %s", nb->err);
-    return NULL;
-  }
-  json_t *v = json_loads(out, 0, NULL);
-  const char *t = json_string_value(json_object_get(v, "token"));
-  char *token = t ? strdup(t) : NULL;
-  json_decref(v);
-  if (!token) run_fail(b, "POST /v1/tokens: no token in %.200s", out);
+  char *token = restc_token(nb, "bench");
+  if (!token && nb != b) run_fail(b, "node B: %s", nb->err);
   return token;
 }
 
@@ -538,8 +528,8 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   c->retry_200 = t.retry_200;
   c->rate = (double)t.answered / t.window_s;
   qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, run_cmp_u64);
-  c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 50) : 0;
-  c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 99) : 0;
+  c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 0.50) : 0;
+  c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 0.99) : 0;
   printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
          "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s",
          x->run + 1, bk_name[x->bk], n, n == 1 ? "" : "s",
@@ -599,11 +589,11 @@ static int cell_latency(ctx_t *x, int path) {
   c->refused = p.refused;
   for (size_t i = 0; i < nl; i++)
     if (lat[i] > (uint64_t)o->late_ms * 1000000u) c->late++;
-  c->p50_ms = nl ? pct_ms(lat, nl, 50) : 0;
-  c->p99_ms = nl ? pct_ms(lat, nl, 99) : 0;
+  c->p50_ms = nl ? pct_ms(lat, nl, 0.50) : 0;
+  c->p99_ms = nl ? pct_ms(lat, nl, 0.99) : 0;
   c->max_ms = nl ? (double)lat[nl - 1] / 1e6 : 0;
-  c->ack_p50_ms = pct_ms(ack, p.n, 50);
-  c->ack_p99_ms = pct_ms(ack, p.n, 99);
+  c->ack_p50_ms = pct_ms(ack, p.n, 0.50);
+  c->ack_p99_ms = pct_ms(ack, p.n, 0.99);
   c->lag_max_ms = (double)lag / 1e6;
   c->send_rate =
       p.n > 1 ? (double)(p.n - 1) * 1e9 / (double)(p.write_ns[p.n - 1] - p.write_ns[0]) : 0;

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include "gate/drain.h"
+#include "stats/rank.h"
 
 #define PREFETCH   8    /* clients ahead that a loop asks the cache for */
 #define SPARE_KEEP 4096 /* largest slot array kept for reuse */
@@ -781,11 +782,6 @@ void sim_free(sim_t *s) {
 
 int64_t sim_outage_percentile(const sim_t *s, double q) {
   if (s->nhist == 0) return -1;
-  int64_t rank = (int64_t)ceil(q * (double)s->nhist), seen = 0;
-  if (rank < 1) rank = 1;
-  for (int64_t i = 0; i < s->nbins; i++) {
-    seen += s->hist[i];
-    if (seen >= rank) return i * SIM_HIST_BIN_MS; /* bin i > 0 holds [i-1, i) * 100 ms */
-  }
-  return (s->nbins - 1) * SIM_HIST_BIN_MS;
+  size_t i = rank_bin(s->hist, (size_t)s->nbins, q); /* bin i > 0 holds [i-1, i) * 100 ms */
+  return (int64_t)(i < (size_t)s->nbins ? i : (size_t)s->nbins - 1) * SIM_HIST_BIN_MS;
 }

@@ -171,7 +171,7 @@ typedef struct {
   double disconnected_client_s;       /* outages of the restart, not churn */
   double churn_disconnected_client_s; /* outages of churn */
   int64_t churn_degraded_sessions;
-  int64_t *hist;        /* outage durations, SIM_HIST_BIN_MS bins */
+  uint64_t *hist;       /* outage durations, SIM_HIST_BIN_MS bins */
   int64_t nhist, nbins; /* outages; bins (they span the run) */
   int alarm_s;          /* first second the alarm fired, -1: never */
   /* per second */
@@ -208,8 +208,9 @@ uint16_t sim_lb_pick(sim_t *s, uint32_t ci);
  * waiter still queued past the bound (the rate fell) is refused then. */
 int sim_node_offer(sim_t *s, uint16_t k, uint32_t ci);
 
-/* Outage percentile `q` (0..1) of the restart's outages, in ms (bin upper
- * bound; make-before-break moves count 0). -1 when there were none. */
+/* Outage percentile `q` (0..1) of the restart's outages (stats/rank.h's
+ * nearest rank), in ms (bin upper bound; make-before-break moves count 0).
+ * -1 when there were none. */
 int64_t sim_outage_percentile(const sim_t *s, double q);
 
 #endif
