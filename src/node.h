@@ -54,6 +54,10 @@ typedef struct node_s {
   int max_connections;          /* WebSocket connections allowed (serve.c); more: 503 */
 
   node_phase_t phase;        /* the one lifecycle state (lifecycle.h) */
+  /* The loop's utilisation over the last second (serve.c, from libuv's
+   * uv_metrics_idle_time): /admin/status, converger_loop_utilisation. */
+  double loop_utilisation;
+  uint64_t loop_idle_ns, loop_sampled_ns; /* the last sample's idle total and time */
   uint64_t stop_deadline_ms; /* monotonic: force exit after this */
 } node_t;
 

@@ -60,9 +60,25 @@ static void admission_arm(void *ud, int64_t at_ms) {
   uv_timer_start(&node->admission_timer, admission_timer_cb, d > 0 ? (uint64_t)d : 0, 0);
 }
 
+/* Once a second: the share of that second the loop was not idle (libuv
+ * counts the time spent waiting for I/O, uv_metrics_idle_time). Worker
+ * threads do not count: this is the figure converger roll pauses on. */
+static void sample_loop(node_t *node) {
+  uint64_t now = uv_hrtime(), idle = uv_metrics_idle_time(node->loop);
+  uint64_t span = now - node->loop_sampled_ns;
+  if (node->loop_sampled_ns && span < 1000000000ull) return;
+  if (node->loop_sampled_ns && span > 0) {
+    double busy = 1.0 - (double)(idle - node->loop_idle_ns) / (double)span;
+    node->loop_utilisation = busy < 0 ? 0 : busy > 1 ? 1 : busy;
+  }
+  node->loop_idle_ns = idle;
+  node->loop_sampled_ns = now;
+}
+
 static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
+  sample_loop(node);
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
   session_flush_metrics(&node->sessions);
@@ -193,6 +209,8 @@ int serve_main(int argc, char **argv) {
   }
   node_t *node = calloc(1, sizeof *node);
   node->loop = uv_default_loop();
+  /* idle time for converger_loop_utilisation; before the loop first runs */
+  uv_loop_configure(node->loop, UV_METRICS_IDLE_TIME);
   node->cfg = &cfg;
   node->metrics = metrics_new(); /* NULL (out of memory): the node does not start */
   conn_handler_t net_handler = {.on_request = net_request_cb,
@@ -261,6 +279,7 @@ int serve_main(int argc, char **argv) {
                       .admission = node->admission,
                       .drain = &node->drain,
                       .pgnotify = &node->pgnotify,
+                      .loop_utilisation = &node->loop_utilisation,
                       .sessions = &node->sessions,
                       .net = &node->net,
                       .accept = &node->accept,

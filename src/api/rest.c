@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <converger_commit.h> /* generated at build time: CONVERGER_COMMIT */
+
 #include "gate/auth.h"
 #include "core/metrics.h"
 #include "bus/bus.h"
@@ -26,6 +28,7 @@
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/procstat.h"
 #include "common/util.h"
 #include "gate/admission.h"
 #include "gate/limiter.h"
@@ -60,6 +63,7 @@ typedef struct {
   char *name;                   /* channel name; message body JSON */
   int flag;                     /* presence / active */
   int64_t after, limit, exp_s;
+  uint64_t begun_ms; /* monotonic: the request was read (converger_append_latency_ms) */
   /* results */
   int status;       /* HTTP status */
   json_t *answer;   /* body on success */
@@ -88,9 +92,9 @@ static json_t *msg_json(const char *conv, const store_msg_t *m) {
 static json_t *node_json(const store_node_t *nd) {
   char ts[25];
   util_format_ts(nd->updated_ms, ts);
-  return json_pack("{s:s, s:s, s:s, s:I, s:I, s:s}", "id", nd->id, "publicUrl", nd->public_url,
+  return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s}", "id", nd->id, "publicUrl", nd->public_url,
                    "state", nd->state, "connections", (json_int_t)nd->connections, "waiters",
-                   (json_int_t)nd->waiters, "updatedAt", ts);
+                   (json_int_t)nd->waiters, "capacity", (json_int_t)nd->capacity, "updatedAt", ts);
 }
 
 static void set_error(rest_job_t *j, int r) {
@@ -220,6 +224,9 @@ static void job_done(pool_job_t *job) {
   if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !*api->pgnotify) {
     bus_channel_changed(api->bus, j->id, j->flag);
   }
+  if (j->kind == J_MSG_APPEND && (j->status == 200 || j->status == 201))
+    metrics_observe(api->metrics, "converger_append_latency_ms",
+                    (double)(util_mono_ms() - j->begun_ms));
   if (j->kind == J_REVOKE && j->status == 204) {
     auth_add_revoked(api->auth, j->id);
     session_revoke_jti(api->sessions, j->id);
@@ -249,6 +256,7 @@ static rest_job_t *job_new(api_t *api, conn_t *c, job_kind_t kind) {
   j->conn = c;
   j->api = api;
   j->kind = kind;
+  j->begun_ms = util_mono_ms();
   return j;
 }
 
@@ -365,15 +373,63 @@ static void serve_file(api_t *api, conn_t *c, const char *name, const char *type
   free(buf);
 }
 
+/* Whether /readyz answers 200, and its status word. Without its LISTEN
+ * connection a node would serve subscribers that hear nothing from other
+ * nodes: the database is unreachable, or was. */
+static int readiness(const api_t *api, const char **word) {
+  int store_ok = !*api->pgnotify || pgnotify_listening(*api->pgnotify);
+  int ready = *api->phase == NODE_READY && store_ok;
+  if (word)
+    *word = *api->phase != NODE_READY ? node_phase_name(*api->phase)
+            : !store_ok               ? "store_unavailable"
+                                      : "ready";
+  return ready;
+}
+
 static void handle_status(api_t *api, conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
+  drain_progress_t dp;
+  drain_progress(*api->drain, &dp);
   json_t *v = json_pack(
-      "{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:s}", "node", api->cfg->node_id, "version",
-      CONVERGER_VERSION, "state", node_phase_name(*api->phase), "connections", api->net->nws,
-      "maxConnections", *api->max_connections, "httpConnections", api->net->nconns - api->net->nws,
-      "subscriptions", (json_int_t)bus_count(api->bus), "poolInFlight", pool_in_flight(*api->pool),
-      "poolSize", api->cfg->pool_size, "drain", drain_states[drain_state(*api->drain)]);
+      "{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:i, s:i, s:f, s:s, s:{s:i, s:i, s:i, s:i}}",
+      "node", api->cfg->node_id, "version", CONVERGER_VERSION, "state",
+      node_phase_name(*api->phase), "ready", readiness(api, NULL), "connections", api->net->nws,
+      "maxConnections", *api->max_connections, "capacity", api->cfg->capacity_connections,
+      "httpConnections", api->net->nconns - api->net->nws, "subscriptions",
+      (json_int_t)bus_count(api->bus), "poolInFlight", pool_in_flight(*api->pool), "poolSize",
+      api->cfg->pool_size, "loopUtilisation", *api->loop_utilisation, "drain",
+      drain_states[drain_state(*api->drain)], "drainProgress", "told", dp.told, "moved", dp.moved,
+      "closed", dp.closed, "remaining", dp.remaining);
   http_respond_json(c, 200, v, NULL);
+}
+
+/* The gauges read at each scrape: admission, readiness, the bus, the
+ * drain's progress, the process (core/procstat.h) and the build. */
+static void refresh_gauges(api_t *api) {
+  metrics_t *m = api->metrics;
+  metrics_set(m, "converger_admission_in_use", NULL, admission_in_use(api->admission));
+  metrics_set(m, "converger_admission_waiting", NULL, admission_waiting(api->admission));
+  metrics_set(m, "converger_admission_queue_ms", NULL, api->cfg->handshake_queue_ms);
+  metrics_set(m, "converger_ready", NULL, readiness(api, NULL));
+  metrics_set(m, "converger_bus_listening", NULL,
+              !*api->pgnotify || pgnotify_listening(*api->pgnotify));
+  metrics_set(m, "converger_capacity_connections", NULL, api->cfg->capacity_connections);
+  metrics_set(m, "converger_loop_utilisation", NULL, *api->loop_utilisation);
+  drain_progress_t dp;
+  drain_progress(*api->drain, &dp);
+  metrics_set(m, "converger_drain_told", NULL, dp.told);
+  metrics_set(m, "converger_drain_moved", NULL, dp.moved);
+  metrics_set(m, "converger_drain_closed", NULL, dp.closed);
+  metrics_set(m, "converger_drain_remaining", NULL, dp.remaining);
+  metrics_set(m, "converger_build_info",
+              "version=\"" CONVERGER_VERSION "\",commit=\"" CONVERGER_COMMIT "\"", 1);
+  procstat_t ps;
+  procstat_read(&ps);
+  metrics_set(m, "process_cpu_seconds_total", NULL, ps.cpu_seconds);
+  metrics_set(m, "process_resident_memory_bytes", NULL, (double)ps.resident_bytes);
+  metrics_set(m, "process_open_fds", NULL, (double)ps.open_fds);
+  metrics_set(m, "process_max_fds", NULL, (double)ps.max_fds);
+  metrics_set(m, "process_start_time_seconds", NULL, ps.start_time_s);
 }
 
 /* POST /admin/drain: as SIGTERM (gate/drain.h). 202: begun; 409: already. */
@@ -661,13 +717,8 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
   if (strcmp(path, "/readyz") == 0) {
     req->route = "/readyz";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    /* Without its LISTEN connection a node would serve subscribers that
-     * hear nothing from other nodes: the database is unreachable, or was. */
-    int store_ok = !*api->pgnotify || pgnotify_listening(*api->pgnotify);
-    int ready = *api->phase == NODE_READY && store_ok;
-    const char *state = *api->phase != NODE_READY ? node_phase_name(*api->phase)
-                        : !store_ok               ? "store_unavailable"
-                                                  : "ready";
+    const char *state;
+    int ready = readiness(api, &state);
     return http_respond_json(c, ready ? 200 : 503,
                              json_pack("{s:s}", "status", state), NULL);
   }
@@ -675,10 +726,7 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     req->route = "/metrics";
     if (!IS(GET)) return method_not_allowed(c, "GET");
     size_t len;
-    /* gauges read now, not at the last tick */
-    metrics_set(api->metrics, "converger_admission_in_use", NULL, admission_in_use(api->admission));
-    metrics_set(api->metrics, "converger_admission_waiting", NULL,
-                admission_waiting(api->admission));
+    refresh_gauges(api); /* read now, not at the last tick */
     char *text = metrics_render(api->metrics, &len);
     if (!text) return http_respond_error(c, 503, "unavailable", "out of memory", 1000);
     http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);

@@ -55,6 +55,9 @@ typedef struct bus_msg_s {
   char *json;  /* msg frame JSON (built on the worker) */
   char *frame; /* encoded WebSocket frame, built once on the loop */
   size_t frame_len;
+  int64_t ts_ms; /* wall ms of its commit (converger_delivery_latency_ms); 0: unknown */
+  int remote; /* heard through PostgreSQL's NOTIFY (bus/pgnotify.h): this node's commit or another's
+               */
 } bus_msg_t;
 
 typedef struct bus_sub_s bus_sub_t;
@@ -123,7 +126,12 @@ void bus_msg_unref(bus_msg_t *m);
 bus_msg_t *bus_msg_new(const char *conv, int64_t seq, char *json);
 
 /* Fan `m` out to the local subscribers of its conversation (its frame
- * encoded once, here) and drop the caller's reference. Loop thread. */
+ * encoded once, here) and drop the caller's reference. With subscribers
+ * and a commit time, observes converger_delivery_latency_ms{path} ("local":
+ * the in-process bus; "notify": through PostgreSQL's NOTIFY): from the
+ * commit to the frames queued for the sockets, which are written at the
+ * end of this loop turn. A commit of another node compares two hosts'
+ * wall clocks. Loop thread. */
 void bus_publish(bus_t *bus, bus_msg_t *m);
 
 /* Whether conversation `conv` has a subscriber on this node, so that a

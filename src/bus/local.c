@@ -87,6 +87,12 @@ void bus_publish(bus_t *bus, bus_msg_t *m) {
       if (strcmp(s->conv, m->conv) == 0) s->deliver(s, m);
       s = sn;
     }
+    if (m->frame && m->ts_ms > 0) {
+      int64_t lat = util_now_ms() - m->ts_ms;
+      metrics_observe_labels(bus->metrics, "converger_delivery_latency_ms",
+                             m->remote ? "path=\"notify\"" : "path=\"local\"",
+                             lat > 0 ? (double)lat : 0);
+    }
   }
   bus_msg_unref(m);
 }
@@ -208,7 +214,10 @@ int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const 
   if (r == 0 && *created) {
     atomic_fetch_add(&bus->appended, 1);
     bus_msg_t *m = bus_msg_new(conv, out->seq, bus->h.msg_json(bus->h.ud, conv, out));
-    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", out->epoch);
+    if (m) {
+      snprintf(m->epoch, sizeof m->epoch, "%s", out->epoch);
+      m->ts_ms = out->ts_ms;
+    }
     if (m && m->json) {
       uv_mutex_lock(&bus->queue_mu);
       if (bus->tail)

@@ -229,8 +229,12 @@ static void heard(pgnotify_t *l, const char *payload) {
     }
     /* json NULL: a head hint (bus.h), for a message that did not fit */
     bus_msg_t *m = bus_msg_new(n.conv, n.seq, json);
-    if (m) snprintf(m->epoch, sizeof m->epoch, "%s", n.epoch);
-    if (m) bus_publish(l->bus, m);
+    if (m) {
+      snprintf(m->epoch, sizeof m->epoch, "%s", n.epoch);
+      m->ts_ms = n.kind == NOTIFY_MESSAGE ? n.ts_ms : 0;
+      m->remote = 1;
+      bus_publish(l->bus, m);
+    }
     return;
   }
   case NOTIFY_BAD:

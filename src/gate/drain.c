@@ -476,4 +476,12 @@ void drain_conn_closing(drain_t *d, conn_t *c) {
   metrics_add(d->env.metrics, "converger_drain_migrated_total", NULL, 1);
 }
 
+void drain_progress(const drain_t *d, drain_progress_t *out) {
+  const batch_t *b = d->begun ? &d->drain : &d->shed;
+  *out = (drain_progress_t){.told = b->told,
+                            .moved = b->moved,
+                            .closed = b->closed,
+                            .remaining = d->begun ? d->env.net->nws : 0};
+}
+
 int drain_state(const drain_t *d) { return d->begun ? 1 : d->shed.id ? 2 : 0; }

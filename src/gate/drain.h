@@ -117,6 +117,15 @@ void drain_conn_closing(drain_t *d, conn_t *c);
  * it again at the same time changes nothing. Loop thread. */
 void drain_tick(drain_t *d);
 
+/* How far the drain (once begun), else the current or last shed, has got:
+ * connections told to move, those that left by themselves, those closed
+ * with 1012; and while draining, the WebSocket connections still open. */
+typedef struct {
+  int told, moved, closed;
+  int remaining;
+} drain_progress_t;
+void drain_progress(const drain_t *d, drain_progress_t *out);
+
 /* 0 ready, 1 draining, 2 shedding (converger_drain_state). */
 int drain_state(const drain_t *d);
 

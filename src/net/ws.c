@@ -36,6 +36,7 @@ struct ws_s {
   uint64_t cur_frame; /* size of the frame being received */
   int frag_open;      /* a fragmented data message is incomplete */
   int close_sent;
+  int close_code; /* the first close: ours (ws_close) or the peer's; 0: none yet */
 };
 
 static int key_valid(const char *key) {
@@ -213,6 +214,8 @@ static void after_io(conn_t *c) {
     conn_close(c);
     return;
   }
+  if (!ws->close_code && wslay_event_get_close_received(ws->ctx))
+    ws->close_code = wslay_event_get_status_code_received(ws->ctx);
   if (wslay_event_get_close_sent(ws->ctx)) {
     ws->close_sent = 1;
     conn_shutdown(c);
@@ -337,6 +340,7 @@ void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
   c->closed_by_us = 1;
+  ws->close_code = code;
   c->net->handler.on_close(c->net->handler.ud, c); /* nothing more is admitted for it */
   size_t rlen = reason ? strlen(reason) : 0;
   if (rlen > 123) rlen = 123;
@@ -363,6 +367,12 @@ void ws_ping(conn_t *c) {
 
 void ws_free(ws_t *ws) {
   if (!ws) return;
+  /* The connection's end, by its first close code: 1006 (abnormal
+   * closure, RFC 6455 section 7.1.5) when no close frame was sent or
+   * received; 1005 for a peer's close without a code. */
+  char labels[24];
+  snprintf(labels, sizeof labels, "code=\"%d\"", ws->close_code ? ws->close_code : 1006);
+  metrics_add(ws->conn->net->metrics, "converger_ws_closes_total", labels, 1);
   if (ws->ctx) wslay_event_context_free(ws->ctx);
   free(ws);
 }

@@ -145,6 +145,8 @@ static void hello_done(pool_job_t *job) {
                   s->ss->cfg->node_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
+    metrics_observe(s->ss->metrics, "converger_hello_latency_ms",
+                    (double)(util_mono_ms() - s->hello_ms));
     session_count_handshake(s->ss, "ok");
     s->drain_mark.welcomed = 1;
     if (s->drain_mark.batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
@@ -236,6 +238,7 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
     return;
   }
   s->hello_seen = 1;
+  s->hello_ms = util_mono_ms();
   c->deadline_ms = 0;
   hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
   if (!h) {

@@ -76,6 +76,7 @@ struct session_s {
   sessions_t *ss;
   uint64_t id;
   int hello_seen;
+  uint64_t hello_ms; /* monotonic: the hello came (converger_hello_latency_ms) */
   auth_token_t token;
   sub_t *subs;
   uint64_t retry_due;      /* the earliest retry_at of its subscriptions; 0: none */

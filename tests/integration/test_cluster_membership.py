@@ -50,8 +50,9 @@ class ClusterMembership(NodeCase):
                 self.assertGreaterEqual(n["connections"], 0)
                 self.assertEqual(n["waiters"], 0)
                 self.assertRegex(n["updatedAt"], RFC3339_MS)
+                self.assertEqual(n["capacity"], 0)  # CONVERGER_CAPACITY_CONNECTIONS unset
                 self.assertEqual(set(n), {"id", "publicUrl", "state", "connections", "waiters",
-                                          "updatedAt"})
+                                          "capacity", "updatedAt"})
 
         # the route needs the API key
         for key in (None, "wrong-key"):

@@ -1,0 +1,16 @@
+# Writes OUT (#define CONVERGER_COMMIT "...") with the commit of the tree
+# at SRC, at every build, touching the file only when the commit changed:
+# converger_build_info names the commit the binary was built from.
+execute_process(COMMAND git -C ${SRC} rev-parse --short=12 HEAD
+  OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(NOT commit)
+  set(commit unknown)
+endif()
+set(text "#define CONVERGER_COMMIT \"${commit}\"\n")
+set(old "")
+if(EXISTS ${OUT})
+  file(READ ${OUT} old)
+endif()
+if(NOT old STREQUAL text)
+  file(WRITE ${OUT} "${text}")
+endif()
