@@ -6,6 +6,7 @@
 
 #include "bench/bench.h"
 #include "cli/epoch.h"
+#include "cli/roll.h"
 #include "cli/send.h"
 #include "cli/tail.h"
 #include "cli/token.h"
@@ -23,6 +24,8 @@ static void usage(FILE *out) {
       "  send     send one message over REST, with retries (see converger send --help)\n"
       "  tail     print the messages of conversations as they come (see converger tail --help)\n"
       "  epoch    give conversations a new epoch after a restore (see converger epoch --help)\n"
+      "  roll     restart a fleet in batches, with the post-mortem's thresholds (see --help)\n"
+      "  balance  move clients from the busiest nodes to the others (see --help)\n"
       "  bench    run a benchmark against a node it starts (see converger bench --help)\n"
       "  sim      simulate a rolling restart of a large fleet (see converger sim --help)\n"
       "  version  print the version\n",
@@ -40,6 +43,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "send") == 0) return send_main(argc - 2, argv + 2);
   if (strcmp(cmd, "tail") == 0) return tail_main(argc - 2, argv + 2);
   if (strcmp(cmd, "epoch") == 0) return epoch_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "roll") == 0) return roll_main(argc - 2, argv + 2, 0);
+  if (strcmp(cmd, "balance") == 0) return roll_main(argc - 2, argv + 2, 1);
   if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sim") == 0) return sim_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -391,7 +391,8 @@ static void handle_status(api_t *api, conn_t *c) {
   drain_progress_t dp;
   drain_progress(*api->drain, &dp);
   json_t *v = json_pack(
-      "{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:i, s:i, s:f, s:s, s:{s:i, s:i, s:i, s:i}}",
+      "{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:i, s:i, s:f, s:s, s:{s:i, s:i, s:i, s:i}, "
+      "s:i, s:i}",
       "node", api->cfg->node_id, "version", CONVERGER_VERSION, "state",
       node_phase_name(*api->phase), "ready", readiness(api, NULL), "connections", api->net->nws,
       "maxConnections", *api->max_connections, "capacity", api->cfg->capacity_connections,
@@ -399,7 +400,8 @@ static void handle_status(api_t *api, conn_t *c) {
       (json_int_t)bus_count(api->bus), "poolInFlight", pool_in_flight(*api->pool), "poolSize",
       api->cfg->pool_size, "loopUtilisation", *api->loop_utilisation, "drain",
       drain_states[drain_state(*api->drain)], "drainProgress", "told", dp.told, "moved", dp.moved,
-      "closed", dp.closed, "remaining", dp.remaining);
+      "closed", dp.closed, "remaining", dp.remaining, "drainWindowMs", api->cfg->drain_window_ms,
+      "drainShutdownMs", api->cfg->drain_shutdown_ms);
   http_respond_json(c, 200, v, NULL);
 }
 

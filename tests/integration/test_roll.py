@@ -1,0 +1,331 @@
+"""`converger roll` and `converger balance` on a local cluster: PostgreSQL
+(scripts/pg-tmp) and three nodes started here, 30 subscribers on the C
+library (`converger tail`, 10 per node) and a REST sender. A supervisor
+thread plays systemd's Restart=: a node that exits 0 after its drain is
+started again on its port (a node killed with SIGKILL is left down).
+
+- it completes: every node restarted, the fleet balanced at the end, no
+  acknowledged message lost or doubled at any subscriber, no subscriber
+  ever offline (make-before-break);
+- it pauses: a survivor's loop is made busy (a flood of requests) above a
+  --pause-cpu set low for the test; the roll waits, says why, then goes on;
+- it aborts: a survivor is SIGKILLed mid-roll, its 10 clients (a third)
+  drop: exit 4 naming the connections-drop alarm;
+- it refuses: with a capacity below the load, exit 3 before any drain;
+  --dry-run prints the plan and drains nothing;
+- balance: a fourth node joins a loaded cluster empty; `converger
+  balance` moves clients to it until the fleet is even, nobody offline.
+"""
+
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import NodeCase, PgCluster, mint_token  # noqa: E402
+from test_client_sdk import Tail, post_until_committed  # noqa: E402
+
+PER_NODE = 10
+
+
+class Supervisor(threading.Thread):
+    """Starts again every node whose process exited 0 (its drain ended)."""
+
+    def __init__(self, nodes):
+        super().__init__(daemon=True)
+        self.nodes = nodes
+        self.stop_ev = threading.Event()
+        self.restarts = {n.port: 0 for n in nodes}
+        self.errors = []
+
+    def run(self):
+        while not self.stop_ev.wait(0.1):
+            for n in list(self.nodes):
+                p = n.proc
+                if p is None or p.poll() is None or p.returncode != 0:
+                    continue
+                harness._unregister(p)
+                n.exit_codes.append(0)
+                try:
+                    n.start()
+                    self.restarts[n.port] = self.restarts.get(n.port, 0) + 1
+                except Exception as e:  # reported by the test
+                    self.errors.append(repr(e))
+                    return
+
+    def stop(self):
+        self.stop_ev.set()
+        self.join(30)
+
+
+class Roll(NodeCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.pg = PgCluster()
+        cls.addClassCleanup(cls.pg.stop)
+
+    def database(self):
+        """A database of this test's own on the shared server: no membership
+        rows of the nodes of an earlier test (they stay listed for 3.5 s)."""
+        name = "roll_" + harness.uid("d").replace("-", "_").lower()
+        self.pg.sql("CREATE DATABASE %s" % name)
+        base, _, _ = self.pg.url.rpartition("/")
+        return "%s/%s" % (base, name)
+
+    def cluster(self, n=3, env=None):
+        self.db_url = self.database()
+        e = {"CONVERGER_DATABASE_URL": self.db_url,
+             "CONVERGER_DRAIN_WINDOW_MS": "4000",
+             "CONVERGER_DRAIN_SHUTDOWN_MS": "20000"}
+        e.update(env or {})
+        nodes = [self.node_start(e) for _ in range(n)]
+        sup = Supervisor(nodes)
+        sup.start()
+        self.addCleanup(sup.stop)
+        return nodes, sup
+
+    @staticmethod
+    def in_roll_order(nodes):
+        """The nodes in the roll's batch order: /admin/cluster's, by id."""
+        return sorted(nodes, key=lambda n: n.node_id)
+
+    def tails(self, nodes, conv):
+        tok = mint_token("roller", [conv])
+        out = []
+        for n in nodes:
+            for _ in range(PER_NODE):
+                t = Tail(["--url", n.ws_url, "--token", tok, "--conv", conv, "--watermark", "0"])
+                self.addCleanup(t.stop)
+                out.append(t)
+        for t in out:
+            self.assertTrue(t.wait_for(lambda t=t: any(": connected: " in l for l in t.err), 20),
+                            t.stderr_text())
+        return out
+
+    def wait_connections(self, nodes, want, timeout=20):
+        deadline = time.monotonic() + timeout
+        got = None
+        while time.monotonic() < deadline:
+            got = [n.request("GET", "/admin/status")[2].get("connections", 0) for n in nodes]
+            if sum(got) >= want:
+                return got
+            time.sleep(0.1)
+        self.fail("connections %r, want %d in total" % (got, want))
+
+    def sender(self, nodes, conv, stop, acks):
+        i = 0
+        while not stop.is_set():
+            i += 1
+            n = nodes[i % len(nodes)]
+            js = post_until_committed(n.port, conv, i, stop)
+            if js is None:
+                return
+            acks[i] = js["seq"]
+            time.sleep(0.05)
+
+    def roll(self, node, *args, out=None, timeout=180):
+        cmd = [harness.binary(), "roll", "--url", "http://127.0.0.1:%d" % node.port,
+               "--api-key", harness.API_KEY, "--settle-s", "1"] + list(args)
+        if out:
+            cmd += ["--out", out]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+        harness._register(p)
+        return p
+
+    def finish(self, p, timeout=180):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            self.fail("roll did not end within %d s:\n%s\n%s" % (timeout, out, err))
+        finally:
+            harness._unregister(p)
+        return p.returncode, out, err
+
+    def check_subscribers(self, tails, acks):
+        total = max(acks) if acks else 0
+        seqs = sorted(acks.values())
+        self.assertEqual(seqs, list(range(1, len(seqs) + 1)))  # one message per key
+        for t in tails:
+            self.assertTrue(t.wait_for(lambda t=t: len(t.lines) >= len(seqs), 20), t.stderr_text())
+            self.assertEqual(t.stop(), 0, t.stderr_text())
+            got = [json.loads(l)["seq"] for l in t.lines]
+            # every acknowledged message, once, in order (more may follow)
+            self.assertEqual(got[:len(seqs)], list(range(1, len(seqs) + 1)), t.stderr_text())
+            self.never_offline(t)
+        return total
+
+    def never_offline(self, t):
+        """The subscriber never waited without a connection: every move was
+        make-before-break (a `waiting:` line is a lost connection)."""
+        self.assertEqual([l for l in t.err if ": waiting: " in l], [], t.stderr_text())
+        summary = [l for l in t.err if "message(s); attempts" in l]
+        self.assertEqual(len(summary), 1, t.stderr_text())
+
+    def test_roll_completes_balanced_nobody_offline(self):
+        nodes, sup = self.cluster()
+        conv = nodes[0].new_conv()
+        tails = self.tails(nodes, conv)
+        self.wait_connections(nodes, 3 * PER_NODE)
+        stop, acks = threading.Event(), {}
+        th = threading.Thread(target=self.sender, args=(nodes, conv, stop, acks), daemon=True)
+        th.start()
+        out_dir = tempfile.mkdtemp(prefix="converger-roll-")
+        p = self.roll(nodes[0], "--balance-tolerance", "20", "--balance-window-ms", "3000",
+                      out=out_dir)
+        rc, out, err = self.finish(p)
+        stop.set()
+        th.join(30)
+        self.assertEqual(rc, 0, out + err)
+        self.assertEqual(sup.errors, [])
+        self.assertIn("batch 1/3:", out)
+        self.assertIn("expected duration", out)
+        self.assertIn("headroom: ok", out)
+        self.assertIn("result: done", out)
+        for n in nodes:
+            self.assertEqual(sup.restarts[n.port], 1, "every node restarted once")
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["result"], "done")
+        self.assertEqual(len(s["batch_s"]), 3)
+        self.assertTrue(s["balanced"])
+        self.assertLessEqual(s["spread_after"], 1.2)
+        per_node = self.wait_connections(nodes, 3 * PER_NODE)
+        self.assertLessEqual(max(per_node), 12, per_node)
+        self.assertGreaterEqual(s["fewest_connections"], 3 * PER_NODE - 1, s)
+        self.check_subscribers(tails, acks)
+
+    def test_roll_pauses_for_a_hot_survivor_then_goes_on(self):
+        nodes, sup = self.cluster()
+        conv = nodes[0].new_conv()
+        tails = self.tails(nodes, conv)
+        self.wait_connections(nodes, 3 * PER_NODE)
+        first, hot, _ = self.in_roll_order(nodes)  # hot: a survivor of batch 1
+        flood_stop = threading.Event()
+
+        def flood():
+            c = http.client.HTTPConnection("127.0.0.1", hot.port, timeout=5)
+            while not flood_stop.is_set():
+                try:
+                    c.request("GET", "/metrics")
+                    c.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    c = http.client.HTTPConnection("127.0.0.1", hot.port, timeout=5)
+        floods = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
+        for f in floods:
+            f.start()
+        self.addCleanup(flood_stop.set)
+        time.sleep(2)  # a loop utilisation sample of the flood
+        p = self.roll(nodes[0], "--pause-cpu", "3", "--abort-cpu", "100", "--no-balance")
+        lines = []
+
+        def read_err():
+            for line in p.stderr:
+                lines.append(line)
+        t = threading.Thread(target=read_err, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("paused: survivor" in l for l in lines):
+            time.sleep(0.2)
+        self.assertTrue(any("paused: survivor %s" % hot.node_id in l for l in lines), "".join(lines))
+        time.sleep(2)
+        self.assertEqual(sup.restarts[first.port], 0, "no batch while paused")
+        flood_stop.set()
+        out = p.stdout.read()
+        p.wait(180)
+        harness._unregister(p)
+        t.join(10)
+        self.assertEqual(p.returncode, 0, out + "".join(lines))
+        m = re.search(r"pauses: (\d+) \((\d+) s\)", out)
+        self.assertTrue(m and int(m.group(1)) >= 1 and int(m.group(2)) >= 2, out)
+        for n in nodes:
+            self.assertEqual(sup.restarts[n.port], 1)
+        for tl in tails:
+            tl.stop()
+
+    def test_roll_aborts_when_a_survivor_dies(self):
+        nodes, sup = self.cluster()
+        conv = nodes[0].new_conv()
+        self.tails(nodes, conv)
+        self.wait_connections(nodes, 3 * PER_NODE)
+        p = self.roll(nodes[0], "--no-balance")
+        lines = []
+
+        def read_err():
+            for line in p.stderr:
+                lines.append(line)
+        t = threading.Thread(target=read_err, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("draining" in l for l in lines):
+            time.sleep(0.1)
+        first, second, victim = self.in_roll_order(nodes)  # victim: a survivor of batch 1
+        sup.nodes.remove(victim)  # stays down
+        victim.kill9()
+        out = p.stdout.read()
+        p.wait(120)
+        harness._unregister(p)
+        t.join(10)
+        err = "".join(lines)
+        self.assertEqual(p.returncode, 4, out + err)
+        self.assertIn("aborted: connections-drop alarm", err)
+        self.assertIn("result: aborted", out)
+        self.assertEqual(sup.restarts[second.port], 0, "nothing more started")
+        # the batch under way finished: its node is back and ready
+        self.assertEqual(sup.restarts[first.port], 1)
+        self.assertEqual(first.get("/readyz")[0], 200)
+
+    def test_refused_without_headroom_and_dry_run(self):
+        nodes, sup = self.cluster(env={"CONVERGER_CAPACITY_CONNECTIONS": "12"})
+        conv = nodes[0].new_conv()
+        self.tails(nodes, conv)
+        self.wait_connections(nodes, 3 * PER_NODE)  # 30 of 36: 83 %
+        rc, out, err = self.finish(self.roll(nodes[0]), 60)
+        self.assertEqual(rc, 3, out + err)
+        self.assertIn("refusing to start: fleet utilisation 83 % is above the 65 % budget", err)
+        rc, out, err = self.finish(self.roll(nodes[0], "--max-utilisation", "90"), 60)
+        self.assertEqual(rc, 3, out + err)  # 30 on the 24 of two survivors
+        self.assertIn("30 connection(s) on a capacity of 24", err)
+        rc, out, err = self.finish(self.roll(nodes[0], "--max-utilisation", "90", "--batch", "3",
+                                             "--dry-run"), 60)
+        self.assertEqual(rc, 3, out + err)
+        self.assertIn("no survivor", err)
+        for n in nodes:
+            self.assertEqual(n.get("/readyz")[0], 200)  # nothing drained
+        self.assertEqual(sum(sup.restarts.values()), 0)
+
+    def test_balance_moves_clients_to_a_new_node(self):
+        nodes, sup = self.cluster()
+        conv = nodes[0].new_conv()
+        tails = self.tails(nodes, conv)
+        self.wait_connections(nodes, 3 * PER_NODE)
+        fourth = self.node_start({"CONVERGER_DATABASE_URL": self.db_url})
+        cmd = [harness.binary(), "balance", "--url", "http://127.0.0.1:%d" % fourth.port,
+               "--api-key", harness.API_KEY, "--balance-window-ms", "3000",
+               "--balance-tolerance", "25"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("fleet: 4 node(s)", r.stdout)
+        per_node = self.wait_connections(nodes + [fourth], 3 * PER_NODE)
+        self.assertGreaterEqual(per_node[3], 5, per_node)
+        self.assertLessEqual(max(per_node), 10, per_node)
+        moved = 0
+        for t in tails:
+            self.assertEqual(t.stop(), 0)
+            self.never_offline(t)
+            moved += sum(1 for l in t.err if ": connected: " in l) - 1
+        self.assertGreaterEqual(moved, 5)
+
+
+if __name__ == "__main__":
+    harness.main()
