@@ -390,9 +390,11 @@ static void handle_status(api_t *api, conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
   drain_progress_t dp;
   drain_progress(*api->drain, &dp);
+  procstat_t ps;
+  procstat_read(&ps);
   json_t *v = json_pack(
       "{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:i, s:i, s:f, s:s, s:{s:i, s:i, s:i, s:i}, "
-      "s:i, s:i}",
+      "s:i, s:i, s:f}",
       "node", api->cfg->node_id, "version", CONVERGER_VERSION, "state",
       node_phase_name(*api->phase), "ready", readiness(api, NULL), "connections", api->net->nws,
       "maxConnections", *api->max_connections, "capacity", api->cfg->capacity_connections,
@@ -401,7 +403,7 @@ static void handle_status(api_t *api, conn_t *c) {
       api->cfg->pool_size, "loopUtilisation", *api->loop_utilisation, "drain",
       drain_states[drain_state(*api->drain)], "drainProgress", "told", dp.told, "moved", dp.moved,
       "closed", dp.closed, "remaining", dp.remaining, "drainWindowMs", api->cfg->drain_window_ms,
-      "drainShutdownMs", api->cfg->drain_shutdown_ms);
+      "drainShutdownMs", api->cfg->drain_shutdown_ms, "startedAt", ps.start_time_s);
   http_respond_json(c, 200, v, NULL);
 }
 

@@ -151,6 +151,7 @@ void fleet_sample_node(fleet_t *f, size_t i) {
     nd->remaining = (int)get_int(dp, "remaining");
     nd->drain_window_ms = (int)get_int(js, "drainWindowMs");
     nd->drain_shutdown_ms = (int)get_int(js, "drainShutdownMs");
+    nd->started_at = json_number_value(json_object_get(js, "startedAt"));
     json_decref(js);
   }
 }

@@ -31,6 +31,7 @@ typedef struct {
   double cpu;                         /* loop utilisation 0..1; -1: not known */
   int told, moved, closed, remaining; /* its drain's or shed's progress */
   int drain_window_ms, drain_shutdown_ms;
+  double started_at; /* the process's start (s since the epoch): a restart changes it */
 } fleet_node_t;
 
 typedef struct {

@@ -385,6 +385,8 @@ static int run_batch(roll_t *r, size_t b) {
   uint64_t began = elapsed_ms(r);
   r->cur = (int)b;
   int *left = calloc(r->f.n, sizeof *left), *seen = calloc(r->f.n, sizeof *seen);
+  double *started = calloc(r->f.n, sizeof *started);
+  for (size_t i = 0; i < r->f.n; i++) started[i] = r->f.v[i].started_at;
   int rc = 0;
   uint64_t leave_ms = 0;
   for (size_t i = 0; i < r->f.n; i++) {
@@ -400,7 +402,8 @@ static int run_batch(roll_t *r, size_t b) {
     if (t > leave_ms) leave_ms = t;
     fprintf(stderr, "%sroll: %s: draining\n", r->tty ? "\r\033[K" : "", r->f.v[i].id);
   }
-  /* leave: it stops answering, or answers as a new process */
+  /* leave: it stops answering, or answers as a new process (another
+   * start time: a supervisor may restart it between two samples) */
   for (;;) {
     step(r, 0, phase);
     int all = 1;
@@ -408,8 +411,9 @@ static int run_batch(roll_t *r, size_t b) {
       if (r->batch_of[i] != b || left[i]) continue;
       const fleet_node_t *nd = &r->f.v[i];
       seen[i] |= nd->up && strcmp(nd->state, "draining") == 0;
-      left[i] = !nd->up || (seen[i] && strcmp(nd->state, "draining") != 0 &&
-                            strcmp(nd->state, "stopping") != 0);
+      left[i] =
+          !nd->up || nd->started_at != started[i] ||
+          (seen[i] && strcmp(nd->state, "draining") != 0 && strcmp(nd->state, "stopping") != 0);
       all &= left[i];
     }
     if (all) break;
@@ -450,6 +454,7 @@ out:
   r->cur = -1;
   free(left);
   free(seen);
+  free(started);
   if (rc != 0) r->aborted = 1;
   return rc;
 }

@@ -13,6 +13,8 @@ started again on its port (a node killed with SIGKILL is left down).
   drop: exit 4 naming the connections-drop alarm;
 - it refuses: with a capacity below the load, exit 3 before any drain;
   --dry-run prints the plan and drains nothing;
+- --restart-cmd runs for each node (no shell, {id} replaced), and one that
+  exits non-zero aborts the roll;
 - balance: a fourth node joins a loaded cluster empty; `converger
   balance` moves clients to it until the fleet is even, nobody offline.
 """
@@ -284,6 +286,22 @@ class Roll(NodeCase):
         # the batch under way finished: its node is back and ready
         self.assertEqual(sup.restarts[first.port], 1)
         self.assertEqual(first.get("/readyz")[0], 200)
+
+    def test_restart_command_is_run_and_its_status_checked(self):
+        nodes, sup = self.cluster()
+        first = self.in_roll_order(nodes)[0]
+        marks = tempfile.mkdtemp(prefix="converger-roll-cmd-")
+        # `touch DIR/{id}` (no shell: each word is an argument) succeeds
+        rc, out, err = self.finish(self.roll(nodes[0], "--no-balance", "--restart-cmd",
+                                             "touch %s/{id}" % marks))
+        self.assertEqual(rc, 0, out + err)
+        self.assertEqual(sorted(os.listdir(marks)), sorted(n.node_id for n in nodes))
+        # a command that fails stops the roll after its batch
+        rc, out, err = self.finish(self.roll(nodes[0], "--no-balance", "--restart-cmd", "false"))
+        self.assertEqual(rc, 4, out + err)
+        self.assertIn("aborted: node %s did not come back: false exited with status 1"
+                      % first.node_id, err)
+        self.assertEqual(sup.restarts[first.port], 2)
 
     def test_refused_without_headroom_and_dry_run(self):
         nodes, sup = self.cluster(env={"CONVERGER_CAPACITY_CONNECTIONS": "12"})
