@@ -982,6 +982,21 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
                                 (json_int_t)pct_i64(x->off, x->noff, 0.95), "p99",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.99), "max",
                                 (json_int_t)(x->noff ? x->off[x->noff - 1] : 0)));
+  /* the balance at the end: each node's connections in the last whole
+   * 100 ms bucket, and the busiest over the mean (a restarted node comes
+   * back empty; nothing moves clients back to it) */
+  json_t *end_nodes = json_array();
+  double end_sum = 0, end_max = 0;
+  if (x->nb >= 2)
+    for (long long k = 0; k < o->nodes; k++) {
+      uint32_t c = x->conn_b[x->nb - 2][k];
+      json_array_append_new(end_nodes, json_integer(c));
+      end_sum += c;
+      if (c > end_max) end_max = c;
+    }
+  json_object_set_new(j, "end_connections_per_node", end_nodes);
+  json_object_set_new(j, "end_spread",
+                      json_real(end_sum > 0 ? end_max * (double)o->nodes / end_sum : 0));
   json_object_set_new(j, "roll_from_ms", json_integer(x->roll_from_ms));
   json_object_set_new(j, "roll_to_ms", json_integer(x->roll_to_ms));
   arrivals_json(x, j);

@@ -73,7 +73,17 @@ json_t *report_summary(const sim_t *s) {
   int64_t non_churn = s->attempts - s->churn_attempts;
   json_t *per_displaced =
       s->displaced ? json_real((double)non_churn / (double)s->displaced) : json_null();
-  return json_pack(
+  /* the balance at the end: the busiest node's connections over the mean
+   * of the nodes up (a restarted node comes back empty) */
+  int64_t conns_max = 0, conns_sum = 0, up = 0;
+  for (int64_t k = 0; k < p->nodes; k++)
+    if (s->n[k].up) {
+      conns_sum += s->n[k].conns;
+      if (s->n[k].conns > conns_max) conns_max = s->n[k].conns;
+      up++;
+    }
+  double end_spread = conns_sum > 0 ? (double)conns_max * (double)up / (double)conns_sum : 0;
+  json_t *j = json_pack(
       "{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:o, s:o, s:I,"
       " s:I, s:b, s:I, s:o, s:I, s:o, s:I, s:I, s:I, s:{s:I, s:f, s:o}, s:{s:I, s:I, s:I, s:I, "
       "s:I},"
@@ -98,6 +108,8 @@ json_t *report_summary(const sim_t *s) {
       (json_int_t)s->nhist, "p50", (json_int_t)sim_outage_percentile(s, 0.50), "p95",
       (json_int_t)sim_outage_percentile(s, 0.95), "p99", (json_int_t)sim_outage_percentile(s, 0.99),
       "max", (json_int_t)sim_outage_percentile(s, 1.0), "params", sim_params_to_json(p));
+  if (j) json_object_set_new(j, "end_spread", json_real(end_spread));
+  return j;
 }
 
 static double num(const json_t *o, const char *key) {
