@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -183,6 +184,7 @@ class Roll(NodeCase):
         th = threading.Thread(target=self.sender, args=(nodes, conv, stop, acks), daemon=True)
         th.start()
         out_dir = tempfile.mkdtemp(prefix="converger-roll-")
+        self.addCleanup(shutil.rmtree, out_dir, True)
         p = self.roll(nodes[0], "--balance-tolerance", "20", "--balance-window-ms", "3000",
                       out=out_dir)
         rc, out, err = self.finish(p)
@@ -291,6 +293,7 @@ class Roll(NodeCase):
         nodes, sup = self.cluster()
         first = self.in_roll_order(nodes)[0]
         marks = tempfile.mkdtemp(prefix="converger-roll-cmd-")
+        self.addCleanup(shutil.rmtree, marks, True)
         # `touch DIR/{id}` (no shell: each word is an argument) succeeds
         rc, out, err = self.finish(self.roll(nodes[0], "--no-balance", "--restart-cmd",
                                              "touch %s/{id}" % marks))
