@@ -209,7 +209,7 @@ static void setup(void) {
   signal(SIGPIPE, SIG_IGN); /* as the node: a write to a closed peer is EPIPE */
   util_mono_fake(&now_ms);
   if (uv_loop_init(&loop) != 0) abort();
-  cfg.max_message_bytes = 65536;
+  cfg.max_message_bytes = 4096; /* below -max_len, so the 1009 close is reachable */
   cfg.heartbeat_ms = 25000;
   cfg.hello_timeout_ms = 10000;
   cfg.header_timeout_ms = 10000;
