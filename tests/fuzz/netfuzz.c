@@ -166,7 +166,7 @@ static void on_text(void *ud, conn_t *c, const char *text, size_t len) {
   case FRAME_SEND: { /* encoded once and queued as bytes, as the bus does */
     char *sent = frame_sent(f.conv, f.id, ++s->seq);
     size_t wire_len;
-    char *wire = sent ? ws_encode_text(sent, strlen(sent), &wire_len) : NULL;
+    char *wire = sent ? ws_encode_text(c->net, sent, strlen(sent), &wire_len) : NULL;
     if (wire) ws_send_frame(c, wire, wire_len);
     free(wire);
     free(sent);
@@ -214,7 +214,7 @@ static void setup(void) {
   cfg.hello_timeout_ms = 10000;
   cfg.header_timeout_ms = 10000;
   cfg.max_subs = 100;
-  conn_net_init(&net, &loop, &cfg, &handler);
+  conn_net_init(&net, &loop, &cfg, &handler, NULL); /* no registry: nothing recorded */
   uv_check_init(&loop, &flush_check);
   uv_check_start(&flush_check, check_cb);
   uv_unref((uv_handle_t *)&flush_check);
