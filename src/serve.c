@@ -16,6 +16,7 @@
 #include "core/dburl.h"
 #include "gate/auth.h"
 #include "core/metrics.h"
+#include "core/procstat.h"
 #include "api/rest.h"
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
@@ -66,7 +67,7 @@ static void admission_arm(void *ud, int64_t at_ms) {
 static void sample_loop(node_t *node) {
   uint64_t now = uv_hrtime(), idle = uv_metrics_idle_time(node->loop);
   uint64_t span = now - node->loop_sampled_ns;
-  if (node->loop_sampled_ns && span < 1000000000ull) return;
+  if (node->loop_sampled_ns && span < 900000000ull) return; /* ticks come about once a second */
   if (node->loop_sampled_ns && span > 0) {
     double busy = 1.0 - (double)(idle - node->loop_idle_ns) / (double)span;
     node->loop_utilisation = busy < 0 ? 0 : busy > 1 ? 1 : busy;
@@ -271,6 +272,8 @@ int serve_main(int argc, char **argv) {
                                 .net = &node->net,
                                 .rng = &node->rng,
                                 .metrics = node->metrics};
+  procstat_t start; /* the start time /admin/status reports (a restart changes it) */
+  procstat_read(&start);
   node->api = (api_t){.loop = node->loop,
                       .cfg = &cfg,
                       .pool = &node->pool,
@@ -280,6 +283,7 @@ int serve_main(int argc, char **argv) {
                       .drain = &node->drain,
                       .pgnotify = &node->pgnotify,
                       .loop_utilisation = &node->loop_utilisation,
+                      .started_at = start.start_time_s,
                       .sessions = &node->sessions,
                       .net = &node->net,
                       .accept = &node->accept,

@@ -390,8 +390,6 @@ static void handle_status(api_t *api, conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
   drain_progress_t dp;
   drain_progress(*api->drain, &dp);
-  procstat_t ps;
-  procstat_read(&ps);
   json_t *v = json_pack(
       "{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:i, s:i, s:f, s:s, s:{s:i, s:i, s:i, s:i}, "
       "s:i, s:i, s:f}",
@@ -403,7 +401,7 @@ static void handle_status(api_t *api, conn_t *c) {
       api->cfg->pool_size, "loopUtilisation", *api->loop_utilisation, "drain",
       drain_states[drain_state(*api->drain)], "drainProgress", "told", dp.told, "moved", dp.moved,
       "closed", dp.closed, "remaining", dp.remaining, "drainWindowMs", api->cfg->drain_window_ms,
-      "drainShutdownMs", api->cfg->drain_shutdown_ms, "startedAt", ps.start_time_s);
+      "drainShutdownMs", api->cfg->drain_shutdown_ms, "startedAt", api->started_at);
   http_respond_json(c, 200, v, NULL);
 }
 
@@ -421,10 +419,10 @@ static void refresh_gauges(api_t *api) {
   metrics_set(m, "converger_loop_utilisation", NULL, *api->loop_utilisation);
   drain_progress_t dp;
   drain_progress(*api->drain, &dp);
-  metrics_set(m, "converger_drain_told", NULL, dp.told);
-  metrics_set(m, "converger_drain_moved", NULL, dp.moved);
-  metrics_set(m, "converger_drain_closed", NULL, dp.closed);
-  metrics_set(m, "converger_drain_remaining", NULL, dp.remaining);
+  metrics_set(m, "converger_drain_progress", "kind=\"told\"", dp.told);
+  metrics_set(m, "converger_drain_progress", "kind=\"moved\"", dp.moved);
+  metrics_set(m, "converger_drain_progress", "kind=\"closed\"", dp.closed);
+  metrics_set(m, "converger_drain_progress", "kind=\"remaining\"", dp.remaining);
   metrics_set(m, "converger_build_info",
               "version=\"" CONVERGER_VERSION "\",commit=\"" CONVERGER_COMMIT "\"", 1);
   procstat_t ps;

@@ -44,6 +44,7 @@ typedef struct api_s {
   const int *max_connections; /* WebSocket connections allowed; more: 503 */
   const node_phase_t *phase;  /* the lifecycle's phase (core/phase.h) */
   const double *loop_utilisation; /* the loop's busy share of the last second (serve.c) */
+  double started_at;              /* the process's start, s since the epoch (read once) */
   /* The lifecycle's drain (lifecycle.h, node_drain): 0, or -CV_EEXISTS. */
   int (*drain_begin)(void *ud, const char *why);
   void *ud;

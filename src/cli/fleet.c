@@ -128,7 +128,11 @@ void fleet_sample_node(fleet_t *f, size_t i) {
   {
     fleet_node_t *nd = &f->v[i];
     char why[400];
-    json_t *js = call(f, &nd->url, "GET", "/admin/status", NULL, 200, NULL, why, sizeof why);
+    int st = 0;
+    json_t *js = call(f, &nd->url, "GET", "/admin/status", NULL, 200, &st, why, sizeof why);
+    if (!js && st != -ECONNREFUSED && nd->up && ++nd->missed < FLEET_MISSES)
+      return; /* slow, not gone: the last figures stand */
+    nd->missed = 0;
     nd->up = js != NULL;
     if (!js) {
       nd->ready = 0;

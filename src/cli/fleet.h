@@ -24,7 +24,8 @@ typedef struct {
   httpc_url_t url; /* its admin API: http://host:port[/prefix] */
   char shown[HTTPC_HOST_MAX + 32];
   /* the last GET /admin/status */
-  int up;         /* it answered */
+  int up;         /* it answered, or its last answer stands (see missed) */
+  int missed;     /* samples in a row without an answer (timeouts); up drops at FLEET_MISSES */
   int ready;      /* /readyz would answer 200 */
   char state[16]; /* starting, ready, draining, stopping */
   int64_t connections, capacity;
@@ -52,8 +53,12 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len);
  * their GET /admin/status. Returns 0, or -1 with a reason. */
 int fleet_from_urls(fleet_t *f, const char *csv, char *err, size_t len);
 
-/* GET /admin/status of node i into its sample (up 0 when it does not
- * answer 200). */
+/* GET /admin/status of node i into its sample. A node that refuses the
+ * connection (nothing listens: it exited) is down at once; one that does
+ * not answer in time (a busy node) keeps its last figures for
+ * FLEET_MISSES - 1 samples, so that a slow answer is not counted as lost
+ * connections. */
+#define FLEET_MISSES 3
 void fleet_sample_node(fleet_t *f, size_t i);
 
 /* GET /readyz of node i: 1 when it answers 200, else 0. */

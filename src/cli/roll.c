@@ -122,8 +122,12 @@ static void usage(FILE *out, int balance_only) {
           "  --balance-tolerance P  balanced: no node more than P %% above the mean (default 10)\n"
           "  --balance-window-ms MS the window of each shed move (default 10000)\n"
           "  --balance-rounds N     shed rounds at most (default 4)\n"
-          "  --out DIR              write DIR/summary.json\n\n"
-          "Exit status: 0 done, 1 error, 2 usage, 3 refused (no headroom), 4 aborted.\n");
+          "  --out DIR              write DIR/summary.json\n");
+  if (balance_only) fprintf(out, "  --dry-run              print the fleet, then exit\n");
+  fprintf(out, "\nA threshold of 0 turns its check off. Exit status: 0 done, 1 error, 2 usage, 3\n"
+               "refused (no headroom), 4 aborted (an alarm, a node that did not leave or come\n"
+               "back, Ctrl-C, or not balanced after --balance-rounds). A second Ctrl-C exits at\n"
+               "once with 130.\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -322,51 +326,87 @@ static rollpolicy_verdict_t step(roll_t *r, int before_batch, const char *phase)
 
 /* ---- a batch ---------------------------------------------------------------- */
 
+/* Start argv in a process group of its own, so that a Ctrl-C meant for
+ * the roll (which lets the batch under way finish) does not kill it. */
+static int spawn(pid_t *pid, char **argv) {
+  posix_spawnattr_t a;
+  posix_spawnattr_init(&a);
+  posix_spawnattr_setflags(&a, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&a, 0);
+  int e = posix_spawnp(pid, argv[0], NULL, &a, argv, environ);
+  posix_spawnattr_destroy(&a);
+  return e;
+}
+
 /* Run the restart command for node i and wait for its exit, sampling. 0,
  * or -1 with r->why set. */
 static int restart_node(roll_t *r, size_t i, const char *phase) {
   char *copy = strdup(r->o.restart_cmd), *save = NULL, *argv[64];
   int argc = 0;
   char *owned[64];
-  for (char *t = strtok_r(copy, " \t", &save); t && argc < 63; t = strtok_r(NULL, " \t", &save)) {
+  int too_long = 0;
+  for (char *t = copy ? strtok_r(copy, " \t", &save) : NULL; t; t = strtok_r(NULL, " \t", &save)) {
+    if (argc == 63) {
+      too_long = 1;
+      break;
+    }
     /* {id} and {url}, anywhere in the word */
-    char buf[1024], *o = buf;
-    for (const char *p = t; *p && o < buf + sizeof buf - 1;) {
+    char buf[1024];
+    size_t o = 0;
+    for (const char *p = t; *p;) {
       const char *rep = NULL;
       if (strncmp(p, "{id}", 4) == 0)
         rep = r->f.v[i].id, p += 4;
       else if (strncmp(p, "{url}", 5) == 0)
         rep = r->f.v[i].shown, p += 5;
+      size_t add = rep ? strlen(rep) : 1;
+      if (o + add >= sizeof buf) {
+        too_long = 1;
+        break;
+      }
       if (rep)
-        o += snprintf(o, (size_t)(buf + sizeof buf - o), "%s", rep);
+        memcpy(buf + o, rep, add);
       else
-        *o++ = *p++;
+        buf[o] = *p++;
+      o += add;
     }
-    *o = '\0';
-    owned[argc] = strdup(buf);
+    buf[o] = '\0';
+    if (too_long || !(owned[argc] = strdup(buf))) {
+      too_long = 1;
+      break;
+    }
     argv[argc] = owned[argc];
     argc++;
   }
   argv[argc] = NULL;
+  int no_copy = copy == NULL;
   free(copy);
   int rc = -1;
   pid_t pid;
-  if (argc == 0) {
+  if (too_long || no_copy) {
+    ABORTF(r, "--restart-cmd: more than 63 words, a word longer than 1023 bytes once {id} and "
+              "{url} are replaced, or out of memory");
+  } else if (argc == 0) {
     ABORTF(r, "--restart-cmd is empty");
-  } else if ((errno = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ)) != 0) {
+  } else if ((errno = spawn(&pid, argv)) != 0) {
     ABORTF(r, "node %s did not come back: cannot run %s: %s", r->f.v[i].id, argv[0],
            strerror(errno));
   } else {
     fprintf(stderr, "%sroll: %s: running %s\n", r->tty ? "\r\033[K" : "", r->f.v[i].id,
             r->o.restart_cmd);
-    int status = 0;
+    int status = 0, waited = 1;
     for (;;) {
       pid_t w = waitpid(pid, &status, WNOHANG);
       if (w == pid) break;
-      if (w < 0 && errno != EINTR) break;
+      if (w < 0 && errno != EINTR) {
+        waited = 0;
+        break;
+      }
       step(r, 0, phase);
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    if (!waited)
+      ABORTF(r, "node %s: waiting for %s: %s", r->f.v[i].id, argv[0], strerror(errno));
+    else if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
       rc = 0;
     else
       ABORTF(r, "node %s did not come back: %s %s %d", r->f.v[i].id, argv[0],
@@ -384,19 +424,25 @@ static int run_batch(roll_t *r, size_t b) {
   snprintf(phase, sizeof phase, "batch %zu/%zu", b + 1, r->nbatches);
   uint64_t began = elapsed_ms(r);
   r->cur = (int)b;
-  int *left = calloc(r->f.n, sizeof *left), *seen = calloc(r->f.n, sizeof *seen);
+  /* mine[i]: a node of this batch still being worked on; a node that
+   * failed (its drain refused, it did not leave, its restart failed) stops
+   * being worked on, the others of the batch are still brought back */
+  int *mine = calloc(r->f.n, sizeof *mine), *left = calloc(r->f.n, sizeof *left),
+      *seen = calloc(r->f.n, sizeof *seen);
   double *started = calloc(r->f.n, sizeof *started);
-  for (size_t i = 0; i < r->f.n; i++) started[i] = r->f.v[i].started_at;
-  int rc = 0;
+  int rc = 0, nmine = 0;
   uint64_t leave_ms = 0;
   for (size_t i = 0; i < r->f.n; i++) {
+    started[i] = r->f.v[i].started_at;
     if (r->batch_of[i] != b) continue;
     int st = fleet_post(&r->f, i, "/admin/drain", NULL, err, sizeof err);
     if (st != 202 && st != 409) {
       ABORTF(r, "node %.100s: POST /admin/drain: %.200s", r->f.v[i].id, err);
       rc = -1;
-      goto out;
+      continue;
     }
+    mine[i] = 1;
+    nmine++;
     uint64_t t = r->o.leave_timeout_s > 0 ? (uint64_t)r->o.leave_timeout_s * 1000
                                           : (uint64_t)r->f.v[i].drain_shutdown_ms + 30000;
     if (t > leave_ms) leave_ms = t;
@@ -404,54 +450,57 @@ static int run_batch(roll_t *r, size_t b) {
   }
   /* leave: it stops answering, or answers as a new process (another
    * start time: a supervisor may restart it between two samples) */
-  for (;;) {
+  while (nmine > 0) {
     step(r, 0, phase);
-    int all = 1;
+    int all = 1, late = elapsed_ms(r) - began > leave_ms;
     for (size_t i = 0; i < r->f.n; i++) {
-      if (r->batch_of[i] != b || left[i]) continue;
+      if (!mine[i] || left[i]) continue;
       const fleet_node_t *nd = &r->f.v[i];
       seen[i] |= nd->up && strcmp(nd->state, "draining") == 0;
       left[i] =
           !nd->up || nd->started_at != started[i] ||
           (seen[i] && strcmp(nd->state, "draining") != 0 && strcmp(nd->state, "stopping") != 0);
+      if (!left[i] && late) {
+        ABORTF(r, "node %s did not leave within %llu s", nd->id,
+               (unsigned long long)(leave_ms / 1000));
+        mine[i] = 0;
+        rc = -1;
+        continue;
+      }
       all &= left[i];
     }
     if (all) break;
-    if (elapsed_ms(r) - began > leave_ms) {
-      ABORTF(r, "a node of batch %zu did not leave within %llu s", b + 1,
-             (unsigned long long)(leave_ms / 1000));
-      rc = -1;
-      goto out;
-    }
   }
   if (r->o.restart_cmd)
     for (size_t i = 0; i < r->f.n; i++)
-      if (r->batch_of[i] == b && restart_node(r, i, phase) != 0) {
+      if (mine[i] && restart_node(r, i, phase) != 0) {
+        mine[i] = 0; /* the others are restarted all the same */
         rc = -1;
-        goto out;
       }
   uint64_t ready_from = elapsed_ms(r);
   for (;;) {
-    int all = 1;
-    for (size_t i = 0; i < r->f.n; i++)
-      if (r->batch_of[i] == b) all &= fleet_readyz(&r->f, i);
-    if (all) break;
-    if (elapsed_ms(r) - ready_from > (uint64_t)r->o.ready_timeout_s * 1000) {
-      ABORTF(r,
-             "a node of batch %zu did not come back: no /readyz 200 "
-             "within %lld s (--ready-timeout-s)",
-             b + 1, r->o.ready_timeout_s);
-      rc = -1;
-      goto out;
+    int all = 1, late = elapsed_ms(r) - ready_from > (uint64_t)r->o.ready_timeout_s * 1000;
+    for (size_t i = 0; i < r->f.n; i++) {
+      if (!mine[i] || fleet_readyz(&r->f, i)) continue;
+      if (late) {
+        ABORTF(r, "node %s did not come back: no /readyz 200 within %lld s (--ready-timeout-s)",
+               r->f.v[i].id, r->o.ready_timeout_s);
+        mine[i] = 0;
+        rc = -1;
+        continue;
+      }
+      all = 0;
     }
+    if (all) break;
     step(r, 0, phase);
   }
   r->batch_ms[b] = elapsed_ms(r) - began;
   r->batches_done = b + 1;
-  fprintf(stderr, "%sroll: batch %zu/%zu ready again after %.1f s\n", r->tty ? "\r\033[K" : "",
-          b + 1, r->nbatches, (double)r->batch_ms[b] / 1000);
-out:
+  fprintf(stderr, "%sroll: batch %zu/%zu %s after %.1f s\n", r->tty ? "\r\033[K" : "", b + 1,
+          r->nbatches, rc == 0 ? "ready again" : "done, with a failure",
+          (double)r->batch_ms[b] / 1000);
   r->cur = -1;
+  free(mine);
   free(left);
   free(seen);
   free(started);
@@ -487,6 +536,11 @@ static void balance(roll_t *r) {
       break;
     }
     if (round == r->o.balance_rounds) break;
+    /* the pause threshold, as before a batch */
+    while (!r->aborted && step(r, 1, "balance;") == ROLLPOLICY_PAUSE) {
+    }
+    if (r->aborted) break;
+    s = spread(r, &mean);
     for (size_t i = 0; i < r->f.n; i++) {
       r->shedding[i] = 0;
       const fleet_node_t *nd = &r->f.v[i];
@@ -581,6 +635,7 @@ int roll_main(int argc, char **argv, int balance_only) {
   if (p != 0) return 2;
   const char *cmd = r.o.balance_only ? "balance" : "roll";
   r.f = (fleet_t){.api_key = r.o.api_key, .timeout_ms = 2000, .interrupted = &interrupted};
+  int status = 0;
   char err[600];
   if ((r.o.url ? fleet_from_cluster(&r.f, r.o.url, err, sizeof err)
                : fleet_from_urls(&r.f, r.o.nodes, err, sizeof err)) != 0) {
@@ -605,7 +660,8 @@ int roll_main(int argc, char **argv, int balance_only) {
   if (!r.batch_of || !r.batch_ms || !r.pn || !r.shedding ||
       rollpolicy_init(&r.rp, &pp, r.f.n) != 0) {
     fprintf(stderr, "converger %s: out of memory\n", cmd);
-    return 1;
+    status = 1;
+    goto done;
   }
   for (size_t i = 0; i < r.f.n; i++) r.batch_of[i] = i / (size_t)r.o.batch;
   r.t0 = util_mono_ms();
@@ -615,11 +671,14 @@ int roll_main(int argc, char **argv, int balance_only) {
     if (!r.f.v[i].up) {
       fprintf(stderr, "converger %s: node %s (%s) does not answer GET /admin/status\n", cmd,
               r.f.v[i].id, r.f.v[i].shown);
-      return summary(&r, "error", 1);
+      status = summary(&r, "error", 1);
+      goto done;
     }
   plan(&r);
-  int status = 0;
   if (!r.o.balance_only) {
+    if (rollpolicy_fleet_utilisation(r.pn, r.f.n) < 0)
+      fprintf(stderr, "converger roll: warning: no node publishes a capacity or a loop "
+                      "utilisation: the headroom cannot be checked\n");
     char why[320];
     if (rollpolicy_headroom(&pp, r.pn, r.f.n, r.batch_of, r.nbatches, why, sizeof why) != 0) {
       fprintf(stderr, "converger roll: refusing to start: %s\n", why);

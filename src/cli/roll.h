@@ -8,7 +8,9 @@
  *
  * Exit status: 0 done (balanced), 1 error (the fleet could not be read,
  * --out not writable), 2 usage, 3 refused to start (headroom), 4 aborted
- * (an alarm, a node that did not leave or come back, SIGINT).
+ * (an alarm, a node that did not leave or come back, SIGINT, or the fleet
+ * not balanced after --balance-rounds); a second SIGINT exits at once
+ * with 130.
  *
  * Main thread only.
  */

@@ -76,16 +76,13 @@ static const family_t families[] = {
      "Connections told to move (drain or shed) that then closed by themselves."},
     {"converger_drain_closed_total", M_COUNTER,
      "Connections the drain closed, by reason (paced: 1012 after the window; shutdown: at exit)."},
-    {"converger_drain_told", M_GAUGE,
-     "Connections of the current drain or shed (else the last) sent a drain frame."},
-    {"converger_drain_moved", M_GAUGE,
-     "Connections of the current drain or shed (else the last) that left by themselves."},
-    {"converger_drain_closed", M_GAUGE,
-     "Connections of the current drain or shed (else the last) closed with 1012."},
-    {"converger_drain_remaining", M_GAUGE,
-     "WebSocket connections still open on a draining node (0 when not draining)."},
+    {"converger_drain_progress", M_GAUGE,
+     "The current drain or shed (else the last), by kind: told (sent a drain frame), moved "
+     "(left by themselves), closed (with 1012), remaining (WebSocket connections still open "
+     "while draining)."},
     {"converger_ws_closes_total", M_COUNTER,
-     "WebSocket connections ended, by their first close code (1006: no close frame)."},
+     "WebSocket connections ended, by their first close code (1006: no close frame; other: "
+     "a code outside 1000-1015)."},
     {"converger_delivery_latency_ms", M_HISTOGRAM,
      "From a message's commit to its frames queued for the subscribers' sockets (ms), by path "
      "(local: the in-process bus; notify: through PostgreSQL's NOTIFY)."},

@@ -370,8 +370,14 @@ void ws_free(ws_t *ws) {
   /* The connection's end, by its first close code: 1006 (abnormal
    * closure, RFC 6455 section 7.1.5) when no close frame was sent or
    * received; 1005 for a peer's close without a code. */
+  /* The codes of RFC 6455 section 7.4.1 by number; a peer's application
+   * codes (3000-4999) as "other", so that clients cannot make series. */
+  int code = ws->close_code ? ws->close_code : 1006;
   char labels[24];
-  snprintf(labels, sizeof labels, "code=\"%d\"", ws->close_code ? ws->close_code : 1006);
+  if (code >= 1000 && code <= 1015)
+    snprintf(labels, sizeof labels, "code=\"%d\"", code);
+  else
+    snprintf(labels, sizeof labels, "code=\"other\"");
   metrics_add(ws->conn->net->metrics, "converger_ws_closes_total", labels, 1);
   if (ws->ctx) wslay_event_context_free(ws->ctx);
   free(ws);

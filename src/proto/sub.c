@@ -27,6 +27,7 @@
  *   FILLING   job done, a page short of target      the next page                 FILLING
  *   FILLING   job done, output high                 the same page again           DEFERRED
  *   FILLING   job done, history reset               synced with reset; finish     LIVE, ...
+ *   FILLING   job done, its epoch moved meanwhile   read again in the new epoch   FILLING
  *   FILLING   job failed, dropped or timed out      replay_unavailable (hint)     RETRY
  *   DEFERRED  output drained (on_writable)          start the fill                FILLING
  *   RETRY     tick at retry_at                      fill to the head              FILLING

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -164,7 +165,8 @@ class PrometheusMetrics(NodeCase):
         self.assertEqual(value(ms, "converger_bus_listening"), 1)  # SQLite: the bus is in-process
         self.assertEqual(value(ms, "converger_capacity_connections"), 5000)
         self.assertEqual(value(ms, "converger_admission_queue_ms"), 10000)
-        self.assertEqual(value(ms, "converger_drain_remaining"), 0)
+        self.assertEqual(value(ms, "converger_drain_progress", '{kind="remaining"}'), 0)
+        self.assertEqual(value(ms, "converger_drain_progress", '{kind="told"}'), 0)
         build = [k for k in ms if k[0] == "converger_build_info"]
         self.assertEqual(len(build), 1, build)
         self.assertIn('commit="%s"' % git_head(), build[0][1])
@@ -177,6 +179,22 @@ class PrometheusMetrics(NodeCase):
         for t in ("process_cpu_seconds_total", "converger_ws_closes_total"):
             self.assertIn("# TYPE %s counter" % t, text)
         self.assertIn("# TYPE converger_loop_utilisation gauge", text)
+
+        # a loop kept busy for two seconds reads as busy
+        stop = threading.Event()
+
+        def load():
+            while not stop.is_set():
+                n.get_text("/metrics")
+        threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(2.5)
+        busy = parse_metrics(n.get_text("/metrics")[2])[("converger_loop_utilisation", "")]
+        stop.set()
+        for t in threads:
+            t.join(10)
+        self.assertGreater(busy, 0.02)
 
         st, _, js = n.request("GET", "/admin/status")
         self.assertEqual(st, 200, js)

@@ -183,6 +183,10 @@ class Roll(NodeCase):
         stop, acks = threading.Event(), {}
         th = threading.Thread(target=self.sender, args=(nodes, conv, stop, acks), daemon=True)
         th.start()
+        rc, out, err = self.finish(self.roll(nodes[0], "--dry-run"), 60)
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("batch 3/3:", out)
+        self.assertEqual(sum(sup.restarts.values()), 0)  # the plan only
         out_dir = tempfile.mkdtemp(prefix="converger-roll-")
         self.addCleanup(shutil.rmtree, out_dir, True)
         p = self.roll(nodes[0], "--balance-tolerance", "20", "--balance-window-ms", "3000",
@@ -230,7 +234,7 @@ class Roll(NodeCase):
             f.start()
         self.addCleanup(flood_stop.set)
         time.sleep(2)  # a loop utilisation sample of the flood
-        p = self.roll(nodes[0], "--pause-cpu", "3", "--abort-cpu", "100", "--no-balance")
+        p = self.roll(nodes[0], "--pause-cpu", "10", "--abort-cpu", "100", "--no-balance")
         lines = []
 
         def read_err():
@@ -245,8 +249,8 @@ class Roll(NodeCase):
         time.sleep(2)
         self.assertEqual(sup.restarts[first.port], 0, "no batch while paused")
         flood_stop.set()
+        p.wait(180)  # stdout is small: the plan and the summary
         out = p.stdout.read()
-        p.wait(180)
         harness._unregister(p)
         t.join(10)
         self.assertEqual(p.returncode, 0, out + "".join(lines))
@@ -276,8 +280,8 @@ class Roll(NodeCase):
         first, second, victim = self.in_roll_order(nodes)  # victim: a survivor of batch 1
         sup.nodes.remove(victim)  # stays down
         victim.kill9()
-        out = p.stdout.read()
         p.wait(120)
+        out = p.stdout.read()
         harness._unregister(p)
         t.join(10)
         err = "".join(lines)

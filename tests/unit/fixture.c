@@ -240,11 +240,17 @@ static void pull(fx_peer_t *p) {
   }
 }
 
-static void write_all(int fd, const void *data, size_t len) {
+/* Write all of `data` to the node; while the socket is full, the node
+ * (same thread) is given loop turns to read it. */
+static void write_all(fx_peer_t *p, const void *data, size_t len) {
   const char *b = data;
   while (len > 0) {
-    ssize_t n = write(fd, b, len);
-    if (n < 0 && errno == EAGAIN) continue;
+    ssize_t n = write(p->fd, b, len);
+    if (n < 0 && errno == EAGAIN) {
+      fx_run(p->fx);
+      pull(p); /* and what it answers meanwhile is kept */
+      continue;
+    }
     assert_true(n > 0);
     b += n;
     len -= (size_t)n;
@@ -270,7 +276,7 @@ static void send_frame(fx_peer_t *p, int opcode, const void *payload, size_t len
   memcpy(f + h, mask, 4);
   h += 4;
   for (size_t i = 0; i < len; i++) f[h + i] = ((const unsigned char *)payload)[i] ^ mask[i % 4];
-  write_all(p->fd, f, h + len);
+  write_all(p, f, h + len);
   free(f);
 }
 
@@ -290,7 +296,7 @@ fx_peer_t *fx_connect(fx_t *fx) {
   const char *req = "GET /v1/ws HTTP/1.1\r\nHost: fixture\r\nUpgrade: websocket\r\n"
                     "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                     "Sec-WebSocket-Version: 13\r\n\r\n";
-  write_all(p->fd, req, strlen(req));
+  write_all(p, req, strlen(req));
   fx_run(fx);
   pull(p);
   char *end = memmem(p->in, p->in_len, "\r\n\r\n", 4);
