@@ -68,6 +68,34 @@ class Supervisor(threading.Thread):
         self.join(30)
 
 
+class Watched:
+    """A running roll whose stderr is read as it comes (its progress)."""
+
+    def __init__(self, proc):
+        self.p = proc
+        self.lines = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, text, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(text in l for l in self.lines):
+            time.sleep(0.1)
+        return any(text in l for l in self.lines)
+
+    def end(self, timeout):
+        """(exit status, stdout, stderr) once it ended."""
+        self.p.wait(timeout)  # stdout is small: the plan and the summary
+        out = self.p.stdout.read()
+        harness._unregister(self.p)
+        self.t.join(10)
+        return self.p.returncode, out, "".join(self.lines)
+
+
 class Roll(NodeCase):
     @classmethod
     def setUpClass(cls):
@@ -234,26 +262,15 @@ class Roll(NodeCase):
             f.start()
         self.addCleanup(flood_stop.set)
         time.sleep(2)  # a loop utilisation sample of the flood
-        p = self.roll(nodes[0], "--pause-cpu", "10", "--abort-cpu", "100", "--no-balance")
-        lines = []
-
-        def read_err():
-            for line in p.stderr:
-                lines.append(line)
-        t = threading.Thread(target=read_err, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any("paused: survivor" in l for l in lines):
-            time.sleep(0.2)
-        self.assertTrue(any("paused: survivor %s" % hot.node_id in l for l in lines), "".join(lines))
+        w = Watched(self.roll(nodes[0], "--pause-cpu", "10", "--abort-cpu", "100", "--no-balance"))
+        w.wait_for("paused: survivor")
+        self.assertTrue(any("paused: survivor %s" % hot.node_id in l for l in w.lines),
+                        "".join(w.lines))
         time.sleep(2)
         self.assertEqual(sup.restarts[first.port], 0, "no batch while paused")
         flood_stop.set()
-        p.wait(180)  # stdout is small: the plan and the summary
-        out = p.stdout.read()
-        harness._unregister(p)
-        t.join(10)
-        self.assertEqual(p.returncode, 0, out + "".join(lines))
+        rc, out, err = w.end(180)
+        self.assertEqual(rc, 0, out + err)
         m = re.search(r"pauses: (\d+) \((\d+) s\)", out)
         self.assertTrue(m and int(m.group(1)) >= 1 and int(m.group(2)) >= 2, out)
         for n in nodes:
@@ -266,26 +283,13 @@ class Roll(NodeCase):
         conv = nodes[0].new_conv()
         self.tails(nodes, conv)
         self.wait_connections(nodes, 3 * PER_NODE)
-        p = self.roll(nodes[0], "--no-balance")
-        lines = []
-
-        def read_err():
-            for line in p.stderr:
-                lines.append(line)
-        t = threading.Thread(target=read_err, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any("draining" in l for l in lines):
-            time.sleep(0.1)
+        w = Watched(self.roll(nodes[0], "--no-balance"))
+        w.wait_for("draining")
         first, second, victim = self.in_roll_order(nodes)  # victim: a survivor of batch 1
         sup.nodes.remove(victim)  # stays down
         victim.kill9()
-        p.wait(120)
-        out = p.stdout.read()
-        harness._unregister(p)
-        t.join(10)
-        err = "".join(lines)
-        self.assertEqual(p.returncode, 4, out + err)
+        rc, out, err = w.end(120)
+        self.assertEqual(rc, 4, out + err)
         self.assertIn("aborted: connections-drop alarm", err)
         self.assertIn("result: aborted", out)
         self.assertEqual(sup.restarts[second.port], 0, "nothing more started")

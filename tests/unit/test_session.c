@@ -433,25 +433,35 @@ static void test_sync_queue_full(void **state) {
   fx_free(&fx);
 }
 
-/* FILLING job failed (its deadline passed in the queue) -> RETRY with a
- * replay_unavailable hint; RETRY tick at retry_at -> FILLING -> LIVE. */
-static void test_failed_fill_retries_after_the_hint(void **state) {
-  fx_t fx;
-  fx_init(&fx, NULL);
-  fx.cfg.store_timeout_ms = 100;
-  fx_conv(&fx, "ch", "c1", 1);
-  fx_peer_t *p = live_peer(&fx, "c1", 0, 1);
-  store_only(&fx, "c1", 2);
-  fx_append(&fx, "c1", 3);
+/* A live subscriber of c1 (history 1) whose gap fill fails: message 2 is in
+ * the store only, 3 arrives live, and the fill job's deadline (100 ms)
+ * passes before it runs. Returns the replay_unavailable hint (ms); the
+ * subscription is in RETRY. */
+static int64_t fail_a_fill(fx_t *fx, fx_peer_t **out) {
+  fx->cfg.store_timeout_ms = 100;
+  fx_conv(fx, "ch", "c1", 1);
+  fx_peer_t *p = *out = live_peer(fx, "c1", 0, 1);
+  store_only(fx, "c1", 2);
+  fx_append(fx, "c1", 3);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_FILLING);
-  fx_advance(&fx, 100); /* the fill job's deadline passes before it runs */
-  assert_true(fx_step(&fx));
+  fx_advance(fx, 100); /* the fill job's deadline passes before it runs */
+  assert_true(fx_step(fx));
   json_t *e = expect(p, "error");
   assert_string_equal(json_string_value(json_object_get(e, "code")), "replay_unavailable");
   int64_t hint = json_integer_value(json_object_get(e, "retryAfterMs"));
   assert_true(hint > 0);
   json_decref(e);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_RETRY);
+  return hint;
+}
+
+/* FILLING job failed (its deadline passed in the queue) -> RETRY with a
+ * replay_unavailable hint; RETRY tick at retry_at -> FILLING -> LIVE. */
+static void test_failed_fill_retries_after_the_hint(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_peer_t *p;
+  int64_t hint = fail_a_fill(&fx, &p);
   fx_append(&fx, "c1", 4); /* kept */
   fx_advance(&fx, (uint64_t)hint - 1);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_RETRY);
@@ -471,17 +481,8 @@ static void test_failed_fill_retries_after_the_hint(void **state) {
 static void test_retry_with_output_high_defers(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
-  fx.cfg.store_timeout_ms = 100;
-  fx_conv(&fx, "ch", "c1", 1);
-  fx_peer_t *p = live_peer(&fx, "c1", 0, 1);
-  store_only(&fx, "c1", 2);
-  fx_append(&fx, "c1", 3);
-  fx_advance(&fx, 100);
-  assert_true(fx_step(&fx));
-  json_t *e = expect(p, "error");
-  int64_t hint = json_integer_value(json_object_get(e, "retryAfterMs"));
-  json_decref(e);
-  assert_int_equal(fx_sub_state(p, "c1"), SUB_RETRY);
+  fx_peer_t *p;
+  int64_t hint = fail_a_fill(&fx, &p);
   stuff(p);
   fx_advance(&fx, (uint64_t)hint);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_DEFERRED);
