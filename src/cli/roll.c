@@ -607,12 +607,12 @@ static int summary(roll_t *r, const char *result, int status) {
     for (size_t i = 0; i < r->f.n; i++)
       json_object_set_new(nodes, r->f.v[i].id, json_integer(r->f.v[i].connections));
     json_t *js = json_pack(
-        "{s:s, s:s, s:i, s:o, s:I, s:I, s:I, s:i, s:f, s:f, s:f, s:b, s:o, s:f}", "result", result,
-        "why", r->why, "exit_status", status, "batch_s", batches, "start_connections",
+        "{s:s, s:s, s:i, s:o, s:I, s:I, s:I, s:i, s:f, s:f, s:f, s:b, s:i, s:o, s:f}", "result",
+        result, "why", r->why, "exit_status", status, "batch_s", batches, "start_connections",
         (json_int_t)r->start_total, "fewest_connections", (json_int_t)r->fewest, "end_connections",
         (json_int_t)total(r), "pauses", r->pauses, "paused_s", (double)r->paused_ms / 1000,
         "spread_before", r->spread_before, "spread_after", r->spread_after, "balanced", r->balanced,
-        "nodes", nodes, "duration_s", (double)elapsed_ms(r) / 1000);
+        "sheds", r->sheds, "nodes", nodes, "duration_s", (double)elapsed_ms(r) / 1000);
     char path[4096];
     snprintf(path, sizeof path, "%s/summary.json", r->o.out);
     mkdir(r->o.out, 0755);

@@ -3,7 +3,8 @@
 completed, something was acknowledged, nothing was lost or delivered twice,
 every client verified; the figures and files of the --out directory are
 there (restarts, one per node; live and all-deliveries latency;
-disconnected_ms.csv; the three PNG plots; haproxy.cfg with --lb haproxy).
+disconnected_ms.csv; the three PNG plots; haproxy.cfg with --lb haproxy;
+with --controller roll, converger roll's exit 0 and the fleet balanced).
 Usage: check_roll_summary.py SUMMARY_JSON"""
 import json
 import os
@@ -57,8 +58,23 @@ for png in ("arrivals.png", "connected.png", "disconnected_cdf.png"):
         problems.append("%s: %s" % (png, e))
 if s.get("lb") == "haproxy" and not os.path.exists(os.path.join(out, "haproxy.cfg")):
     problems.append("--lb haproxy without haproxy.cfg")
+if s.get("controller") == "roll":
+    # converger roll restarted the nodes: it exited 0, its own summary says
+    # done and balanced, and the clients' own count at the end agrees (the
+    # busiest node within the default 10 % tolerance, a bucket's slack)
+    c = s.get("controller_summary") or {}
+    if s.get("controller_exit") != 0 or c.get("result") != "done":
+        problems.append("converger roll: exit %r, result %r (%s)" %
+                        (s.get("controller_exit"), c.get("result"), c.get("why", "")))
+    if c.get("balanced") is not True or not 0 < s.get("end_spread", 0) <= 1.15:
+        problems.append("not balanced at the end: controller %r, end_spread %r, per node %r" %
+                        (c.get("balanced"), s.get("end_spread"), s.get("end_connections_per_node")))
+    if not os.path.exists(os.path.join(out, "controller.log")):
+        problems.append("no controller.log")
 if problems:
     print("bench roll summary: " + "; ".join(problems))
     sys.exit(1)
 print("bench roll summary: %d acknowledged, 0 lost, 0 duplicated, %d clients verified, "
-      "%d restarts, plots drawn" % (s["acked"], s["clients"], len(restarts)))
+      "%d restarts%s, plots drawn" % (s["acked"], s["clients"], len(restarts),
+                                      " by converger roll, balanced (spread %.2f)" % s["end_spread"]
+                                      if s.get("controller") == "roll" else ""))

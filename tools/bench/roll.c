@@ -27,6 +27,7 @@
 #include "bench/bench.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -70,11 +71,13 @@
 
 typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
-      restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s;
-  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb;
+      restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s, capacity;
+  const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb,
+      *controller, *roll_args;
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
   int close_mode, legacy, admission_off, ignore_hints, reconnect_next, lb_haproxy;
+  int by_roll; /* --controller roll */
 } options_t;
 
 /* The REST sender (its own thread). */
@@ -105,7 +108,9 @@ typedef struct {
 } worker_t;
 
 /* One node's restart, in ms on the timeline's clock (after t0). Its span,
- * over which its arrivals are counted, is [sigterm_ms, to_ms). */
+ * over which its arrivals are counted, is [sigterm_ms, to_ms). With
+ * --controller roll, sigterm_ms is when the bench first saw the node
+ * draining (the controller's POST /admin/drain; polled every 250 ms). */
 typedef struct {
   size_t node;
   int64_t sigterm_ms, exit_ms, ready_ms;
@@ -141,6 +146,8 @@ typedef struct {
   int64_t roll_from_ms, roll_to_ms;
   restart_t restarts[MAX_NODES];
   size_t nrestarts;
+  int ctl_status;            /* --controller roll: its wait status, -1 before it ended */
+  json_t *ctl_summary;       /* its summary.json, NULL when it wrote none */
   promtext_hist_t adm, pool; /* merged from the nodes' /metrics */
   int failed;
   char err[512];
@@ -183,7 +190,18 @@ static void usage(FILE *out) {
           "  --out DIR              summary.json, report.md, timeline.csv, disconnected_ms.csv,\n"
           "                         arrivals.png, connected.png, disconnected_cdf.png (and\n"
           "                         haproxy.cfg, haproxy.log with --lb haproxy) [roll-out]\n"
-          "  --timeout S            bound on the whole run, seconds [1800]\n",
+          "  --timeout S            bound on the whole run, seconds [1800]\n"
+          "  --controller bench|roll  bench: the bench restarts each node in turn (SIGTERM,\n"
+          "                         start, /readyz, --restart-gap-ms); roll: `converger roll\n"
+          "                         --nodes ...` restarts them (POST /admin/drain, its pause\n"
+          "                         and abort thresholds, the balance at the end) and the\n"
+          "                         bench is only the supervisor that starts a node again\n"
+          "                         once it exited; --restart-gap-ms becomes its --settle-s\n"
+          "                         (rounded up); its output in OUT/controller.log [bench]\n"
+          "  --roll-args \"ARGS\"     more arguments for converger roll, split at spaces\n"
+          "                         (e.g. \"--pause-cpu 90 --balance-window-ms 5000\") []\n"
+          "  --capacity N           the nodes' CONVERGER_CAPACITY_CONNECTIONS (0: unset, the\n"
+          "                         controller's headroom check then reads CPU) [0]\n",
           CONVERGER_PG_TMP_DEFAULT);
 }
 
@@ -202,12 +220,12 @@ static int parse_options(options_t *o, int argc, char **argv) {
       o->ignore_hints = 1;
     else
       args[nargs++] = argv[i];
-  static const char *const names[] = {"--pg-url",    "--pg-tmp",       "--out",
-                                      "--drain",     "--clients-mode", "--backoff",
-                                      "--admission", "--reconnect",    "--lb"};
-  const char **const dest[] = {&o->pg_url,    &o->pg_tmp,       &o->out,
-                               &o->drain,     &o->clients_mode, &o->backoff,
-                               &o->admission, &o->reconnect,    &o->lb};
+  static const char *const names[] = {
+      "--pg-url",    "--pg-tmp",    "--out", "--drain",      "--clients-mode", "--backoff",
+      "--admission", "--reconnect", "--lb",  "--controller", "--roll-args"};
+  const char **const dest[] = {&o->pg_url,       &o->pg_tmp,     &o->out,       &o->drain,
+                               &o->clients_mode, &o->backoff,    &o->admission, &o->reconnect,
+                               &o->lb,           &o->controller, &o->roll_args};
   r = run_split_string_options(CMD, nargs, args, names, dest, CV_ARRAY_SIZE(names), rest, &nrest);
   free(args);
   if (r != 0) {
@@ -228,6 +246,7 @@ static int parse_options(options_t *o, int argc, char **argv) {
       {"pool-size", &o->pool_size, 1, 512},
       {"seed", &o->seed, 0, (long long)1 << 62},
       {"timeout", &o->timeout_s, 10, 86400},
+      {"capacity", &o->capacity, 0, 100000000},
   };
   r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
@@ -257,6 +276,15 @@ static int parse_options(options_t *o, int argc, char **argv) {
     return -1;
   }
   o->lb_haproxy = strcmp(o->lb, "haproxy") == 0;
+  if (strcmp(o->controller, "bench") != 0 && strcmp(o->controller, "roll") != 0) {
+    fprintf(stderr, CMD ": --controller is bench or roll, not \"%s\"\n", o->controller);
+    return -1;
+  }
+  o->by_roll = strcmp(o->controller, "roll") == 0;
+  if (o->roll_args[0] && !o->by_roll) {
+    fprintf(stderr, CMD ": --roll-args needs --controller roll\n");
+    return -1;
+  }
   char name[32] = "";
   long long base = 0, cap = 0;
   int n = sscanf(o->backoff, "%31[a-z]:%lld:%lld", name, &base, &cap);
@@ -311,7 +339,7 @@ static int64_t pct_i64(const int64_t *v, size_t n, double p) {
 static int node_start(ctx_t *x, size_t k) {
   options_t *o = x->o;
   bench_t *nb = x->node[k];
-  char db[600], id[48], pub[96], win[64], rate[64], shut[64], pool[48];
+  char db[600], id[48], pub[96], win[64], rate[64], shut[64], pool[48], cap[64] = "";
   long long shutdown = o->drain_window_ms + 2000 +
                        (o->clients * 1000 + o->drain_close_rate - 1) / o->drain_close_rate + 30000;
   snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
@@ -325,6 +353,8 @@ static int node_start(ctx_t *x, size_t k) {
   snprintf(rate, sizeof rate, "CONVERGER_DRAIN_CLOSE_RATE=%lld", o->drain_close_rate);
   snprintf(shut, sizeof shut, "CONVERGER_DRAIN_SHUTDOWN_MS=%lld", shutdown);
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", o->pool_size);
+  if (o->capacity > 0)
+    snprintf(cap, sizeof cap, "CONVERGER_CAPACITY_CONNECTIONS=%lld", o->capacity);
   const char *env[] = {db,
                        id,
                        pub,
@@ -333,6 +363,7 @@ static int node_start(ctx_t *x, size_t k) {
                        shut,
                        pool,
                        "CONVERGER_HELLO_TIMEOUT_MS=10000",
+                       cap[0] ? cap : "CONVERGER_CAPACITY_CONNECTIONS=0",
                        o->close_mode ? "CONVERGER_DRAIN_MIGRATE=0" : "CONVERGER_DRAIN_MIGRATE=1",
                        o->admission_off ? "WS_HANDSHAKE_CONCURRENCY=100000" : NULL,
                        NULL};
@@ -739,6 +770,164 @@ static int restart_node(ctx_t *x, size_t k) {
   return sleep_pumping(x, x->o->restart_gap_ms);
 }
 
+/* ---- --controller roll ------------------------------------------------------------ */
+
+/* The node's "state" from GET /admin/status, into `state` ("" when it does
+ * not answer: stopped, or between two processes). */
+static void node_state(bench_t *nb, char *state, size_t cap) {
+  char body[2048];
+  state[0] = '\0';
+  if (restc_call(nb, "GET", "/admin/status", NULL, NULL, body, sizeof body) != 200) return;
+  json_t *v = json_loads(body, 0, NULL);
+  const char *st = json_string_value(json_object_get(v, "state"));
+  if (st) snprintf(state, cap, "%s", st);
+  json_decref(v);
+}
+
+/* `converger roll` restarts the nodes; the bench supervises them (as
+ * systemd's Restart=always or a Deployment's controller would): a node
+ * that exited with status 0 starts again on its port, and one that ended
+ * any other way fails the run. Returns 0 when the controller exited with
+ * status 0 having restarted every node once, or -1 (x failed). */
+static int roll_by_controller(ctx_t *x) {
+  const options_t *o = x->o;
+  size_t n = (size_t)o->nodes;
+  char nodes[MAX_NODES * 32] = "", settle[24], out_dir[PATH_MAX], log_path[PATH_MAX];
+  size_t len = 0;
+  for (size_t k = 0; k < n; k++)
+    len += (size_t)snprintf(nodes + len, sizeof nodes - len, "%shttp://127.0.0.1:%d", k ? "," : "",
+                            x->node[k]->port);
+  snprintf(settle, sizeof settle, "%lld", (o->restart_gap_ms + 999) / 1000);
+  snprintf(out_dir, sizeof out_dir, "%s/controller", o->out);
+  snprintf(log_path, sizeof log_path, "%s/controller.log", o->out);
+  if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+    fail(x, "cannot create %s: %s", o->out, strerror(errno));
+    return -1;
+  }
+  char *args_copy = strdup(o->roll_args);
+  char *argv[64] = {x->node[0]->exe,      (char *)"roll", (char *)"--nodes", nodes,
+                    (char *)"--settle-s", settle,         (char *)"--out",   out_dir};
+  size_t argc = 8;
+  for (char *save = NULL, *t = args_copy ? strtok_r(args_copy, " ", &save) : NULL; t;
+       t = strtok_r(NULL, " ", &save)) {
+    if (argc + 1 >= CV_ARRAY_SIZE(argv)) {
+      free(args_copy);
+      fail(x, "--roll-args: more than %zu arguments", CV_ARRAY_SIZE(argv) - 9);
+      return -1;
+    }
+    argv[argc++] = t;
+  }
+  argv[argc] = NULL;
+  /* the API key through the environment, not the command line (ps) */
+  extern char **environ;
+  size_t nenv = 0;
+  while (environ[nenv]) nenv++;
+  char **env = calloc(nenv + 2, sizeof *env);
+  char *key = run_str_printf("CONVERGER_API_KEY=%s", x->node[0]->api_key);
+  int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  pid_t pid = -1;
+  if (env && key && log_fd >= 0) {
+    size_t k = 0;
+    for (size_t i = 0; i < nenv; i++)
+      if (strncmp(environ[i], "CONVERGER_API_KEY=", 18) != 0) env[k++] = environ[i];
+    env[k++] = key;
+    run_spawn_opts_t so = {.env = env,
+                           .out_fd = log_fd,
+                           .err_fd = log_fd,
+                           .death_sig = SIGKILL,
+                           .own_group = 1,
+                           .cpu = -1};
+    pid = run_spawn(argv, &so);
+  }
+  int spawn_errno = errno;
+  if (log_fd >= 0) close(log_fd);
+  free(env);
+  free(key);
+  free(args_copy);
+  if (pid < 0) {
+    fail(x, "cannot start converger roll (%s): %s", log_path, strerror(spawn_errno));
+    return -1;
+  }
+  fprintf(stderr, "roll: converger roll (pid %d) restarts the nodes; its output: %s\n", (int)pid,
+          log_path);
+
+  int64_t drain_at[MAX_NODES], last_poll = -1000;
+  for (size_t k = 0; k < n; k++) drain_at[k] = -1;
+  int status = 0;
+  for (;;) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    int64_t now = ms_since(x->t0_ns);
+    if (run_interrupted || now > o->timeout_s * 1000) {
+      int killed = 0;
+      status = run_stop_child(pid, 10000, &killed);
+      fail(x, run_interrupted ? "interrupted by signal %d" : "the run passed --timeout (%d)",
+           run_interrupted ? (int)run_interrupted : (int)o->timeout_s);
+      break;
+    }
+    if (now - last_poll >= 250) {
+      last_poll = now;
+      for (size_t k = 0; k < n; k++) {
+        if (drain_at[k] >= 0 || bnode_gone(x->node[k])) continue;
+        char st[32];
+        node_state(x->node[k], st, sizeof st);
+        if (strcmp(st, "draining") == 0 || strcmp(st, "stopping") == 0) {
+          drain_at[k] = now;
+          scrape(x, k, 1);
+          fprintf(stderr, "roll: node %zu: draining at %.1f s\n", k, (double)now / 1000);
+        }
+      }
+    }
+    for (size_t k = 0; k < n && !x->failed; k++) {
+      bench_t *nb = x->node[k];
+      if (!bnode_gone(nb)) continue;
+      char why[96];
+      if (!WIFEXITED(nb->node_status) || WEXITSTATUS(nb->node_status) != 0) {
+        bnode_print_log_tail(nb, 20);
+        fail(x, "node %zu ended with %s", k, bnode_status_text(nb->node_status, why, sizeof why));
+        break;
+      }
+      int64_t t_exit = ms_since(x->t0_ns), t_from = drain_at[k] >= 0 ? drain_at[k] : t_exit;
+      if (drain_at[k] < 0) scrape(x, k, 1); /* not seen draining: its figures are gone */
+      bnode_remove_dir(nb);
+      if (node_start(x, k) != 0) break;
+      int64_t t_ready = ms_since(x->t0_ns);
+      if (x->nrestarts < MAX_NODES)
+        x->restarts[x->nrestarts++] = (restart_t){.node = k,
+                                                  .sigterm_ms = t_from,
+                                                  .exit_ms = t_exit,
+                                                  .ready_ms = t_ready,
+                                                  .to_ms = t_ready + o->restart_gap_ms};
+      fprintf(stderr, "roll: node %zu: exited after %.1f s, started again, ready after %.1f s\n", k,
+              (double)(t_exit - t_from) / 1000, (double)(t_ready - t_from) / 1000);
+      drain_at[k] = -1;
+    }
+    if (x->failed) {
+      int killed = 0;
+      status = run_stop_child(pid, 10000, &killed);
+      break;
+    }
+    pump(x, 50);
+  }
+  x->ctl_status = status;
+  char path[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/summary.json", out_dir);
+  x->ctl_summary = json_load_file(path, 0, NULL);
+  if (x->failed) return -1;
+  char why[96];
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fail(x, "converger roll ended with %s (its output: %s)",
+         bnode_status_text(status, why, sizeof why), log_path);
+    return -1;
+  }
+  if (x->nrestarts != n) {
+    fail(x, "converger roll restarted %zu of %zu nodes", x->nrestarts, n);
+    return -1;
+  }
+  fprintf(stderr, "roll: converger roll done\n");
+  return 0;
+}
+
 /* ---- figures ---------------------------------------------------------------------- */
 
 /* The p-quantile (stats/rank.h) of a 1 ms histogram (the bin's upper
@@ -857,9 +1046,29 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
                "![connected clients](connected.png)\n\n"
                "![CDF of disconnected time](disconnected_cdf.png)\n\n");
   size_t nodes = (size_t)o->nodes;
-  fprintf(f, "Restarts (ms on the timeline's clock; arrivals per second over the span from the "
-             "SIGTERM to the end of the pause after ready, peak / mean):\n\n"
-             "| node | SIGTERM at | SIGTERM -> exit | SIGTERM -> ready |");
+  const char *from = o->by_roll ? "drain" : "SIGTERM";
+  if (o->by_roll) {
+    json_t *c = x->ctl_summary;
+    char why[96];
+    fprintf(f,
+            "Controller: `converger roll` (its output: controller.log, its summary: "
+            "controller/summary.json), %s. Batches %lld, pauses %lld (%.0f s paused), fewest "
+            "connections it saw %lld, balance spread (max / mean) %.2f before and %.2f after "
+            "%lld shed moves. The bench only started each node again once it exited.\n\n",
+            x->ctl_status < 0 ? "did not end" : bnode_status_text(x->ctl_status, why, sizeof why),
+            (long long)json_array_size(json_object_get(c, "batch_s")),
+            (long long)json_integer_value(json_object_get(c, "pauses")),
+            json_number_value(json_object_get(c, "paused_s")),
+            (long long)json_integer_value(json_object_get(c, "fewest_connections")),
+            json_number_value(json_object_get(c, "spread_before")),
+            json_number_value(json_object_get(c, "spread_after")),
+            (long long)json_integer_value(json_object_get(c, "sheds")));
+  }
+  fprintf(f,
+          "Restarts (ms on the timeline's clock; arrivals per second over the span from the "
+          "%s to the end of the pause after ready, peak / mean):\n\n"
+          "| node | %s at | %s -> exit | %s -> ready |",
+          from, from, from, from);
   for (size_t k = 0; k < nodes; k++) fprintf(f, " arrivals roll-%zu |", k);
   fprintf(f, "\n| ---: | ---: | ---: | ---: |");
   for (size_t k = 0; k < nodes; k++) fprintf(f, " ---: |");
@@ -997,6 +1206,15 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "end_connections_per_node", end_nodes);
   json_object_set_new(j, "end_spread",
                       json_real(end_sum > 0 ? end_max * (double)o->nodes / end_sum : 0));
+  json_object_set_new(j, "controller", json_string(o->controller));
+  if (o->by_roll) {
+    json_object_set_new(j, "controller_exit",
+                        json_integer(x->ctl_status >= 0 && WIFEXITED(x->ctl_status)
+                                         ? WEXITSTATUS(x->ctl_status)
+                                         : -1));
+    json_object_set_new(j, "controller_summary",
+                        x->ctl_summary ? json_incref(x->ctl_summary) : json_null());
+  }
   json_object_set_new(j, "roll_from_ms", json_integer(x->roll_from_ms));
   json_object_set_new(j, "roll_to_ms", json_integer(x->roll_to_ms));
   arrivals_json(x, j);
@@ -1066,7 +1284,9 @@ int bench_roll_main(int argc, char **argv) {
                  .backoff = "decorrelated",
                  .admission = "on",
                  .reconnect = "random",
-                 .lb = "direct"};
+                 .lb = "direct",
+                 .controller = "bench",
+                 .roll_args = ""};
   int r = parse_options(&o, argc, argv);
   if (r != 0) return r > 0 ? 0 : 2;
 
@@ -1083,6 +1303,7 @@ int bench_roll_main(int argc, char **argv) {
   static ctx_t x;
   memset(&x, 0, sizeof x);
   x.o = &o;
+  x.ctl_status = -1;
   sender_t s = {.nnodes = (size_t)o.nodes, .nconvs = (size_t)o.convs, .rate = o.send_rate};
   int status = 1;
   run_signals_t signals;
@@ -1183,7 +1404,10 @@ int bench_roll_main(int argc, char **argv) {
   if (sleep_pumping(&x, o.settle_ms) == 0) {
     x.roll_from_ms = ms_since(x.t0_ns);
     for (long long k = 0; k < o.nodes; k++) scrape(&x, (size_t)k, -1);
-    for (long long k = 0; k < o.nodes && !x.failed; k++) restart_node(&x, (size_t)k);
+    if (o.by_roll)
+      roll_by_controller(&x);
+    else
+      for (long long k = 0; k < o.nodes && !x.failed; k++) restart_node(&x, (size_t)k);
     if (!x.failed) sleep_pumping(&x, o.settle_ms);
     x.roll_to_ms = ms_since(x.t0_ns);
   }
@@ -1250,5 +1474,6 @@ out:
   free(s.acks);
   free(s.ok_b);
   free(s.refused_b);
+  json_decref(x.ctl_summary);
   return status;
 }
