@@ -82,6 +82,7 @@ typedef struct psend_s {
   void *ud;
   uint32_t sent_on; /* transport id it was last sent on; 0: never sent */
   size_t frame_len; /* bytes of its send frame */
+  int64_t retry_at; /* rate_limited: send it again at this time; -1 none */
 } psend_t;
 
 typedef struct {
@@ -371,6 +372,7 @@ static void finish(cvg_core_t *core) {
   EARLIER(core->migrate_at);
   for (size_t i = 0; i < core->nsubs && core->active >= 0; i++)
     if (!core->subs[i].ended) EARLIER(core->subs[i].retry_at);
+  for (psend_t *p = core->sends; p && core->active >= 0; p = p->next) EARLIER(p->retry_at);
   for (int i = 0; i < NT; i++)
     if (core->t[i].st != T_FREE) EARLIER(core->t[i].deadline);
 #undef EARLIER
@@ -569,6 +571,7 @@ static char *send_frame(const psend_t *p, json_t *body) {
 static void transmit(cvg_core_t *core, psend_t *p, ctrans_t *t) {
   if (p->sent_on) core->st.resent++;
   p->sent_on = t->id;
+  p->retry_at = -1;
   push_send(core, t->id, strdup(p->frame));
 }
 
@@ -812,6 +815,17 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     t->unavailable = 1;
   } else if (strcmp(code, "unauthorized") == 0) {
     t->unauthorized = 1;
+  } else if (strcmp(code, "rate_limited") == 0) {
+    /* over the connection's rate (protocol 1.1): the frame was not acted
+     * on; the same frame again after the hint (or the first backoff step) */
+    int64_t at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+    psend_t **l = send_id && conv ? find_send(core, conv, send_id) : NULL;
+    csub_t *s = !send_id && conv ? find_sub(core, conv) : NULL;
+    if (l) (*l)->retry_at = at;
+    if (s && s->sync_pending) { /* a sync's */
+      s->sync_pending = 0;
+      s->retry_at = at;
+    }
   } else if (send_id) { /* a send refused for good */
     psend_t **l = conv ? find_send(core, conv, send_id) : NULL;
     if (l) complete_send(core, l, 0, code);
@@ -934,6 +948,8 @@ void cvg_core_timer(cvg_core_t *core, int64_t now) {
     csub_t *s = &core->subs[i];
     if (s->retry_at >= 0 && s->retry_at <= now && !s->ended) request_sync(core, s, now);
   }
+  for (psend_t *p = core->sends; p && core->active >= 0; p = p->next) /* sends refused so */
+    if (p->retry_at >= 0 && p->retry_at <= now) transmit(core, p, &core->t[core->active]);
   if (core->migrate_at >= 0 && core->migrate_at <= now) {
     core->migrate_at = -1;
     if (core->active >= 0 && live_count(core) == 1) {
@@ -990,6 +1006,7 @@ int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char
   }
   p->cb = cb;
   p->ud = ud;
+  p->retry_at = -1;
   *core->sends_tail = p;
   core->sends_tail = &p->next;
   core->nsends++;

@@ -16,6 +16,7 @@
 #include "common/jitter.h"
 #include "common/util.h"
 #include "gate/limiter.h"
+#include "gate/users.h"
 #include "net/conn.h"
 #include "api/rest.h"
 #include "proto/session.h"
@@ -37,6 +38,7 @@ typedef struct node_s {
   bus_t *bus;
   pgnotify_t *pgnotify;   /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
   auth_t *auth;
+  users_t *users;         /* connections per user (gate/users.h) */
   admission_t *admission; /* hello and sync store work (gate/admission.h) */
   limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;

@@ -225,6 +225,7 @@ int serve_main(int argc, char **argv) {
   conn_net_init(&node->net, node->loop, &cfg, &net_handler, node->metrics);
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
+  node->users = users_new();
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
                                .msg_wire = bus_msg_wire_cb,
                                .channel_changed = bus_channel_cb,
@@ -271,7 +272,8 @@ int serve_main(int argc, char **argv) {
                                 .drain = &node->drain,
                                 .net = &node->net,
                                 .rng = &node->rng,
-                                .metrics = node->metrics};
+                                .metrics = node->metrics,
+                                .users = node->users};
   procstat_t start; /* the start time /admin/status reports (a restart changes it) */
   procstat_read(&start);
   node->api = (api_t){.loop = node->loop,
@@ -293,7 +295,9 @@ int serve_main(int argc, char **argv) {
                       .phase = &node->phase,
                       .drain_begin = api_drain_cb,
                       .ud = node};
-  if (!node->metrics || !node->auth || !node->bus || !node->admission || !node->drain) goto out;
+  if (!node->metrics || !node->auth || !node->users || !node->bus || !node->admission ||
+      !node->drain)
+    goto out;
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, node->metrics,
                       &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
@@ -305,6 +309,10 @@ int serve_main(int argc, char **argv) {
     log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
     goto out;
   }
+  if (cfg.rest_rate > 0)
+    limiter_init(&node->api.rest_appends, cfg.rest_rate,
+                 cfg.rest_rate_burst > 0 ? cfg.rest_rate_burst : 2.0 * cfg.rest_rate,
+                 util_mono_ms());
   if (cfg.accept_rate > 0) /* a second's worth of upgrades may come at once */
     limiter_init(&node->accept, cfg.accept_rate, cfg.accept_rate, util_mono_ms());
   if (cfg.test_store_delay_ms > 0) {
@@ -345,6 +353,7 @@ out:
   }
   if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
   auth_free(node->auth);
+  users_free(node->users); /* every session is gone */
   if (node->admission) {
     /* Every connection is gone: a slot still counted is a leak (tests
      * look for "BUG:" in node logs). */

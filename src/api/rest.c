@@ -545,6 +545,15 @@ static void handle_conv_create(api_t *api, conn_t *c, http_request_t *req) {
 }
 
 static void handle_msg_append(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
+  uint64_t now = util_mono_ms();
+  if (api->cfg->rest_rate > 0 && !limiter_take(&api->rest_appends, now)) {
+    metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
+    char message[96];
+    snprintf(message, sizeof message, "more than %d appends a second for this API key",
+             api->cfg->rest_rate);
+    http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
+    return;
+  }
   json_t *b = body_object(c, req);
   if (!b) return;
   const char *sender = json_string_value(json_object_get(b, "sender"));

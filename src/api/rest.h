@@ -39,6 +39,7 @@ typedef struct api_s {
   sessions_t *sessions;
   net_t *net;
   limiter_t *accept;          /* upgrades per second, when cfg->accept_rate > 0 */
+  limiter_t rest_appends;     /* REST appends per second, when cfg->rest_rate > 0 (serve.c) */
   jitter_rng_t *rng;          /* retry hints */
   metrics_t *metrics;         /* the node's registry: counted here, rendered at /metrics */
   const int *max_connections; /* WebSocket connections allowed; more: 503 */

@@ -36,7 +36,15 @@ typedef struct {
   int heartbeat_ms;          /* ping interval, ms */
   int hello_timeout_ms;      /* time allowed for the first frame, ms */
   int header_timeout_ms;     /* time allowed for an HTTP header block, ms */
-  int max_subs;              /* subscriptions per hello */
+  int max_subs;              /* subscriptions per connection */
+  int token_leeway_ms;       /* skew allowed past a token's exp, ms */
+  int rate_send, rate_send_burst;           /* send frames per second per connection; 0: off */
+  int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
+  int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */
+  int rate_abuse_factor;          /* this many times a rate ... (0: never closed for it) */
+  int rate_abuse_ms;              /* ... every second for this long: close 1008 rate_limited */
+  int max_conns_per_user;         /* WebSocket connections per token sub on the node; 0: no limit */
+  int rest_rate, rest_rate_burst; /* REST appends per second for the API key; 0: off */
   int revocation_refresh_ms; /* revocation cache refresh period, ms */
   int retry_after_min_ms;    /* retry hint range, ms */
   int retry_after_max_ms;

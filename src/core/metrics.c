@@ -68,6 +68,17 @@ static const family_t families[] = {
      "unanswered)."},
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill)."},
+    {"converger_rate_limited_total", M_COUNTER,
+     "Frames refused with rate_limited, by kind (send, subscribe: subscribe, unsubscribe and sync; "
+     "refresh; rest: REST appends, HTTP 429)."},
+    {"converger_rate_limit_closes_total", M_COUNTER,
+     "Connections closed 1008 rate_limited for sustained abuse of a rate, by kind."},
+    {"converger_token_refreshes_total", M_COUNTER,
+     "refresh frames, by result (ok; forbidden: another user's token; unauthorized: a bad token, "
+     "then close 1008)."},
+    {"converger_token_expired_total", M_COUNTER,
+     "Connections closed 1008 token_expired: the token's exp plus CONVERGER_TOKEN_LEEWAY_MS "
+     "passed without a refresh."},
     {"converger_resets_total", M_COUNTER,
      "Resumes answered with reset, by reason (ahead: watermark above the head; epoch: another "
      "epoch)."},

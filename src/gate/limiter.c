@@ -17,3 +17,11 @@ int limiter_take(limiter_t *l, uint64_t now_ms) {
   l->tokens -= 1;
   return 1;
 }
+
+long limiter_wait_ms(const limiter_t *l, uint64_t now_ms) {
+  double tokens = l->tokens;
+  if (now_ms > l->last_ms) tokens += (double)(now_ms - l->last_ms) * l->rate;
+  if (tokens >= 1) return 0;
+  long ms = (long)((1 - tokens) / l->rate + 0.999);
+  return ms > 0 ? ms : 1;
+}

@@ -137,6 +137,34 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
     out->type = FRAME_PING;
     return 0;
   }
+  if (strcmp(type, "subscribe") == 0 || strcmp(type, "unsubscribe") == 0) {
+    out->type = type[0] == 's' ? FRAME_SUBSCRIBE : FRAME_UNSUBSCRIBE;
+    out->conv = json_string_value(json_object_get(root, "conv"));
+    if (!util_id_valid(out->conv)) {
+      WHY("%s needs \"conv\": an id matching [A-Za-z0-9._:-]{1,128}", type);
+      goto bad;
+    }
+    if (out->type == FRAME_UNSUBSCRIBE) return 0;
+    if (get_watermark(json_object_get(root, "watermark"), &out->watermark) != 0) {
+      WHY("subscribe's \"watermark\" must be null or an integer >= 0");
+      goto bad;
+    }
+    if (get_epoch(json_object_get(root, "epoch"), out->epoch) != 0) {
+      WHY("subscribe's \"epoch\" must be null or a string of 1 to %d characters [A-Za-z0-9._:-]",
+          STORE_EPOCH_MAX);
+      goto bad;
+    }
+    return 0;
+  }
+  if (strcmp(type, "refresh") == 0) {
+    out->type = FRAME_REFRESH;
+    out->token = json_string_value(json_object_get(root, "token"));
+    if (!out->token) {
+      WHY("refresh needs a string \"token\"");
+      goto bad;
+    }
+    return 0;
+  }
   WHY("unknown frame type \"%.40s\"", type);
   frame_client_clear(out);
   return -CV_EINVAL;
@@ -232,6 +260,24 @@ char *frame_synced(const char *conv, int64_t head, const char *epoch, int reset)
 char *frame_sent(const char *conv, const char *id, int64_t seq) {
   return dump_steal(json_pack("{s:s, s:s, s:s, s:I}", "type", "sent", "conv", conv, "id", id, "seq",
                               (json_int_t)seq));
+}
+
+char *frame_subscribed(const char *conv, int64_t head, const char *epoch, int presence, int reset,
+                       int already) {
+  json_t *v = json_pack("{s:s, s:s, s:I, s:s, s:b}", "type", "subscribed", "conv", conv, "head",
+                        (json_int_t)head, "epoch", epoch, "presence", presence);
+  if (v && reset) json_object_set_new(v, "reset", json_true());
+  if (v && already) json_object_set_new(v, "already", json_true());
+  return dump_steal(v);
+}
+
+char *frame_unsubscribed(const char *conv) {
+  return dump_steal(json_pack("{s:s, s:s}", "type", "unsubscribed", "conv", conv));
+}
+
+char *frame_refreshed(int64_t expires_in_ms) {
+  return dump_steal(
+      json_pack("{s:s, s:I}", "type", "refreshed", "expiresInMs", (json_int_t)expires_in_ms));
 }
 
 char *frame_pong(void) { return strdup("{\"type\":\"pong\"}"); }

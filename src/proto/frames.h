@@ -19,7 +19,13 @@ typedef enum {
   FRAME_SYNC,
   FRAME_SEND,
   FRAME_PING,
+  FRAME_SUBSCRIBE,   /* v1.1 */
+  FRAME_UNSUBSCRIBE, /* v1.1 */
+  FRAME_REFRESH,     /* v1.1 */
 } frame_type_t;
+
+/* welcome.protocol: the version of docs/protocol.md this node speaks. */
+#define FRAME_PROTOCOL_VERSION "1.1"
 
 #define FRAME_WATERMARK_NONE (-1) /* watermark null or absent: start at the head */
 
@@ -33,12 +39,12 @@ typedef struct {
 typedef struct {
   frame_type_t type;
   json_t *root;      /* owned; frame_client_clear releases it */
-  const char *token; /* hello */
+  const char *token; /* hello, refresh */
   frame_sub_t *subs; /* hello; heap array */
   size_t nsubs;
-  const char *conv;  /* sync, send */
-  int64_t watermark; /* sync */
-  char epoch[STORE_EPOCH_MAX + 1]; /* sync; "" when not given */
+  const char *conv;                /* sync, send, subscribe, unsubscribe */
+  int64_t watermark;               /* sync (>= 0); subscribe (or FRAME_WATERMARK_NONE) */
+  char epoch[STORE_EPOCH_MAX + 1]; /* sync, subscribe; "" when not given */
   const char *id;    /* send */
   json_t *body;      /* send; borrowed from root */
   int known_type;    /* on a decode failure: 1 when `type` was a known
@@ -67,6 +73,14 @@ char *frame_error(const char *code, const char *message, const char *conv, long 
  * neither NULL nor empty. */
 char *frame_synced(const char *conv, int64_t head, const char *epoch, int reset);
 char *frame_sent(const char *conv, const char *id, int64_t seq);
+/* v1.1 (docs/protocol.md 5.8 to 5.10):
+ * {"type":"subscribed","conv","head","epoch","presence"} and "reset":true
+ * when `reset`, "already":true when `already` (a second subscribe);
+ * {"type":"unsubscribed","conv"}; {"type":"refreshed","expiresInMs"}. */
+char *frame_subscribed(const char *conv, int64_t head, const char *epoch, int presence, int reset,
+                       int already);
+char *frame_unsubscribed(const char *conv);
+char *frame_refreshed(int64_t expires_in_ms);
 char *frame_pong(void);
 /* {"type":"drain","afterMs":..,"reconnectTo":URL or null,"deadlineMs":..}
  * (docs/protocol.md 5.6); `reconnect_to` NULL for null. */

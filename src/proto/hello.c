@@ -15,15 +15,11 @@
 #include "net/ws.h"
 #include "proto/session_int.h"
 
-/* 1 when the last change of `channel` since change `gen` deactivated it. */
-static int deactivated_since(sessions_t *ss, uint64_t gen, const char *channel) {
-  return bus_channel_last_change_since(ss->bus, gen, channel) == 0;
-}
-
 /* ---- hello ------------------------------------------------------------------ */
 
 typedef struct {
   char conv[STORE_ID_MAX + 1];
+  uint64_t gen; /* its subscription's (sub_t.gen) */
   int64_t watermark;
   char epoch[STORE_EPOCH_MAX + 1]; /* the client's, "" when not given */
   const char *reset;               /* a sub_reset_reason (worker thread; read in done) */
@@ -114,9 +110,9 @@ static void hello_done(pool_job_t *job) {
     json_t *subs = json_array();
     for (size_t i = 0; i < h->n; i++) {
       hello_item_t *it = &h->items[i];
-      sub_t *sub = session_find_sub(s, it->conv);
-      if (!sub) continue;
-      if (it->status == 0 && deactivated_since(s->ss, h->deact_gen, it->info.channel))
+      sub_t *sub = session_find_sub_gen(s, it->conv, it->gen);
+      if (!sub) continue; /* unsubscribed meanwhile */
+      if (it->status == 0 && session_deactivated_since(s->ss, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
         if (it->status == -CV_ENOTFOUND)
@@ -129,6 +125,8 @@ static void hello_done(pool_job_t *job) {
       }
       strcpy(sub->channel, it->info.channel);
       strcpy(sub->epoch, it->info.epoch);
+      sub->presence = it->info.presence;
+      sub->announced = 1;
       json_t *entry =
           json_pack("{s:s, s:I, s:s, s:b}", "conv", it->conv, "head", (json_int_t)it->info.head,
                     "epoch", it->info.epoch, "presence", it->info.presence);
@@ -141,8 +139,10 @@ static void hello_done(pool_job_t *job) {
     char session_id[32];
     snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
     json_t *welcome =
-        json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "welcome", "session", session_id, "node",
-                  s->ss->cfg->node_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "subs", subs);
+        json_pack("{s:s, s:s, s:s, s:s, s:i, s:I, s:o}", "type", "welcome", "session", session_id,
+                  "node", s->ss->cfg->node_id, "protocol", FRAME_PROTOCOL_VERSION, "heartbeatMs",
+                  s->ss->cfg->heartbeat_ms, "expiresInMs",
+                  (json_int_t)session_token_expires_in(s, util_mono_ms()), "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
     metrics_observe(s->ss->metrics, "converger_hello_latency_ms",
@@ -152,7 +152,7 @@ static void hello_done(pool_job_t *job) {
     if (s->drain_mark.batch) drain_welcomed(*s->ss->drain, c); /* told now, not before welcome */
     for (size_t i = 0; i < h->n && !c->closing; i++) {
       hello_item_t *it = &h->items[i];
-      sub_t *sub = it->status == 0 ? session_find_sub(s, it->conv) : NULL;
+      sub_t *sub = it->status == 0 ? session_find_sub_gen(s, it->conv, it->gen) : NULL;
       if (!sub) continue;
       int64_t head = it->info.head;
       /* null: start at the head; a reset (told in the welcome) too */
@@ -165,6 +165,7 @@ static void hello_done(pool_job_t *job) {
       else
         sub_fill_finish(sub, head, 1);
     }
+    if (!c->closing) sub_after_welcome(s);
   }
 out:
   for (size_t i = 0; i < h->n; i++) store_msgs_free(h->items[i].msgs, h->items[i].n);
@@ -179,21 +180,15 @@ static void hello_submit(session_t *s) {
   conn_t *c = s->conn;
   s->hello = NULL;
   for (size_t i = 0; i < h->n; i++) {
-    sub_t *sub = calloc(1, sizeof *sub);
+    sub_t *sub = sub_new(s, h->items[i].conv);
     if (!sub) {
       free(h);
       admission_release(s->ss->admission, &s->adm, util_mono_ms());
       ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
       return;
     }
-    sub->session = s;
-    strcpy(sub->conv, h->items[i].conv);
-    sub->bus.conv = sub->conv;
-    sub->bus.deliver = sub_deliver_cb;
-    sub->state = SUB_FILLING; /* new: until the handshake job returns */
-    sub->next = s->subs;
-    s->subs = sub;
-    bus_subscribe(s->ss->bus, &sub->bus);
+    h->items[i].gen = sub->gen;
+    sub_set_state(sub, SUB_FILLING); /* new: until the handshake job returns */
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
@@ -229,14 +224,28 @@ static void hello_admitted(admission_waiter_t *w, int status, uint64_t waited_ms
 void session_handle_hello(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   const char *why = NULL;
-  if (auth_verify(s->ss->auth, f->token, util_now_ms() / 1000, &s->token, &why) != 0 ||
-      auth_is_revoked(s->ss->auth, s->token.jti)) {
+  auth_token_t t = {0};
+  if (auth_verify(s->ss->auth, f->token, util_now_ms() / 1000, &t, &why) != 0 ||
+      auth_is_revoked(s->ss->auth, t.jti)) {
     if (!why) why = "token revoked";
+    auth_token_clear(&t);
     session_count_handshake(s->ss, "unauthorized");
     session_send_error(c, "unauthorized", why, NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "unauthorized");
     return;
   }
+  int max_user = s->ss->cfg->max_conns_per_user;
+  if (max_user > 0 && s->ss->users && users_count(s->ss->users, t.sub) >= max_user) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "this user already holds %d connections on this node", max_user);
+    auth_token_clear(&t);
+    session_count_handshake(s->ss, "too_many_connections");
+    session_send_error(c, "too_many_connections", msg, NULL, 0, NULL);
+    ws_close(c, WS_CLOSE_POLICY_VIOLATION, "too_many_connections");
+    return;
+  }
+  session_token_set(s, &t);
+  if (s->ss->users && users_add(s->ss->users, s->token.sub) > 0) s->user_counted = 1;
   s->hello_seen = 1;
   s->hello_ms = util_mono_ms();
   c->deadline_ms = 0;

@@ -84,6 +84,58 @@ sub_t *session_find_sub(session_t *s, const char *conv) {
   return NULL;
 }
 
+sub_t *session_find_sub_gen(session_t *s, const char *conv, uint64_t gen) {
+  sub_t *sub = session_find_sub(s, conv);
+  return sub && sub->gen == gen ? sub : NULL;
+}
+
+int session_deactivated_since(sessions_t *ss, uint64_t gen, const char *channel) {
+  return bus_channel_last_change_since(ss->bus, gen, channel) == 0;
+}
+
+static size_t count_subs(const session_t *s) {
+  size_t n = 0;
+  for (const sub_t *sub = s->subs; sub; sub = sub->next) n++;
+  return n;
+}
+
+/* A subscribe (v1.1, docs/protocol.md 4.5): the token must cover the
+ * conversation; a second one for the same conversation is answered from
+ * where the subscription is, without a replay (or not at all while the
+ * first is still under way: its answer serves both); the connection holds
+ * at most max_subs. */
+static void handle_subscribe(session_t *s, const frame_client_t *f) {
+  conn_t *c = s->conn;
+  if (!s->token.can_read || !auth_token_allows(&s->token, f->conv)) {
+    session_send_error(c, "forbidden", "the token does not cover this conversation", f->conv, 0,
+                       NULL);
+    return;
+  }
+  sub_t *sub = session_find_sub(s, f->conv);
+  if (sub) {
+    if (sub->announced)
+      session_send_owned(
+          c, frame_subscribed(sub->conv, sub->delivered, sub->epoch, sub->presence, 0, 1));
+    return;
+  }
+  if (count_subs(s) >= (size_t)s->ss->cfg->max_subs) {
+    char why[96];
+    snprintf(why, sizeof why, "this connection already has %d subscriptions", s->ss->cfg->max_subs);
+    session_send_error(c, "too_many_subscriptions", why, f->conv, 0, NULL);
+    return;
+  }
+  sub_subscribe(s, f->conv, f->watermark, f->epoch);
+}
+
+/* An unsubscribe: nothing of the conversation follows `unsubscribed` (its
+ * kept messages are dropped, a store job's result is ignored). Answered
+ * also when there was no subscription. */
+static void handle_unsubscribe(session_t *s, const frame_client_t *f) {
+  sub_t *sub = session_find_sub(s, f->conv);
+  if (sub) sub_remove(s, sub);
+  session_send_owned(s->conn, frame_unsubscribed(f->conv));
+}
+
 void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms) {
   char labels[32];
   snprintf(labels, sizeof labels, "result=\"%s\"", result);
@@ -99,7 +151,85 @@ int session_start(sessions_t *ss, conn_t *c) {
   s->conn = c;
   s->ss = ss;
   s->id = ++ss->next_session;
+  const int rates[RATE_KINDS][2] = {
+      [RATE_SEND] = {ss->cfg->rate_send, ss->cfg->rate_send_burst},
+      [RATE_SUBSCRIBE] = {ss->cfg->rate_subscribe, ss->cfg->rate_subscribe_burst},
+      [RATE_REFRESH] = {ss->cfg->rate_refresh, ss->cfg->rate_refresh_burst}};
+  uint64_t now = util_mono_ms();
+  for (int k = 0; k < RATE_KINDS; k++) {
+    s->rate[k].per_s = rates[k][0];
+    if (rates[k][0] > 0) limiter_init(&s->rate[k].bucket, rates[k][0], rates[k][1], now);
+  }
   c->session = s;
+  return 0;
+}
+
+/* ---- rate limits ------------------------------------------------------------ */
+
+static const char *const rate_names[RATE_KINDS] = {"send", "subscribe", "refresh"};
+
+#define RATE_HINT_MAX_MS 60000 /* the longest retryAfterMs of a rate_limited */
+
+/* The bucket a frame takes from, or -1 for none (hello, ping). */
+static int rate_kind(frame_type_t t) {
+  switch (t) {
+  case FRAME_SEND:
+    return RATE_SEND;
+  case FRAME_SUBSCRIBE:
+  case FRAME_UNSUBSCRIBE:
+  case FRAME_SYNC:
+    return RATE_SUBSCRIBE;
+  case FRAME_REFRESH:
+    return RATE_REFRESH;
+  default:
+    return -1;
+  }
+}
+
+/* 1 when the frame may go on. Otherwise it was answered with `error
+ * rate_limited` and a retryAfterMs (the connection stays), or, when the
+ * client has sent at least rate_abuse_factor times the rate in every
+ * second for rate_abuse_ms, the connection is closed with 1008
+ * rate_limited. Returns 0 then. */
+static int rate_allows(session_t *s, const frame_client_t *f) {
+  int k = rate_kind(f->type);
+  if (k < 0 || s->rate[k].per_s <= 0) return 1;
+  const config_t *cfg = s->ss->cfg;
+  rate_t *r = &s->rate[k];
+  uint64_t now = util_mono_ms(), sec = now / 1000;
+  double abuse = cfg->rate_abuse_factor * r->per_s;
+  if (sec != r->second) {
+    r->abusive = sec == r->second + 1 && abuse > 0 && r->count >= abuse ? r->abusive + 1 : 0;
+    r->second = sec;
+    r->count = 0;
+  }
+  r->count++;
+  if (limiter_take(&r->bucket, now)) return 1;
+  char labels[32];
+  snprintf(labels, sizeof labels, "kind=\"%s\"", rate_names[k]);
+  metrics_add(s->ss->metrics, "converger_rate_limited_total", labels, 1);
+  if (abuse > 0 && r->count >= abuse &&
+      (uint64_t)r->abusive * 1000 >= (uint64_t)cfg->rate_abuse_ms) {
+    metrics_add(s->ss->metrics, "converger_rate_limit_closes_total", labels, 1);
+    session_send_error(s->conn, "rate_limited", "far over the rate limits for too long", NULL, 0,
+                       NULL);
+    ws_close(s->conn, WS_CLOSE_POLICY_VIOLATION, "rate_limited");
+    return 0;
+  }
+  /* The hint is this frame's turn: refused frames of a burst are given
+   * the next free slots of the rate, one after the other (as GCRA
+   * schedules cells), so a client that waits for its hints retries them
+   * at the rate and finds a token each time, instead of retrying them all
+   * at once when the first token is back. At most RATE_HINT_MAX_MS. */
+  uint64_t slot = now + (uint64_t)limiter_wait_ms(&r->bucket, now);
+  if (r->next_slot > slot) slot = r->next_slot;
+  if (slot - now > RATE_HINT_MAX_MS) slot = now + RATE_HINT_MAX_MS;
+  r->next_slot = slot + (uint64_t)(1000.0 / r->per_s + 0.5);
+  char message[96];
+  snprintf(message, sizeof message, "more than %.0f %s frames a second", r->per_s, rate_names[k]);
+  json_t *details = json_pack("{s:s}", "frame", rate_names[k]);
+  if (details && f->type == FRAME_SEND) json_object_set_new(details, "id", json_string(f->id));
+  session_send_error(s->conn, "rate_limited", message, f->conv, (long)(slot - now), details);
   return 0;
 }
 
@@ -123,6 +253,10 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
     session_count_handshake(s->ss, "bad_request");
     session_send_error(c, "bad_request", "the first frame must be hello", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "the first frame must be hello");
+    frame_client_clear(&f);
+    return;
+  }
+  if (!rate_allows(s, &f)) {
     frame_client_clear(&f);
     return;
   }
@@ -157,6 +291,15 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   case FRAME_PING:
     session_send_owned(c, frame_pong());
     break;
+  case FRAME_SUBSCRIBE:
+    handle_subscribe(s, &f);
+    break;
+  case FRAME_UNSUBSCRIBE:
+    handle_unsubscribe(s, &f);
+    break;
+  case FRAME_REFRESH:
+    session_handle_refresh(s, &f);
+    break;
   }
   frame_client_clear(&f);
 }
@@ -170,6 +313,7 @@ void session_tick(conn_t *c, uint64_t now) {
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "no hello in time");
     return;
   }
+  if (session_check_expiry(s, now)) return;
   if (now - c->last_rx_ms > 2 * (uint64_t)ss->cfg->heartbeat_ms) {
     ws_close(c, WS_CLOSE_GOING_AWAY, "heartbeat timeout");
     return;
@@ -226,6 +370,7 @@ void session_free(session_t *s) {
   if (!s) return;
   session_on_close(s);
   while (s->subs) sub_remove(s, s->subs);
+  if (s->user_counted) users_remove(s->ss->users, s->token.sub);
   auth_token_clear(&s->token);
   free(s);
 }
@@ -249,9 +394,11 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
     while (sub) {
       sub_t *next = sub->next;
       if (strcmp(sub->channel, channel) == 0) {
+        char *ended = frame_unsubscribed(sub->conv);
         session_send_error(c, "channel_inactive", "the conversation's channel was deactivated",
                            sub->conv, 0, NULL);
         sub_remove(s, sub);
+        session_send_owned(c, ended);
       }
       sub = next;
     }

@@ -22,6 +22,7 @@
 #include "gate/admission.h"
 #include "gate/auth.h"
 #include "gate/drain.h"
+#include "gate/users.h"
 #include "net/conn.h"
 #include "store/pool.h"
 
@@ -37,6 +38,7 @@ typedef struct sessions_s {
   net_t *net;                   /* every connection (revocation, shutdown) */
   jitter_rng_t *rng;            /* retry hints */
   metrics_t *metrics;           /* the node's registry (core/metrics.h) */
+  users_t *users;               /* connections per user (CONVERGER_MAX_CONNS_PER_USER) */
   uint64_t next_session;        /* the last session id given */
   uint64_t delivered_unflushed; /* deliveries not yet in their metric */
 } sessions_t;

@@ -19,6 +19,7 @@
 #include "gate/admission.h"
 #include "gate/auth.h"
 #include "gate/drain.h"
+#include "gate/limiter.h"
 #include "proto/frames.h"
 #include "proto/session.h"
 
@@ -46,6 +47,11 @@ typedef struct sub_s {
   struct fill_job_s *sync_job;         /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
+  uint64_t gen;      /* the session's number for it: a store job finds its own
+                        subscription, not a later one of the same conversation */
+  int announced;     /* its welcome entry or `subscribed` was sent */
+  int after_welcome; /* a subscribe that came before the welcome: QUEUED until then */
+  int presence;      /* the channel's presence setting, as the store said */
   char conv[STORE_ID_MAX + 1];
   char channel[STORE_ID_MAX + 1];
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
@@ -68,6 +74,18 @@ typedef struct sub_s {
 
 struct hello_job_s;
 
+/* The frames a connection's rate limits count (docs/protocol.md 4.8). */
+typedef enum { RATE_SEND, RATE_SUBSCRIBE, RATE_REFRESH, RATE_KINDS } rate_kind_t;
+
+typedef struct {
+  limiter_t bucket;
+  double per_s;       /* its rate; 0: no limit */
+  uint64_t second;    /* the monotonic second `count` is of */
+  uint32_t count;     /* frames of this kind in that second, refused ones too */
+  uint32_t abusive;   /* whole seconds in a row at or over rate_abuse_factor x the rate */
+  uint64_t next_slot; /* monotonic ms of the next refused frame's turn (its hint) */
+} rate_t;
+
 struct session_s {
   admission_waiter_t adm;            /* the hello waiting for, or holding, an admission slot */
   struct hello_job_s *hello;         /* the hello job waiting for its slot */
@@ -78,7 +96,11 @@ struct session_s {
   int hello_seen;
   uint64_t hello_ms; /* monotonic: the hello came (converger_hello_latency_ms) */
   auth_token_t token;
+  uint64_t expires_at; /* monotonic ms at which the token's exp passes (token.c) */
+  int user_counted;    /* counted in ss->users under token.sub */
+  rate_t rate[RATE_KINDS];
   sub_t *subs;
+  uint64_t last_sub_gen;   /* the last sub_t.gen given */
   uint64_t retry_due;      /* the earliest retry_at of its subscriptions; 0: none */
   drain_mark_t drain_mark; /* this connection's drain state (gate/drain.h) */
 };
@@ -97,6 +119,12 @@ void session_count_handshake(sessions_t *ss, const char *result);
 void session_refuse_unavailable(conn_t *c, const char *message, const char *conv, json_t *details);
 /* The subscription of `conv`, or NULL. */
 sub_t *session_find_sub(session_t *s, const char *conv);
+/* session_find_sub, and NULL unless it is the subscription numbered `gen`
+ * (a store job's own). */
+sub_t *session_find_sub_gen(session_t *s, const char *conv, uint64_t gen);
+/* 1 when the last change of `channel` since the bus's change `gen`
+ * deactivated it (bus_channel_last_change_since). */
+int session_deactivated_since(sessions_t *ss, uint64_t gen, const char *channel);
 /* converger_protocol_admission_wait_ms{result}. */
 void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms);
 
@@ -119,8 +147,20 @@ void sub_fill_finish(sub_t *sub, int64_t head, int synced);
 void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n);
 /* A client's sync from `watermark` in `epoch` (""): through admission. */
 void sub_sync(sub_t *sub, int64_t watermark, const char *epoch);
-/* Leave the session, the admission queue and the bus, and free. */
+/* A new subscription of `conv` in `s`, in the bus index (live messages
+ * kept from now on), state LIVE with nothing delivered: the caller moves
+ * it on at once. Linked first in s->subs. NULL on OOM. */
+sub_t *sub_new(session_t *s, const char *conv);
+/* Leave the session, the admission queue (a store job not started is taken
+ * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* A `subscribe` the session has checked (token, duplicates, the count):
+ * through admission, then one store job (conversation, head, first page),
+ * then `subscribed`, the replay and `synced` (docs/protocol.md 4.5). */
+void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch);
+/* The welcome is out: the subscribes that came before it ask for their
+ * admission slots now. */
+void sub_after_welcome(session_t *s);
 /* Why a resume is answered with reset (a metric label), or NULL. */
 const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
 /* converger_resets_total{reason}. */
@@ -131,6 +171,19 @@ void sub_count_reset(sessions_t *ss, const char *reason);
  * before any cancel. */
 void sub_leave(sub_t *sub, uint64_t now);
 void sub_cancel(sub_t *sub, uint64_t now);
+
+/* ---- token.c ---- */
+
+/* Take `t` (moved: *t is zeroed) as the session's token, with its expiry
+ * on the monotonic clock. */
+void session_token_set(session_t *s, auth_token_t *t);
+/* ms until the session's token expires (<= 0: past), leeway not counted. */
+int64_t session_token_expires_in(const session_t *s, uint64_t now);
+/* A refresh frame (docs/protocol.md 4.7). */
+void session_handle_refresh(session_t *s, frame_client_t *f);
+/* The tick's check: past exp + token_leeway_ms, `error token_expired`
+ * and close 1008 "token_expired". Returns 1 when it closed. */
+int session_check_expiry(session_t *s, uint64_t now);
 
 /* ---- hello.c, send.c ---- */
 

@@ -1,8 +1,16 @@
 /*
  * sub.c: one subscription of a session (session_int.h): live delivery,
  * the messages kept while a fill runs, fills from the store (the rest of a
- * hello's replay, a client's sync, a gap fill) and the epochs; the design
- * block of session.c states the invariants.
+ * hello's replay, a client's sync, a gap fill), the epochs, and a
+ * `subscribe` on a live connection (protocol 1.1: one admitted store job
+ * like a sync's, that also reads the conversation, then `subscribed`); the
+ * design block of session.c states the invariants.
+ *
+ * (new) is a subscription made by sub_new: in the bus index, LIVE with
+ * nothing delivered, moved on at once. A store job carries its
+ * subscription's number (sub_t.gen) and its result is dropped when that
+ * subscription has ended, also when a new one of the same conversation
+ * took its place.
  *
  * A subscription's states (sub_state_t) and what moves it. "Finish" is
  * sub_fill_finish: synced if the fill was asked for one, then what the
@@ -14,6 +22,9 @@
  *
  *   state     event                                 action                        next
  *   (new)     hello admitted                        subscribe; the hello's job    FILLING
+ *   (new)     subscribe, slot granted               subscribe; its job            FILLING
+ *   (new)     subscribe, queued or before welcome   subscribe; wait for a slot    QUEUED
+ *   (new)     subscribe, queue full                 unavailable (conv, hint)      (freed)
  *   LIVE      message delivered + 1                 send it                       LIVE
  *   LIVE      message delivered + 1, output high    fill to the head              DEFERRED
  *   LIVE      message past a gap, or a head hint    keep it; fill up to it        FILLING
@@ -23,6 +34,9 @@
  *   LIVE      sync, queue full                      replay_unavailable; finish    LIVE
  *   QUEUED    slot granted                          the sync's job                FILLING
  *   QUEUED    slot refused (queue timeout)          replay_unavailable; finish    LIVE, ...
+ *   QUEUED    a subscribe's slot refused            unavailable (conv, hint)      (freed)
+ *   FILLING   a subscribe's job done                subscribed; replay; as above  FILLING, LIVE
+ *   FILLING   a subscribe's job: not found, inactive, failed   error (conv)       (freed)
  *   FILLING   job done, target reached              finish                        LIVE, ...
  *   FILLING   job done, a page short of target      the next page                 FILLING
  *   FILLING   job done, output high                 the same page again           DEFERRED
@@ -35,6 +49,7 @@
  *   not LIVE  `pending` full                        forget it; overflow = 1       same
  *   not LIVE  sync                                  keep the lowest: sync_pending same
  *   any       connection closes                     leave the queue; cancel job   (freed)
+ *   any       unsubscribe, refresh narrows scope    leave; cancel a job not run   (freed)
  *
  * ("LIVE, ..." is finish's: LIVE, or QUEUED/FILLING/DEFERRED for what the
  * fill owed. A fill started from LIVE or RETRY may begin DEFERRED.)
@@ -83,12 +98,32 @@ static void clear_pending(sub_t *sub) {
   sub->pending_bytes = 0;
 }
 
+static void cancel_sync_job(sub_t *sub);
+
+sub_t *sub_new(session_t *s, const char *conv) {
+  sub_t *sub = calloc(1, sizeof *sub);
+  if (!sub) return NULL;
+  sub->session = s;
+  sub->gen = ++s->last_sub_gen;
+  strcpy(sub->conv, conv);
+  sub->bus.conv = sub->conv;
+  sub->bus.deliver = sub_deliver_cb;
+  sub->next = s->subs;
+  s->subs = sub;
+  bus_subscribe(s->ss->bus, &sub->bus);
+  return sub;
+}
+
 void sub_remove(session_t *s, sub_t *sub) {
   for (sub_t **p = &s->subs; *p; p = &(*p)->next)
     if (*p == sub) {
       *p = sub->next;
       break;
     }
+  /* A sync's or subscribe's job not started yet is taken back (its done
+   * finds no subscription of its number); one that runs keeps going, and
+   * its slot is given back here, a little early. */
+  cancel_sync_job(sub);
   admission_release(s->ss->admission, &sub->adm, util_mono_ms());
   bus_unsubscribe(s->ss->bus, &sub->bus);
   clear_pending(sub);
@@ -241,6 +276,13 @@ typedef struct fill_job_s {
   conn_t *conn;
   sessions_t *ss; /* the connection's session may be gone when the job is done */
   char conv[STORE_ID_MAX + 1];
+  uint64_t gen; /* the subscription's (sub_t.gen) */
+  /* A subscribe's job (upto < 0, admitted): the worker also checks the
+   * channel and reads its presence; `after` < 0 (null) becomes the head. */
+  int subscribe;
+  uint64_t deact_gen; /* the bus's channel changes when it was submitted */
+  int presence;
+  char channel[STORE_ID_MAX + 1];
   int64_t after, upto;
   int synced;
   int admitted; /* the first job of a sync: its subscription holds an admission slot */
@@ -256,14 +298,26 @@ typedef struct fill_job_s {
   size_t n;
 } fill_job_t;
 
+static void cancel_sync_job(sub_t *sub) {
+  pool_t *pool = *sub->session->ss->pool;
+  if (sub->sync_job && pool) pool_cancel(pool, &sub->sync_job->job);
+}
+
 static void fill_work(pool_job_t *job, store_t *db) {
   fill_job_t *f = container_of(job, fill_job_t, job);
   if (f->upto < 0) {
     store_conv_t info;
     if ((f->status = store_conv_get(db, f->conv, &info)) != 0) return;
+    if (f->subscribe && !info.channel_active) {
+      f->status = -CV_EINACTIVE;
+      return;
+    }
     f->upto = info.head;
     strcpy(f->head_epoch, info.epoch);
+    strcpy(f->channel, info.channel);
+    f->presence = info.presence;
     if ((f->reset = sub_reset_reason(f->after, f->epoch, &info)) != NULL) return;
+    if (f->after < 0) f->after = info.head; /* a subscribe from null: live from the head */
   }
   if (f->after >= f->upto) return;
   f->replayed = 1;
@@ -329,6 +383,8 @@ static void drop_hints_above(sub_t *sub, int64_t seq) {
   sub->npending = k;
 }
 
+static void subscribe_done(sub_t *sub, fill_job_t *f);
+
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
   if (job->canceled) f->status = -CV_ECANCELED;
@@ -337,7 +393,7 @@ static void fill_done(pool_job_t *job) {
   if (f->replayed)
     metrics_add(f->ss->metrics, "converger_replay_queries_total", "kind=\"fill\"", 1);
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
-    sub_t *sub = session_find_sub(f->conn->session, f->conv);
+    sub_t *sub = session_find_sub_gen(f->conn->session, f->conv, f->gen);
     if (sub && sub->sync_job == f) {
       sub->sync_job = NULL;
       admission_release(f->conn->session->ss->admission, &sub->adm, util_mono_ms());
@@ -345,8 +401,10 @@ static void fill_done(pool_job_t *job) {
   }
   if (conn_unref(f->conn)) {
     session_t *s = f->conn->session;
-    sub_t *sub = s ? session_find_sub(s, f->conv) : NULL;
-    if (sub && f->status != 0) {
+    sub_t *sub = s ? session_find_sub_gen(s, f->conv, f->gen) : NULL;
+    if (sub && f->subscribe) {
+      subscribe_done(sub, f);
+    } else if (sub && f->status != 0) {
       log_warn("session %llu: replay of %s failed: %s", (unsigned long long)s->id, f->conv,
                cv_strerror(f->status));
       fill_failed(sub, "replay failed; sync again later");
@@ -433,13 +491,16 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->conn = c;
   f->ss = c->session->ss;
   strcpy(f->conv, sub->conv);
+  f->gen = sub->gen;
+  f->subscribe = admitted && !sub->announced;
+  f->deact_gen = bus_channel_gen(c->session->ss->bus);
   f->after = after;
   f->upto = upto;
   f->synced = synced;
   f->admitted = admitted;
   snprintf(f->epoch, sizeof f->epoch, "%s", epoch);
   if (admitted) sub->sync_job = f;
-  f->job.kind = admitted ? "sync" : "fill";
+  f->job.kind = f->subscribe ? "subscribe" : admitted ? "sync" : "fill";
   f->job.deadline_ms = config_store_deadline(c->session->ss->cfg);
   conn_ref(c);
   pool_submit(*c->session->ss->pool, &f->job, fill_work, fill_done);
@@ -496,5 +557,116 @@ void sub_cancel(sub_t *sub, uint64_t now) {
   if (sub->sync_job && pool && pool_cancel(pool, &sub->sync_job->job)) {
     sub->sync_job = NULL;
     admission_release(sub->session->ss->admission, &sub->adm, now);
+  }
+}
+
+/* ---- subscribe (v1.1) --------------------------------------------------------- */
+
+/* A subscribe got no admission slot, or its store job failed: `error
+ * unavailable` with its conv and a retry hint, and no subscription. The
+ * connection stays (docs/protocol.md 4.5); the client subscribes again
+ * after the hint. */
+static void subscribe_refused(sub_t *sub, const char *message) {
+  session_t *s = sub->session;
+  session_send_error(s->conn, "unavailable", message, sub->conv,
+                     config_retry_hint(s->ss->cfg, s->ss->rng), NULL);
+  sub_remove(s, sub);
+}
+
+static void subscribe_done(sub_t *sub, fill_job_t *f) {
+  session_t *s = sub->session;
+  conn_t *c = s->conn;
+  if (f->status == 0 && session_deactivated_since(s->ss, f->deact_gen, f->channel))
+    f->status = -CV_EINACTIVE; /* deactivated after our read */
+  if (f->status == -CV_ENOTFOUND || f->status == -CV_EINACTIVE) {
+    session_send_error(c, f->status == -CV_ENOTFOUND ? "not_found" : "channel_inactive",
+                       f->status == -CV_ENOTFOUND ? "no such conversation"
+                                                  : "the conversation's channel is inactive",
+                       sub->conv, 0, NULL);
+    sub_remove(s, sub);
+    return;
+  }
+  if (f->status != 0) {
+    log_warn("session %llu: subscribe to %s failed: %s", (unsigned long long)s->id, sub->conv,
+             cv_strerror(f->status));
+    subscribe_refused(sub, f->status == -CV_EBUSY ? "store overloaded; subscribe again later"
+                                                  : "store unavailable; subscribe again later");
+    return;
+  }
+  strcpy(sub->channel, f->channel);
+  strcpy(sub->epoch, f->head_epoch);
+  sub->presence = f->presence;
+  sub->announced = 1;
+  if (f->reset) sub_count_reset(s->ss, f->reset);
+  session_send_owned(
+      c, frame_subscribed(sub->conv, f->upto, f->head_epoch, f->presence, f->reset != NULL, 0));
+  /* null and a reset start at the head (told in `subscribed`, as in a
+   * welcome entry); the first page goes out unless the output is high */
+  sub->delivered = f->reset ? f->upto : f->after;
+  if (c->closing) return;
+  if (conn_pending_bytes(c) <= OUT_HIGH_WATER) sub_send_replay(sub, f->msgs, f->n);
+  if (sub->delivered < f->upto)
+    sub_fill_start(sub, sub->delivered, f->upto, 1);
+  else
+    sub_fill_finish(sub, f->upto, 1);
+}
+
+static void subscribe_begin(sub_t *sub) {
+  fill_submit(sub, sub->adm_watermark, -1, 1, 1, sub->adm_epoch);
+}
+
+static void subscribe_admitted(admission_waiter_t *w, int status, uint64_t waited_ms) {
+  sub_t *sub = container_of(w, sub_t, adm);
+  if (status != 0) {
+    session_observe_admission(sub->session->ss, "overloaded", waited_ms);
+    subscribe_refused(sub, "no subscribe slot in time; subscribe again later");
+    return;
+  }
+  session_observe_admission(sub->session->ss, "ok", waited_ms);
+  subscribe_begin(sub);
+}
+
+static void subscribe_acquire(sub_t *sub) {
+  session_t *s = sub->session;
+  int r = admission_acquire(s->ss->admission, &sub->adm, util_mono_ms(), subscribe_admitted);
+  if (r == ADMISSION_GRANTED) {
+    session_observe_admission(s->ss, "ok", 0);
+    subscribe_begin(sub);
+  } else if (r == ADMISSION_QUEUED) {
+    if (sub->state != SUB_QUEUED) sub_set_state(sub, SUB_QUEUED); /* live messages wait */
+  } else {
+    session_observe_admission(s->ss, "overloaded", 0);
+    subscribe_refused(sub, "the subscribe queue is full; subscribe again later");
+  }
+}
+
+void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch) {
+  sub_t *sub = sub_new(s, conv);
+  if (!sub) {
+    ws_close(s->conn, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  sub->adm_watermark = watermark;
+  snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
+  if (!s->drain_mark.welcomed) {
+    /* Before the welcome: `subscribed` must not overtake it. The
+     * subscription keeps live messages from now on and asks for its slot
+     * once the welcome is out (sub_after_welcome). */
+    sub_set_state(sub, SUB_QUEUED);
+    sub->after_welcome = 1;
+    return;
+  }
+  subscribe_acquire(sub);
+}
+
+void sub_after_welcome(session_t *s) {
+  sub_t *sub = s->subs;
+  while (sub) { /* a refusal removes the subscription: take the next first */
+    sub_t *next = sub->next;
+    if (sub->after_welcome) {
+      sub->after_welcome = 0;
+      subscribe_acquire(sub);
+    }
+    sub = next;
   }
 }

@@ -175,6 +175,15 @@ static void on_text(void *ud, conn_t *c, const char *text, size_t len) {
   case FRAME_PING:
     send_owned(c, frame_pong());
     break;
+  case FRAME_SUBSCRIBE:
+    send_owned(c, frame_subscribed(f.conv, 0, "fuzz", 0, 0, 0));
+    break;
+  case FRAME_UNSUBSCRIBE:
+    send_owned(c, frame_unsubscribed(f.conv));
+    break;
+  case FRAME_REFRESH:
+    send_owned(c, frame_refreshed(60000));
+    break;
   }
   frame_client_clear(&f);
 }

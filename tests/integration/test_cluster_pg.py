@@ -153,6 +153,8 @@ class ClusterPg(NodeCase):
             for cl in subs:
                 m, _ = await cl.until(lambda f: f.get("type") == "error", timeout=3.0)
                 self.assertEqual((m["code"], m["conv"]), ("channel_inactive", conv), m)
+                # protocol 1.1: the end of a subscription is said with unsubscribed too
+                self.assertEqual(await cl.recv_json(), {"type": "unsubscribed", "conv": conv})
             # the subscription ended: nothing more arrives, and sends are refused
             st, _, js = b.request("POST", "/v1/conversations/%s/messages" % conv, {"sender": "x", "body": 1})
             self.assertEqual(st, 409, js)

@@ -125,7 +125,9 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                               .drain = &fx->drain,
                               .net = &fx->net,
                               .rng = &fx->rng,
-                              .metrics = fx->metrics};
+                              .metrics = fx->metrics,
+                              .users = users_new()};
+  assert_non_null(fx->sessions.users);
   assert_non_null(fx->bus);
   assert_non_null(fx->auth);
   assert_non_null(fx->admission);
@@ -147,6 +149,7 @@ void fx_free(fx_t *fx) {
   assert_int_equal(uv_loop_close(&fx->loop), 0);
   admission_free(fx->admission);
   auth_free(fx->auth);
+  users_free(fx->sessions.users);
   store_close(fx->db);
   config_free(&fx->cfg);
   conn_net_free(&fx->net);
@@ -211,14 +214,18 @@ int64_t fx_append(fx_t *fx, const char *conv, int i) {
   return seq;
 }
 
-char *fx_token(fx_t *fx, const char *sub, const char *conv) {
+char *fx_token_ttl(fx_t *fx, const char *sub, const char *conv, int64_t ttl_s) {
   json_t *convs = json_pack("[s]", conv);
   char *token = NULL, jti[37];
   int64_t exp;
-  assert_int_equal(auth_sign(fx->auth, sub, convs, util_now_ms() / 1000, 3600, &token, jti, &exp),
+  assert_int_equal(auth_sign(fx->auth, sub, convs, util_now_ms() / 1000, ttl_s, &token, jti, &exp),
                    0);
   json_decref(convs);
   return token;
+}
+
+char *fx_token(fx_t *fx, const char *sub, const char *conv) {
+  return fx_token_ttl(fx, sub, conv, 3600);
 }
 
 /* ---- the client's side ------------------------------------------------------ */
@@ -324,6 +331,11 @@ void fx_send(fx_peer_t *p, const char *json) {
 
 void fx_hello(fx_peer_t *p, const char *conv, int64_t watermark) {
   char *token = fx_token(p->fx, "alice", conv);
+  fx_hello_token(p, token, conv, watermark);
+  free(token);
+}
+
+void fx_hello_token(fx_peer_t *p, const char *token, const char *conv, int64_t watermark) {
   json_t *sub = json_pack("{s:s}", "conv", conv);
   json_object_set_new(sub, "watermark", watermark < 0 ? json_null() : json_integer(watermark));
   json_t *hello = json_pack("{s:s, s:s, s:[o]}", "type", "hello", "token", token, "subs", sub);
@@ -331,7 +343,6 @@ void fx_hello(fx_peer_t *p, const char *conv, int64_t watermark) {
   fx_send(p, text);
   free(text);
   json_decref(hello);
-  free(token);
 }
 
 json_t *fx_recv(fx_peer_t *p) {

@@ -111,6 +111,8 @@ void fx_conv(fx_t *fx, const char *ch, const char *conv, int n);
 int64_t fx_append(fx_t *fx, const char *conv, int i);
 /* A token for `sub` covering `conv` (or "*"), valid for an hour: heap. */
 char *fx_token(fx_t *fx, const char *sub, const char *conv);
+/* The same, valid for `ttl_s` seconds. */
+char *fx_token_ttl(fx_t *fx, const char *sub, const char *conv, int64_t ttl_s);
 
 /* A new client upgraded to WebSocket (the 101 read). Heap; fx_peer_free. */
 fx_peer_t *fx_connect(fx_t *fx);
@@ -120,6 +122,8 @@ void fx_peer_free(fx_peer_t *p);
 void fx_send(fx_peer_t *p, const char *json);
 /* The hello of `conv` from `watermark` (< 0: null), with a token. */
 void fx_hello(fx_peer_t *p, const char *conv, int64_t watermark);
+/* The same hello with `token` (borrowed). */
+void fx_hello_token(fx_peer_t *p, const char *token, const char *conv, int64_t watermark);
 /* The next text frame the node sent, parsed (caller decrefs), or NULL
  * when none is waiting (after a close, p->closed says so). Pings are
  * answered and skipped. Runs the loop once first. */

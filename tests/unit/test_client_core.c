@@ -839,6 +839,45 @@ static void test_replay_unavailable_is_retried_after_its_hint(void **state) {
   destroy(&h);
 }
 
+/* rate_limited (protocol 1.1): a refused send is sent again, the same
+ * frame, after the hint, and completes on its `sent`; a refused sync is
+ * asked again after its hint. Neither fails. */
+static void test_rate_limited_send_and_sync_are_retried(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 1}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 1);
+  clear_acts(&h);
+  assert_int_equal(cvg_core_send(h.core, "c1", "r-1", "{}", on_sent, &h, h.now), 0);
+  take(&h);
+  char frame[2048];
+  snprintf(frame, sizeof frame, "%s", last(&h, CVG_ACT_SEND, t)->data);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"rate_limited\",\"message\":\"slow down\",\"conv\":\"c1\","
+       "\"retryAfterMs\":300,\"details\":{\"frame\":\"send\",\"id\":\"r-1\"}}");
+  assert_int_equal(h.nsent, 0); /* not failed */
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_int_equal(h.timer_at, h.now + 300);
+  fire(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 2);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data, frame);
+  text(&h, t, "{\"type\":\"sent\",\"conv\":\"c1\",\"id\":\"r-1\",\"seq\":2}");
+  assert_int_equal(h.nsent, 1);
+  assert_string_equal(h.sent_err, "");
+  msg(&h, t, "c1", 2);
+  msg(&h, t, "c1", 4); /* a gap: one sync */
+  assert_int_equal(count(&h, CVG_ACT_SEND), 3);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"rate_limited\",\"message\":\"slow down\",\"conv\":\"c1\","
+       "\"retryAfterMs\":500,\"details\":{\"frame\":\"subscribe\"}}");
+  assert_int_equal(h.timer_at, h.now + 500);
+  fire(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 4);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"sync\",\"conv\":\"c1\",\"watermark\":2}");
+  destroy(&h);
+}
+
 static void test_no_subscription_left_fails_at_once(void **state) {
   h_t h;
   cvg_sub_t subs[] = {{"c1", 0}};
@@ -1358,6 +1397,7 @@ int main(void) {
       cmocka_unit_test(test_ended_subscription_left_out_of_hello),
       cmocka_unit_test(test_too_large_send_is_failed_not_resent),
       cmocka_unit_test(test_replay_unavailable_is_retried_after_its_hint),
+      cmocka_unit_test(test_rate_limited_send_and_sync_are_retried),
       cmocka_unit_test(test_no_subscription_left_fails_at_once),
       cmocka_unit_test(test_sent_matches_conversation_and_id),
       cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),

@@ -4,7 +4,12 @@
  *  - every transition of the subscription table in proto/sub.c's design
  *    block, each test named after the rows it drives;
  *  - the hello's admission slot given back on every path: done, error,
- *    close while queued, close with its job not started, queue timeout. */
+ *    close while queued, close with its job not started, queue timeout;
+ *  - v1.1: subscribe (replay, null, twice, reset, every refusal, queued
+ *    and refused), unsubscribe (live, with its job out, racing a new
+ *    subscribe), refresh (narrower scope, another user, a bad token) and
+ *    the token's expiry with its leeway; the rate limits, the close for
+ *    sustained abuse, and the per-user connection limit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -683,6 +688,510 @@ static void test_hello_queue_timeout(void **state) {
   fx_free(&fx);
 }
 
+/* ---- v1.1: subscribe, unsubscribe, refresh, the token's expiry ---------------- */
+
+/* A peer whose hello (token for every conversation) made it live on `conv`
+ * at its head `head`, from null. */
+static fx_peer_t *star_peer(fx_t *fx, const char *conv, int64_t head) {
+  fx_peer_t *p = fx_connect(fx);
+  char *token = fx_token(fx, "alice", "*");
+  fx_hello_token(p, token, conv, -1);
+  free(token);
+  assert_true(fx_step(fx));
+  json_decref(expect(p, "welcome"));
+  expect_synced(p, head, 0);
+  return p;
+}
+
+static void subscribe_frame(fx_peer_t *p, const char *conv, int64_t watermark) {
+  char text[256];
+  if (watermark < 0)
+    snprintf(text, sizeof text, "{\"type\":\"subscribe\",\"conv\":\"%s\",\"watermark\":null}",
+             conv);
+  else
+    snprintf(text, sizeof text, "{\"type\":\"subscribe\",\"conv\":\"%s\",\"watermark\":%lld}", conv,
+             (long long)watermark);
+  fx_send(p, text);
+}
+
+static void unsubscribe_frame(fx_peer_t *p, const char *conv) {
+  char text[256];
+  snprintf(text, sizeof text, "{\"type\":\"unsubscribe\",\"conv\":\"%s\"}", conv);
+  fx_send(p, text);
+}
+
+static void expect_subscribed(fx_peer_t *p, const char *conv, int64_t head, int reset,
+                              int already) {
+  json_t *js = expect(p, "subscribed");
+  assert_string_equal(json_string_value(json_object_get(js, "conv")), conv);
+  assert_int_equal(json_integer_value(json_object_get(js, "head")), head);
+  assert_non_null(json_string_value(json_object_get(js, "epoch")));
+  assert_true(json_is_boolean(json_object_get(js, "presence")));
+  assert_int_equal(json_is_true(json_object_get(js, "reset")), reset);
+  assert_int_equal(json_is_true(json_object_get(js, "already")), already);
+  json_decref(js);
+}
+
+static void expect_error_conv(fx_peer_t *p, const char *code, const char *conv) {
+  json_t *js = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(js, "code")), code);
+  assert_string_equal(json_string_value(json_object_get(js, "conv")), conv);
+  json_decref(js);
+}
+
+static void expect_unsubscribed(fx_peer_t *p, const char *conv) {
+  json_t *js = expect(p, "unsubscribed");
+  assert_string_equal(json_string_value(json_object_get(js, "conv")), conv);
+  json_decref(js);
+}
+
+/* The connection is open and answers. */
+static void expect_open(fx_peer_t *p) {
+  fx_send(p, "{\"type\":\"ping\"}");
+  json_decref(expect(p, "pong"));
+  assert_false(p->closed);
+}
+
+/* (new) subscribe, slot granted -> FILLING (its one job holds the slot);
+ * job done -> subscribed, the replay, synced, LIVE; live messages kept
+ * meanwhile follow in order. */
+static void test_subscribe_replays_then_live(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 3);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", 1);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_FILLING);
+  assert_int_equal(admission_in_use(fx.admission), 1);
+  fx_append(&fx, "c2", 4); /* committed while the job is out: kept */
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx));
+  assert_int_equal(admission_in_use(fx.admission), 0);
+  expect_subscribed(p, "c2", 4, 0, 0);
+  expect_msgs(p, 2, 4);
+  expect_synced(p, 4, 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_LIVE);
+  fx_append(&fx, "c2", 5);
+  expect_msgs(p, 5, 5);
+  fx_append(&fx, "c1", 2); /* the hello's subscription is untouched */
+  expect_msgs(p, 2, 2);
+  fx_expect_nothing(p);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* A subscribe from null starts live at the head; a second subscribe is
+ * answered "already", with no replay and no synced, and no message twice;
+ * a watermark above the head is a reset in `subscribed`. */
+static void test_subscribe_null_twice_and_reset(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 3);
+  fx_conv(&fx, "ch", "c3", 2);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", -1);
+  subscribe_frame(p, "c2", 0); /* while the first is under way: its answer serves both */
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 3, 0, 0);
+  expect_synced(p, 3, 0);
+  fx_expect_nothing(p);
+  assert_false(fx_step(&fx)); /* one job */
+  subscribe_frame(p, "c2", 0);
+  expect_subscribed(p, "c2", 3, 0, 1);
+  fx_expect_nothing(p);
+  assert_false(fx_step(&fx));
+  fx_append(&fx, "c2", 4);
+  expect_msgs(p, 4, 4);
+  fx_expect_nothing(p);
+  subscribe_frame(p, "c3", 9);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c3", 2, 1, 0);
+  expect_synced(p, 2, 0);
+  fx_append(&fx, "c3", 3);
+  expect_msgs(p, 3, 3);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* Refusals carry `conv` and leave the connection open: forbidden (the
+ * token does not cover it), not_found, channel_inactive,
+ * too_many_subscriptions, bad_request. */
+static void test_subscribe_refusals(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.max_subs = 2;
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 0);
+  fx_conv(&fx, "off", "c3", 0);
+  fx_peer_t *narrow = live_peer(&fx, "c1", 1, 1); /* token for c1 only */
+  subscribe_frame(narrow, "c2", 0);
+  expect_error_conv(narrow, "forbidden", "c2");
+  assert_int_equal(fx_sub_state(narrow, "c2"), -1);
+  expect_open(narrow);
+
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "nope", 0);
+  assert_true(fx_step(&fx));
+  expect_error_conv(p, "not_found", "nope");
+  assert_int_equal(fx_sub_state(p, "nope"), -1);
+  store_channel_t chan;
+  assert_int_equal(store_channel_set_active(fx.db, "off", 0, &chan), 0);
+  subscribe_frame(p, "c3", 0);
+  assert_true(fx_step(&fx));
+  expect_error_conv(p, "channel_inactive", "c3");
+  subscribe_frame(p, "c2", 0);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 0, 0, 0);
+  expect_synced(p, 0, 0);
+  subscribe_frame(p, "c9", 0); /* c1 and c2: max_subs */
+  expect_error_conv(p, "too_many_subscriptions", "c9");
+  assert_false(fx_step(&fx));
+  fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"bad conv\"}");
+  expect_error(p, "bad_request");
+  fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":-3}");
+  expect_error(p, "bad_request");
+  expect_open(p);
+  fx_peer_free(narrow);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* (new) subscribe, queued -> QUEUED; slot refused at the queue timeout ->
+ * unavailable with conv and a hint, no subscription, the connection open;
+ * with the queue full, at once. */
+static void test_subscribe_queued_then_refused(void **state) {
+  fx_t fx;
+  fx_options_t o = {.slots = 1, .queue_max = 1, .queue_ms = 1000};
+  fx_init(&fx, &o);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 1);
+  fx_peer_t *a = star_peer(&fx, "c1", 1);
+  fx_peer_t *b = fx_connect(&fx), *c = fx_connect(&fx);
+  fx_hello(b, "c1", -1); /* holds the slot */
+  subscribe_frame(a, "c2", 0);
+  assert_int_equal(fx_sub_state(a, "c2"), SUB_QUEUED);
+  fx_hello(c, "c1", -1); /* the queue (1) is full now */
+  subscribe_frame(a, "c3", 0);
+  json_t *e = expect(a, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "unavailable");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "c3");
+  json_decref(e);
+  fx_peer_free(c);
+  fx_advance(&fx, 1000);
+  e = expect(a, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "unavailable");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "c2");
+  assert_true(json_integer_value(json_object_get(e, "retryAfterMs")) > 0);
+  json_decref(e);
+  assert_int_equal(fx_sub_state(a, "c2"), -1);
+  expect_open(a);
+  fx_append(&fx, "c2", 2); /* not subscribed: nothing */
+  fx_expect_nothing(a);
+  fx_drain_pool(&fx);
+  fx_peer_free(a);
+  fx_peer_free(b);
+  fx_free(&fx);
+}
+
+/* A subscribe sent before the welcome (the hello's job still out) waits:
+ * (new) before welcome -> QUEUED, no slot taken; `subscribed` comes after
+ * the welcome, never before it. */
+static void test_subscribe_before_welcome(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 2);
+  fx_peer_t *p = fx_connect(&fx);
+  char *token = fx_token(&fx, "alice", "*");
+  fx_hello_token(p, token, "c1", 0);
+  free(token);
+  subscribe_frame(p, "c2", 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_QUEUED);
+  assert_int_equal(admission_in_use(fx.admission), 1); /* the hello's only */
+  assert_int_equal(admission_waiting(fx.admission), 0);
+  fx_append(&fx, "c2", 3);   /* kept */
+  assert_true(fx_step(&fx)); /* the hello's job: welcome; then the subscribe's slot */
+  json_decref(expect(p, "welcome"));
+  expect_msgs(p, 1, 1);
+  expect_synced(p, 1, 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_FILLING);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 3, 0, 0);
+  expect_msgs(p, 1, 3);
+  expect_synced(p, 3, 0);
+  fx_expect_nothing(p);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* unsubscribe: of a live subscription (nothing follows `unsubscribed`), of
+ * one whose job is out (its result is dropped), and an unsubscribe and a
+ * subscribe again before the first job ran (only the second answers). */
+static void test_unsubscribe(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 2);
+  fx_conv(&fx, "ch", "c2", 2);
+  fx_peer_t *p = star_peer(&fx, "c1", 2);
+  unsubscribe_frame(p, "c1");
+  expect_unsubscribed(p, "c1");
+  assert_int_equal(fx_sub_state(p, "c1"), -1);
+  fx_append(&fx, "c1", 3);
+  fx_expect_nothing(p);
+
+  subscribe_frame(p, "c2", 0);
+  fx_append(&fx, "c2", 3); /* kept by the subscription under way */
+  unsubscribe_frame(p, "c2");
+  expect_unsubscribed(p, "c2");
+  assert_int_equal(admission_in_use(fx.admission), 0);
+  fx_drain_pool(&fx); /* the job was taken back: nothing comes of it */
+  fx_expect_nothing(p);
+
+  subscribe_frame(p, "c2", 0);
+  unsubscribe_frame(p, "c2");
+  expect_unsubscribed(p, "c2");
+  subscribe_frame(p, "c2", 1);
+  fx_drain_pool(&fx);
+  expect_subscribed(p, "c2", 3, 0, 0);
+  expect_msgs(p, 2, 3);
+  expect_synced(p, 3, 0);
+  fx_expect_nothing(p);
+  unsubscribe_frame(p, "c9"); /* never subscribed: answered all the same */
+  expect_unsubscribed(p, "c9");
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* A refresh with a narrower token: refreshed with its expiresInMs, then
+ * forbidden and unsubscribed for what it no longer covers; a token of
+ * another user is refused, the connection stays; a bad one closes 1008. */
+static void test_refresh(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 1);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", -1);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 1, 0, 0);
+  expect_synced(p, 1, 0);
+  char *narrow = fx_token(&fx, "alice", "c1"), text[2048];
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", narrow);
+  fx_send(p, text);
+  json_t *r = expect(p, "refreshed");
+  int64_t left = json_integer_value(json_object_get(r, "expiresInMs"));
+  assert_true(left > 3598000 && left <= 3600000);
+  json_decref(r);
+  expect_error_conv(p, "forbidden", "c2");
+  expect_unsubscribed(p, "c2");
+  fx_append(&fx, "c2", 2);
+  fx_append(&fx, "c1", 2);
+  expect_msgs(p, 2, 2); /* c1's only */
+  fx_expect_nothing(p);
+  subscribe_frame(p, "c2", -1); /* the new scope applies to subscribes too */
+  expect_error_conv(p, "forbidden", "c2");
+  free(narrow);
+
+  char *bob = fx_token(&fx, "bob", "*");
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", bob);
+  fx_send(p, text); /* within the second: over the refresh rate (1/s, burst 1) */
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "rate_limited");
+  assert_true(json_integer_value(json_object_get(e, "retryAfterMs")) > 0);
+  json_decref(e);
+  fx_advance(&fx, 1000);
+  fx_send(p, text);
+  expect_error(p, "forbidden");
+  expect_open(p);
+  free(bob);
+  fx_advance(&fx, 1000);
+  fx_send(p, "{\"type\":\"refresh\",\"token\":\"not-a-token\"}");
+  expect_error(p, "unauthorized");
+  assert_null(next(p));
+  assert_int_equal(p->close_code, WS_CLOSE_POLICY_VIOLATION);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* The token's exp passes: welcome's expiresInMs, then the leeway, then
+ * error token_expired and close 1008 "token_expired"; a refresh before
+ * keeps the connection. */
+static void test_token_expiry(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.token_leeway_ms = 5000;
+  fx.cfg.heartbeat_ms = 3600000; /* no heartbeat close in the way */
+  fx_conv(&fx, "ch", "c1", 0);
+  fx_peer_t *p[2];
+  int64_t left[2];
+  for (int k = 0; k < 2; k++) {
+    p[k] = fx_connect(&fx);
+    char *token = fx_token_ttl(&fx, "alice", "c1", 3);
+    fx_hello_token(p[k], token, "c1", -1);
+    free(token);
+    assert_true(fx_step(&fx));
+    json_t *w = expect(p[k], "welcome");
+    left[k] = json_integer_value(json_object_get(w, "expiresInMs"));
+    assert_true(left[k] > 1000 && left[k] <= 3000);
+    json_decref(w);
+    expect_synced(p[k], 0, 0);
+  }
+  char *fresh = fx_token(&fx, "alice", "c1"), text[2048];
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", fresh);
+  fx_send(p[1], text);
+  json_decref(expect(p[1], "refreshed"));
+  free(fresh);
+  int64_t first = left[0] < left[1] ? left[0] : left[1];
+  fx_advance(&fx, (uint64_t)first + 5000 - 1000);
+  expect_open(p[0]);
+  fx_advance(&fx, (uint64_t)(left[0] - first) + 1000);
+  expect_error(p[0], "token_expired");
+  assert_null(next(p[0]));
+  assert_int_equal(p[0]->close_code, WS_CLOSE_POLICY_VIOLATION);
+  assert_string_equal(p[0]->close_reason, "token_expired");
+  fx_advance(&fx, 10000);
+  expect_open(p[1]);
+  fx_peer_free(p[0]);
+  fx_peer_free(p[1]);
+  fx_free(&fx);
+}
+
+static void send_frame(fx_peer_t *p, const char *conv, const char *id) {
+  char text[256];
+  snprintf(text, sizeof text, "{\"type\":\"send\",\"conv\":\"%s\",\"id\":\"%s\",\"body\":{}}", conv,
+           id);
+  fx_send(p, text);
+}
+
+/* The send bucket (rate 2, burst 2): the third and fourth sends at once
+ * are refused with rate_limited, their ids, the bucket's name and hints
+ * one interval of the rate apart (their turns); after its hint the third
+ * goes through. The subscribe bucket counts sync too. */
+static void test_rate_limits(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.rate_send = 2;
+  fx.cfg.rate_send_burst = 2;
+  fx.cfg.rate_subscribe = 1;
+  fx.cfg.rate_subscribe_burst = 1;
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_peer_t *p = live_peer(&fx, "c1", 1, 1);
+  send_frame(p, "c1", "a");
+  send_frame(p, "c1", "b");
+  send_frame(p, "c1", "c");
+  send_frame(p, "c1", "d");
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "rate_limited");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "c1");
+  json_t *d = json_object_get(e, "details");
+  assert_string_equal(json_string_value(json_object_get(d, "frame")), "send");
+  assert_string_equal(json_string_value(json_object_get(d, "id")), "c");
+  int64_t hint = json_integer_value(json_object_get(e, "retryAfterMs"));
+  assert_true(hint > 0 && hint <= 500);
+  json_decref(e);
+  e = expect(p, "error"); /* the next refused frame's turn: one interval of the rate later */
+  assert_string_equal(json_string_value(json_object_get(json_object_get(e, "details"), "id")), "d");
+  assert_int_equal(json_integer_value(json_object_get(e, "retryAfterMs")), hint + 500);
+  json_decref(e);
+  fx_drain_pool(&fx);
+  for (int k = 0; k < 4; k++) { /* a, b: sent and delivered (seq 2, 3), in some order */
+    json_t *js = next(p);
+    assert_non_null(js);
+    assert_true(is_type(js, "sent") || is_type(js, "msg"));
+    json_decref(js);
+  }
+  fx_advance(&fx, (uint64_t)hint);
+  send_frame(p, "c1", "c");
+  fx_drain_pool(&fx);
+  json_t *a = next(p), *b = next(p);
+  assert_true((is_type(a, "sent") && is_type(b, "msg")) ||
+              (is_type(a, "msg") && is_type(b, "sent")));
+  json_decref(a);
+  json_decref(b);
+  sync_frame(p, "c1", 4, NULL);
+  fx_drain_pool(&fx);
+  expect_synced(p, 4, 0);
+  sync_frame(p, "c1", 4, NULL);
+  e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "rate_limited");
+  assert_string_equal(json_string_value(json_object_get(json_object_get(e, "details"), "frame")),
+                      "subscribe");
+  json_decref(e);
+  expect_open(p);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* Sustained abuse: at least rate_abuse_factor x the rate in every second
+ * for rate_abuse_ms closes the connection with 1008 rate_limited; the
+ * same rate for a second less does not. */
+static void test_rate_abuse_closes(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.heartbeat_ms = 3600000;
+  fx.cfg.rate_refresh = 1;
+  fx.cfg.rate_refresh_burst = 1;
+  fx.cfg.rate_abuse_factor = 3;
+  fx.cfg.rate_abuse_ms = 3000;
+  fx_conv(&fx, "ch", "c1", 0);
+  fx_peer_t *p = live_peer(&fx, "c1", 0, 0);
+  char *token = fx_token(&fx, "alice", "c1"), text[2048];
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", token);
+  free(token);
+  fx_advance(&fx, 1000 - fx.now % 1000); /* at the start of a second */
+  for (int sec = 0; sec < 3; sec++) {    /* 3 whole seconds at 3 a second */
+    for (int k = 0; k < 3; k++) fx_send(p, text);
+    json_decref(expect(p, "refreshed"));
+    expect_error(p, "rate_limited");
+    expect_error(p, "rate_limited");
+    fx_advance(&fx, 1000);
+  }
+  expect_open(p);
+  fx_send(p, text); /* the fourth second: the 3 seconds before were all abuse */
+  json_decref(expect(p, "refreshed"));
+  fx_send(p, text);
+  expect_error(p, "rate_limited");
+  fx_send(p, text);
+  expect_error(p, "rate_limited");
+  assert_null(next(p));
+  assert_int_equal(p->close_code, WS_CLOSE_POLICY_VIOLATION);
+  assert_string_equal(p->close_reason, "rate_limited");
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* max_conns_per_user 1: a second connection of the same user is refused
+ * at hello (too_many_connections, 1008); another user's is not; once the
+ * first is gone the user may connect again. */
+static void test_conns_per_user(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.max_conns_per_user = 1;
+  fx_conv(&fx, "ch", "c1", 0);
+  fx_peer_t *a = live_peer(&fx, "c1", 0, 0);
+  fx_peer_t *b = fx_connect(&fx);
+  fx_hello(b, "c1", 0);
+  expect_error(b, "too_many_connections");
+  assert_null(next(b));
+  assert_int_equal(b->close_code, WS_CLOSE_POLICY_VIOLATION);
+  assert_string_equal(b->close_reason, "too_many_connections");
+  fx_peer_t *bob = fx_connect(&fx);
+  char *token = fx_token(&fx, "bob", "c1");
+  fx_hello_token(bob, token, "c1", 0);
+  free(token);
+  assert_true(fx_step(&fx));
+  json_decref(expect(bob, "welcome"));
+  fx_peer_free(a);
+  fx_run(&fx);
+  fx_peer_t *again = live_peer(&fx, "c1", 0, 0);
+  fx_peer_free(again);
+  fx_peer_free(b);
+  fx_peer_free(bob);
+  fx_free(&fx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello_fills_then_live_delivery),
@@ -706,6 +1215,17 @@ int main(void) {
       cmocka_unit_test(test_hello_store_timeout_gives_the_slot_back),
       cmocka_unit_test(test_hello_close_paths),
       cmocka_unit_test(test_hello_queue_timeout),
+      cmocka_unit_test(test_subscribe_replays_then_live),
+      cmocka_unit_test(test_subscribe_null_twice_and_reset),
+      cmocka_unit_test(test_subscribe_refusals),
+      cmocka_unit_test(test_subscribe_queued_then_refused),
+      cmocka_unit_test(test_subscribe_before_welcome),
+      cmocka_unit_test(test_unsubscribe),
+      cmocka_unit_test(test_refresh),
+      cmocka_unit_test(test_token_expiry),
+      cmocka_unit_test(test_rate_limits),
+      cmocka_unit_test(test_rate_abuse_closes),
+      cmocka_unit_test(test_conns_per_user),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
