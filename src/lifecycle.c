@@ -50,9 +50,11 @@ static void signal_cb(uv_signal_t *sig, int signum);
 void lifecycle_signals_start(node_t *node) {
   uv_signal_init(node->loop, &node->sigterm);
   uv_signal_init(node->loop, &node->sigint);
-  node->sigterm.data = node->sigint.data = node;
+  uv_signal_init(node->loop, &node->sighup);
+  node->sigterm.data = node->sigint.data = node->sighup.data = node;
   uv_signal_start(&node->sigterm, signal_cb, SIGTERM);
   uv_signal_start(&node->sigint, signal_cb, SIGINT);
+  uv_signal_start(&node->sighup, signal_cb, SIGHUP);
 }
 
 void lifecycle_ready(node_t *node) {
@@ -69,9 +71,13 @@ int node_drain(node_t *node, const char *why) {
 
 /* SIGTERM drains, unless CONVERGER_DRAIN_SHUTDOWN_MS is 0: then it stops at
  * once, as SIGINT does. A second SIGTERM changes nothing; a second SIGINT
- * exits at once. */
+ * exits at once. SIGHUP re-reads the token keys and changes no phase. */
 static void signal_cb(uv_signal_t *sig, int signum) {
   node_t *node = sig->data;
+  if (signum == SIGHUP) {
+    node_reload_keys(node, "SIGHUP");
+    return;
+  }
   if (signum == SIGINT) {
     if (node->phase >= NODE_STOPPING) {
       log_warn("second SIGINT: exiting at once");
@@ -135,6 +141,7 @@ void lifecycle_tick(node_t *node, uint64_t now) {
   uv_close((uv_handle_t *)&node->flush_check, NULL);
   uv_close((uv_handle_t *)&node->sigterm, NULL);
   uv_close((uv_handle_t *)&node->sigint, NULL);
+  uv_close((uv_handle_t *)&node->sighup, NULL);
   uv_close((uv_handle_t *)&node->tick, NULL);
   uv_close((uv_handle_t *)&node->admission_timer, NULL);
   log_info("stopped");

@@ -46,7 +46,8 @@ typedef struct node_s {
   net_t net;              /* the transport: listener, connections (net/conn.h) */
   uv_check_t flush_check; /* writes queued in one loop turn go out together */
   uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup; /* SIGHUP: re-read the token keys */
+  uint64_t keys_stamp;                 /* keys_stamp of the key files last read (serve.c) */
   uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
   membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
   drain_t *drain;             /* drain and shed (gate/drain.h) */
@@ -67,6 +68,11 @@ typedef struct node_s {
  * `why` for the log ("SIGTERM", "POST /admin/drain"). 0, or -CV_EEXISTS
  * when the node already drains or stops. Loop thread. */
 int node_drain(node_t *node, const char *why);
+
+/* serve.c: read CONVERGER_TOKEN_PUBLIC_KEYS again (SIGHUP, or a file
+ * changed: `why` for the log); on an error the keys in use stay. Loop
+ * thread. */
+void node_reload_keys(node_t *node, const char *why);
 
 /* lifecycle.c: -> stopping: the listener closes, WebSocket connections get
  * 1001, HTTP answers in flight finish, then the pool is joined and the

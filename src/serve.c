@@ -76,10 +76,44 @@ static void sample_loop(node_t *node) {
   node->loop_sampled_ns = now;
 }
 
+void node_reload_keys(node_t *node, const char *why) {
+  const char *spec = node->cfg->token_public_keys;
+  if (!spec || !*spec) {
+    log_info("%s: no CONVERGER_TOKEN_PUBLIC_KEYS to read", why);
+    return;
+  }
+  node->keys_stamp = keys_stamp(spec);
+  keys_t *keys;
+  char err[512];
+  const keys_t *old = auth_keys(node->auth);
+  if (keys_load(spec, &keys, err, sizeof err) != 0) {
+    log_error("token keys not reloaded (%s): %s; the %zu key(s) in use stay", why, err,
+              old ? old->n : 0);
+    metrics_add(node->metrics, "converger_token_key_reloads_total", "result=\"error\"", 1);
+    return;
+  }
+  char kids[512] = "";
+  for (size_t i = 0, n = 0; i < keys->n && n < sizeof kids; i++)
+    n += (size_t)snprintf(kids + n, sizeof kids - n, "%s%s (%s)", i ? ", " : "", keys->v[i].kid,
+                          keys_alg_name(keys->v[i].alg));
+  log_info("token keys (re)loaded (%s): %zu key(s): %s", why, keys->n, kids);
+  auth_set_keys(node->auth, keys);
+  metrics_add(node->metrics, "converger_token_key_reloads_total", "result=\"ok\"", 1);
+}
+
+/* A key file changed (rotation without SIGHUP): read them again, once per
+ * change. */
+static void watch_keys(node_t *node) {
+  const char *spec = node->cfg->token_public_keys;
+  if (spec && *spec && keys_stamp(spec) != node->keys_stamp)
+    node_reload_keys(node, "a key file changed");
+}
+
 static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   sample_loop(node);
+  watch_keys(node);
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
   session_flush_metrics(&node->sessions);
@@ -99,6 +133,19 @@ static char *bus_msg_wire_cb(void *ud, const char *json, size_t len, size_t *out
 
 static void bus_channel_cb(void *ud, const char *channel, int active) {
   session_channel_changed(&((node_t *)ud)->sessions, channel, active);
+}
+
+/* Another node's POST /admin/users/... (store/notify.h). */
+static void bus_user_cb(void *ud, const notify_t *n) {
+  sessions_t *ss = &((node_t *)ud)->sessions;
+  if (n->kind == NOTIFY_USER_DISCONNECT) {
+    int k = session_disconnect_user(ss, n->user, n->code, n->reason, (long)n->retry_ms);
+    log_info("%s asked: %d connection(s) of %s closed here with %d", n->origin, k, n->user,
+             n->code);
+  } else {
+    int k = session_unsubscribe_user(ss, n->user, n->conv);
+    log_info("%s asked: %d subscription(s) of %s to %s ended here", n->origin, k, n->user, n->conv);
+  }
 }
 
 /* The transport's handler (net/handler.h): HTTP requests go to the REST
@@ -229,6 +276,7 @@ int serve_main(int argc, char **argv) {
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
                                .msg_wire = bus_msg_wire_cb,
                                .channel_changed = bus_channel_cb,
+                               .user_control = bus_user_cb,
                                .ud = node};
   node->bus = bus_new(node->loop, &bus_handler, node->metrics);
   store_options_t opt = {
@@ -298,6 +346,18 @@ int serve_main(int argc, char **argv) {
   if (!node->metrics || !node->auth || !node->users || !node->bus || !node->admission ||
       !node->drain)
     goto out;
+  if (auth_set_claims(node->auth, cfg.token_issuer, cfg.token_audience) != 0) goto out;
+  if (cfg.token_public_keys && *cfg.token_public_keys) {
+    keys_t *keys;
+    char err[512];
+    node->keys_stamp = keys_stamp(cfg.token_public_keys);
+    if (keys_load(cfg.token_public_keys, &keys, err, sizeof err) != 0) {
+      log_error("CONVERGER_TOKEN_PUBLIC_KEYS: %s", err);
+      goto out;
+    }
+    log_info("token keys: %zu public key(s) for RS256 / ES256 tokens", keys->n);
+    auth_set_keys(node->auth, keys);
+  }
   if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, node->metrics,
                       &node->pool)) != 0) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));

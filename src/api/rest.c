@@ -50,6 +50,7 @@ typedef enum {
   J_MSG_LIST,
   J_REVOKE,
   J_CLUSTER,
+  J_ANNOUNCE, /* a user control, to the other nodes (store_announce) */
 } job_kind_t;
 
 typedef struct {
@@ -195,6 +196,9 @@ static void job_work(pool_job_t *job, store_t *db) {
   }
   case J_REVOKE:
     if ((r = store_revoke(db, j->id, j->exp_s)) == 0) j->status = 204;
+    break;
+  case J_ANNOUNCE:
+    if ((r = store_announce(db, j->name)) == 0) j->status = 202;
     break;
   case J_CLUSTER: {
     store_node_t *nodes = NULL;
@@ -470,6 +474,92 @@ static void handle_shed(api_t *api, conn_t *c, http_request_t *req) {
                       json_pack("{s:i, s:i, s:I}", "chosen", chosen, "connections", total,
                                 "windowMs", window),
                       NULL);
+  json_decref(b);
+}
+
+/* A user control done here (its answer in `answer`, taken): on a shared
+ * store it is announced to every other node first (payload taken), and
+ * the answer waits for that; alone, it is the answer now. */
+static void user_control_answer(api_t *api, conn_t *c, json_t *answer, char *payload) {
+  if (!*api->pgnotify) {
+    free(payload);
+    http_respond_json(c, 202, json_pack("{s:o, s:b}", "local", answer, "announced", 0), NULL);
+    return;
+  }
+  if (!payload) {
+    json_decref(answer);
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+    return;
+  }
+  rest_job_t *j = job_new(api, c, J_ANNOUNCE);
+  if (!j) {
+    json_decref(answer);
+    free(payload);
+    return;
+  }
+  j->name = payload;
+  j->answer = json_pack("{s:o, s:b}", "local", answer, "announced", 1);
+  job_submit(j);
+}
+
+/* An optional JSON object body: {} when there is none. */
+static json_t *optional_body(conn_t *c, http_request_t *req) {
+  return req->body_len ? body_object(c, req) : json_object();
+}
+
+/* The close codes an operator may send (RFC 6455, section 7.4): the ones
+ * converger gives a meaning (docs/protocol.md, section 7) and the range
+ * for applications. */
+static int close_code_allowed(json_int_t code) {
+  return code == 1000 || code == 1001 || code == 1008 || code == 1011 || code == 1012 ||
+         code == 1013 || (code >= 3000 && code <= 4999);
+}
+
+/* POST /admin/users/{user}/disconnect {"code"?, "reason"?, "retryAfterMs"?}:
+ * every connection of the user, on every node. */
+static void handle_user_disconnect(api_t *api, conn_t *c, http_request_t *req, const char *user) {
+  json_t *b = optional_body(c, req);
+  if (!b) return;
+  json_t *cv = json_object_get(b, "code"), *rv = json_object_get(b, "reason"),
+         *hv = json_object_get(b, "retryAfterMs");
+  json_int_t code = cv ? (json_is_integer(cv) ? json_integer_value(cv) : -1) : 1008;
+  const char *reason = rv ? json_string_value(rv) : "disconnected by the server";
+  json_int_t hint = hv ? (json_is_integer(hv) ? json_integer_value(hv) : -1) : 0;
+  int printable = reason != NULL;
+  for (const char *p = reason; p && *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) printable = 0;
+  if (!close_code_allowed(code)) {
+    bad_request(c, "code must be 1000, 1001, 1008, 1011, 1012, 1013 or 3000 to 4999");
+  } else if (!printable || strlen(reason) > 80) {
+    bad_request(c, "reason must be a string of at most 80 bytes without control characters");
+  } else if (hint < 0 || hint > 3600000) {
+    bad_request(c, "retryAfterMs must be an integer from 0 to 3600000");
+  } else {
+    int n = session_disconnect_user(api->sessions, user, (int)code, reason, (long)hint);
+    log_info("POST /admin/users/%s/disconnect: %d connection(s) closed here with %d", user, n,
+             (int)code);
+    user_control_answer(api, c, json_pack("{s:s, s:i}", "user", user, "closed", n),
+                        notify_user_disconnect(api->cfg->node_id, user, (int)code, hint, reason));
+  }
+  json_decref(b);
+}
+
+/* POST /admin/users/{user}/unsubscribe {"conv"}: that subscription of the
+ * user, on every node. */
+static void handle_user_unsubscribe(api_t *api, conn_t *c, http_request_t *req, const char *user) {
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *conv = json_string_value(json_object_get(b, "conv"));
+  if (!util_id_valid(conv)) {
+    bad_request(c, "conv must be an id matching [A-Za-z0-9._:-]{1,128}");
+  } else {
+    int n = session_unsubscribe_user(api->sessions, user, conv);
+    log_info("POST /admin/users/%s/unsubscribe: %d subscription(s) of %s ended here", user, n,
+             conv);
+    user_control_answer(api, c,
+                        json_pack("{s:s, s:s, s:i}", "user", user, "conv", conv, "removed", n),
+                        notify_user_unsubscribe(api->cfg->node_id, user, conv));
+  }
   json_decref(b);
 }
 
@@ -772,6 +862,16 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
   }
 
   int n = split_path(path, seg);
+  if (n == 4 && strcmp(seg[0], "admin") == 0 && strcmp(seg[1], "users") == 0 &&
+      (strcmp(seg[3], "disconnect") == 0 || strcmp(seg[3], "unsubscribe") == 0)) {
+    int disconnect = seg[3][0] == 'd';
+    req->route = disconnect ? "/admin/users/{user}/disconnect" : "/admin/users/{user}/unsubscribe";
+    if (!IS(POST)) return method_not_allowed(c, "POST");
+    if (require_key(api, c, req) != 0) return;
+    if (!util_id_valid(seg[2])) return bad_request(c, "user must match [A-Za-z0-9._:-]{1,128}");
+    return disconnect ? handle_user_disconnect(api, c, req, seg[2])
+                      : handle_user_unsubscribe(api, c, req, seg[2]);
+  }
   if (n < 2 || n > 5 || strcmp(seg[0], "v1") != 0) return not_found(c);
 
   if (strcmp(seg[1], "channels") == 0) {

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "core/metrics.h"
+#include "store/notify.h"
 #include "store/store.h"
 
 typedef struct bus_s bus_t;
@@ -38,6 +39,9 @@ typedef struct {
    * another node; the bus has recorded it first (bus_channel_*). Loop
    * thread. */
   void (*channel_changed)(void *ud, const char *channel, int active);
+  /* A user control another node announced (store/notify.h:
+   * NOTIFY_USER_DISCONNECT, NOTIFY_USER_UNSUBSCRIBE). Loop thread. */
+  void (*user_control)(void *ud, const notify_t *n);
   void *ud;
 } bus_handler_t;
 
@@ -86,6 +90,10 @@ void bus_channel_changed(bus_t *bus, const char *channel, int active);
 /* The channel changes recorded so far: a generation for
  * bus_channel_changed_since and bus_channel_last_change_since. */
 uint64_t bus_channel_gen(const bus_t *bus);
+
+/* A user control heard from another node: to the owner
+ * (handler.user_control). Loop thread. */
+void bus_user_control(bus_t *bus, const notify_t *n);
 
 /* 1 when `channel` changed state after generation `gen` (or too many
  * changes came since to tell): a state read from the store before is out

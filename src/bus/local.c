@@ -244,6 +244,8 @@ void bus_channel_changed(bus_t *bus, const char *channel, int active) {
 
 uint64_t bus_channel_gen(const bus_t *bus) { return bus->chans.gen; }
 
+void bus_user_control(bus_t *bus, const notify_t *n) { bus->h.user_control(bus->h.ud, n); }
+
 int bus_channel_changed_since(const bus_t *bus, uint64_t gen, const char *channel) {
   return chanlog_changed_since(&bus->chans, gen, channel);
 }

@@ -45,6 +45,7 @@ struct pgnotify_s {
   char *url;
   char shown[512]; /* the URL without its password */
   char app[64];    /* application_name: "converger listen NODE_ID" (PostgreSQL keeps 63 bytes) */
+  char node_id[STORE_ID_MAX + 1]; /* this node's: its own user controls are not heard again */
   int connect_timeout_ms;
   pn_state_t state;
   PGconn *conn;
@@ -237,6 +238,11 @@ static void heard(pgnotify_t *l, const char *payload) {
     }
     return;
   }
+  case NOTIFY_USER_DISCONNECT:
+  case NOTIFY_USER_UNSUBSCRIBE:
+    /* the node the request came to acted on its own connections already */
+    if (strcmp(n.origin, l->node_id) != 0) bus_user_control(l->bus, &n);
+    return;
   case NOTIFY_BAD:
     break;
   }
@@ -414,6 +420,7 @@ int pgnotify_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char 
   l->pool = pool;
   dburl_redact(url, l->shown, sizeof l->shown);
   snprintf(l->app, sizeof l->app, "converger listen %s", node_id);
+  snprintf(l->node_id, sizeof l->node_id, "%s", node_id);
   uv_timer_init(loop, &l->timer);
   l->timer.data = l;
   uv_timer_start(&l->timer, tick_cb, TICK_MS, TICK_MS);

@@ -71,6 +71,15 @@ static const setting_t settings[] = {
       "time for a complete HTTP header block (ms); else the connection is closed"),
     S("CONVERGER_MAX_SUBS", "max-subs", K_INT, max_subs, "100", 1, 10000, NULL,
       "subscriptions on one connection, from its hello and later subscribes"),
+    S("CONVERGER_TOKEN_PUBLIC_KEYS", "token-public-keys", K_STR, token_public_keys, NULL, 0, 0,
+      NULL,
+      "comma-separated files of public keys for RS256 / ES256 tokens: a JWKS (*.json, kid from "
+      "each key) or PEM files (kid: the file name without extension); re-read on SIGHUP or when "
+      "a file changes"),
+    S("CONVERGER_TOKEN_ISSUER", "token-issuer", K_STR, token_issuer, NULL, 0, 0, NULL,
+      "when set, every token's iss must be this (the node's own tokens carry it)"),
+    S("CONVERGER_TOKEN_AUDIENCE", "token-audience", K_STR, token_audience, NULL, 0, 0, NULL,
+      "when set, every token's aud must name this (the node's own tokens carry it)"),
     S("CONVERGER_TOKEN_LEEWAY_MS", "token-leeway-ms", K_INT, token_leeway_ms, "5000", 0, 3600000,
       NULL, "clock skew allowed past a token's exp (ms); then error token_expired and close 1008"),
     S("CONVERGER_RATE_SEND", "rate-send", K_INT, rate_send, "20", 0, 1000000, NULL,

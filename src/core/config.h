@@ -38,6 +38,9 @@ typedef struct {
   int header_timeout_ms;     /* time allowed for an HTTP header block, ms */
   int max_subs;              /* subscriptions per connection */
   int token_leeway_ms;       /* skew allowed past a token's exp, ms */
+  char *token_public_keys;   /* RS256 / ES256 key files (gate/keys.h); NULL: none */
+  char *token_issuer;        /* required iss; NULL: not checked */
+  char *token_audience;      /* required aud; NULL: not checked */
   int rate_send, rate_send_burst;           /* send frames per second per connection; 0: off */
   int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
   int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */

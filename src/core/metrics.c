@@ -76,6 +76,12 @@ static const family_t families[] = {
     {"converger_token_refreshes_total", M_COUNTER,
      "refresh frames, by result (ok; forbidden: another user's token; unauthorized: a bad token, "
      "then close 1008)."},
+    {"converger_token_key_reloads_total", M_COUNTER,
+     "Reloads of CONVERGER_TOKEN_PUBLIC_KEYS (SIGHUP or a changed file), by result (ok; error: "
+     "the keys in use stay)."},
+    {"converger_user_disconnects_total", M_COUNTER,
+     "Connections closed by POST /admin/users/{user}/disconnect, here or announced by another "
+     "node."},
     {"converger_token_expired_total", M_COUNTER,
      "Connections closed 1008 token_expired: the token's exp plus CONVERGER_TOKEN_LEEWAY_MS "
      "passed without a refresh."},

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/errors.h"
 #include "common/util.h"
+#include "core/errors.h"
 
 typedef struct rev_s {
   struct rev_s *next;
@@ -21,6 +21,8 @@ struct auth_s {
   char *api_key;
   unsigned char *secret;
   size_t secret_len;
+  keys_t *keys;            /* RS256 / ES256 public keys; NULL: none */
+  char *issuer, *audience; /* required iss / aud; NULL: not checked */
   rev_t *revoked[REV_BUCKETS];
 };
 
@@ -54,9 +56,34 @@ static void clear_revoked(auth_t *a) {
 void auth_free(auth_t *a) {
   if (!a) return;
   clear_revoked(a);
+  keys_free(a->keys);
+  free(a->issuer);
+  free(a->audience);
   free(a->api_key);
   free(a->secret);
   free(a);
+}
+
+void auth_set_keys(auth_t *a, keys_t *keys) {
+  keys_free(a->keys);
+  a->keys = keys;
+}
+
+const keys_t *auth_keys(const auth_t *a) { return a->keys; }
+
+int auth_set_claims(auth_t *a, const char *issuer, const char *audience) {
+  char *i = issuer && *issuer ? strdup(issuer) : NULL;
+  char *u = audience && *audience ? strdup(audience) : NULL;
+  if ((issuer && *issuer && !i) || (audience && *audience && !u)) {
+    free(i);
+    free(u);
+    return -CV_ENOMEM;
+  }
+  free(a->issuer);
+  free(a->audience);
+  a->issuer = i;
+  a->audience = u;
+  return 0;
 }
 
 int auth_check_api_key(const auth_t *a, const char *authorization) {
@@ -79,6 +106,10 @@ int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, in
   if (jwt_add_grant(jwt, "sub", sub) || jwt_add_grant(jwt, "jti", jti) ||
       jwt_add_grant_int(jwt, "iat", (long)now_s) || jwt_add_grant_int(jwt, "exp", (long)*exp_s))
     goto out;
+  /* the node's own tokens pass its own iss / aud checks */
+  if ((a->issuer && jwt_add_grant(jwt, "iss", a->issuer)) ||
+      (a->audience && jwt_add_grant(jwt, "aud", a->audience)))
+    goto out;
   /* convs is an array: add it through the JSON form of the grants. */
   if (strlen(convs_json) > 4000) goto out;
   snprintf(grants, sizeof grants, "{\"convs\":%s}", convs_json);
@@ -98,17 +129,10 @@ static const char b64url_alphabet[] =
 /* The JSON object in the base64url (unpadded) segment seg[0..n), or NULL
  * when it is not one. The caller owns the reference. */
 static json_t *segment_object(const char *seg, size_t n) {
-  if (n == 0 || n % 4 == 1 || n > 8192) return NULL;
-  char b64[8192 + 4];
-  for (size_t i = 0; i < n; i++) {
-    if (!seg[i] || !strchr(b64url_alphabet, seg[i])) return NULL;
-    b64[i] = seg[i] == '-' ? '+' : seg[i] == '_' ? '/' : seg[i];
-  }
-  size_t len = n / 4 * 3 + (n % 4 ? n % 4 - 1 : 0); /* the decoded bytes, without padding */
-  while (n % 4) b64[n++] = '=';
   unsigned char raw[8192 / 4 * 3 + 3];
-  if (EVP_DecodeBlock(raw, (unsigned char *)b64, (int)n) < (int)len) return NULL;
-  json_t *j = json_loadb((const char *)raw, len, 0, NULL);
+  if (n == 0 || n > 8192) return NULL;
+  long len = keys_b64url_decode(seg, n, raw, sizeof raw);
+  json_t *j = len > 0 ? json_loadb((const char *)raw, (size_t)len, 0, NULL) : NULL;
   if (!json_is_object(j)) {
     json_decref(j);
     return NULL;
@@ -116,26 +140,51 @@ static json_t *segment_object(const char *seg, size_t n) {
   return j;
 }
 
-typedef enum { TOKEN_NOT_JWT, TOKEN_BAD_ALG, TOKEN_HS256 } token_shape_t;
+/* What a token's header says before any signature is checked. */
+typedef struct {
+  int jwt;       /* three base64url segments joined by dots, the first two
+                    JSON objects (the third, the signature, may be empty) */
+  char alg[16];  /* its "alg" ("" when missing or too long) */
+  char kid[129]; /* its "kid" ("" when missing) */
+  int kid_bad;   /* a kid that is not a string of at most 128 bytes */
+} token_head_t;
 
-/* What `token` is before any signature is checked: not a JWT at all (not
- * three base64url segments joined by dots, the first two JSON objects; the
- * third, the signature, may be empty), a JWT whose header's alg is not exactly HS256,
- * or an HS256 JWT. */
-static token_shape_t token_shape(const char *token) {
+static void token_head(const char *token, token_head_t *th) {
+  memset(th, 0, sizeof *th);
   const char *d1 = strchr(token, '.');
   const char *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
-  if (!d2 || strspn(d2 + 1, b64url_alphabet) != strlen(d2 + 1)) return TOKEN_NOT_JWT;
+  if (!d2 || strspn(d2 + 1, b64url_alphabet) != strlen(d2 + 1)) return;
   json_t *h = segment_object(token, (size_t)(d1 - token));
   json_t *p = segment_object(d1 + 1, (size_t)(d2 - d1 - 1));
-  token_shape_t shape = TOKEN_NOT_JWT;
   if (h && p) {
+    th->jwt = 1;
     const char *alg = json_string_value(json_object_get(h, "alg"));
-    shape = alg && strcmp(alg, "HS256") == 0 ? TOKEN_HS256 : TOKEN_BAD_ALG;
+    if (alg && strlen(alg) < sizeof th->alg) strcpy(th->alg, alg);
+    json_t *kid = json_object_get(h, "kid");
+    if (kid && (!json_is_string(kid) || strlen(json_string_value(kid)) >= sizeof th->kid))
+      th->kid_bad = 1;
+    else if (kid)
+      strcpy(th->kid, json_string_value(kid));
   }
   json_decref(h);
   json_decref(p);
-  return shape;
+}
+
+/* 1 when the token's "aud" (a string, or an array of strings) names `want`. */
+static int audience_has(jwt_t *jwt, const char *want) {
+  const char *one = jwt_get_grant(jwt, "aud");
+  if (one) return strcmp(one, want) == 0;
+  char *many = jwt_get_grants_json(jwt, "aud");
+  json_t *arr = many ? json_loads(many, JSON_DECODE_ANY, NULL) : NULL;
+  free(many);
+  int found = 0;
+  size_t i;
+  json_t *v;
+  json_array_foreach(arr, i, v) {
+    if (json_is_string(v) && strcmp(json_string_value(v), want) == 0) found = 1;
+  }
+  json_decref(arr);
+  return found;
 }
 
 int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
@@ -146,18 +195,41 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     *why = "token too long";
     return -CV_EUNAUTHORIZED;
   }
-  switch (token_shape(token)) {
-  case TOKEN_NOT_JWT:
+  token_head_t th;
+  token_head(token, &th);
+  if (!th.jwt) {
     *why = "token is not a valid JWT";
     return -CV_EUNAUTHORIZED;
-  case TOKEN_BAD_ALG:
-    *why = "token alg must be HS256";
-    return -CV_EUNAUTHORIZED;
-  case TOKEN_HS256:
-    break;
   }
-  if (jwt_decode(&jwt, token, a->secret, (int)a->secret_len) != 0 || !jwt ||
-      jwt_get_alg(jwt) != JWT_ALG_HS256) {
+  /* The key is chosen by the header, and its algorithm is pinned: HS256
+   * with the node's secret only, RS256 and ES256 with a public key of that
+   * algorithm only (RFC 8725, section 3.1), so that no public key is ever
+   * used as an HMAC secret and "none" is never accepted. */
+  const unsigned char *key = a->secret;
+  size_t key_len = a->secret_len;
+  jwt_alg_t want = JWT_ALG_HS256;
+  if (strcmp(th.alg, "RS256") == 0 || strcmp(th.alg, "ES256") == 0) {
+    const token_key_t *k = th.kid_bad ? NULL : keys_find(a->keys, th.kid[0] ? th.kid : NULL);
+    if (!a->keys) {
+      *why = "token alg must be HS256 (no public keys are configured)";
+      return -CV_EUNAUTHORIZED;
+    }
+    if (!k) {
+      *why = th.kid[0] || th.kid_bad ? "unknown token kid" : "token has no kid";
+      return -CV_EUNAUTHORIZED;
+    }
+    if (strcmp(keys_alg_name(k->alg), th.alg) != 0) {
+      *why = "token alg does not match its key";
+      return -CV_EUNAUTHORIZED;
+    }
+    key = (const unsigned char *)k->pem;
+    key_len = k->pem_len;
+    want = k->alg == KEY_ES256 ? JWT_ALG_ES256 : JWT_ALG_RS256;
+  } else if (strcmp(th.alg, "HS256") != 0) {
+    *why = a->keys ? "token alg must be HS256, RS256 or ES256" : "token alg must be HS256";
+    return -CV_EUNAUTHORIZED;
+  }
+  if (jwt_decode(&jwt, token, key, (int)key_len) != 0 || !jwt || jwt_get_alg(jwt) != want) {
     *why = "bad token signature";
     jwt_free(jwt);
     return -CV_EUNAUTHORIZED;
@@ -186,6 +258,14 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
   }
   if (!util_id_valid(sub)) {
     *why = "token sub must be an id";
+    goto out;
+  }
+  if (a->issuer && (!jwt_get_grant(jwt, "iss") || strcmp(jwt_get_grant(jwt, "iss"), a->issuer))) {
+    *why = "token iss is not CONVERGER_TOKEN_ISSUER";
+    goto out;
+  }
+  if (a->audience && !audience_has(jwt, a->audience)) {
+    *why = "token aud does not name CONVERGER_TOKEN_AUDIENCE";
     goto out;
   }
   /* jti is required (docs/protocol.md, section 11): without it a token

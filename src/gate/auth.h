@@ -1,12 +1,15 @@
 /*
- * auth: the API key for REST/admin, client tokens (JWT, HS256 only, libjwt)
- * and the node's revocation cache.
+ * auth: the API key for REST/admin, client tokens (JWT, libjwt) and the
+ * node's revocation cache.
  *
- * Token verification happens in memory: the `alg` of the header is pinned
- * to HS256 before libjwt checks the signature (so "none" and every other
- * algorithm are refused), `exp` and `jti` are required, and the jti must not
- * be in the revocation cache. Loop thread, except auth_sign and auth_verify, which are
- * pure and may run anywhere.
+ * Token verification happens in memory. The header chooses the key and the
+ * key pins the algorithm (RFC 8725, section 3.1): HS256 with the node's
+ * secret, RS256 or ES256 with the public key its `kid` names
+ * (gate/keys.h, CONVERGER_TOKEN_PUBLIC_KEYS); "none" and every other
+ * algorithm are refused before libjwt checks the signature. `exp` and `jti`
+ * are required, `iss` and `aud` when configured, and the jti must not be in
+ * the revocation cache (auth_is_revoked). Loop thread: auth_verify reads
+ * the keys auth_set_keys replaces; auth_sign may run anywhere.
  */
 #ifndef CONVERGER_GATE_AUTH_H
 #define CONVERGER_GATE_AUTH_H
@@ -15,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gate/keys.h"
 #include "store/store.h"
 
 typedef struct auth_s auth_t;
@@ -37,6 +41,16 @@ void auth_free(auth_t *a);
  * else -CV_EUNAUTHORIZED. NULL means the header was missing. */
 int auth_check_api_key(const auth_t *a, const char *authorization);
 
+/* Use `keys` (taken; NULL: none) for RS256 / ES256 tokens from now on; the
+ * previous keys are freed. Loop thread. */
+void auth_set_keys(auth_t *a, keys_t *keys);
+/* The keys in use (NULL: none). */
+const keys_t *auth_keys(const auth_t *a);
+/* Require `issuer` as every token's iss and `audience` among its aud
+ * (NULL or "": not checked); auth_sign adds them to the node's tokens.
+ * 0 or -CV_ENOMEM. */
+int auth_set_claims(auth_t *a, const char *issuer, const char *audience);
+
 /* Sign a token for `sub` with `convs` (borrowed array of ids or ["*"]),
  * expiring ttl_s seconds after now_s. On success *token is a heap string
  * (caller frees), `jti` gets a new random id. */
@@ -46,9 +60,11 @@ int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, in
 /* Verify `token` at now_s. Returns 0 and fills `out` (clear with
  * auth_token_clear), or -CV_EUNAUTHORIZED with *why set to a static
  * message: "token is not a valid JWT" when it is not three base64url
- * segments whose first two are JSON objects, "token alg must be HS256" for a
- * JWT with another (or no) alg, then the signature's and the claims' reasons.
- * Does not look at the revocation cache. */
+ * segments whose first two are JSON objects, "token alg must be HS256"
+ * (with public keys: "HS256, RS256 or ES256") for a JWT with another or no
+ * alg, "unknown token kid", "token has no kid" (several keys),
+ * "token alg does not match its key", then the signature's and the
+ * claims' reasons. Does not look at the revocation cache. Loop thread. */
 int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t *out,
                 const char **why);
 void auth_token_clear(auth_token_t *t);

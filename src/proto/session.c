@@ -405,6 +405,45 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
   }
 }
 
+/* The sessions of `user` that are past their hello, one at a time. */
+#define FOR_USER(ss, user, c, s)                                                                   \
+  for (conn_t *c = (ss)->net->conns; c; c = c->next)                                               \
+    for (session_t *s = c->session; s; s = NULL)                                                   \
+      if (!c->closing && s->hello_seen && strcmp(s->token.sub, (user)) == 0)
+
+int session_disconnect_user(sessions_t *ss, const char *user, int code, const char *reason,
+                            long retry_after_ms) {
+  char why[124];
+  if (retry_after_ms > 0) {
+    json_t *j = json_pack("{s:i, s:s}", "retryAfterMs", (int)retry_after_ms, "reason", reason);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    snprintf(why, sizeof why, "%s", text && strlen(text) < sizeof why ? text : reason);
+    free(text);
+    json_decref(j);
+  } else {
+    snprintf(why, sizeof why, "%s", reason);
+  }
+  int n = 0;
+  FOR_USER(ss, user, c, s) {
+    ws_close(c, code, why);
+    n++;
+  }
+  if (n) metrics_add(ss->metrics, "converger_user_disconnects_total", NULL, (uint64_t)n);
+  return n;
+}
+
+int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv) {
+  int n = 0;
+  FOR_USER(ss, user, c, s) {
+    sub_t *sub = session_find_sub(s, conv);
+    if (!sub) continue;
+    sub_remove(s, sub);
+    session_send_owned(c, frame_unsubscribed(conv));
+    n++;
+  }
+  return n;
+}
+
 void session_close_all(sessions_t *ss, int code, const char *reason) {
   for (conn_t *c = ss->net->conns; c; c = c->next)
     if (c->mode == CONN_WS && !c->closing) ws_close(c, code, reason);

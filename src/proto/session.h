@@ -87,6 +87,18 @@ void session_revoke_jti(sessions_t *ss, const char *jti);
  * check the bus's record of changes. */
 void session_channel_changed(sessions_t *ss, const char *channel, int active);
 
+/* POST /admin/users/{user}/disconnect (here, or announced by another
+ * node): close every connection of `user` (the token's sub) on this node
+ * with `code`; the close reason is `reason` (at most 80 bytes), or with
+ * retry_after_ms > 0 the JSON {"retryAfterMs": n, "reason": reason} that
+ * clients read as a hint (docs/protocol.md, section 7). Returns how many. */
+int session_disconnect_user(sessions_t *ss, const char *user, int code, const char *reason,
+                            long retry_after_ms);
+
+/* POST /admin/users/{user}/unsubscribe: end `user`'s subscriptions of
+ * `conv` on this node, each told with `unsubscribed`. Returns how many. */
+int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv);
+
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(sessions_t *ss, int code, const char *reason);
 

@@ -69,6 +69,8 @@ struct store_ops_s {
                    int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms);
   /* *out NULL, *n 0. */
   int (*nodes_live)(store_t *s, int64_t since_ms, store_node_t **out, size_t *n);
+  /* Optional (NULL: no other node listens): send `payload` to every node. */
+  int (*announce)(store_t *s, const char *payload);
 };
 
 extern const store_ops_t store_sqlite_ops;

@@ -46,9 +46,50 @@ static int number(const char **p, int64_t *out) {
   return 0;
 }
 
+char *notify_user_disconnect(const char *origin, const char *user, int code, int64_t retry_ms,
+                             const char *reason) {
+  char *out = NULL;
+  if (!util_id_valid(origin) || !util_id_valid(user) || strlen(reason) > 123 ||
+      strchr(reason, '\n'))
+    return NULL;
+  if (asprintf(&out, "u d %s %s %d %lld\n%s", origin, user, code, (long long)retry_ms, reason) < 0)
+    out = NULL;
+  return out;
+}
+
+char *notify_user_unsubscribe(const char *origin, const char *user, const char *conv) {
+  char *out = NULL;
+  if (!util_id_valid(origin) || !util_id_valid(user) || !util_id_valid(conv)) return NULL;
+  if (asprintf(&out, "u u %s %s %s", origin, user, conv) < 0) out = NULL;
+  return out;
+}
+
+static notify_kind_t decode_user(const char *payload, notify_t *out) {
+  const char *p = payload + 4;
+  char action = payload[2];
+  if ((action != 'd' && action != 'u') || payload[3] != ' ') return NOTIFY_BAD;
+  if (field(&p, out->origin, sizeof out->origin, 0) != 0 || !util_id_valid(out->origin) ||
+      *p++ != ' ' || field(&p, out->user, sizeof out->user, 0) != 0 || !util_id_valid(out->user))
+    return NOTIFY_BAD;
+  if (action == 'u') {
+    if (*p++ != ' ' || field(&p, out->conv, sizeof out->conv, 1) != 0 ||
+        !util_id_valid(out->conv) || *p != '\0')
+      return NOTIFY_BAD;
+    return out->kind = NOTIFY_USER_UNSUBSCRIBE;
+  }
+  int64_t code;
+  if (*p++ != ' ' || number(&p, &code) != 0 || code > 4999 || *p++ != ' ' ||
+      number(&p, &out->retry_ms) != 0 || *p != '\n')
+    return NOTIFY_BAD;
+  out->code = (int)code;
+  out->reason = p + 1;
+  return out->kind = NOTIFY_USER_DISCONNECT;
+}
+
 notify_kind_t notify_decode(const char *payload, notify_t *out) {
   memset(out, 0, sizeof *out);
   const char *p = payload + 2;
+  if (payload[0] == 'u' && payload[1] == ' ' && payload[2]) return decode_user(payload, out);
   if (payload[0] == 'c' && payload[1] == ' ' && (payload[2] == '0' || payload[2] == '1') &&
       payload[3] == ' ' && util_id_valid(payload + 4) && strlen(payload + 4) <= STORE_ID_MAX) {
     out->active = payload[2] == '1';

@@ -18,6 +18,12 @@
  * NOTIFY_FRAME, so that nodes of this version keep hearing older ones
  * during a rolling upgrade (docs/operations.md, "Upgrading").
  *   "c 1 CHANNEL", "c 0 CHANNEL"  the channel was activated, deactivated
+ *   "u d ORIGIN USER CODE RETRY\nREASON"  close every connection of USER
+ *                         (POST /admin/users/USER/disconnect on node ORIGIN)
+ *                         with close CODE, the hint RETRY ms (0: none) and
+ *                         REASON (may be empty)
+ *   "u u ORIGIN USER CONV"  end USER's subscriptions of CONV
+ *                         (POST /admin/users/USER/unsubscribe on ORIGIN)
  * Anything else is not converger's and is ignored by the reader.
  *
  * Pure functions, any thread.
@@ -46,6 +52,8 @@ typedef enum {
   NOTIFY_HINT,    /* a head hint */
   NOTIFY_CHANNEL, /* a channel's state */
   NOTIFY_FRAME,   /* an earlier version's "m SEQ CONV[ EPOCH]\nFRAME": the msg frame JSON itself */
+  NOTIFY_USER_DISCONNECT,  /* close a user's connections */
+  NOTIFY_USER_UNSUBSCRIBE, /* end a user's subscriptions of a conversation */
 } notify_kind_t;
 
 /* A decoded payload. Strings are copies in the struct, except `body`,
@@ -60,7 +68,19 @@ typedef struct {
   char sender[STORE_ID_MAX + 1];   /* MESSAGE */
   const char *body;                /* MESSAGE: JSON text as stored; FRAME: the frame JSON */
   int active;                      /* CHANNEL: 1 activated, 0 deactivated */
+  char origin[STORE_ID_MAX + 1];   /* USER_*: the node the request came to */
+  char user[STORE_ID_MAX + 1];     /* USER_*: the token sub; USER_UNSUBSCRIBE's conv is `conv` */
+  int code;                        /* USER_DISCONNECT: the close code */
+  int64_t retry_ms;                /* USER_DISCONNECT: the hint, 0 none */
+  const char *reason;              /* USER_DISCONNECT: into the payload ("" none) */
 } notify_t;
+
+/* The payloads of the user controls (see above). `reason`: at most 123
+ * bytes, no newline. Heap strings; NULL when out of memory or a field
+ * does not fit the format. */
+char *notify_user_disconnect(const char *origin, const char *user, int code, int64_t retry_ms,
+                             const char *reason);
+char *notify_user_unsubscribe(const char *origin, const char *user, const char *conv);
 
 /* Decode `payload` (NUL-terminated) into `out`; returns out->kind
  * (NOTIFY_BAD for anything that is not one of the forms above). */

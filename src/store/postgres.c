@@ -687,6 +687,14 @@ static void op_read_end(store_t *base) {
   if (s->conn != NULL) (void)tx_rollback(s, 0); /* nothing was written */
 }
 
+static int op_announce(store_t *base, const char *payload) {
+  pg_t *s = pg(base);
+  const char *const p[] = {payload};
+  int err = conn_ready(s);
+  return err ? err
+             : run(s, "announce", "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)", 1, p, NULL);
+}
+
 static int op_ping(store_t *base) {
   pg_t *s = pg(base);
   int err = conn_ready(s);
@@ -1006,4 +1014,5 @@ const store_ops_t store_postgres_ops = {
     .revocations = op_revocations,
     .node_beat = op_node_beat,
     .nodes_live = op_nodes_live,
+    .announce = op_announce,
 };

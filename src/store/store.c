@@ -129,6 +129,11 @@ int store_revoke(store_t *s, const char *jti, int64_t exp_s) {
   return s->ops->revoke(s, jti, exp_s);
 }
 
+int store_announce(store_t *s, const char *payload) {
+  if (s == NULL || payload == NULL || strlen(payload) > STORE_NOTIFY_PAYLOAD_MAX) return -CV_EINVAL;
+  return s->ops->announce ? s->ops->announce(s, payload) : 0;
+}
+
 int store_revocations(store_t *s, int64_t now_s, char ***jtis, size_t *n) {
   if (jtis != NULL) *jtis = NULL;
   if (n != NULL) *n = 0;

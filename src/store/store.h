@@ -242,4 +242,10 @@ int store_node_beat(store_t *s, const char *id, const char *public_url, const ch
 int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out, size_t *n);
 void store_nodes_free(store_node_t *v);
 
+/* Tell every node on this store `payload` (store/notify.h; at most
+ * STORE_NOTIFY_PAYLOAD_MAX bytes): PostgreSQL's NOTIFY on
+ * STORE_NOTIFY_CHANNEL. 0 at once on a store no other node shares
+ * (SQLite). -CV_EINVAL for a payload too long. */
+int store_announce(store_t *s, const char *payload);
+
 #endif

@@ -7,6 +7,7 @@ watermarks); a revocation or a channel deactivation made on one node acts on
 sockets of another."""
 
 import asyncio
+import json
 import os
 import sys
 import threading
@@ -46,6 +47,63 @@ class ClusterPg(NodeCase):
             await on_c.close()
             await on_a.close()
         self.arun(go())
+
+    def test_user_disconnect_and_unsubscribe_across_nodes(self):
+        """POST /admin/users/kim/disconnect on a closes kim's connections on a
+        and on b (announced through the store), with the code and the hint
+        asked for, and no one else's; /admin/users/kim/unsubscribe on a ends
+        kim's subscription on b, and nothing of it arrives after."""
+        a, b = self.cluster(2)
+        x, y = a.new_conv(), a.new_conv()
+
+        async def go():
+            kim_tok, lee_tok = mint_token("kim", [x, y]), mint_token("lee", [x])
+            subs = [{"conv": x, "watermark": None}, {"conv": y, "watermark": None}]
+            kim_a, _ = await open_client(a, kim_tok, subs)
+            kim_b, _ = await open_client(b, kim_tok, subs)
+            lee_b, _ = await open_client(b, lee_tok, subs[:1])
+            for cl in (kim_a, kim_b):
+                await cl.until(lambda m: m.get("type") == "synced" and m["conv"] == y)
+            await lee_b.until_synced(x)
+            # unsubscribe first: kim's x ends on b, y goes on
+            st, _, js = a.request("POST", "/admin/users/kim/unsubscribe", {"conv": x})
+            self.assertEqual(st, 202, js)
+            self.assertEqual(js, {"local": {"user": "kim", "conv": x, "removed": 1}, "announced": True})
+            for cl in (kim_a, kim_b):
+                m = await cl.recv_json(3.0)
+                self.assertEqual(m, {"type": "unsubscribed", "conv": x})
+            a.send(x, {"after": "unsubscribe"})
+            a.send(y, {"still": "here"})
+            for cl in (kim_a, kim_b):
+                m = await cl.recv_json(3.0)
+                self.assertEqual((m["type"], m["conv"]), ("msg", y), m)
+            m = await lee_b.recv_json(3.0)
+            self.assertEqual((m["type"], m["conv"]), ("msg", x), m)
+            # then the disconnect
+            st, _, js = a.request("POST", "/admin/users/kim/disconnect",
+                                  {"code": 4001, "reason": "moderated", "retryAfterMs": 2000})
+            self.assertEqual(st, 202, js)
+            self.assertEqual(js, {"local": {"user": "kim", "closed": 1}, "announced": True})
+            for cl in (kim_a, kim_b):
+                code, reason, _ = await cl.wait_closed(timeout=3.0)
+                self.assertEqual(code, 4001)
+                self.assertEqual(json.loads(reason), {"retryAfterMs": 2000, "reason": "moderated"})
+            await lee_b.send_json({"type": "ping"})
+            self.assertEqual((await lee_b.recv_json())["type"], "pong")
+            await lee_b.close()
+        self.arun(go())
+        self.assertIn("asked: 1 connection(s) of kim closed here with 4001", b.log_text())
+        for bad in ({"code": 1005}, {"code": 2000}, {"reason": "x" * 81}, {"reason": "a\nb"},
+                    {"retryAfterMs": -1}):
+            st, _, js = a.request("POST", "/admin/users/kim/disconnect", bad)
+            self.assertEqual(st, 400, (bad, js))
+            self.assertErrorBody(js, "bad_request")
+        st, _, js = a.request("POST", "/admin/users/kim/unsubscribe", {})
+        self.assertEqual(st, 400, js)
+        st, _, js = a.request("POST", "/admin/users/kim/disconnect", key="wrong")
+        self.assertEqual(st, 401, js)
+        st, _, js = a.request("GET", "/admin/users/kim/disconnect")
+        self.assertEqual(st, 405, js)
 
     def test_four_senders_on_three_nodes_one_gapless_seq(self):
         nodes = self.cluster()

@@ -169,8 +169,8 @@ class DeployFiles(unittest.TestCase):
         return set(self.help) | set(self.readme) | set(DRAIN_DEFAULTS)
 
     def default_of(self, name):
-        if name in self.help:
-            return self.help[name]
+        if name in self.help:  # "[unset]" in --help: set empty in a ConfigMap
+            return "" if self.help[name] == "unset" else self.help[name]
         if name in DRAIN_DEFAULTS:
             return DRAIN_DEFAULTS[name]
         return self.readme[name]

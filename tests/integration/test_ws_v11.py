@@ -311,6 +311,25 @@ class WsV11(NodeCase):
         bodies = [m["body"]["id"] for m in n.all_messages(conv)[0]]
         self.assertEqual(sorted(bodies), sorted("s-%d" % i for i in range(60)))
 
+    def test_user_controls_on_one_node(self):
+        """Without a shared store the controls act here and are not
+        announced; the default close is 1008 with a reason."""
+        n = self.node
+        conv = n.new_conv()
+
+        async def go():
+            c, _ = await open_client(n, mint_token("ivy", [conv]), [{"conv": conv, "watermark": None}])
+            await c.until_synced(conv)
+            st, _, js = n.request("POST", "/admin/users/ivy/unsubscribe", {"conv": conv})
+            self.assertEqual((st, js), (202, {"local": {"user": "ivy", "conv": conv, "removed": 1},
+                                             "announced": False}))
+            self.assertEqual(await c.recv_json(), {"type": "unsubscribed", "conv": conv})
+            st, _, js = n.request("POST", "/admin/users/ivy/disconnect")
+            self.assertEqual((st, js), (202, {"local": {"user": "ivy", "closed": 1}, "announced": False}))
+            code, reason, _ = await c.wait_closed()
+            self.assertEqual((code, reason), (1008, "disconnected by the server"))
+        self.arun(go())
+
     def test_connections_per_user_and_rest_rate(self):
         n = self.node_start({"CONVERGER_MAX_CONNS_PER_USER": "2", "CONVERGER_REST_RATE": "5",
                              "CONVERGER_REST_RATE_BURST": "5"})

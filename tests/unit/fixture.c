@@ -53,6 +53,14 @@ static void bus_channel(void *ud, const char *channel, int active) {
   session_channel_changed(&((fx_t *)ud)->sessions, channel, active);
 }
 
+static void bus_user(void *ud, const notify_t *n) {
+  sessions_t *ss = &((fx_t *)ud)->sessions;
+  if (n->kind == NOTIFY_USER_DISCONNECT)
+    session_disconnect_user(ss, n->user, n->code, n->reason, (long)n->retry_ms);
+  else
+    session_unsubscribe_user(ss, n->user, n->conv);
+}
+
 static void admission_arm(void *ud, int64_t at_ms) { ((fx_t *)ud)->admission_at = at_ms; }
 
 static void drain_stop(void *ud, const char *why) {
@@ -100,8 +108,11 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
   assert_int_equal(store_open(fx->url, NULL, &fx->db), 0);
   assert_int_equal(store_migrate(fx->db), 0);
   assert_int_equal(pool_start_inline(&fx->loop, fx->url, NULL, fx->metrics, &fx->pool), 0);
-  bus_handler_t bh = {
-      .msg_json = bus_json, .msg_wire = bus_wire, .channel_changed = bus_channel, .ud = fx};
+  bus_handler_t bh = {.msg_json = bus_json,
+                      .msg_wire = bus_wire,
+                      .channel_changed = bus_channel,
+                      .user_control = bus_user,
+                      .ud = fx};
   fx->bus = bus_new(&fx->loop, &bh, fx->metrics);
   fx->auth = auth_new(fx->cfg.api_key, fx->cfg.token_secret);
   fx->admission_at = -1;
