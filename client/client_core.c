@@ -55,6 +55,7 @@ typedef struct {
   int migration;    /* opened for a drain */
   int unavailable;  /* an `unavailable` error was counted on it */
   int unauthorized; /* the server refused the token on it */
+  int token_expired; /* the server said token_expired on it */
   int64_t deadline; /* connect deadline until welcomed, then idle deadline */
   int64_t idle_ms;  /* 0: no idle deadline (heartbeatMs 0) */
   int64_t hint_ms;  /* retryAfterMs of an error frame on it */
@@ -71,6 +72,9 @@ typedef struct {
   int ended;        /* forbidden, not found or inactive: left out of hellos */
   int sync_pending; /* a gap sync is in flight on the active transport */
   int64_t retry_at; /* replay_unavailable: sync again at this time; -1 none */
+  int in_hello[NT]; /* transport slot k's hello carried it */
+  int subscribing;  /* a `subscribe` is in flight on the active transport */
+  int64_t sub_retry_at; /* a refused subscribe: again at this time; -1 none */
 } csub_t;
 
 typedef struct psend_s {
@@ -95,7 +99,12 @@ struct cvg_core_s {
   char **urls;
   char *token, *client_name;
   csub_t *subs;
-  size_t nsubs;
+  size_t nsubs, subs_cap;
+  char **unsub_due; /* conversations whose `unsubscribed` answer is still to come */
+  size_t nunsub_due;
+  int64_t refresh_at;   /* ask token_cb for a fresh token then; -1 none */
+  int refresh_failures; /* token_cb failures in a row (its backoff) */
+  int need_token;       /* token_expired: a new token before the next hello */
   jitter_rng_t rng;
   cvg_backoff_t backoff;
   cvg_state_t state;
@@ -236,8 +245,8 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     set_err(err, errlen, "a token is needed");
     return CVG_EINVAL;
   }
-  if (opt->nsubs == 0 || opt->nsubs > MAX_SUBS || !opt->subs) {
-    set_err(err, errlen, "%zu subscriptions: hello needs 1 to %d", opt->nsubs, MAX_SUBS);
+  if (opt->nsubs > MAX_SUBS || (opt->nsubs && !opt->subs)) {
+    set_err(err, errlen, "%zu subscriptions: at most %d", opt->nsubs, MAX_SUBS);
     return CVG_EINVAL;
   }
   for (size_t i = 0; i < opt->nsubs; i++) {
@@ -285,7 +294,9 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   if (!core->opt.max_pending_sends) core->opt.max_pending_sends = DEFAULT_MAX_PENDING_SENDS;
   if (!core->opt.max_message_bytes) core->opt.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES;
   core->urls = calloc(opt->nurls, sizeof *core->urls);
-  core->subs = calloc(opt->nsubs ? opt->nsubs : 1, sizeof *core->subs);
+  core->subs_cap = opt->nsubs > 4 ? opt->nsubs : 4;
+  core->subs = calloc(core->subs_cap, sizeof *core->subs);
+  core->refresh_at = -1;
   core->token = strdup(opt->token);
   core->client_name = dupstr(opt->client_name);
   if (!core->urls || !core->subs || !core->token || (opt->client_name && !core->client_name)) {
@@ -302,7 +313,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     s->wm = opt->subs[core->nsubs].watermark;
     const char *e = opt->epochs ? opt->epochs[core->nsubs] : NULL;
     snprintf(s->epoch, sizeof s->epoch, "%s", e ? e : "");
-    s->retry_at = -1;
+    s->retry_at = s->sub_retry_at = -1;
     if (!(s->conv = strdup(opt->subs[core->nsubs].conv))) {
       cvg_core_free(core);
       goto nomem;
@@ -355,6 +366,8 @@ void cvg_core_free(cvg_core_t *core) {
   free(core->urls);
   for (size_t i = 0; i < core->nsubs; i++) free(core->subs[i].conv);
   free(core->subs);
+  for (size_t i = 0; i < core->nunsub_due; i++) free(core->unsub_due[i]);
+  free(core->unsub_due);
   free(core->token);
   free(core->client_name);
   free(core->migrate_url);
@@ -373,6 +386,9 @@ static void finish(cvg_core_t *core) {
   for (size_t i = 0; i < core->nsubs && core->active >= 0; i++)
     if (!core->subs[i].ended) EARLIER(core->subs[i].retry_at);
   for (psend_t *p = core->sends; p && core->active >= 0; p = p->next) EARLIER(p->retry_at);
+  for (size_t i = 0; i < core->nsubs && core->active >= 0; i++)
+    if (!core->subs[i].ended) EARLIER(core->subs[i].sub_retry_at);
+  EARLIER(core->refresh_at);
   for (int i = 0; i < NT; i++)
     if (core->t[i].st != T_FREE) EARLIER(core->t[i].deadline);
 #undef EARLIER
@@ -495,6 +511,8 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
     hint = max64(hint, reason_hint(reason, len));
   if (code == 1013 && !t->unavailable) core->st.unavailable++;
   int unauthorized = t->unauthorized;
+  int expired = t->token_expired ||
+                (code == 1008 && reason && len == 13 && memcmp(reason, "token_expired", 13) == 0);
   if (code == 1009) fail_largest_send(core, t->id);
   t->st = T_FREE;
   char why[300];
@@ -505,6 +523,13 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
     core->offline_since = now;
     core->st.node[0] = '\0';
     core->migrate_at = -1;
+  }
+  if (expired && !(was_migration && core->active >= 0)) {
+    if (!core->opt.token_cb) {
+      fail(core, "the token expired and no token callback can give another", "token_expired", now);
+      return;
+    }
+    core->need_token = 1; /* asked for before the next hello (cvg_core_timer) */
   }
   if (unauthorized && !(was_migration && core->active >= 0)) {
     /* (a refusal on a drain's new connection keeps the old one) */
@@ -551,6 +576,7 @@ static char *hello_frame(cvg_core_t *core, int slot) {
   json_t *subs = json_array();
   for (size_t i = 0; i < core->nsubs; i++) {
     csub_t *s = &core->subs[i];
+    s->in_hello[slot] = !s->ended;
     if (s->ended) continue;
     memcpy(s->hello_epoch[slot], s->epoch, sizeof s->epoch);
     json_t *e = json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
@@ -581,11 +607,100 @@ static void transmit(cvg_core_t *core, psend_t *p, ctrans_t *t) {
  * be made any more, so the client stops now rather than after the next
  * loss. Returns 1 when it failed. */
 static int no_subscription_left(cvg_core_t *core, int64_t now) {
+  if (core->nsubs == 0) return 0; /* none asked for (yet): a hello without any is fine */
   for (size_t i = 0; i < core->nsubs; i++)
     if (!core->subs[i].ended) return 0;
   fail(core, "every subscription has ended (forbidden, not found or inactive)", "no_subscription",
        now);
   return 1;
+}
+
+/* ---- subscriptions on a live connection (protocol 1.1) ------------------------------ */
+
+/* Send `subscribe` for `s` on the active transport. */
+static void send_subscribe(cvg_core_t *core, csub_t *s) {
+  if (core->active < 0) return;
+  json_t *f = json_pack("{s:s, s:s, s:o}", "type", "subscribe", "conv", s->conv, "watermark",
+                        s->wm < 0 ? json_null() : json_integer(s->wm));
+  if (f && s->wm >= 0 && s->epoch[0]) json_object_set_new(f, "epoch", json_string(s->epoch));
+  s->subscribing = 1;
+  s->sub_retry_at = -1;
+  memcpy(s->sync_epoch, s->epoch, sizeof s->epoch); /* the epoch a reset in `subscribed` is of */
+  push_send(core, core->t[core->active].id, dump(f));
+}
+
+static void remove_sub(cvg_core_t *core, csub_t *s) {
+  size_t i = (size_t)(s - core->subs);
+  free(s->conv);
+  memmove(&core->subs[i], &core->subs[i + 1], (core->nsubs - i - 1) * sizeof *core->subs);
+  core->nsubs--;
+}
+
+/* Note that the answer to an unsubscribe of `conv` is still to come, so
+ * that it is not taken for the node ending a later subscription. */
+static void unsub_due_add(cvg_core_t *core, const char *conv) {
+  char **v = realloc(core->unsub_due, (core->nunsub_due + 1) * sizeof *v);
+  if (!v) return;
+  core->unsub_due = v;
+  if ((v[core->nunsub_due] = strdup(conv))) core->nunsub_due++;
+}
+
+static int unsub_due_take(cvg_core_t *core, const char *conv) {
+  for (size_t i = 0; i < core->nunsub_due; i++)
+    if (strcmp(core->unsub_due[i], conv) == 0) {
+      free(core->unsub_due[i]);
+      core->unsub_due[i] = core->unsub_due[--core->nunsub_due];
+      return 1;
+    }
+  return 0;
+}
+
+static void unsub_due_clear(cvg_core_t *core) {
+  for (size_t i = 0; i < core->nunsub_due; i++) free(core->unsub_due[i]);
+  core->nunsub_due = 0;
+}
+
+/* ---- the token (protocol 1.1) ------------------------------------------------------ */
+
+/* When to ask for a fresh token: about 80 % of `lifetime_ms` from now
+ * (uniform in 75..85 %), so that clients given tokens at one instant do
+ * not all refresh at one instant. */
+static void schedule_refresh(cvg_core_t *core, int64_t lifetime_ms, int64_t now) {
+  if (!core->opt.token_cb || lifetime_ms <= 0) return;
+  int64_t lo = lifetime_ms * 75 / 100, hi = lifetime_ms * 85 / 100;
+  core->refresh_at =
+      now + (hi > lo ? (int64_t)jitter_range(&core->rng, (uint64_t)lo, (uint64_t)hi) : lo);
+  core->refresh_failures = 0;
+}
+
+/* Ask the callback for a token. 1 with core->token replaced; 0 when it
+ * failed (core->refresh_at is then the next try, after a backoff). */
+static int fetch_token(cvg_core_t *core, const char *why, int64_t now) {
+  char buf[8192];
+  buf[0] = '\0';
+  if (core->opt.token_cb && core->opt.token_cb(core->opt.userdata, why, buf, sizeof buf) == 0 &&
+      buf[0] && memchr(buf, '\0', sizeof buf)) {
+    char *t = strdup(buf);
+    if (t) {
+      free(core->token);
+      core->token = t;
+      core->opt.token = t;
+      core->refresh_failures = 0;
+      return 1;
+    }
+  }
+  int n = core->refresh_failures < 5 ? core->refresh_failures : 5;
+  core->refresh_failures++;
+  int64_t cap = 1000ll << n; /* 1, 2, 4 ... 32 s */
+  if (cap > 30000) cap = 30000;
+  core->refresh_at = now + (int64_t)jitter_range(&core->rng, (uint64_t)cap / 2, (uint64_t)cap);
+  return 0;
+}
+
+static void send_refresh(cvg_core_t *core) {
+  if (core->active < 0) return;
+  push_send(core, core->t[core->active].id,
+            dump(json_pack("{s:s, s:s}", "type", "refresh", "token", core->token)));
 }
 
 /* An `epoch` field: 1 with *out set (NULL when absent, null or ""), 0
@@ -673,9 +788,17 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   }
   memcpy(core->st.node, t->node, sizeof t->node);
   for (size_t k = 0; k < core->nsubs; k++) { /* the hello's watermarks cover any gap */
-    core->subs[k].sync_pending = 0;
-    core->subs[k].retry_at = -1;
+    csub_t *s = &core->subs[k];
+    s->sync_pending = 0;
+    s->retry_at = -1;
+    s->subscribing = 0;
+    s->sub_retry_at = -1;
+    /* subscribed after that hello went out: subscribe on this connection */
+    if (!s->ended && !s->in_hello[core->active]) send_subscribe(core, s);
   }
+  unsub_due_clear(core); /* the answers of the old connection will not come */
+  json_t *exp = json_object_get(j, "expiresInMs");
+  if (json_is_integer(exp)) schedule_refresh(core, clamp_ms(json_integer_value(exp)), now);
   /* Sends not answered on an earlier connection go again, same id. */
   for (psend_t *p = core->sends; p; p = p->next) transmit(core, p, t);
   set_state(core, CVG_STATE_CONNECTED, "%s node %s", migrated ? "migrated to" : "welcomed by",
@@ -775,6 +898,56 @@ static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     request_sync(core, s, now);
 }
 
+/* `subscribed` (protocol 1.1): the answer to a subscribe, like a welcome
+ * entry; its replay and `synced` follow. */
+static void on_subscribed(cvg_core_t *core, ctrans_t *t, json_t *j) {
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  json_t *head = json_object_get(j, "head");
+  const char *epoch;
+  csub_t *s = conv ? find_sub(core, conv) : NULL;
+  if (conv && !s) return; /* unsubscribed meanwhile */
+  if (!s || !json_is_integer(head) || json_integer_value(head) < 0 ||
+      !get_epoch(json_object_get(j, "epoch"), &epoch)) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (slot_of(core, t) != core->active || s->ended) return;
+  s->subscribing = 0;
+  if (json_is_true(json_object_get(j, "already"))) return;
+  int64_t h = (int64_t)json_integer_value(head);
+  if (json_is_true(json_object_get(j, "reset")) && s->wm != CVG_WATERMARK_NONE) {
+    if (!reset_already_made(s, s->sync_epoch, epoch)) reset_sub(core, s, h, epoch);
+    return;
+  }
+  if (s->wm == CVG_WATERMARK_NONE) s->wm = h; /* from the head: the head is the watermark */
+  if (epoch) snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
+}
+
+/* `unsubscribed` (protocol 1.1): the answer to our unsubscribe, or the
+ * node ending a subscription (on_unsubscribed). */
+static void on_unsubscribed(cvg_core_t *core, json_t *j) {
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  if (!conv) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (unsub_due_take(core, conv)) return;
+  csub_t *s = find_sub(core, conv);
+  if (!s) return;
+  remove_sub(core, s);
+  if (core->opt.cb.on_unsubscribed) core->opt.cb.on_unsubscribed(core->opt.userdata, conv);
+}
+
+static void on_refreshed(cvg_core_t *core, json_t *j, int64_t now) {
+  json_t *exp = json_object_get(j, "expiresInMs");
+  if (!json_is_integer(exp)) {
+    core->st.bad_frames++;
+    return;
+  }
+  core->st.refreshes++;
+  schedule_refresh(core, clamp_ms(json_integer_value(exp)), now);
+}
+
 /* The pending send of `conv` with `id` (an id is unique within its
  * conversation only), or NULL. */
 static psend_t **find_send(cvg_core_t *core, const char *conv, const char *id) {
@@ -808,7 +981,18 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   }
   int64_t hint = ra && !core->opt.ignore_hints ? clamp_ms(json_integer_value(ra)) : 0;
   int ended = 0;
-  if (strcmp(code, "unavailable") == 0) {
+  csub_t *sub = conv ? find_sub(core, conv) : NULL;
+  const char *frame = json_string_value(json_object_get(json_object_get(j, "details"), "frame"));
+  if (sub && sub->subscribing &&
+      (strcmp(code, "unavailable") == 0 || strcmp(code, "rate_limited") == 0)) {
+    /* a subscribe the node could not take now (protocol 1.1): the
+     * connection stays; subscribe again after the hint */
+    sub->subscribing = 0;
+    sub->sub_retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+    if (code[0] == 'r') core->st.rate_limited++;
+  } else if (strcmp(code, "token_expired") == 0) {
+    t->token_expired = 1; /* its 1008 close follows: a new token before the next hello */
+  } else if (strcmp(code, "unavailable") == 0) {
     /* its close (1013) follows: the hint is the floor of the next attempt */
     t->hint_ms = max64(t->hint_ms, hint);
     if (!t->unavailable) core->st.unavailable++;
@@ -820,21 +1004,24 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
      * on; the same frame again after the hint (or the first backoff step) */
     int64_t at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
     psend_t **l = send_id && conv ? find_send(core, conv, send_id) : NULL;
-    csub_t *s = !send_id && conv ? find_sub(core, conv) : NULL;
+    core->st.rate_limited++;
     if (l) (*l)->retry_at = at;
-    if (s && s->sync_pending) { /* a sync's */
-      s->sync_pending = 0;
-      s->retry_at = at;
+    if (!send_id && sub && sub->sync_pending) { /* a sync's */
+      sub->sync_pending = 0;
+      sub->retry_at = at;
     }
+    if (frame && strcmp(frame, "refresh") == 0 && core->opt.token_cb) core->refresh_at = at;
   } else if (send_id) { /* a send refused for good */
     psend_t **l = conv ? find_send(core, conv, send_id) : NULL;
     if (l) complete_send(core, l, 0, code);
   } else if (conv) {
-    csub_t *s = find_sub(core, conv);
+    csub_t *s = sub;
     if (s && !s->ended &&
         (strcmp(code, "forbidden") == 0 || strcmp(code, "not_found") == 0 ||
-         strcmp(code, "channel_inactive") == 0))
+         strcmp(code, "channel_inactive") == 0 || strcmp(code, "too_many_subscriptions") == 0)) {
       s->ended = ended = 1;
+      s->subscribing = 0;
+    }
     if (s && strcmp(code, "replay_unavailable") == 0) {
       /* sync again after the hint (or the first backoff step) */
       s->sync_pending = 0;
@@ -912,6 +1099,12 @@ void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, 
     on_error(core, t, j, now);
   else if (strcmp(type, "drain") == 0)
     on_drain(core, t, j, now);
+  else if (strcmp(type, "subscribed") == 0)
+    on_subscribed(core, t, j);
+  else if (strcmp(type, "unsubscribed") == 0)
+    on_unsubscribed(core, j);
+  else if (strcmp(type, "refreshed") == 0)
+    on_refreshed(core, j, now);
   else if (strcmp(type, "pong") != 0)
     core->st.bad_frames++;
   json_decref(j);
@@ -942,7 +1135,23 @@ void cvg_core_timer(cvg_core_t *core, int64_t now) {
   }
   if (core->reconnect_at >= 0 && core->reconnect_at <= now) {
     core->reconnect_at = -1;
-    if (live_count(core) == 0) open_transport(core, pick_url(core, core->last_url), NULL, 0, now);
+    if (core->need_token && !fetch_token(core, "expired", now)) {
+      core->reconnect_at = core->refresh_at; /* the token callback's backoff */
+      core->refresh_at = -1;
+      set_state(core, CVG_STATE_WAITING, "no new token yet; next try in %lld ms",
+                (long long)(core->reconnect_at - now));
+    } else {
+      core->need_token = 0;
+      if (live_count(core) == 0) open_transport(core, pick_url(core, core->last_url), NULL, 0, now);
+    }
+  }
+  if (core->refresh_at >= 0 && core->refresh_at <= now && !core->need_token) {
+    core->refresh_at = -1;
+    if (fetch_token(core, "refresh", now)) send_refresh(core); /* else: tried again later */
+  }
+  for (size_t i = 0; i < core->nsubs && core->active >= 0; i++) { /* refused subscribes */
+    csub_t *s = &core->subs[i];
+    if (s->sub_retry_at >= 0 && s->sub_retry_at <= now && !s->ended) send_subscribe(core, s);
   }
   for (size_t i = 0; i < core->nsubs; i++) { /* syncs refused with a hint */
     csub_t *s = &core->subs[i];
@@ -975,6 +1184,73 @@ void cvg_core_stop(cvg_core_t *core, int64_t now) {
   set_state(core, CVG_STATE_CLOSED, "closed by the application");
   fail_sends(core, "closed");
   finish(core);
+}
+
+int cvg_core_subscribe(cvg_core_t *core, const char *conv, int64_t watermark, const char *epoch,
+                       int64_t now) {
+  if (core->state == CVG_STATE_FAILED || core->state == CVG_STATE_CLOSED) return CVG_ESTATE;
+  if (!util_id_valid(conv) || watermark < CVG_WATERMARK_NONE ||
+      (epoch && epoch[0] && (strlen(epoch) > CVG_EPOCH_MAX || !util_id_valid(epoch))))
+    return CVG_EINVAL;
+  csub_t *s = find_sub(core, conv);
+  if (s && !s->ended) return 0;
+  if (!s) {
+    if (core->nsubs == MAX_SUBS) return CVG_EBUSY;
+    if (core->nsubs == core->subs_cap) {
+      csub_t *v = realloc(core->subs, core->subs_cap * 2 * sizeof *v);
+      if (!v) return CVG_ENOMEM;
+      core->subs = v;
+      core->subs_cap *= 2;
+    }
+    char *c = strdup(conv);
+    if (!c) return CVG_ENOMEM;
+    s = &core->subs[core->nsubs++];
+    memset(s, 0, sizeof *s);
+    s->conv = c;
+  }
+  s->ended = 0; /* a subscription the node had ended, asked for again */
+  s->wm = watermark;
+  snprintf(s->epoch, sizeof s->epoch, "%s", epoch ? epoch : "");
+  s->left_epoch[0] = '\0';
+  s->retry_at = s->sub_retry_at = -1;
+  s->sync_pending = 0;
+  memset(s->in_hello, 0, sizeof s->in_hello); /* a hello on its way does not carry it */
+  if (core->active >= 0) send_subscribe(core, s);
+  finish(core);
+  (void)now;
+  return 0;
+}
+
+int cvg_core_unsubscribe(cvg_core_t *core, const char *conv, int64_t now) {
+  csub_t *s = conv ? find_sub(core, conv) : NULL;
+  if (!s) return CVG_ENOENT;
+  /* on the welcomed connection, and on one whose hello (which carried it)
+   * is not answered yet: the node takes it after that hello */
+  for (int i = 0; i < NT; i++) {
+    ctrans_t *t = &core->t[i];
+    if (!(i == core->active || (t->st == T_HELLO && s->in_hello[i]))) continue;
+    push_send(core, t->id, dump(json_pack("{s:s, s:s}", "type", "unsubscribe", "conv", conv)));
+    unsub_due_add(core, conv);
+  }
+  remove_sub(core, s);
+  finish(core);
+  (void)now;
+  return 0;
+}
+
+int cvg_core_set_token(cvg_core_t *core, const char *token, int64_t now) {
+  if (core->state == CVG_STATE_FAILED || core->state == CVG_STATE_CLOSED) return CVG_ESTATE;
+  if (!token || !token[0]) return CVG_EINVAL;
+  char *t = strdup(token);
+  if (!t) return CVG_ENOMEM;
+  free(core->token);
+  core->token = t;
+  core->opt.token = t;
+  core->need_token = 0;
+  send_refresh(core);
+  finish(core);
+  (void)now;
+  return 0;
 }
 
 int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char *body,

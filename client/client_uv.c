@@ -737,6 +737,27 @@ int cvg_send(cvg_client_t *c, const char *conv, const char *id, const char *body
   return rc;
 }
 
+int cvg_subscribe(cvg_client_t *c, const char *conv, int64_t watermark, const char *epoch) {
+  if (c->closing) return CVG_ESTATE;
+  int rc = cvg_core_subscribe(c->core, conv, watermark, epoch, now_ms(c));
+  if (rc == 0) pump(c);
+  return rc;
+}
+
+int cvg_unsubscribe(cvg_client_t *c, const char *conv) {
+  if (c->closing) return CVG_ESTATE;
+  int rc = cvg_core_unsubscribe(c->core, conv, now_ms(c));
+  if (rc == 0) pump(c);
+  return rc;
+}
+
+int cvg_client_set_token(cvg_client_t *c, const char *token) {
+  if (c->closing) return CVG_ESTATE;
+  int rc = cvg_core_set_token(c->core, token, now_ms(c));
+  if (rc == 0) pump(c);
+  return rc;
+}
+
 void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out) {
   cvg_core_stats(c->core, (int64_t)uv_now(c->loop), out);
 }

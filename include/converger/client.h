@@ -1,6 +1,6 @@
 /*
  * converger/client.h: libconverger-client, the C client of a converger
- * gateway (protocol v1, docs/protocol.md).
+ * gateway (protocol 1.1, docs/protocol.md).
  *
  * Two layers:
  *   - cvg_core_*: a sans-I/O state machine. It owns no socket and no clock:
@@ -34,6 +34,18 @@
  *     resets");
  *   - keeps each send until the server answers `sent`, and sends it again
  *     with the same id (the idempotency key) after the next welcome;
+ *   - subscriptions may be added and removed at any time
+ *     (cvg_core_subscribe, cvg_core_unsubscribe); the set, with each
+ *     watermark, is what every later hello carries, so it survives
+ *     reconnects and drain moves;
+ *   - with a token callback (cvg_options_t.token_cb), refreshes the token at
+ *     about 80 % of its lifetime (welcome.expiresInMs), jittered so that
+ *     many clients do not refresh at one instant, retries a callback that
+ *     fails with backoff, and asks for a new token before reconnecting
+ *     after the node closed with token_expired;
+ *   - a frame the node refuses with rate_limited (a send, a sync, a
+ *     subscribe, a refresh) is sent again after its retryAfterMs; it does
+ *     not fail;
  *   - on `drain`, opens a second connection after `afterMs`, says hello with
  *     the current watermarks, and closes the old one with 1000 only once the
  *     new one is welcomed (make-before-break). A move that fails keeps
@@ -70,6 +82,7 @@ extern "C" {
 #define CVG_ESTATE (-3)  /* not possible in the client's state (closed, failed) */
 #define CVG_EBUSY  (-16) /* too many sends waiting for their `sent` */
 #define CVG_E2BIG  (-7)  /* a send frame larger than max_message_bytes */
+#define CVG_ENOENT (-2)  /* no such subscription */
 
 /* A subscription's watermark meaning "no history: start live at the head"
  * (hello's `"watermark": null`). 0 means "everything from seq 1". */
@@ -157,7 +170,23 @@ typedef struct {
    * when it was unknown. Added after the others: keep it last. */
   void (*on_reset)(void *ud, const char *conv, int64_t old_watermark, const char *old_epoch,
                    int64_t head, const char *epoch);
+  /* The node ended the subscription of `conv` (protocol 1.1 `unsubscribed`
+   * that the application did not ask for: an operator's POST
+   * /admin/users/{user}/unsubscribe, a refreshed token that no longer
+   * covers it, a deactivated channel). It is gone from the set. */
+  void (*on_unsubscribed)(void *ud, const char *conv);
 } cvg_callbacks_t;
+
+/* A token callback (cvg_options_t.token_cb): write a fresh token for the
+ * same user, NUL-terminated, into `out` (`cap` bytes) and return 0, or
+ * return non-zero when none can be had now (it is asked again after a
+ * backoff: 1 s doubling to 30 s, jittered). `why` is "refresh" (the token
+ * nears its expiry) or "expired" (the node closed with token_expired).
+ * Called on the loop thread, from within a core event: it should be quick
+ * (a cached token, a local signer); an application that fetches tokens
+ * over the network returns non-zero and calls cvg_core_set_token /
+ * cvg_client_set_token once it has one. */
+typedef int (*cvg_token_cb)(void *ud, const char *why, char *out, size_t cap);
 
 /* The outcome of a cvg_send: `error` is NULL and `seq` > 0 once the server
  * committed the message; otherwise `error` is the server's error code
@@ -203,6 +232,9 @@ typedef struct {
    * [A-Za-z0-9._:-]). With it, a resume into a restored store is told to
    * reset even when the new head has passed the watermark. */
   const char *const *epochs;
+  /* NULL, or the token callback (see cvg_token_cb). Without one the token
+   * is never refreshed, and a token_expired close fails the client. */
+  cvg_token_cb token_cb;
 } cvg_options_t;
 
 /* Counters, readable at any time. */
@@ -221,6 +253,8 @@ typedef struct {
   int64_t offline_ms;   /* total time without a welcomed connection since start */
   char node[64];        /* `node` of the welcomed connection; "" when none */
   uint64_t resets;      /* on_reset calls (added last: the fields above keep their offsets) */
+  uint64_t rate_limited; /* frames the node refused with rate_limited (each sent again) */
+  uint64_t refreshes;    /* tokens the node took in a `refreshed` */
 } cvg_stats_t;
 
 /* Fill `o` with the defaults (everything zero, migrate_on_drain = 1). */
@@ -297,6 +331,28 @@ CVG_API void cvg_core_stop(cvg_core_t *core, int64_t now_ms);
 CVG_API int cvg_core_send(cvg_core_t *core, const char *conv, const char *id, const char *body,
                           cvg_sent_cb cb, void *ud, int64_t now_ms);
 
+/* Subscribe to `conv` from `watermark` (CVG_WATERMARK_NONE: live from the
+ * head; 0: from seq 1) in `epoch` (NULL or "": unknown; see
+ * cvg_options_t.epochs). With a welcomed connection a `subscribe` frame
+ * goes out now (answered by `subscribed`, the replay, on_synced);
+ * otherwise the next hello carries it. The subscription is kept across
+ * reconnects. Returns 0 (also when already subscribed: nothing changes),
+ * CVG_EINVAL (bad id, watermark or epoch), CVG_EBUSY (100 subscriptions
+ * already), CVG_ESTATE (stopped or failed), CVG_ENOMEM. */
+CVG_API int cvg_core_subscribe(cvg_core_t *core, const char *conv, int64_t watermark,
+                               const char *epoch, int64_t now_ms);
+
+/* End the subscription of `conv`: no message of it is delivered after this
+ * call, and later hellos leave it out. Returns 0, or CVG_ENOENT when there
+ * is no such subscription. */
+CVG_API int cvg_core_unsubscribe(cvg_core_t *core, const char *conv, int64_t now_ms);
+
+/* Replace the token (the same user's): sent at once in a `refresh` when a
+ * connection is welcomed, else used by the next hello. For applications
+ * that fetch tokens asynchronously. Returns 0, CVG_EINVAL (empty),
+ * CVG_ESTATE, CVG_ENOMEM. */
+CVG_API int cvg_core_set_token(cvg_core_t *core, const char *token, int64_t now_ms);
+
 /* The next action to carry out: 1 with *out filled, or 0 when there is none.
  * Pointers in *out stay valid until the next call of cvg_core_next_action or
  * cvg_core_free. Call it until it returns 0 after every event. */
@@ -332,6 +388,12 @@ CVG_API int cvg_client_start(cvg_client_t *c);
 /* cvg_core_send on the client (see there). */
 CVG_API int cvg_send(cvg_client_t *c, const char *conv, const char *id, const char *body,
                      cvg_sent_cb cb, void *ud);
+
+/* cvg_core_subscribe, cvg_core_unsubscribe and cvg_core_set_token on the
+ * client (see there). */
+CVG_API int cvg_subscribe(cvg_client_t *c, const char *conv, int64_t watermark, const char *epoch);
+CVG_API int cvg_unsubscribe(cvg_client_t *c, const char *conv);
+CVG_API int cvg_client_set_token(cvg_client_t *c, const char *token);
 
 /* Counters (see cvg_stats_t) and watermarks. */
 CVG_API void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -29,29 +30,38 @@
 
 #define MAX_URLS        16
 #define STDOUT_WATCH_MS 250 /* how often fd 1 is checked for a reader that went away */
+#define TOKEN_MAX       8192
 
 static void usage(FILE *out) {
-  fprintf(
-      out,
-      "usage: converger tail --url WS_URL [--url WS_URL ...] --token JWT --conv C [--conv C ...]\n"
-      "                      [--watermark N] [--backoff STRATEGY] [--max-messages N]\n\n"
-      "Subscribes to the conversations and prints each message once and in order, one JSON\n"
-      "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
-      "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
-      "10 s) and never before the node's retry hint; migrates on drain. State changes go\n"
-      "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n"
-      "When the reader of stdout goes away (a closed pipe) it ends with 0; when a write\n"
-      "to stdout fails otherwise (a full disk) it says why and ends with 1.\n\n"
-      "  --url WS_URL        ws://host:port/v1/ws of a node; repeat for several\n"
-      "  --token JWT         a client token (or the environment variable CONVERGER_TOKEN)\n"
-      "  --conv C            a conversation id; repeat for several\n"
-      "  --watermark N       the last seq already seen; default: none (start at the head);\n"
-      "                      0 prints the whole history\n"
-      "  --epoch E           the epoch that watermark is in (as a msg frame's \"epoch\");\n"
-      "                      with it, a resume into a restored store is told to reset\n"
-      "  --backoff S         decorrelated (default), full, equal, exponential, additive,\n"
-      "                      proportional\n"
-      "  --max-messages N    exit 0 after N messages (default: never)\n");
+  fprintf(out,
+          "usage: converger tail --url WS_URL [--url WS_URL ...] (--token JWT | --token-cmd CMD)\n"
+          "                      [--conv C ...] [--watermark N] [--commands] [--backoff STRATEGY]\n"
+          "                      [--max-messages N]\n\n"
+          "Subscribes to the conversations and prints each message once and in order, one JSON\n"
+          "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
+          "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
+          "10 s) and never before the node's retry hint; migrates on drain. State changes go\n"
+          "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n"
+          "When the reader of stdout goes away (a closed pipe) it ends with 0; when a write\n"
+          "to stdout fails otherwise (a full disk) it says why and ends with 1.\n\n"
+          "  --url WS_URL        ws://host:port/v1/ws of a node; repeat for several\n"
+          "  --token JWT         a client token (or the environment variable CONVERGER_TOKEN)\n"
+          "  --token-cmd CMD     a shell command that prints a fresh token for the same user;\n"
+          "                      run at the start without --token, at about 80 %% of each\n"
+          "                      token's lifetime (a refresh), and after the node closed with\n"
+          "                      token_expired; a failure is retried with backoff\n"
+          "  --conv C            a conversation id; repeat for several (none: subscribe later\n"
+          "                      with --commands)\n"
+          "  --watermark N       the last seq already seen; default: none (start at the head);\n"
+          "                      0 prints the whole history\n"
+          "  --epoch E           the epoch that watermark is in (as a msg frame's \"epoch\");\n"
+          "                      with it, a resume into a restored store is told to reset\n"
+          "  --backoff S         decorrelated (default), full, equal, exponential, additive,\n"
+          "                      proportional\n"
+          "  --commands          read commands from stdin, one a line: \"subscribe C [N]\" (from\n"
+          "                      watermark N; default the head), \"unsubscribe C\", \"refresh\"\n"
+          "                      (a new token from --token-cmd now), \"refresh JWT\"\n"
+          "  --max-messages N    exit 0 after N messages (default: never)\n");
 }
 
 typedef struct {
@@ -62,7 +72,45 @@ typedef struct {
   long long max_messages, printed;
   int exit_code;
   int ending;
+  const char *token_cmd; /* --token-cmd, or NULL */
+  int commands;          /* --commands: stdin is read */
+  union {
+    uv_pipe_t pipe;
+    uv_tty_t tty;
+  } in; /* stdin, with --commands: a terminal or a pipe */
+  char line[4096];
+  size_t line_len;
 } tail_t;
+
+/* Run --token-cmd through /bin/sh and take the first line of its output
+ * as the token. 0, or -1 with the reason on stderr. Blocks the loop for as
+ * long as the command runs (a local signer or a cached token: quick). */
+static int run_token_cmd(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    fprintf(stderr, "converger tail: --token-cmd: %s\n", strerror(errno));
+    return -1;
+  }
+  out[0] = '\0';
+  int got = fgets(out, (int)cap, p) != NULL;
+  int st = pclose(p);
+  out[strcspn(out, "\r\n")] = '\0';
+  if (!got || !out[0] || st != 0) {
+    fprintf(stderr, "converger tail: --token-cmd printed no token (exit status %d)\n",
+            WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return -1;
+  }
+  return 0;
+}
+
+/* The client's token callback (cvg_token_cb). */
+static int token_cb(void *ud, const char *why, char *out, size_t cap) {
+  tail_t *t = ud;
+  int r = run_token_cmd(t->token_cmd, out, cap);
+  fprintf(stderr, "converger tail: token (%s): %s\n", why,
+          r == 0 ? "new one from --token-cmd" : "none; trying again later");
+  return r;
+}
 
 static void on_closed(void *ud) { (void)ud; }
 
@@ -84,6 +132,10 @@ static void end(tail_t *t, int code) {
   uv_close((uv_handle_t *)&t->sigint, NULL);
   uv_close((uv_handle_t *)&t->sigterm, NULL);
   uv_close((uv_handle_t *)&t->stdout_watch, NULL);
+  if (t->commands) {
+    t->commands = 0;
+    uv_close((uv_handle_t *)&t->in, NULL);
+  }
 }
 
 /* The reader of stdout is gone: nothing more can be printed, and that is
@@ -162,6 +214,81 @@ static void on_reset(void *ud, const char *conv, int64_t old_watermark, const ch
           old_epoch[0] ? ")" : "", (long long)head, epoch[0] ? epoch : "unknown", (long long)head);
 }
 
+static void on_unsubscribed(void *ud, const char *conv) {
+  (void)ud;
+  fprintf(stderr, "converger tail: the node ended the subscription of %s\n", conv);
+}
+
+static void on_synced(void *ud, const char *conv, int64_t head) {
+  tail_t *t = ud;
+  if (t->commands) fprintf(stderr, "converger tail: %s: synced at %lld\n", conv, (long long)head);
+}
+
+/* One --commands line. */
+static void command(tail_t *t, char *line) {
+  char *verb = strtok(line, " \t"), *a = verb ? strtok(NULL, " \t") : NULL;
+  char *b = a ? strtok(NULL, " \t") : NULL;
+  int r = 0;
+  if (!verb) return;
+  if (strcmp(verb, "subscribe") == 0 && a) {
+    long long wm = CVG_WATERMARK_NONE;
+    if (b && cli_parse_ll(b, 0, INT64_MAX, &wm) != 0) {
+      fprintf(stderr, "converger tail: subscribe %s: the watermark must be an integer >= 0\n", a);
+      return;
+    }
+    r = cvg_subscribe(t->client, a, wm, NULL);
+    if (r == 0) fprintf(stderr, "converger tail: subscribing to %s\n", a);
+  } else if (strcmp(verb, "unsubscribe") == 0 && a) {
+    r = cvg_unsubscribe(t->client, a);
+    if (r == 0) fprintf(stderr, "converger tail: unsubscribed from %s\n", a);
+  } else if (strcmp(verb, "refresh") == 0) {
+    char tok[TOKEN_MAX];
+    if (!a && !t->token_cmd) {
+      fprintf(stderr, "converger tail: refresh: give a token, or start with --token-cmd\n");
+      return;
+    }
+    if (!a && run_token_cmd(t->token_cmd, tok, sizeof tok) != 0) return;
+    r = cvg_client_set_token(t->client, a ? a : tok);
+    if (r == 0) fprintf(stderr, "converger tail: refreshing the token\n");
+  } else {
+    fprintf(stderr, "converger tail: commands: subscribe C [N], unsubscribe C, refresh [JWT]\n");
+    return;
+  }
+  if (r != 0)
+    fprintf(stderr, "converger tail: %s %s: %s\n", verb, a ? a : "",
+            r == CVG_ENOENT   ? "not subscribed"
+            : r == CVG_EBUSY  ? "100 subscriptions already"
+            : r == CVG_EINVAL ? "not a conversation id"
+                              : "not possible now");
+}
+
+static void in_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  tail_t *t = h->data;
+  (void)hint;
+  *buf = uv_buf_init(t->line + t->line_len, (unsigned)(sizeof t->line - 1 - t->line_len));
+}
+
+static void in_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  tail_t *t = st->data;
+  (void)buf;
+  if (n < 0) { /* end of stdin: no more commands; tail goes on */
+    uv_close((uv_handle_t *)&t->in, NULL);
+    t->commands = 0;
+    return;
+  }
+  t->line_len += (size_t)n;
+  t->line[t->line_len] = '\0';
+  char *nl;
+  while ((nl = strchr(t->line, '\n'))) {
+    *nl = '\0';
+    if (!t->ending) command(t, t->line);
+    size_t rest = t->line_len - (size_t)(nl + 1 - t->line);
+    memmove(t->line, nl + 1, rest + 1);
+    t->line_len = rest;
+  }
+  if (t->line_len == sizeof t->line - 1) t->line_len = 0; /* a line too long: dropped */
+}
+
 static void on_signal(uv_signal_t *s, int signum) {
   tail_t *t = s->data;
   fprintf(stderr, "converger tail: %s, closing\n", signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -174,6 +301,9 @@ int tail_main(int argc, char **argv) {
   cvg_sub_t subs[100];
   size_t nsubs = 0;
   const char *token = getenv("CONVERGER_TOKEN");
+  const char *token_cmd = NULL;
+  int commands = 0;
+  char first_token[TOKEN_MAX];
   const char *epoch = NULL;
   const char *epochs[100];
   long long watermark = CVG_WATERMARK_NONE, max_messages = -1;
@@ -186,9 +316,15 @@ int tail_main(int argc, char **argv) {
       usage(stdout);
       return 0;
     }
+    if (strcmp(flag, "--commands") == 0) {
+      commands = 1;
+      continue;
+    }
     if ((v = cli_flag_value(argc, argv, &i, "--url", &missing))) {
       if (nurls == MAX_URLS) return cli_usage_error("tail", "at most 16 --url");
       urls[nurls++] = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--token-cmd", &missing))) {
+      token_cmd = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--token", &missing))) {
       token = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--conv", &missing))) {
@@ -216,8 +352,13 @@ int tail_main(int argc, char **argv) {
     }
   }
   if (nurls == 0) return cli_usage_error("tail", "--url is required");
-  if (!token || !*token) return cli_usage_error("tail", "--token (or CONVERGER_TOKEN) is required");
-  if (nsubs == 0) return cli_usage_error("tail", "--conv is required");
+  if ((!token || !*token) && token_cmd) {
+    if (run_token_cmd(token_cmd, first_token, sizeof first_token) != 0) return 1;
+    token = first_token;
+  }
+  if (!token || !*token)
+    return cli_usage_error("tail", "--token, --token-cmd or CONVERGER_TOKEN is required");
+  if (nsubs == 0 && !commands) return cli_usage_error("tail", "--conv is required (or --commands)");
   if (epoch && watermark == CVG_WATERMARK_NONE)
     return cli_usage_error("tail", "--epoch needs --watermark");
   for (size_t i = 0; i < nsubs; i++) {
@@ -225,7 +366,7 @@ int tail_main(int argc, char **argv) {
     epochs[i] = epoch;
   }
 
-  tail_t t = {.max_messages = max_messages};
+  tail_t t = {.max_messages = max_messages, .token_cmd = token_cmd, .commands = commands};
   o.urls = urls;
   o.nurls = nurls;
   o.token = token;
@@ -237,6 +378,9 @@ int tail_main(int argc, char **argv) {
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
   o.cb.on_reset = on_reset;
+  o.cb.on_unsubscribed = on_unsubscribed;
+  o.cb.on_synced = on_synced;
+  if (token_cmd) o.token_cb = token_cb;
   o.userdata = &t;
   char err[300];
   uv_loop_init(&t.loop);
@@ -254,6 +398,17 @@ int tail_main(int argc, char **argv) {
   uv_timer_init(&t.loop, &t.stdout_watch);
   t.stdout_watch.data = &t;
   uv_timer_start(&t.stdout_watch, stdout_watch_cb, STDOUT_WATCH_MS, STDOUT_WATCH_MS);
+  if (commands) {
+    int r = uv_guess_handle(STDIN_FILENO) == UV_TTY
+                ? uv_tty_init(&t.loop, &t.in.tty, STDIN_FILENO, 1)
+                : uv_pipe_init(&t.loop, &t.in.pipe, 0) || uv_pipe_open(&t.in.pipe, STDIN_FILENO);
+    t.in.pipe.data = &t;
+    if (r != 0 || uv_read_start((uv_stream_t *)&t.in, in_alloc, in_read) != 0) {
+      fprintf(stderr, "converger tail: --commands: cannot read stdin\n");
+      uv_close((uv_handle_t *)&t.in, NULL);
+      t.commands = 0;
+    }
+  }
   cvg_client_start(t.client);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&t.loop) != 0) fprintf(stderr, "converger tail: handles left open\n");

@@ -97,6 +97,8 @@ static long jwk_bytes(json_t *jwk, const char *name, unsigned char *raw, size_t 
 static EVP_PKEY *jwk_pkey(json_t *jwk, const char **why) {
   const char *kty = json_string_value(json_object_get(jwk, "kty"));
   unsigned char a[KEY_PARAM_MAX], b[KEY_PARAM_MAX];
+  unsigned char point[65] = {0x04}; /* EC: uncompressed 04 || x || y (SEC 1, 2.3.3); the
+                                       builder keeps a pointer to it until to_param */
   long na, nb;
   EVP_PKEY *pkey = NULL;
   OSSL_PARAM_BLD *bld = OSSL_PARAM_BLD_new();
@@ -124,7 +126,6 @@ static EVP_PKEY *jwk_pkey(json_t *jwk, const char **why) {
     nb = jwk_bytes(jwk, "y", b, sizeof b);
     *why = "a P-256 key needs base64url \"x\" and \"y\" of 32 bytes";
     if (na != 32 || nb != 32) goto out;
-    unsigned char point[65] = {0x04}; /* uncompressed: 04 || x || y (SEC 1, 2.3.3) */
     memcpy(point + 1, a, 32);
     memcpy(point + 33, b, 32);
     if (!OSSL_PARAM_BLD_push_utf8_string(bld, OSSL_PKEY_PARAM_GROUP_NAME, "prime256v1", 0) ||

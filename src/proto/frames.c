@@ -58,9 +58,9 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
       WHY("hello needs a string \"token\"");
       goto bad;
     }
-    if (!json_is_array(subs) || json_array_size(subs) == 0 ||
-        json_array_size(subs) > (size_t)max_subs) {
-      WHY("hello needs \"subs\": an array of 1 to %d subscriptions", max_subs);
+    /* 1.1: none at all is fine, the client subscribes later */
+    if (!json_is_array(subs) || json_array_size(subs) > (size_t)max_subs) {
+      WHY("hello needs \"subs\": an array of 0 to %d subscriptions", max_subs);
       goto bad;
     }
     json_t *client = json_object_get(root, "client");

@@ -501,17 +501,21 @@ class WsBad(NodeCase):
         self.assertEqual((m.get("type"), m.get("code")), ("error", "channel_inactive"), m)
 
     def test_too_many_subs_bad_request(self):
-        # 1..max_subs subs (max_subs set to 4 here): 5 subs, or none, is refused
-        for subs in ([{"conv": self.node.new_conv()} for i in range(MAX_SUBS + 1)], []):
-            with self.subTest(n=len(subs)):
+        # 0..max_subs subs (max_subs set to 4 here): 5 subs, or no array, is refused
+        for subs in ([{"conv": self.node.new_conv()} for i in range(MAX_SUBS + 1)], None):
+            with self.subTest(n=-1 if subs is None else len(subs)):
                 ws = self.raw()
                 ws.hello(mint_token("many", ["*"]), subs)
                 m = ws.recv_json()
                 self.assertEqual(m.get("type"), "error", m)
                 self.assertIn(m.get("code"), ("bad_request", "too_large"), m)
-        # exactly max_subs is fine
+        # exactly max_subs is fine, and (protocol 1.1) none
         ws, w, _ = self.welcomed(convs=[self.node.new_conv() for i in range(MAX_SUBS)])
         self.assertEqual(len(w["subs"]), MAX_SUBS)
+        ws = self.raw()
+        ws.hello(mint_token("none", ["*"]), [])
+        m = ws.recv_json()
+        self.assertEqual((m.get("type"), m.get("subs")), ("welcome", []), m)
 
     # ---- last: the node survived all of the above ------------------------
     def test_zz_node_still_alive(self):

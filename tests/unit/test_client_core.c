@@ -43,6 +43,11 @@ typedef struct {
   char sent_id[130];
   int nsent;
   char last_error[64];
+  int nunsubs; /* on_unsubscribed calls, and the last conv */
+  char unsub_conv[64];
+  int token_calls; /* token callback calls, the last `why`, what it answers (NULL: fails) */
+  char token_why[16];
+  const char *token_next;
   int nresets; /* on_reset calls, and the arguments of the last one */
   int64_t reset_old, reset_head;
   char reset_old_epoch[64], reset_epoch[64], reset_conv[64];
@@ -57,6 +62,21 @@ static void on_reset(void *ud, const char *conv, int64_t old_watermark, const ch
   snprintf(h->reset_conv, sizeof h->reset_conv, "%s", conv);
   snprintf(h->reset_old_epoch, sizeof h->reset_old_epoch, "%s", old_epoch);
   snprintf(h->reset_epoch, sizeof h->reset_epoch, "%s", epoch);
+}
+
+static void on_unsubscribed(void *ud, const char *conv) {
+  h_t *h = ud;
+  h->nunsubs++;
+  snprintf(h->unsub_conv, sizeof h->unsub_conv, "%s", conv);
+}
+
+static int token_cb(void *ud, const char *why, char *out, size_t cap) {
+  h_t *h = ud;
+  h->token_calls++;
+  snprintf(h->token_why, sizeof h->token_why, "%s", why);
+  if (!h->token_next) return -1;
+  snprintf(out, cap, "%s", h->token_next);
+  return 0;
 }
 
 static void on_message(void *ud, const cvg_message_t *m) {
@@ -129,6 +149,7 @@ typedef struct {
   int ignore_hints;
   int64_t base_ms;
   const char *const *epochs;
+  int token_cb; /* 1: the token callback */
 } more_t;
 
 static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
@@ -148,12 +169,14 @@ static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
   o.cb.on_reset = on_reset;
+  o.cb.on_unsubscribed = on_unsubscribed;
   o.userdata = h;
   if (more) {
     o.reconnect = more->reconnect;
     o.ignore_hints = more->ignore_hints;
     o.backoff_base_ms = more->base_ms;
     o.epochs = more->epochs;
+    if (more->token_cb) o.token_cb = token_cb;
   }
   char err[200];
   assert_int_equal(cvg_core_new(&o, &h->core, err, sizeof err), 0);
@@ -258,8 +281,11 @@ static void test_constructor_errors(void **state) {
   o.nsubs = 2; /* c1 twice */
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
   assert_non_null(strstr(err, "twice"));
-  o.nsubs = 0;
+  o.nsubs = 101; /* over the node's default max_subs */
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  o.nsubs = 0; /* protocol 1.1: none, subscribed later */
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
+  cvg_core_free(core);
   cvg_sub_t bad_conv = {"has space", 0};
   o.subs = &bad_conv;
   o.nsubs = 1;
@@ -1378,6 +1404,265 @@ static void test_bad_reconnect_policy_is_refused(void **state) {
   assert_non_null(strstr(err, "reconnect"));
 }
 
+/* ---- protocol 1.1: subscriptions, the token -------------------------------------- */
+
+/* The last send on `t` contains `needle`. */
+static int sent_with(h_t *h, uint32_t t, const char *needle) {
+  act_t *a = last(h, CVG_ACT_SEND, t);
+  return a && strstr(a->data, needle) != NULL;
+}
+
+/* subscribe on a live connection: `subscribe` out, `subscribed`, the
+ * replay, synced; unsubscribe: nothing of it is delivered after, and its
+ * answer is not taken for the node's; the node's own `unsubscribed` is
+ * told (on_unsubscribed) and the next hello leaves it out. */
+static void test_subscribe_and_unsubscribe_live(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  clear_acts(&h);
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 0, NULL, h.now), 0);
+  take(&h);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":0}");
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 5, NULL, h.now), 0); /* already: nothing */
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_int_equal(cvg_core_subscribe(h.core, "bad id", 0, NULL, h.now), CVG_EINVAL);
+  text(&h, t,
+       "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":2,\"epoch\":\"e2\",\"presence\":false}");
+  msg_in(&h, t, "c2", 1, "e2");
+  msg_in(&h, t, "c2", 2, "e2");
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c2\",\"head\":2,\"epoch\":\"e2\"}");
+  assert_int_equal(h.ngot, 2);
+  assert_int_equal(cvg_core_watermark(h.core, "c2"), 2);
+  assert_string_equal(cvg_core_epoch(h.core, "c2"), "e2");
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), 0);
+  take(&h);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"unsubscribe\",\"conv\":\"c2\"}");
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), CVG_ENOENT);
+  msg_in(&h, t, "c2", 3, "e2"); /* written before the node took the unsubscribe */
+  assert_int_equal(h.ngot, 2);
+  text(&h, t, "{\"type\":\"unsubscribed\",\"conv\":\"c2\"}"); /* the answer */
+  assert_int_equal(h.nunsubs, 0);
+  text(&h, t, "{\"type\":\"unsubscribed\",\"conv\":\"c1\"}"); /* the node's own */
+  assert_int_equal(h.nunsubs, 1);
+  assert_string_equal(h.unsub_conv, "c1");
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), CVG_EINVAL);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED); /* no subscription left is fine */
+  clear_acts(&h);
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "", 0, h.now);
+  take(&h);
+  fire(&h);
+  uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, n, h.now);
+  take(&h);
+  assert_true(sent_with(&h, n, "\"subs\":[]"));
+  destroy(&h);
+}
+
+/* Subscriptions changed while no connection is welcomed go in the next
+ * hello; one made while a hello is on its way (not in it) is subscribed
+ * once that hello is welcomed, and one removed then is unsubscribed on
+ * that connection too. */
+static void test_subscribe_across_a_reconnect(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c9", 0}};
+  make(&h, subs, 2, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  msg(&h, t, "c1", 1);
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "", 0, h.now);
+  take(&h);
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 4, "e2", h.now), 0); /* offline */
+  take(&h);
+  fire(&h);
+  uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, n, h.now);
+  take(&h);
+  act_t *hello = last(&h, CVG_ACT_SEND, n);
+  assert_non_null(strstr(hello->data, "{\"conv\":\"c1\",\"watermark\":1}"));
+  assert_non_null(strstr(hello->data, "{\"conv\":\"c2\",\"watermark\":4,\"epoch\":\"e2\"}"));
+  clear_acts(&h);
+  /* hello sent, no welcome yet */
+  assert_int_equal(cvg_core_subscribe(h.core, "c3", CVG_WATERMARK_NONE, NULL, h.now), 0);
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 0); /* not on an unwelcomed connection */
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c9", h.now), 0);
+  take(&h);
+  assert_true(sent_with(&h, n, "{\"type\":\"unsubscribe\",\"conv\":\"c9\"}"));
+  clear_acts(&h);
+  text(&h, n,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":1},{\"conv\":\"c2\",\"head\":4}]}");
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_string_equal(last(&h, CVG_ACT_SEND, n)->data,
+                      "{\"type\":\"subscribe\",\"conv\":\"c3\",\"watermark\":null}");
+  text(&h, n, "{\"type\":\"subscribed\",\"conv\":\"c3\",\"head\":7,\"presence\":false}");
+  assert_int_equal(cvg_core_watermark(h.core, "c3"), 7); /* from the head */
+  text(&h, n, "{\"type\":\"synced\",\"conv\":\"c3\",\"head\":7}");
+  msg(&h, n, "c3", 8);
+  assert_int_equal(h.got[h.ngot - 1], 8);
+  destroy(&h);
+}
+
+/* A drain move: the new connection's hello carries the set as it is; a
+ * subscribe made between that hello and its welcome goes on the new
+ * connection once welcomed; a subscribe refused with rate_limited or
+ * unavailable is sent again after its hint, the connection kept. */
+static void test_subscribe_during_a_drain_move(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  uint32_t old = connect_first(&h, 0);
+  text(&h, old,
+       "{\"type\":\"drain\",\"afterMs\":100,\"reconnectTo\":\"ws://next:9/v1/ws\","
+       "\"deadlineMs\":30000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  clear_acts(&h);
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 0, NULL, h.now), 0);
+  take(&h);
+  assert_true(sent_with(&h, old, "\"type\":\"subscribe\"")); /* the welcomed one, meanwhile */
+  text(&h, old, "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":0,\"presence\":false}");
+  clear_acts(&h);
+  text(&h, nt,
+       "{\"type\":\"welcome\",\"session\":\"3\",\"node\":\"n-new\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0}]}");
+  assert_true(sent_with(&h, nt, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":0}"));
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, 0)->t, old);
+  h.now += 10;
+  text(&h, nt,
+       "{\"type\":\"error\",\"code\":\"rate_limited\",\"message\":\"slow\",\"conv\":\"c2\","
+       "\"retryAfterMs\":400,\"details\":{\"frame\":\"subscribe\"}}");
+  assert_int_equal(h.timer_at, h.now + 400);
+  clear_acts(&h);
+  fire(&h);
+  assert_true(sent_with(&h, nt, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":0}"));
+  text(&h, nt,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"busy\",\"conv\":\"c2\","
+       "\"retryAfterMs\":900}");
+  assert_int_equal(h.timer_at, h.now + 900);
+  clear_acts(&h);
+  fire(&h);
+  assert_true(sent_with(&h, nt, "\"type\":\"subscribe\""));
+  text(&h, nt, "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":1,\"presence\":false}");
+  msg(&h, nt, "c2", 1);
+  assert_int_equal(h.got[h.ngot - 1], 1);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.rate_limited, 1);
+  assert_int_equal(st.unavailable, 0); /* a subscribe's, not the connection's */
+  destroy(&h);
+}
+
+/* The refresh comes at 75..85 % of welcome.expiresInMs (different with
+ * another seed), through the token callback; `refreshed` schedules the
+ * next; a callback that fails is asked again after 0.5..1 s, then 1..2 s. */
+static void test_refresh_at_80_percent_with_jitter(void **state) {
+  int64_t at[2];
+  for (int k = 0; k < 2; k++) {
+    h_t h;
+    cvg_sub_t subs[] = {{"c1", 0}};
+    more_t m = {.token_cb = 1};
+    make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &m);
+    if (k == 1) { /* another seed: another instant */
+      cvg_core_free(h.core);
+      cvg_options_t o;
+      cvg_options_init(&o);
+      o.urls = URLS3, o.nurls = 1, o.token = "tok", o.subs = subs, o.nsubs = 1, o.seed = 7;
+      o.token_cb = token_cb, o.userdata = &h, o.cb.on_state = on_state;
+      assert_int_equal(cvg_core_new(&o, &h.core, NULL, 0), 0);
+    }
+    uint32_t t = open_first(&h);
+    text(&h, t,
+         "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,"
+         "\"expiresInMs\":100000,\"subs\":[{\"conv\":\"c1\",\"head\":0}]}");
+    at[k] = h.timer_at - h.now;
+    assert_true(at[k] >= 75000 && at[k] <= 85000);
+    if (k == 1) {
+      destroy(&h);
+      break;
+    }
+    h.token_next = NULL; /* the callback fails twice */
+    clear_acts(&h);
+    fire(&h);
+    assert_int_equal(h.token_calls, 1);
+    assert_string_equal(h.token_why, "refresh");
+    assert_int_equal(count(&h, CVG_ACT_SEND), 0);
+    assert_true(h.timer_at - h.now >= 500 && h.timer_at - h.now <= 1000);
+    fire(&h);
+    assert_true(h.timer_at - h.now >= 1000 && h.timer_at - h.now <= 2000);
+    h.token_next = "tok-2";
+    fire(&h);
+    assert_int_equal(h.token_calls, 3);
+    assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                        "{\"type\":\"refresh\",\"token\":\"tok-2\"}");
+    text(&h, t, "{\"type\":\"refreshed\",\"expiresInMs\":60000}");
+    assert_true(h.timer_at - h.now >= 45000 && h.timer_at - h.now <= 51000);
+    cvg_stats_t st;
+    cvg_core_stats(h.core, h.now, &st);
+    assert_int_equal(st.refreshes, 1);
+    destroy(&h);
+  }
+  assert_true(at[0] != at[1]);
+}
+
+/* token_expired: the next hello waits for a new token from the callback
+ * (asked with "expired", retried after a failure); without a callback the
+ * client fails, its sends with "token_expired". */
+static void test_token_expired_gets_a_new_token_first(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t m = {.token_cb = 1};
+  make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &m);
+  uint32_t t = connect_first(&h, 0);
+  text(&h, t, "{\"type\":\"error\",\"code\":\"token_expired\",\"message\":\"expired\"}");
+  cvg_core_closed(h.core, t, 1008, "token_expired", 13, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  clear_acts(&h);
+  fire(&h); /* the reconnect: no token yet */
+  assert_int_equal(h.token_calls, 1);
+  assert_string_equal(h.token_why, "expired");
+  assert_null(last(&h, CVG_ACT_OPEN, 0));
+  h.token_next = "fresh";
+  fire(&h);
+  assert_int_equal(h.token_calls, 2);
+  uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, n, h.now);
+  take(&h);
+  assert_true(sent_with(&h, n, "\"token\":\"fresh\""));
+  destroy(&h);
+
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED); /* no callback */
+  t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_send(h.core, "c1", "s1", "1", on_sent, &h, h.now), 0);
+  cvg_core_closed(h.core, t, 1008, "token_expired", 13, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_FAILED);
+  assert_string_equal(h.sent_err, "token_expired");
+  destroy(&h);
+}
+
+/* cvg_core_set_token: a refresh at once on the welcomed connection. */
+static void test_set_token_refreshes_now(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_set_token(h.core, "", h.now), CVG_EINVAL);
+  assert_int_equal(cvg_core_set_token(h.core, "tok-9", h.now), 0);
+  take(&h);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"refresh\",\"token\":\"tok-9\"}");
+  destroy(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_constructor_errors),
@@ -1398,6 +1683,12 @@ int main(void) {
       cmocka_unit_test(test_too_large_send_is_failed_not_resent),
       cmocka_unit_test(test_replay_unavailable_is_retried_after_its_hint),
       cmocka_unit_test(test_rate_limited_send_and_sync_are_retried),
+      cmocka_unit_test(test_subscribe_and_unsubscribe_live),
+      cmocka_unit_test(test_subscribe_across_a_reconnect),
+      cmocka_unit_test(test_subscribe_during_a_drain_move),
+      cmocka_unit_test(test_refresh_at_80_percent_with_jitter),
+      cmocka_unit_test(test_token_expired_gets_a_new_token_first),
+      cmocka_unit_test(test_set_token_refreshes_now),
       cmocka_unit_test(test_no_subscription_left_fails_at_once),
       cmocka_unit_test(test_sent_matches_conversation_and_id),
       cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),

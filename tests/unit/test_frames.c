@@ -34,6 +34,10 @@ static void test_hello(void **state) {
   assert_string_equal(f.subs[0].epoch, "9f00aa01");
   assert_string_equal(f.subs[1].epoch, ""); /* not given */
   frame_client_clear(&f);
+  /* protocol 1.1: a hello without subscriptions (the client subscribes later) */
+  assert_int_equal(decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[]}", &f, why), 0);
+  assert_int_equal(f.nsubs, 0);
+  frame_client_clear(&f);
 }
 
 static void test_hello_invalid(void **state) {
@@ -41,7 +45,8 @@ static void test_hello_invalid(void **state) {
   char why[200];
   const char *bad[] = {
       "{\"type\":\"hello\",\"subs\":[{\"conv\":\"a\"}]}", /* no token */
-      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[]}", /* no subs */
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":{}}", /* subs not an array */
+      "{\"type\":\"hello\",\"token\":\"t\"}",             /* no subs */
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"b\"},{\"conv\":"
       "\"c\"},{\"conv\":\"d\"}]}",
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a b\"}]}", /* bad id */
@@ -109,6 +114,44 @@ static void test_sync_send_ping(void **state) {
                    -CV_EINVAL);
   assert_int_equal(decode("{\"type\":\"send\",\"conv\":\"c1\",\"id\":\"m1\"}", &f, why),
                    -CV_EINVAL);
+  /* protocol 1.1 */
+  assert_int_equal(decode("{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":3,"
+                          "\"epoch\":\"e1\"}",
+                          &f, why),
+                   0);
+  assert_int_equal(f.type, FRAME_SUBSCRIBE);
+  assert_string_equal(f.conv, "c2");
+  assert_int_equal(f.watermark, 3);
+  assert_string_equal(f.epoch, "e1");
+  frame_client_clear(&f);
+  assert_int_equal(decode("{\"type\":\"subscribe\",\"conv\":\"c2\"}", &f, why), 0);
+  assert_int_equal(f.watermark, FRAME_WATERMARK_NONE);
+  frame_client_clear(&f);
+  assert_int_equal(decode("{\"type\":\"unsubscribe\",\"conv\":\"c2\"}", &f, why), 0);
+  assert_int_equal(f.type, FRAME_UNSUBSCRIBE);
+  frame_client_clear(&f);
+  assert_int_equal(decode("{\"type\":\"refresh\",\"token\":\"x.y.z\"}", &f, why), 0);
+  assert_int_equal(f.type, FRAME_REFRESH);
+  assert_string_equal(f.token, "x.y.z");
+  frame_client_clear(&f);
+  const char *bad11[] = {"{\"type\":\"subscribe\"}",
+                         "{\"type\":\"subscribe\",\"conv\":\"a b\"}",
+                         "{\"type\":\"subscribe\",\"conv\":\"c\",\"watermark\":-2}",
+                         "{\"type\":\"subscribe\",\"conv\":\"c\",\"epoch\":5}",
+                         "{\"type\":\"unsubscribe\"}",
+                         "{\"type\":\"refresh\"}",
+                         "{\"type\":\"refresh\",\"token\":1}"};
+  for (size_t i = 0; i < sizeof bad11 / sizeof bad11[0]; i++) {
+    assert_int_equal(decode(bad11[i], &f, why), -CV_EINVAL);
+    assert_true(f.known_type);
+  }
+  char *sub = frame_subscribed("c2", 4, "e1", 0, 1, 0);
+  assert_string_equal(sub, "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":4,\"epoch\":\"e1\","
+                           "\"presence\":false,\"reset\":true}");
+  free(sub);
+  char *ref = frame_refreshed(1500);
+  assert_string_equal(ref, "{\"type\":\"refreshed\",\"expiresInMs\":1500}");
+  free(ref);
   assert_int_equal(decode("{\"type\":\"ping\"}", &f, why), 0);
   assert_int_equal(f.type, FRAME_PING);
   frame_client_clear(&f);

@@ -1,0 +1,159 @@
+"""Protocol 1.1 through the C library, driven by `converger tail` over real
+sockets: subscribe and unsubscribe (--commands on stdin) racing a REST
+sender, every message of the conversation printed once and in order across
+the unsubscribed spans (each subscribe resumes from the last printed seq);
+a token refreshed from --token-cmd before it expires, so the connection
+lives on past several lifetimes; without a way to get a new token, tail
+fails when the node closes with token_expired."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import NodeCase, mint_token  # noqa: E402
+
+
+class Lines(threading.Thread):
+    """Reads a stream's lines into a list."""
+
+    def __init__(self, f):
+        super().__init__(daemon=True)
+        self.f, self.lines, self.cv = f, [], threading.Condition()
+
+    def run(self):
+        for raw in self.f:
+            with self.cv:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self.cv.notify_all()
+
+    def wait_for(self, pred, timeout=10.0):
+        deadline = time.time() + timeout
+        with self.cv:
+            while True:
+                for line in self.lines:
+                    if pred(line):
+                        return line
+                left = deadline - time.time()
+                if left <= 0:
+                    raise AssertionError("not seen within %.0f s; last lines %r" % (timeout, self.lines[-8:]))
+                self.cv.wait(left)
+
+
+class TailV11(NodeCase):
+    def start_tail(self, node, args, token=None):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+        cmd = [harness.binary(), "tail", "--url", node.ws_url] + (["--token", token] if token else []) + args
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        harness._register(p)
+        self.addCleanup(self.stop, p)
+        out, err = Lines(p.stdout), Lines(p.stderr)
+        out.start()
+        err.start()
+        return p, out, err
+
+    def stop(self, p):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        harness._unregister(p)
+
+    def command(self, p, line):
+        p.stdin.write((line + "\n").encode())
+        p.stdin.flush()
+
+    def test_subscribe_unsubscribe_racing_sends(self):
+        n = self.node_start()
+        home, conv = n.new_conv(), n.new_conv()
+        stop, acked = threading.Event(), [0]
+
+        def sender():
+            with n.session() as s:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
+                                          {"sender": "bot", "body": {"i": i}},
+                                          headers={"Idempotency-Key": "t-%d" % i})
+                    assert st in (200, 201), (st, js)
+                    acked[0] = js["seq"]
+                    time.sleep(0.01)
+
+        p, out, err = self.start_tail(n, ["--conv", home, "--commands"], mint_token("tia", ["*"]))
+        err.wait_for(lambda l: "synced at 0" in l)
+        th = threading.Thread(target=sender, daemon=True)
+        th.start()
+        try:
+            last = 0
+            for cycle in range(4):
+                self.command(p, "subscribe %s %d" % (conv, last))
+                time.sleep(0.6)
+                self.command(p, "unsubscribe %s" % conv)
+                deadline = time.time() + 5
+                while sum("unsubscribed from" in x for x in list(err.lines)) <= cycle:
+                    self.assertLess(time.time(), deadline, err.lines[-5:])
+                    time.sleep(0.02)
+                time.sleep(0.2)  # frames in flight before the node took it
+                seqs = [json.loads(l)["seq"] for l in list(out.lines) if json.loads(l)["conv"] == conv]
+                last = seqs[-1] if seqs else last
+                time.sleep(0.3)  # the sender goes on, unheard
+            self.command(p, "subscribe %s %d" % (conv, last))
+            stop.set()
+            th.join(10)
+            final = acked[0]
+            out.wait_for(lambda l: json.loads(l)["conv"] == conv and json.loads(l)["seq"] == final)
+        finally:
+            stop.set()
+        frames = [json.loads(l) for l in list(out.lines)]
+        seqs = [f["seq"] for f in frames if f["conv"] == conv]
+        self.assertEqual(seqs, list(range(1, final + 1)))  # once each, in order, none missed
+        self.assertGreater(final, 100)
+        self.assertEqual(sum("subscribing to" in l for l in err.lines), 5)
+
+    def test_token_refreshed_from_token_cmd(self):
+        """3 s tokens from `converger token` as --token-cmd: tail refreshes at
+        about 80 % of each lifetime and stays connected for 8 s, printing
+        every message; the node never closes it with token_expired."""
+        n = self.node_start({"CONVERGER_TOKEN_LEEWAY_MS": "0"})
+        conv = n.new_conv()
+        token_cmd = "CONVERGER_TOKEN_SECRET=%s %s token --sub tom --convs %s --ttl 3" % (
+            harness.TOKEN_SECRET, harness.binary(), conv)
+        p, out, err = self.start_tail(n, ["--conv", conv, "--watermark", "0", "--token-cmd", token_cmd])
+        for i in range(16):
+            n.send(conv, {"i": i})
+            time.sleep(0.5)
+        out.wait_for(lambda l: json.loads(l)["seq"] == 16)
+        self.assertIsNone(p.poll())
+        text = "\n".join(err.lines)
+        self.assertGreaterEqual(text.count("token (refresh): new one"), 2, text)
+        self.assertNotIn("token_expired", text)
+        self.assertEqual([json.loads(l)["seq"] for l in out.lines], list(range(1, 17)))
+        _, _, metrics = n.get_text("/metrics")
+        self.assertRegex(metrics, r'converger_token_refreshes_total\{result="ok"\} [2-9]')
+
+    def test_token_expiry_without_token_cmd_ends_tail(self):
+        n = self.node_start({"CONVERGER_TOKEN_LEEWAY_MS": "0"})
+        conv = n.new_conv()
+        p, out, err = self.start_tail(n, ["--conv", conv], mint_token("tod", [conv], ttl=2))
+        try:
+            code = p.wait(10)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.assertEqual(code, 1)
+        time.sleep(0.2)
+        self.assertIn("the token expired", "\n".join(err.lines))
+
+
+if __name__ == "__main__":
+    harness.main()
