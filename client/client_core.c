@@ -100,7 +100,11 @@ struct cvg_core_s {
   char *token, *client_name;
   csub_t *subs;
   size_t nsubs, subs_cap;
-  char **unsub_due; /* conversations whose `unsubscribed` answer is still to come */
+  struct unsub_due_s { /* unsubscribes whose `unsubscribed` answer is still to come */
+    char *conv;
+    uint32_t t;       /* the transport it went on */
+    int64_t retry_at; /* rate_limited: send it again then; -1 none */
+  } * unsub_due;
   size_t nunsub_due;
   int64_t refresh_at;   /* ask token_cb for a fresh token then; -1 none */
   int refresh_failures; /* token_cb failures in a row (its backoff) */
@@ -366,7 +370,7 @@ void cvg_core_free(cvg_core_t *core) {
   free(core->urls);
   for (size_t i = 0; i < core->nsubs; i++) free(core->subs[i].conv);
   free(core->subs);
-  for (size_t i = 0; i < core->nunsub_due; i++) free(core->unsub_due[i]);
+  for (size_t i = 0; i < core->nunsub_due; i++) free(core->unsub_due[i].conv);
   free(core->unsub_due);
   free(core->token);
   free(core->client_name);
@@ -389,6 +393,7 @@ static void finish(cvg_core_t *core) {
   for (size_t i = 0; i < core->nsubs && core->active >= 0; i++)
     if (!core->subs[i].ended) EARLIER(core->subs[i].sub_retry_at);
   EARLIER(core->refresh_at);
+  for (size_t i = 0; i < core->nunsub_due; i++) EARLIER(core->unsub_due[i].retry_at);
   for (int i = 0; i < NT; i++)
     if (core->t[i].st != T_FREE) EARLIER(core->t[i].deadline);
 #undef EARLIER
@@ -498,6 +503,8 @@ static void fail_largest_send(cvg_core_t *core, uint32_t id) {
   if (worst) complete_send(core, worst, 0, "too_large");
 }
 
+static void unsub_due_forget(cvg_core_t *core, uint32_t t, int keep);
+
 /* Transport `t` is gone (the server closed it, the TCP connection ended, or
  * a deadline passed). Its slot is freed. */
 static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *reason, size_t len,
@@ -507,6 +514,7 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
   int was_migration = t->migration && !was_active;
   int url = t->url;
   int64_t hint = t->hint_ms;
+  unsub_due_forget(core, t->id, 0); /* its answers will not come */
   if ((code == 1012 || code == 1013) && !core->opt.ignore_hints)
     hint = max64(hint, reason_hint(reason, len));
   if (code == 1013 && !t->unavailable) core->st.unavailable++;
@@ -636,28 +644,42 @@ static void remove_sub(cvg_core_t *core, csub_t *s) {
   core->nsubs--;
 }
 
-/* Note that the answer to an unsubscribe of `conv` is still to come, so
- * that it is not taken for the node ending a later subscription. */
-static void unsub_due_add(cvg_core_t *core, const char *conv) {
-  char **v = realloc(core->unsub_due, (core->nunsub_due + 1) * sizeof *v);
+static void send_unsubscribe(cvg_core_t *core, uint32_t t, const char *conv) {
+  push_send(core, t, dump(json_pack("{s:s, s:s}", "type", "unsubscribe", "conv", conv)));
+}
+
+/* Note that the answer to an unsubscribe of `conv` on transport `t` is
+ * still to come, so that it is not taken for the node ending a later
+ * subscription, and so that a rate_limited answer can send it again. */
+static void unsub_due_add(cvg_core_t *core, const char *conv, uint32_t t) {
+  struct unsub_due_s *v = realloc(core->unsub_due, (core->nunsub_due + 1) * sizeof *v);
   if (!v) return;
   core->unsub_due = v;
-  if ((v[core->nunsub_due] = strdup(conv))) core->nunsub_due++;
+  char *c = strdup(conv);
+  if (c) v[core->nunsub_due++] = (struct unsub_due_s){c, t, -1};
 }
 
-static int unsub_due_take(cvg_core_t *core, const char *conv) {
+/* The pending unsubscribe of `conv` on transport `t`, or NULL. */
+static struct unsub_due_s *unsub_due_find(cvg_core_t *core, const char *conv, uint32_t t) {
   for (size_t i = 0; i < core->nunsub_due; i++)
-    if (strcmp(core->unsub_due[i], conv) == 0) {
-      free(core->unsub_due[i]);
-      core->unsub_due[i] = core->unsub_due[--core->nunsub_due];
-      return 1;
-    }
-  return 0;
+    if (core->unsub_due[i].t == t && strcmp(core->unsub_due[i].conv, conv) == 0)
+      return &core->unsub_due[i];
+  return NULL;
 }
 
-static void unsub_due_clear(cvg_core_t *core) {
-  for (size_t i = 0; i < core->nunsub_due; i++) free(core->unsub_due[i]);
-  core->nunsub_due = 0;
+static void unsub_due_drop(cvg_core_t *core, struct unsub_due_s *u) {
+  free(u->conv);
+  *u = core->unsub_due[--core->nunsub_due];
+}
+
+/* Forget the answers due on transport `t` (gone: they will not come), or,
+ * with keep set, those due on any transport but `t`. */
+static void unsub_due_forget(cvg_core_t *core, uint32_t t, int keep) {
+  for (size_t i = 0; i < core->nunsub_due;)
+    if ((core->unsub_due[i].t == t) != keep)
+      unsub_due_drop(core, &core->unsub_due[i]);
+    else
+      i++;
 }
 
 /* ---- the token (protocol 1.1) ------------------------------------------------------ */
@@ -734,8 +756,12 @@ static void reset_sub(cvg_core_t *core, csub_t *s, int64_t head, const char *epo
   s->wm = head;
   snprintf(s->epoch, sizeof s->epoch, "%s", epoch ? epoch : "");
   core->st.resets++;
-  if (core->opt.cb.on_reset)
-    core->opt.cb.on_reset(core->opt.userdata, s->conv, old, old_epoch, head, s->epoch);
+  if (core->opt.cb.on_reset) { /* copies: the callback may unsubscribe it */
+    char conv[130], now_epoch[CVG_EPOCH_MAX + 1];
+    snprintf(conv, sizeof conv, "%s", s->conv);
+    memcpy(now_epoch, s->epoch, sizeof now_epoch);
+    core->opt.cb.on_reset(core->opt.userdata, conv, old, old_epoch, head, now_epoch);
+  }
 }
 
 static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
@@ -796,7 +822,7 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     /* subscribed after that hello went out: subscribe on this connection */
     if (!s->ended && !s->in_hello[core->active]) send_subscribe(core, s);
   }
-  unsub_due_clear(core); /* the answers of the old connection will not come */
+  unsub_due_forget(core, t->id, 1); /* the old connection's answers will not come */
   json_t *exp = json_object_get(j, "expiresInMs");
   if (json_is_integer(exp)) schedule_refresh(core, clamp_ms(json_integer_value(exp)), now);
   /* Sends not answered on an earlier connection go again, same id. */
@@ -847,6 +873,8 @@ static void on_msg(cvg_core_t *core, ctrans_t *t, json_t *j, const char *data, s
      * restored while this connection stayed): what the watermark counted
      * is gone. This message starts the new history for us. */
     reset_sub(core, s, seq - 1, epoch);
+    /* on_reset may have subscribed (moving the array) or unsubscribed */
+    if (!(s = find_sub(core, conv))) return;
   } else if (epoch && !s->epoch[0]) {
     snprintf(s->epoch, sizeof s->epoch, "%s", epoch);
   }
@@ -891,6 +919,9 @@ static void on_synced(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   }
   if (core->opt.cb.on_synced)
     core->opt.cb.on_synced(core->opt.userdata, conv, json_integer_value(head));
+  /* The callbacks above may have subscribed (moving the array) or
+   * unsubscribed: look the subscription up again. */
+  if (!(s = find_sub(core, conv))) return;
   /* Still behind the head the server just named: a message was lost on
    * the way (dropped as a gap while this replay ran); ask again. */
   if (!s->ended && slot_of(core, t) == core->active && s->wm >= 0 &&
@@ -925,13 +956,17 @@ static void on_subscribed(cvg_core_t *core, ctrans_t *t, json_t *j) {
 
 /* `unsubscribed` (protocol 1.1): the answer to our unsubscribe, or the
  * node ending a subscription (on_unsubscribed). */
-static void on_unsubscribed(cvg_core_t *core, json_t *j) {
+static void on_unsubscribed(cvg_core_t *core, ctrans_t *t, json_t *j) {
   const char *conv = json_string_value(json_object_get(j, "conv"));
   if (!conv) {
     core->st.bad_frames++;
     return;
   }
-  if (unsub_due_take(core, conv)) return;
+  struct unsub_due_s *u = unsub_due_find(core, conv, t->id);
+  if (u) { /* the answer to ours */
+    unsub_due_drop(core, u);
+    return;
+  }
   csub_t *s = find_sub(core, conv);
   if (!s) return;
   remove_sub(core, s);
@@ -983,8 +1018,17 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   int ended = 0;
   csub_t *sub = conv ? find_sub(core, conv) : NULL;
   const char *frame = json_string_value(json_object_get(json_object_get(j, "details"), "frame"));
-  if (sub && sub->subscribing &&
-      (strcmp(code, "unavailable") == 0 || strcmp(code, "rate_limited") == 0)) {
+  struct unsub_due_s *unsub = conv && !sub && frame && strcmp(code, "rate_limited") == 0
+                                  ? unsub_due_find(core, conv, t->id)
+                                  : NULL;
+  if (unsub) {
+    /* an unsubscribe over the rate (it shares the subscribe bucket): the
+     * node still delivers; send it again after the hint */
+    unsub->retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+    core->st.rate_limited++;
+  } else if (!send_id && sub && sub->subscribing &&
+             (strcmp(code, "unavailable") == 0 ||
+              (strcmp(code, "rate_limited") == 0 && frame && strcmp(frame, "subscribe") == 0))) {
     /* a subscribe the node could not take now (protocol 1.1): the
      * connection stays; subscribe again after the hint */
     sub->subscribing = 0;
@@ -1102,7 +1146,7 @@ void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, 
   else if (strcmp(type, "subscribed") == 0)
     on_subscribed(core, t, j);
   else if (strcmp(type, "unsubscribed") == 0)
-    on_unsubscribed(core, j);
+    on_unsubscribed(core, t, j);
   else if (strcmp(type, "refreshed") == 0)
     on_refreshed(core, j, now);
   else if (strcmp(type, "pong") != 0)
@@ -1148,6 +1192,13 @@ void cvg_core_timer(cvg_core_t *core, int64_t now) {
   if (core->refresh_at >= 0 && core->refresh_at <= now && !core->need_token) {
     core->refresh_at = -1;
     if (fetch_token(core, "refresh", now)) send_refresh(core); /* else: tried again later */
+  }
+  for (size_t i = 0; i < core->nunsub_due; i++) { /* unsubscribes refused with a hint */
+    struct unsub_due_s *u = &core->unsub_due[i];
+    if (u->retry_at >= 0 && u->retry_at <= now) {
+      u->retry_at = -1;
+      send_unsubscribe(core, u->t, u->conv);
+    }
   }
   for (size_t i = 0; i < core->nsubs && core->active >= 0; i++) { /* refused subscribes */
     csub_t *s = &core->subs[i];
@@ -1229,8 +1280,8 @@ int cvg_core_unsubscribe(cvg_core_t *core, const char *conv, int64_t now) {
   for (int i = 0; i < NT; i++) {
     ctrans_t *t = &core->t[i];
     if (!(i == core->active || (t->st == T_HELLO && s->in_hello[i]))) continue;
-    push_send(core, t->id, dump(json_pack("{s:s, s:s}", "type", "unsubscribe", "conv", conv)));
-    unsub_due_add(core, conv);
+    send_unsubscribe(core, t->id, conv);
+    unsub_due_add(core, conv, t->id);
   }
   remove_sub(core, s);
   finish(core);

@@ -235,6 +235,10 @@ static void job_done(pool_job_t *job) {
     auth_add_revoked(api->auth, j->id);
     session_revoke_jti(api->sessions, j->id);
   }
+  if (j->kind == J_ANNOUNCE && j->status != 202) { /* acted here; the others were not told */
+    json_decref(j->answer);
+    j->answer = NULL;
+  }
   if (conn_unref(j->conn)) {
     if (j->answer) {
       http_respond_json(j->conn, j->status, j->answer, NULL);

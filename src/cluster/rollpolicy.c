@@ -32,6 +32,7 @@ int rollpolicy_init(rollpolicy_t *rp, const rollpolicy_params_t *p, size_t nodes
   memset(rp, 0, sizeof *rp);
   rp->p = *p;
   rp->n = nodes;
+  rp->last_total = -1;
   rp->hot_since = calloc(nodes ? nodes : 1, sizeof *rp->hot_since);
   return rp->hot_since ? 0 : -1;
 }
@@ -116,9 +117,14 @@ int rollpolicy_headroom(const rollpolicy_params_t *p, const rollpolicy_node_t *n
   return 0;
 }
 
-/* The connections-drop alarm at `now`: the most connections of the window
- * before `now` against `total`. Keeps the window's samples. 1 when it
- * fires (rp->why says how). */
+/* The connections-drop alarm at `now`: the highest level of the window
+ * before `now` against `total`. A sample's level is the lower of its total
+ * and the one before: a client moving make-before-break between two reads
+ * of a sample is counted on both nodes, and such a one-sample overcount
+ * must not become the peak a normal sample then seems to fall from (with a
+ * small fleet, a few moves are more than 5 %). A real drop lasts: the level
+ * before it is a level the fleet held for two samples. Keeps the window's
+ * samples. 1 when it fires (rp->why says how). */
 static int drop_alarm(rollpolicy_t *rp, uint64_t now, int64_t total, int64_t population) {
   const rollpolicy_params_t *p = &rp->p;
   size_t k = 0;
@@ -140,7 +146,9 @@ static int drop_alarm(rollpolicy_t *rp, uint64_t now, int64_t total, int64_t pop
       rp->rcap = cap;
     }
   }
-  if (rp->rlen < rp->rcap) rp->ring[rp->rlen++] = (struct rollpolicy_sample_s){now, total};
+  int64_t level = rp->last_total >= 0 && rp->last_total < total ? rp->last_total : total;
+  rp->last_total = total;
+  if (rp->rlen < rp->rcap) rp->ring[rp->rlen++] = (struct rollpolicy_sample_s){now, level};
   if (p->drop_alarm <= 0 || peak < 0) return 0;
   int64_t base = population > 0 ? population : peak;
   if ((double)(peak - total) <= p->drop_alarm * (double)base) return 0;

@@ -66,8 +66,9 @@ typedef struct {
   rollpolicy_params_t p;
   size_t n;
   uint64_t *hot_since;              /* per node: first sample above abort_cpu in a row; 0: none */
-  struct rollpolicy_sample_s *ring; /* (t, total) of the last drop window */
+  struct rollpolicy_sample_s *ring; /* (t, level) of the last drop window */
   size_t rlen, rcap;
+  int64_t last_total; /* the previous sample's total; -1 before the first */
   int aborted;       /* latched */
   int alarm;         /* the drop alarm has fired (latched) */
   uint64_t alarm_ms; /* when */

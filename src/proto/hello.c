@@ -172,23 +172,16 @@ out:
   free(h);
 }
 
-/* The hello has its admission slot: subscribe (before the head is read,
- * so anything committed from now on arrives live and waits in `pending`)
- * and run the handshake's one pool job. */
+/* The hello has its admission slot: run the handshake's one pool job.
+ * Its subscriptions were made at the hello, before the head is read, so
+ * anything committed from then on arrives live and waits in `pending`. */
 static void hello_submit(session_t *s) {
   hello_job_t *h = s->hello;
   conn_t *c = s->conn;
   s->hello = NULL;
-  for (size_t i = 0; i < h->n; i++) {
-    sub_t *sub = sub_new(s, h->items[i].conv);
-    if (!sub) {
-      free(h);
-      admission_release(s->ss->admission, &s->adm, util_mono_ms());
-      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
-      return;
-    }
-    h->items[i].gen = sub->gen;
-    sub_set_state(sub, SUB_FILLING); /* new: until the handshake job returns */
+  for (size_t i = 0; i < h->n; i++) { /* made at the hello; gone if unsubscribed meanwhile */
+    sub_t *sub = session_find_sub_gen(s, h->items[i].conv, h->items[i].gen);
+    if (sub && sub->state == SUB_QUEUED) sub_set_state(sub, SUB_FILLING);
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
@@ -263,8 +256,19 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
                          NULL);
       continue;
     }
+    /* The subscription exists from now on (in the bus index, keeping live
+     * messages), so that a subscribe, unsubscribe, sync or refresh sent
+     * before the welcome finds it; it waits for the hello's slot. */
+    sub_t *sub = sub_new(s, conv);
+    if (!sub) {
+      free(h);
+      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+      return;
+    }
+    sub_set_state(sub, SUB_QUEUED);
     hello_item_t *it = &h->items[h->n++];
     strcpy(it->conv, conv);
+    it->gen = sub->gen;
     it->watermark = f->subs[i].watermark;
     strcpy(it->epoch, f->subs[i].epoch);
   }

@@ -21,7 +21,8 @@
  * than OUT_HIGH_WATER bytes, except a sync's first job (it holds a slot).
  *
  *   state     event                                 action                        next
- *   (new)     hello admitted                        subscribe; the hello's job    FILLING
+ *   (new)     hello                                 subscribe; wait for its slot  QUEUED
+ *   QUEUED    the hello's slot granted              the hello's job               FILLING
  *   (new)     subscribe, slot granted               subscribe; its job            FILLING
  *   (new)     subscribe, queued or before welcome   subscribe; wait for a slot    QUEUED
  *   (new)     subscribe, queue full                 unavailable (conv, hint)      (freed)
@@ -121,8 +122,9 @@ void sub_remove(session_t *s, sub_t *sub) {
       break;
     }
   /* A sync's or subscribe's job not started yet is taken back (its done
-   * finds no subscription of its number); one that runs keeps going, and
-   * its slot is given back here, a little early. */
+   * finds no subscription of its number) and its slot given back; one
+   * that runs takes the slot with it, given back when it returns, so that
+   * admitted jobs in the pool never outnumber the slots. */
   cancel_sync_job(sub);
   admission_release(s->ss->admission, &sub->adm, util_mono_ms());
   bus_unsubscribe(s->ss->bus, &sub->bus);
@@ -286,6 +288,7 @@ typedef struct fill_job_s {
   int64_t after, upto;
   int synced;
   int admitted; /* the first job of a sync: its subscription holds an admission slot */
+  admission_waiter_t held; /* that slot, when its subscription ended while the job ran */
   int replayed; /* a replay query was made (worker thread; read in done) */
   int status;
   /* With upto < 0 the job reads the conversation: `epoch` is the epoch
@@ -300,7 +303,13 @@ typedef struct fill_job_s {
 
 static void cancel_sync_job(sub_t *sub) {
   pool_t *pool = *sub->session->ss->pool;
-  if (sub->sync_job && pool) pool_cancel(pool, &sub->sync_job->job);
+  fill_job_t *f = sub->sync_job;
+  if (!f || (pool && pool_cancel(pool, &f->job))) return;
+  if (sub->adm.state == ADMISSION_HOLDING) { /* a holder is in no list: it may move */
+    f->held = sub->adm;
+    sub->adm = (admission_waiter_t){0};
+  }
+  sub->sync_job = NULL;
 }
 
 static void fill_work(pool_job_t *job, store_t *db) {
@@ -392,6 +401,8 @@ static void fill_done(pool_job_t *job) {
     f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
   if (f->replayed)
     metrics_add(f->ss->metrics, "converger_replay_queries_total", "kind=\"fill\"", 1);
+  if (f->held.state == ADMISSION_HOLDING) /* its subscription is gone: the slot it took */
+    admission_release(f->ss->admission, &f->held, util_mono_ms());
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
     sub_t *sub = session_find_sub_gen(f->conn->session, f->conv, f->gen);
     if (sub && sub->sync_job == f) {

@@ -78,11 +78,19 @@ static notify_kind_t decode_user(const char *payload, notify_t *out) {
     return out->kind = NOTIFY_USER_UNSUBSCRIBE;
   }
   int64_t code;
-  if (*p++ != ' ' || number(&p, &code) != 0 || code > 4999 || *p++ != ' ' ||
-      number(&p, &out->retry_ms) != 0 || *p != '\n')
+  if (*p++ != ' ' || number(&p, &code) != 0 || *p++ != ' ' || number(&p, &out->retry_ms) != 0 ||
+      *p != '\n' || out->retry_ms > 3600000)
     return NOTIFY_BAD;
+  /* what POST /admin/users/{user}/disconnect accepts, and nothing else */
+  int sendable = code == 1000 || code == 1001 || code == 1008 || code == 1011 || code == 1012 ||
+                 code == 1013 || (code >= 3000 && code <= 4999);
+  const char *reason = p + 1;
+  size_t rl = strlen(reason);
+  for (size_t i = 0; i < rl; i++)
+    if ((unsigned char)reason[i] < 0x20 || reason[i] == 0x7f) sendable = 0;
+  if (!sendable || rl > 80) return NOTIFY_BAD;
   out->code = (int)code;
-  out->reason = p + 1;
+  out->reason = reason;
   return out->kind = NOTIFY_USER_DISCONNECT;
 }
 

@@ -20,8 +20,9 @@
  *   "c 1 CHANNEL", "c 0 CHANNEL"  the channel was activated, deactivated
  *   "u d ORIGIN USER CODE RETRY\nREASON"  close every connection of USER
  *                         (POST /admin/users/USER/disconnect on node ORIGIN)
- *                         with close CODE, the hint RETRY ms (0: none) and
- *                         REASON (may be empty)
+ *                         with close CODE (1000, 1001, 1008, 1011, 1012,
+ *                         1013, 3000..4999), the hint RETRY ms (0: none, at
+ *                         most 3600000) and REASON (0..80 printable bytes)
  *   "u u ORIGIN USER CONV"  end USER's subscriptions of CONV
  *                         (POST /admin/users/USER/unsubscribe on ORIGIN)
  * Anything else is not converger's and is ignored by the reader.

@@ -1663,6 +1663,67 @@ static void test_set_token_refreshes_now(void **state) {
   destroy(&h);
 }
 
+/* An unsubscribe refused with rate_limited (it shares the subscribe
+ * bucket) is sent again after the hint; its late answer is not taken for
+ * the node ending a later subscription of the same conversation. */
+static void test_rate_limited_unsubscribe_is_retried(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c2", 0}};
+  make(&h, subs, 2, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), 0);
+  take(&h);
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"rate_limited\",\"message\":\"slow\",\"conv\":\"c2\","
+       "\"retryAfterMs\":300,\"details\":{\"frame\":\"subscribe\"}}");
+  assert_int_equal(h.timer_at, h.now + 300);
+  clear_acts(&h);
+  fire(&h);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data,
+                      "{\"type\":\"unsubscribe\",\"conv\":\"c2\"}");
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 0, NULL, h.now), 0); /* again */
+  take(&h);
+  text(&h, t, "{\"type\":\"unsubscribed\",\"conv\":\"c2\"}"); /* the unsubscribe's answer */
+  assert_int_equal(h.nunsubs, 0);
+  assert_int_equal(cvg_core_watermark(h.core, "c2"), 0); /* still subscribed */
+  destroy(&h);
+}
+
+/* A callback that changes the set (a subscribe that grows the array, an
+ * unsubscribe of the conversation being handled) is safe. */
+static void subscribe_many_on_synced(void *ud, const char *conv, int64_t head) {
+  h_t *h = ud;
+  char name[32];
+  for (int i = 0; i < 20; i++) {
+    snprintf(name, sizeof name, "more-%d", i);
+    assert_int_equal(cvg_core_subscribe(h->core, name, 0, NULL, h->now), 0);
+  }
+  assert_int_equal(cvg_core_unsubscribe(h->core, conv, h->now), 0);
+}
+
+static void test_callbacks_may_change_the_set(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  (void)t;
+  /* a core whose on_synced changes the set */
+  cvg_core_free(h.core);
+  cvg_options_t opt;
+  cvg_options_init(&opt);
+  opt.urls = URLS3, opt.nurls = 1, opt.token = "tok", opt.subs = subs, opt.nsubs = 1, opt.seed = 3;
+  opt.cb.on_synced = subscribe_many_on_synced, opt.userdata = &h;
+  assert_int_equal(cvg_core_new(&opt, &h.core, NULL, 0), 0);
+  t = open_first(&h);
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":3}]}");
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c1\",\"head\":5}"); /* behind: would sync */
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), CVG_EINVAL);
+  assert_int_equal(cvg_core_watermark(h.core, "more-19"), 0);
+  destroy(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_constructor_errors),
@@ -1689,6 +1750,8 @@ int main(void) {
       cmocka_unit_test(test_refresh_at_80_percent_with_jitter),
       cmocka_unit_test(test_token_expired_gets_a_new_token_first),
       cmocka_unit_test(test_set_token_refreshes_now),
+      cmocka_unit_test(test_rate_limited_unsubscribe_is_retried),
+      cmocka_unit_test(test_callbacks_may_change_the_set),
       cmocka_unit_test(test_no_subscription_left_fails_at_once),
       cmocka_unit_test(test_sent_matches_conversation_and_id),
       cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),

@@ -111,12 +111,44 @@ static void test_channels_and_foreign_payloads(void **state) {
     assert_int_equal(notify_decode(bad[i], &n), NOTIFY_BAD);
 }
 
+/* The user controls of POST /admin/users/...: round trips, and payloads
+ * with a code, hint or reason the route would refuse are not read. */
+static void test_user_controls(void **state) {
+  notify_t n;
+  char *d = notify_user_disconnect("gw-1:8080", "kim", 4001, 2000, "moderated, bye");
+  assert_string_equal(d, "u d gw-1:8080 kim 4001 2000\nmoderated, bye");
+  assert_int_equal(notify_decode(d, &n), NOTIFY_USER_DISCONNECT);
+  assert_string_equal(n.origin, "gw-1:8080");
+  assert_string_equal(n.user, "kim");
+  assert_int_equal(n.code, 4001);
+  assert_int_equal(n.retry_ms, 2000);
+  assert_string_equal(n.reason, "moderated, bye");
+  free(d);
+  char *u = notify_user_unsubscribe("gw-1", "kim", "room-7");
+  assert_int_equal(notify_decode(u, &n), NOTIFY_USER_UNSUBSCRIBE);
+  assert_string_equal(n.conv, "room-7");
+  free(u);
+  assert_null(notify_user_disconnect("gw 1", "kim", 1008, 0, ""));
+  assert_null(notify_user_disconnect("gw", "kim", 1008, 0, "two\nlines"));
+  const char *bad[] = {"u d gw kim 1005 0\n",
+                       "u d gw kim 2000 0\n",
+                       "u d gw kim 1008 0\nbell\a",
+                       "u d gw kim 1008 99999999\n",
+                       "u d gw kim 1008 0",
+                       "u u gw kim",
+                       "u u gw kim a b",
+                       "u x gw kim c"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    assert_int_equal(notify_decode(bad[i], &n), NOTIFY_BAD);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_round_trip),
       cmocka_unit_test(test_large_message_is_a_hint),
       cmocka_unit_test(test_earlier_frames_are_read),
       cmocka_unit_test(test_channels_and_foreign_payloads),
+      cmocka_unit_test(test_user_controls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

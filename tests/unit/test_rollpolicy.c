@@ -181,6 +181,23 @@ static void test_connection_drop_aborts(void **state) {
   assert_true(rp.alarm);
   assert_int_equal(rp.alarm_ms, t);
   rollpolicy_free(&rp);
+  /* a one-sample overcount (clients moving make-before-break between two
+   * reads, counted on both nodes: 30 clients read as 34) is no peak to
+   * fall from; a level held for two samples is */
+  p.abort_on_drop = 1;
+  assert_int_equal(rollpolicy_init(&rp, &p, 1), 0);
+  const int64_t series[] = {30, 30, 34, 30, 30};
+  for (size_t s = 0; s < sizeof series / sizeof series[0]; s++) {
+    one.connections = series[s];
+    assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 0), ROLLPOLICY_GO);
+  }
+  assert_false(rp.alarm);
+  one.connections = 34; /* 34 twice: a level */
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 0), ROLLPOLICY_GO);
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 0), ROLLPOLICY_GO);
+  one.connections = 30;
+  assert_int_equal(rollpolicy_observe(&rp, t += 1000, &one, 0, 0), ROLLPOLICY_ABORT);
+  rollpolicy_free(&rp);
 }
 
 int main(void) {
