@@ -249,7 +249,9 @@ static void command(tail_t *t, char *line) {
     }
     if (!a && run_token_cmd(t->token_cmd, tok, sizeof tok) != 0) return;
     r = cvg_client_set_token(t->client, a ? a : tok);
-    if (r == 0) fprintf(stderr, "converger tail: refreshing the token\n");
+    if (r == 0)
+      fprintf(stderr, "converger tail: new token sent (refresh); the next refresh is due at about "
+                      "80 %% of its lifetime\n");
   } else {
     fprintf(stderr, "converger tail: commands: subscribe C [N], unsubscribe C, refresh [JWT]\n");
     return;
