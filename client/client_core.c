@@ -98,6 +98,7 @@ struct cvg_core_s {
   cvg_options_t opt; /* strings below are the core's copies */
   char **urls;
   char *token, *client_name;
+  char client_id[129]; /* every hello's clientId */
   csub_t *subs;
   size_t nsubs, subs_cap;
   struct unsub_due_s { /* unsubscribes whose `unsubscribed` answer is still to come */
@@ -276,6 +277,10 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
         return CVG_EINVAL;
       }
   }
+  if (opt->client_id && !util_id_valid(opt->client_id)) {
+    set_err(err, errlen, "client id '%s': 1-128 characters of [A-Za-z0-9._:-]", opt->client_id);
+    return CVG_EINVAL;
+  }
   if ((unsigned)opt->reconnect > CVG_RECONNECT_NEXT) {
     set_err(err, errlen, "bad reconnect policy %d", (int)opt->reconnect);
     return CVG_EINVAL;
@@ -335,6 +340,11 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
   cvg_backoff_options_t bo = {opt->backoff, opt->backoff_base_ms, opt->backoff_cap_ms,
                               opt->backoff_jitter_ms};
   cvg_backoff_init(&core->backoff, &bo, &core->rng);
+  if (opt->client_id)
+    snprintf(core->client_id, sizeof core->client_id, "%s", opt->client_id);
+  else
+    make_uuid(core, core->client_id);
+  core->opt.client_id = core->client_id;
   *out = core;
   return 0;
 nomem:
@@ -594,6 +604,7 @@ static char *hello_frame(cvg_core_t *core, int slot) {
   }
   json_t *h = json_pack("{s:s, s:s, s:o}", "type", "hello", "token", core->token, "subs", subs);
   if (h && core->client_name) json_object_set_new(h, "client", json_string(core->client_name));
+  if (h) json_object_set_new(h, "clientId", json_string(core->client_id));
   return dump(h);
 }
 
@@ -1236,6 +1247,8 @@ void cvg_core_stop(cvg_core_t *core, int64_t now) {
   fail_sends(core, "closed");
   finish(core);
 }
+
+const char *cvg_core_client_id(const cvg_core_t *core) { return core->client_id; }
 
 int cvg_core_subscribe(cvg_core_t *core, const char *conv, int64_t watermark, const char *epoch,
                        int64_t now) {

@@ -758,6 +758,8 @@ int cvg_client_set_token(cvg_client_t *c, const char *token) {
   return rc;
 }
 
+const char *cvg_client_id(const cvg_client_t *c) { return cvg_core_client_id(c->core); }
+
 void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out) {
   cvg_core_stats(c->core, (int64_t)uv_now(c->loop), out);
 }

@@ -235,6 +235,12 @@ typedef struct {
   /* NULL, or the token callback (see cvg_token_cb). Without one the token
    * is never refreshed, and a token_expired close fails the client. */
   cvg_token_cb token_cb;
+  /* This client instance's id in every hello (`clientId`, protocol 1.1):
+   * the same across its reconnects and drain moves, so the node can tell
+   * one client from another of the same user. NULL: a random one made at
+   * cvg_core_new (cvg_core_client_id reads it). 1 to 128 characters of
+   * [A-Za-z0-9._:-]. */
+  const char *client_id;
 } cvg_options_t;
 
 /* Counters, readable at any time. */
@@ -366,6 +372,10 @@ CVG_API void cvg_core_stats(const cvg_core_t *core, int64_t now_ms, cvg_stats_t 
  * when the core has no such subscription. */
 CVG_API int64_t cvg_core_watermark(const cvg_core_t *core, const char *conv);
 
+/* The client id every hello carries (cvg_options_t.client_id, or the one
+ * made at creation). Valid while the core lives. */
+CVG_API const char *cvg_core_client_id(const cvg_core_t *core);
+
 /* The epoch of `conv`'s watermark: the node's, from the last welcome,
  * synced or msg, or the one given in cvg_sub_t before that; "" when
  * unknown; NULL when the core has no such subscription. Valid until the
@@ -394,6 +404,7 @@ CVG_API int cvg_send(cvg_client_t *c, const char *conv, const char *id, const ch
 CVG_API int cvg_subscribe(cvg_client_t *c, const char *conv, int64_t watermark, const char *epoch);
 CVG_API int cvg_unsubscribe(cvg_client_t *c, const char *conv);
 CVG_API int cvg_client_set_token(cvg_client_t *c, const char *token);
+CVG_API const char *cvg_client_id(const cvg_client_t *c);
 
 /* Counters (see cvg_stats_t) and watermarks. */
 CVG_API void cvg_client_stats(const cvg_client_t *c, cvg_stats_t *out);

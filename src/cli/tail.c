@@ -58,6 +58,8 @@ static void usage(FILE *out) {
           "                      with it, a resume into a restored store is told to reset\n"
           "  --backoff S         decorrelated (default), full, equal, exponential, additive,\n"
           "                      proportional\n"
+          "  --client-id ID      this client's id in every hello (default: a random one,\n"
+          "                      kept across reconnects)\n"
           "  --commands          read commands from stdin, one a line: \"subscribe C [N]\" (from\n"
           "                      watermark N; default the head), \"unsubscribe C\", \"refresh\"\n"
           "                      (a new token from --token-cmd now), \"refresh JWT\"\n"
@@ -325,6 +327,8 @@ int tail_main(int argc, char **argv) {
     if ((v = cli_flag_value(argc, argv, &i, "--url", &missing))) {
       if (nurls == MAX_URLS) return cli_usage_error("tail", "at most 16 --url");
       urls[nurls++] = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--client-id", &missing))) {
+      o.client_id = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--token-cmd", &missing))) {
       token_cmd = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--token", &missing))) {

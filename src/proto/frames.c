@@ -68,6 +68,12 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
       WHY("\"client\" must be a string");
       goto bad;
     }
+    json_t *cid = json_object_get(root, "clientId");
+    if (cid && !json_is_null(cid) && !util_id_valid(json_string_value(cid))) {
+      WHY("\"clientId\" must be an id matching [A-Za-z0-9._:-]{1,128}");
+      goto bad;
+    }
+    out->client_id = json_string_value(cid);
     out->nsubs = json_array_size(subs);
     out->subs = calloc(out->nsubs, sizeof *out->subs);
     if (!out->subs) {

@@ -40,6 +40,7 @@ typedef struct {
   frame_type_t type;
   json_t *root;      /* owned; frame_client_clear releases it */
   const char *token; /* hello, refresh */
+  const char *client_id; /* hello (1.1): NULL when not given */
   frame_sub_t *subs; /* hello; heap array */
   size_t nsubs;
   const char *conv;                /* sync, send, subscribe, unsubscribe */

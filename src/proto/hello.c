@@ -139,9 +139,9 @@ static void hello_done(pool_job_t *job) {
     char session_id[32];
     snprintf(session_id, sizeof session_id, "%llu", (unsigned long long)s->id);
     json_t *welcome =
-        json_pack("{s:s, s:s, s:s, s:s, s:i, s:I, s:o}", "type", "welcome", "session", session_id,
-                  "node", s->ss->cfg->node_id, "protocol", FRAME_PROTOCOL_VERSION, "heartbeatMs",
-                  s->ss->cfg->heartbeat_ms, "expiresInMs",
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:o}", "type", "welcome", "session",
+                  session_id, "node", s->ss->cfg->node_id, "protocol", FRAME_PROTOCOL_VERSION,
+                  "clientId", s->client_id, "heartbeatMs", s->ss->cfg->heartbeat_ms, "expiresInMs",
                   (json_int_t)session_token_expires_in(s, util_mono_ms()), "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
@@ -241,6 +241,12 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   if (s->ss->users && users_add(s->ss->users, s->token.sub) > 0) s->user_counted = 1;
   s->hello_seen = 1;
   s->hello_ms = util_mono_ms();
+  /* One client instance across its reconnects and drain moves; a client
+   * that names none is this connection alone. */
+  if (f->client_id)
+    snprintf(s->client_id, sizeof s->client_id, "%s", f->client_id);
+  else
+    snprintf(s->client_id, sizeof s->client_id, "s-%llu", (unsigned long long)s->id);
   c->deadline_ms = 0;
   hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
   if (!h) {

@@ -176,6 +176,37 @@ class WsV11(NodeCase):
                 await c.close()
         self.arun(go(), timeout=90)
 
+    def test_client_id(self):
+        """hello's clientId comes back in the welcome; without one the
+        connection is a client of its own ("s-..."); a bad one is a bad
+        hello, which may be corrected."""
+        n = self.node
+        conv = n.new_conv()
+
+        async def go():
+            c, w = await open_client(n, mint_token("cid", [conv]), [])
+            self.assertRegex(w["clientId"], r"^s-[0-9]+$")
+            await c.close()
+            c = await WsClient.connect(n)
+            try:
+                await c.send_json({"type": "hello", "token": mint_token("cid", [conv]), "subs": [],
+                                   "clientId": "bad id"})
+                m = await c.recv_json()
+                self.assertEqual((m["type"], m["code"]), ("error", "bad_request"), m)
+                w = await c.hello(mint_token("cid", [conv]), [], client="test")
+                self.assertNotEqual(w.get("clientId"), "bad id")
+            finally:
+                await c.close()
+            c = await WsClient.connect(n)
+            try:
+                await c.send_json({"type": "hello", "token": mint_token("cid", [conv]), "subs": [],
+                                   "clientId": "tab-1.a"})
+                w = await c.recv_json()
+                self.assertEqual((w["type"], w["clientId"]), ("welcome", "tab-1.a"), w)
+            finally:
+                await c.close()
+        self.arun(go())
+
     def test_bad_frames_keep_the_connection(self):
         n = self.node
         conv = n.new_conv()

@@ -248,6 +248,15 @@ static void fire(h_t *h) {
 
 static void destroy(h_t *h) { cvg_core_free(h->core); }
 
+/* `data` is the hello `want` (JSON ending in "}") with the core's clientId
+ * last. */
+static void assert_hello(h_t *h, const char *data, const char *want) {
+  char full[4096];
+  snprintf(full, sizeof full, "%.*s,\"clientId\":\"%s\"}", (int)strlen(want) - 1, want,
+           cvg_core_client_id(h->core));
+  assert_string_equal(data, full);
+}
+
 /* ---- tests ------------------------------------------------------------------------- */
 
 static void test_constructor_errors(void **state) {
@@ -310,10 +319,9 @@ static void test_hello_carries_watermarks_and_delivers_in_order(void **state) {
   assert_int_equal(h.timer_at, 15000); /* the connect timeout */
   cvg_core_opened(h.core, t, 0);
   take(&h);
-  assert_string_equal(
-      last(&h, CVG_ACT_SEND, t)->data,
-      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
-      ":5},{\"conv\":\"c2\",\"watermark\":null}]}");
+  assert_hello(&h, last(&h, CVG_ACT_SEND, t)->data,
+               "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+               ":5},{\"conv\":\"c2\",\"watermark\":null}]}");
   h.now = 40;
   text(&h, t,
        "{\"type\":\"welcome\",\"session\":\"9\",\"node\":\"n1\",\"heartbeatMs\":0,\"subs\":["
@@ -1198,10 +1206,9 @@ static void test_watermark_above_head_resets_and_delivers_what_follows(void **st
   cvg_sub_t subs[] = {{"c1", 10}};
   make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
   uint32_t t = open_first(&h);
-  assert_string_equal(
-      last(&h, CVG_ACT_SEND, t)->data,
-      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
-      ":10}]}"); /* no epoch known yet: none sent */
+  assert_hello(&h, last(&h, CVG_ACT_SEND, t)->data,
+               "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+               ":10}]}"); /* no epoch known yet: none sent */
   text(&h, t,
        "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
        "\"conv\":"
@@ -1231,10 +1238,9 @@ static void test_watermark_above_head_resets_and_delivers_what_follows(void **st
   t = last(&h, CVG_ACT_OPEN, 0)->t;
   cvg_core_opened(h.core, t, h.now);
   take(&h);
-  assert_string_equal(
-      last(&h, CVG_ACT_SEND, t)->data,
-      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
-      ":12,\"epoch\":\"e1\"}]}");
+  assert_hello(&h, last(&h, CVG_ACT_SEND, t)->data,
+               "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+               ":12,\"epoch\":\"e1\"}]}");
   assert_null(cvg_core_epoch(h.core, "nope"));
   destroy(&h);
 }
@@ -1248,10 +1254,9 @@ static void test_epoch_option_is_sent_and_checked(void **state) {
   more_t more = {.epochs = epochs};
   make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &more);
   uint32_t t = open_first(&h);
-  assert_string_equal(
-      last(&h, CVG_ACT_SEND, t)->data,
-      "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
-      ":4,\"epoch\":\"e0\"}]}");
+  assert_hello(&h, last(&h, CVG_ACT_SEND, t)->data,
+               "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\""
+               ":4,\"epoch\":\"e0\"}]}");
   text(&h, t,
        "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[{"
        "\"conv\":"
@@ -1724,6 +1729,44 @@ static void test_callbacks_may_change_the_set(void **state) {
   destroy(&h);
 }
 
+/* One client id in every hello: given in the options, or made at
+ * creation; the same after a reconnect and on a drain move's connection. */
+static void test_client_id_is_kept_across_connections(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  const char *id = cvg_core_client_id(h.core);
+  assert_int_equal(strlen(id), 36);
+  char want[64];
+  snprintf(want, sizeof want, "\"clientId\":\"%s\"", id);
+  uint32_t t = connect_first(&h, 0);
+  cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "", 0, h.now);
+  take(&h);
+  fire(&h);
+  uint32_t n = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, n, h.now);
+  take(&h);
+  assert_true(sent_with(&h, n, want));
+  text(&h, n,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[]}");
+  text(&h, n, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":5000}");
+  fire(&h);
+  uint32_t m = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, m, h.now);
+  take(&h);
+  assert_true(sent_with(&h, m, want));
+  destroy(&h);
+  cvg_options_t o;
+  cvg_options_init(&o);
+  o.urls = URLS3, o.nurls = 1, o.token = "t", o.client_id = "tab 1";
+  cvg_core_t *core;
+  assert_int_equal(cvg_core_new(&o, &core, NULL, 0), CVG_EINVAL);
+  o.client_id = "tab-1";
+  assert_int_equal(cvg_core_new(&o, &core, NULL, 0), 0);
+  assert_string_equal(cvg_core_client_id(core), "tab-1");
+  cvg_core_free(core);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_constructor_errors),
@@ -1752,6 +1795,7 @@ int main(void) {
       cmocka_unit_test(test_set_token_refreshes_now),
       cmocka_unit_test(test_rate_limited_unsubscribe_is_retried),
       cmocka_unit_test(test_callbacks_may_change_the_set),
+      cmocka_unit_test(test_client_id_is_kept_across_connections),
       cmocka_unit_test(test_no_subscription_left_fails_at_once),
       cmocka_unit_test(test_sent_matches_conversation_and_id),
       cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),

@@ -377,8 +377,12 @@ static void test_scripted_session(void **state) {
   run_until(&loop, is_waiting, &a); /* after the 1012 close */
   assert_int_equal(s.hellos, 1);
   assert_int_equal(s.unmasked, 0);
-  assert_string_equal(s.hello, "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\","
-                               "\"watermark\":null}]}");
+  char want[256];
+  snprintf(want, sizeof want,
+           "{\"type\":\"hello\",\"token\":\"tok\",\"subs\":[{\"conv\":\"c1\",\"watermark\":null}],"
+           "\"clientId\":\"%s\"}",
+           cvg_client_id(a.client));
+  assert_string_equal(s.hello, want);
   assert_int_equal(a.welcomed, 1);
   assert_int_equal(a.nmsg, 2);
   assert_int_equal(a.seqs[0], 1);

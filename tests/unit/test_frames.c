@@ -37,6 +37,12 @@ static void test_hello(void **state) {
   /* protocol 1.1: a hello without subscriptions (the client subscribes later) */
   assert_int_equal(decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[]}", &f, why), 0);
   assert_int_equal(f.nsubs, 0);
+  assert_null(f.client_id);
+  frame_client_clear(&f);
+  assert_int_equal(
+      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[],\"clientId\":\"tab-7\"}", &f, why),
+      0);
+  assert_string_equal(f.client_id, "tab-7");
   frame_client_clear(&f);
 }
 
@@ -47,6 +53,8 @@ static void test_hello_invalid(void **state) {
       "{\"type\":\"hello\",\"subs\":[{\"conv\":\"a\"}]}", /* no token */
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":{}}", /* subs not an array */
       "{\"type\":\"hello\",\"token\":\"t\"}",             /* no subs */
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[],\"clientId\":\"a b\"}",
+      "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[],\"clientId\":7}",
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"b\"},{\"conv\":"
       "\"c\"},{\"conv\":\"d\"}]}",
       "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a b\"}]}", /* bad id */

@@ -167,7 +167,11 @@ static void test_hello_fills_then_live_delivery(void **state) {
   assert_int_equal(admission_in_use(fx.admission), 1);
   fx_expect_nothing(p);
   assert_true(fx_step(&fx));
-  json_decref(expect(p, "welcome"));
+  json_t *w = expect(p, "welcome");
+  /* no clientId in the hello: the connection is a client of its own */
+  assert_string_equal(json_string_value(json_object_get(w, "clientId")), "s-1");
+  assert_string_equal(json_string_value(json_object_get(w, "protocol")), "1.1");
+  json_decref(w);
   expect_msgs(p, 1, 3);
   expect_synced(p, 3, 0);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_LIVE);
