@@ -525,8 +525,9 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
   int url = t->url;
   int64_t hint = t->hint_ms;
   unsub_due_forget(core, t->id, 0); /* its answers will not come */
-  if ((code == 1012 || code == 1013) && !core->opt.ignore_hints)
-    hint = max64(hint, reason_hint(reason, len));
+  /* 1012, 1013 and an operator's disconnect with a hint (protocol 1.1)
+   * carry {"retryAfterMs": n} as their reason; any other reason is no hint */
+  if (!core->opt.ignore_hints) hint = max64(hint, reason_hint(reason, len));
   if (code == 1013 && !t->unavailable) core->st.unavailable++;
   int unauthorized = t->unauthorized;
   int expired = t->token_expired ||

@@ -16,7 +16,8 @@
  * What the core does for the application:
  *   - reconnects after any loss with a backoff strategy (default
  *     decorrelated jitter, 250 ms, cap 10 s); a server retry hint
- *     (`retryAfterMs` of an `error` frame or of a 1012/1013 close reason) is
+ *     (`retryAfterMs` of an `error` frame or of a close reason, as 1012 and
+ *     1013 and an operator's disconnect carry it) is
  *     a floor (unless ignore_hints); a welcome resets the attempt count; the
  *     next attempt goes to a random URL other than the one that just failed
  *     (or, with CVG_RECONNECT_NEXT, to the next URL in the list);
@@ -220,7 +221,7 @@ typedef struct {
    * offsets they had before these were added. */
   cvg_reconnect_t reconnect; /* the URL of a reconnect; CVG_RECONNECT_RANDOM (0) by default */
   /* 1: the server's retry hints are not a floor of the backoff: the
-   * retryAfterMs of an `unavailable` error frame, of a 1012/1013 close
+   * retryAfterMs of an `unavailable` error frame, of a close
    * reason and of an HTTP 503's Retry-After are ignored, and a
    * `replay_unavailable` sync is retried after backoff_base_ms instead of
    * its retryAfterMs. For experiments reproducing the old harness of the
@@ -316,9 +317,9 @@ CVG_API void cvg_core_text(cvg_core_t *core, uint32_t transport, const char *dat
 /* Any other sign of life from the server (a ping frame). */
 CVG_API void cvg_core_alive(cvg_core_t *core, uint32_t transport, int64_t now_ms);
 /* The transport is gone: the server's close code and reason (`len` bytes;
- * JSON with retryAfterMs for 1012/1013), or CVG_CLOSE_ABORT when the TCP
- * connection failed or ended without a close frame. An HTTP 503 answer to
- * the upgrade is reported as 1013 with {"retryAfterMs": Retry-After * 1000}. */
+ * JSON with retryAfterMs for 1012, 1013 or an operator's disconnect), or CVG_CLOSE_ABORT when the
+ * TCP connection failed or ended without a close frame. An HTTP 503 answer to the upgrade is
+ * reported as 1013 with {"retryAfterMs": Retry-After * 1000}. */
 CVG_API void cvg_core_closed(cvg_core_t *core, uint32_t transport, int code, const char *reason,
                              size_t len, int64_t now_ms);
 /* The timer armed by the last CVG_ACT_TIMER fired (early calls are harmless). */

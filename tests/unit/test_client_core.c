@@ -1767,6 +1767,30 @@ static void test_client_id_is_kept_across_connections(void **state) {
   cvg_core_free(core);
 }
 
+/* An operator's disconnect with a hint (POST /admin/users/{user}/disconnect:
+ * any code, reason {"retryAfterMs": n, "reason": ...}) is a floor of the
+ * next attempt; a reason that is not JSON is no hint. */
+static void test_close_reason_hint_of_any_code(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  const char *r = "{\"retryAfterMs\":4000,\"reason\":\"moderated\"}";
+  cvg_core_closed(h.core, t, 4001, r, strlen(r), h.now);
+  take(&h);
+  assert_true(h.timer_at - h.now >= 4000);
+  fire(&h);
+  t = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t, h.now);
+  take(&h);
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"heartbeatMs\":0,\"subs\":[]}");
+  cvg_core_closed(h.core, t, 1008, "disconnected by the server", 26, h.now);
+  take(&h);
+  assert_true(h.timer_at - h.now <= 750); /* the backoff's first step only */
+  destroy(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_constructor_errors),
@@ -1796,6 +1820,7 @@ int main(void) {
       cmocka_unit_test(test_rate_limited_unsubscribe_is_retried),
       cmocka_unit_test(test_callbacks_may_change_the_set),
       cmocka_unit_test(test_client_id_is_kept_across_connections),
+      cmocka_unit_test(test_close_reason_hint_of_any_code),
       cmocka_unit_test(test_no_subscription_left_fails_at_once),
       cmocka_unit_test(test_sent_matches_conversation_and_id),
       cmocka_unit_test(test_refused_token_on_the_new_connection_keeps_the_old),
