@@ -511,14 +511,6 @@ static json_t *optional_body(conn_t *c, http_request_t *req) {
   return req->body_len ? body_object(c, req) : json_object();
 }
 
-/* The close codes an operator may send (RFC 6455, section 7.4): the ones
- * converger gives a meaning (docs/protocol.md, section 7) and the range
- * for applications. */
-static int close_code_allowed(json_int_t code) {
-  return code == 1000 || code == 1001 || code == 1008 || code == 1011 || code == 1012 ||
-         code == 1013 || (code >= 3000 && code <= 4999);
-}
-
 /* POST /admin/users/{user}/disconnect {"code"?, "reason"?, "retryAfterMs"?}:
  * every connection of the user, on every node. */
 static void handle_user_disconnect(api_t *api, conn_t *c, http_request_t *req, const char *user) {
@@ -529,15 +521,9 @@ static void handle_user_disconnect(api_t *api, conn_t *c, http_request_t *req, c
   json_int_t code = cv ? (json_is_integer(cv) ? json_integer_value(cv) : -1) : 1008;
   const char *reason = rv ? json_string_value(rv) : "disconnected by the server";
   json_int_t hint = hv ? (json_is_integer(hv) ? json_integer_value(hv) : -1) : 0;
-  int printable = reason != NULL;
-  for (const char *p = reason; p && *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f) printable = 0;
-  if (!close_code_allowed(code)) {
-    bad_request(c, "code must be 1000, 1001, 1008, 1011, 1012, 1013 or 3000 to 4999");
-  } else if (!printable || strlen(reason) > 80) {
-    bad_request(c, "reason must be a string of at most 80 bytes without control characters");
-  } else if (hint < 0 || hint > 3600000) {
-    bad_request(c, "retryAfterMs must be an integer from 0 to 3600000");
+  const char *why = notify_disconnect_check(code, reason, hint);
+  if (why) {
+    bad_request(c, why);
   } else {
     int n = session_disconnect_user(api->sessions, user, (int)code, reason, (long)hint);
     log_info("POST /admin/users/%s/disconnect: %d connection(s) closed here with %d", user, n,

@@ -105,61 +105,62 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
     }
     return 0;
   }
-  if (strcmp(type, "sync") == 0 || strcmp(type, "send") == 0) {
-    out->type = type[1] == 'y' ? FRAME_SYNC : FRAME_SEND;
+  /* The frames about one conversation: `conv` first, then their own fields. */
+  static const struct {
+    const char *name;
+    frame_type_t type;
+  } conv_frames[] = {{"sync", FRAME_SYNC},
+                     {"send", FRAME_SEND},
+                     {"subscribe", FRAME_SUBSCRIBE},
+                     {"unsubscribe", FRAME_UNSUBSCRIBE}};
+  for (size_t k = 0; k < sizeof conv_frames / sizeof conv_frames[0]; k++) {
+    if (strcmp(type, conv_frames[k].name) != 0) continue;
+    out->type = conv_frames[k].type;
     out->conv = json_string_value(json_object_get(root, "conv"));
     if (!util_id_valid(out->conv)) {
       WHY("%s needs \"conv\": an id matching [A-Za-z0-9._:-]{1,128}", type);
       goto bad;
     }
-    if (type[1] == 'y') {
-      out->type = FRAME_SYNC;
+    switch (out->type) {
+    case FRAME_SYNC: {
       json_t *w = json_object_get(root, "watermark");
       if (!w || get_watermark(w, &out->watermark) != 0 || out->watermark < 0) {
         WHY("sync needs \"watermark\": an integer >= 0");
         goto bad;
       }
-      if (get_epoch(json_object_get(root, "epoch"), out->epoch) != 0) {
-        WHY("sync's \"epoch\" must be null or a string of 1 to %d characters [A-Za-z0-9._:-]",
-            STORE_EPOCH_MAX);
+      break;
+    }
+    case FRAME_SUBSCRIBE:
+      if (get_watermark(json_object_get(root, "watermark"), &out->watermark) != 0) {
+        WHY("subscribe's \"watermark\" must be null or an integer >= 0");
+        goto bad;
+      }
+      break;
+    case FRAME_SEND:
+      out->id = json_string_value(json_object_get(root, "id"));
+      out->body = json_object_get(root, "body");
+      if (!util_id_valid(out->id)) {
+        WHY("send needs \"id\": an id matching [A-Za-z0-9._:-]{1,128}");
+        goto bad;
+      }
+      if (!out->body) {
+        WHY("send needs a \"body\"");
         goto bad;
       }
       return 0;
+    default: /* unsubscribe: conv only */
+      return 0;
     }
-    out->type = FRAME_SEND;
-    out->id = json_string_value(json_object_get(root, "id"));
-    out->body = json_object_get(root, "body");
-    if (!util_id_valid(out->id)) {
-      WHY("send needs \"id\": an id matching [A-Za-z0-9._:-]{1,128}");
-      goto bad;
-    }
-    if (!out->body) {
-      WHY("send needs a \"body\"");
+    /* sync and subscribe: the epoch their watermark is in */
+    if (get_epoch(json_object_get(root, "epoch"), out->epoch) != 0) {
+      WHY("%s's \"epoch\" must be null or a string of 1 to %d characters [A-Za-z0-9._:-]", type,
+          STORE_EPOCH_MAX);
       goto bad;
     }
     return 0;
   }
   if (strcmp(type, "ping") == 0) {
     out->type = FRAME_PING;
-    return 0;
-  }
-  if (strcmp(type, "subscribe") == 0 || strcmp(type, "unsubscribe") == 0) {
-    out->type = type[0] == 's' ? FRAME_SUBSCRIBE : FRAME_UNSUBSCRIBE;
-    out->conv = json_string_value(json_object_get(root, "conv"));
-    if (!util_id_valid(out->conv)) {
-      WHY("%s needs \"conv\": an id matching [A-Za-z0-9._:-]{1,128}", type);
-      goto bad;
-    }
-    if (out->type == FRAME_UNSUBSCRIBE) return 0;
-    if (get_watermark(json_object_get(root, "watermark"), &out->watermark) != 0) {
-      WHY("subscribe's \"watermark\" must be null or an integer >= 0");
-      goto bad;
-    }
-    if (get_epoch(json_object_get(root, "epoch"), out->epoch) != 0) {
-      WHY("subscribe's \"epoch\" must be null or a string of 1 to %d characters [A-Za-z0-9._:-]",
-          STORE_EPOCH_MAX);
-      goto bad;
-    }
     return 0;
   }
   if (strcmp(type, "refresh") == 0) {

@@ -115,11 +115,7 @@ static void hello_done(pool_job_t *job) {
       if (it->status == 0 && session_deactivated_since(s->ss, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
-        if (it->status == -CV_ENOTFOUND)
-          session_send_error(c, "not_found", "no such conversation", it->conv, 0, NULL);
-        else
-          session_send_error(c, "channel_inactive", "the conversation's channel is inactive",
-                             it->conv, 0, NULL);
+        session_send_conv_error(c, it->status, it->conv, NULL);
         sub_remove(s, sub);
         continue;
       }

@@ -48,11 +48,8 @@ static void send_done(pool_job_t *job) {
       session_send_owned(c, frame_sent(j->conv, j->msg.id, j->msg.seq));
       break;
     case -CV_ENOTFOUND:
-      session_send_error(c, "not_found", "no such conversation", j->conv, 0, details);
-      break;
     case -CV_EINACTIVE:
-      session_send_error(c, "channel_inactive", "the conversation's channel is inactive", j->conv,
-                         0, details);
+      session_send_conv_error(c, j->status, j->conv, details);
       break;
     default:
       /* The client reconnects after the hint and sends again with the same

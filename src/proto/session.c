@@ -60,6 +60,14 @@ void session_send_error(conn_t *c, const char *code, const char *message, const 
   session_send_owned(c, frame_error(code, message, conv, retry_after_ms, details));
 }
 
+void session_send_conv_error(conn_t *c, int status, const char *conv, json_t *details) {
+  if (status == -CV_ENOTFOUND)
+    session_send_error(c, "not_found", "no such conversation", conv, 0, details);
+  else
+    session_send_error(c, "channel_inactive", "the conversation's channel is inactive", conv, 0,
+                       details);
+}
+
 void session_count_handshake(sessions_t *ss, const char *result) {
   char labels[64];
   snprintf(labels, sizeof labels, "result=\"%s\"", result);

@@ -110,6 +110,11 @@ struct session_s {
 
 /* Send `text` (heap, taken; NULL: out of memory, close 1011). */
 void session_send_owned(conn_t *c, char *text);
+/* `error not_found` (status -CV_ENOTFOUND) or `error channel_inactive`
+ * (any other: -CV_EINACTIVE) for `conv`, the answer to a hello entry, a
+ * subscribe or a send whose conversation the store did not have or had
+ * inactive. Steals `details`. */
+void session_send_conv_error(conn_t *c, int status, const char *conv, json_t *details);
 /* `error` frame (frames.h: frame_error; `details` stolen). */
 void session_send_error(conn_t *c, const char *code, const char *message, const char *conv,
                         long retry_after_ms, json_t *details);

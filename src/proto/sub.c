@@ -590,10 +590,7 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   if (f->status == 0 && session_deactivated_since(s->ss, f->deact_gen, f->channel))
     f->status = -CV_EINACTIVE; /* deactivated after our read */
   if (f->status == -CV_ENOTFOUND || f->status == -CV_EINACTIVE) {
-    session_send_error(c, f->status == -CV_ENOTFOUND ? "not_found" : "channel_inactive",
-                       f->status == -CV_ENOTFOUND ? "no such conversation"
-                                                  : "the conversation's channel is inactive",
-                       sub->conv, 0, NULL);
+    session_send_conv_error(c, f->status, sub->conv, NULL);
     sub_remove(s, sub);
     return;
   }

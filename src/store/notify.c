@@ -46,11 +46,25 @@ static int number(const char **p, int64_t *out) {
   return 0;
 }
 
+const char *notify_disconnect_check(int64_t code, const char *reason, int64_t retry_ms) {
+  if (!(code == 1000 || code == 1001 || code == 1008 || code == 1011 || code == 1012 ||
+        code == 1013 || (code >= 3000 && code <= 4999)))
+    return "code must be 1000, 1001, 1008, 1011, 1012, 1013 or 3000 to 4999";
+  int printable = reason != NULL;
+  for (const char *p = reason; p && *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) printable = 0;
+  if (!printable || strlen(reason) > 80)
+    return "reason must be a string of at most 80 bytes without control characters";
+  if (retry_ms < 0 || retry_ms > 3600000)
+    return "retryAfterMs must be an integer from 0 to 3600000";
+  return NULL;
+}
+
 char *notify_user_disconnect(const char *origin, const char *user, int code, int64_t retry_ms,
                              const char *reason) {
   char *out = NULL;
-  if (!util_id_valid(origin) || !util_id_valid(user) || strlen(reason) > 123 ||
-      strchr(reason, '\n'))
+  if (!util_id_valid(origin) || !util_id_valid(user) ||
+      notify_disconnect_check(code, reason, retry_ms))
     return NULL;
   if (asprintf(&out, "u d %s %s %d %lld\n%s", origin, user, code, (long long)retry_ms, reason) < 0)
     out = NULL;
@@ -79,18 +93,10 @@ static notify_kind_t decode_user(const char *payload, notify_t *out) {
   }
   int64_t code;
   if (*p++ != ' ' || number(&p, &code) != 0 || *p++ != ' ' || number(&p, &out->retry_ms) != 0 ||
-      *p != '\n' || out->retry_ms > 3600000)
-    return NOTIFY_BAD;
-  /* what POST /admin/users/{user}/disconnect accepts, and nothing else */
-  int sendable = code == 1000 || code == 1001 || code == 1008 || code == 1011 || code == 1012 ||
-                 code == 1013 || (code >= 3000 && code <= 4999);
-  const char *reason = p + 1;
-  size_t rl = strlen(reason);
-  for (size_t i = 0; i < rl; i++)
-    if ((unsigned char)reason[i] < 0x20 || reason[i] == 0x7f) sendable = 0;
-  if (!sendable || rl > 80) return NOTIFY_BAD;
+      *p != '\n' || notify_disconnect_check(code, p + 1, out->retry_ms))
+    return NOTIFY_BAD; /* what POST /admin/users/{user}/disconnect accepts, and nothing else */
   out->code = (int)code;
-  out->reason = reason;
+  out->reason = p + 1;
   return out->kind = NOTIFY_USER_DISCONNECT;
 }
 

@@ -76,9 +76,17 @@ typedef struct {
   const char *reason;              /* USER_DISCONNECT: into the payload ("" none) */
 } notify_t;
 
-/* The payloads of the user controls (see above). `reason`: at most 123
- * bytes, no newline. Heap strings; NULL when out of memory or a field
- * does not fit the format. */
+/* The fields of a user disconnect, as POST /admin/users/{user}/disconnect
+ * takes them and a payload may carry them: `code` 1000, 1001, 1008, 1011,
+ * 1012, 1013 or 3000..4999 (RFC 6455 section 7.4: ones converger gives a
+ * meaning, and the applications' range), `reason` 0..80 bytes without
+ * control characters, `retry_ms` 0..3600000. NULL when they are fine,
+ * else what is wrong (a static message for an HTTP 400). */
+const char *notify_disconnect_check(int64_t code, const char *reason, int64_t retry_ms);
+
+/* The payloads of the user controls (see above), the disconnect's fields
+ * as notify_disconnect_check accepts them. Heap strings; NULL when out of
+ * memory or a field does not fit the format. */
 char *notify_user_disconnect(const char *origin, const char *user, int code, int64_t retry_ms,
                              const char *reason);
 char *notify_user_unsubscribe(const char *origin, const char *user, const char *conv);
