@@ -1161,8 +1161,9 @@ void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, 
     on_unsubscribed(core, t, j);
   else if (strcmp(type, "refreshed") == 0)
     on_refreshed(core, j, now);
-  else if (strcmp(type, "pong") != 0)
-    core->st.bad_frames++;
+  else if (strcmp(type, "pong") != 0 && strcmp(type, "signal") != 0 && strcmp(type, "join") != 0 &&
+           strcmp(type, "leave") != 0 && strcmp(type, "presence") != 0)
+    core->st.bad_frames++; /* protocol 1.2's ephemeral frames: not this library's (yet) */
   json_decref(j);
   finish(core);
 }

@@ -39,6 +39,7 @@ typedef struct node_s {
   pgnotify_t *pgnotify;   /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
   auth_t *auth;
   users_t *users;         /* connections per user (gate/users.h) */
+  struct presence_s *presence; /* who is present (proto/presence.h) */
   admission_t *admission; /* hello and sync store work (gate/admission.h) */
   limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;

@@ -31,6 +31,7 @@
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frames.h"
+#include "proto/presence.h"
 #include "proto/session.h"
 
 /* Descriptors kept out of the open-file limit for everything but WebSocket
@@ -117,6 +118,7 @@ static void tick_cb(uv_timer_t *t) {
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
   session_flush_metrics(&node->sessions);
+  session_presence_tick(&node->sessions, now);
   conn_flush_all(&node->net);
   lifecycle_tick(node, now);
 }
@@ -146,6 +148,11 @@ static void bus_user_cb(void *ud, const notify_t *n) {
     int k = session_unsubscribe_user(ss, n->user, n->conv);
     log_info("%s asked: %d subscription(s) of %s to %s ended here", n->origin, k, n->user, n->conv);
   }
+}
+
+/* Presence and signals heard through the store (store/notify.h). */
+static void bus_ephemeral_cb(void *ud, const notify_t *n) {
+  session_ephemeral(&((node_t *)ud)->sessions, n);
 }
 
 /* The transport's handler (net/handler.h): HTTP requests go to the REST
@@ -183,6 +190,9 @@ static void membership_row(void *ud, membership_row_t *out) {
   out->connections = node->net.nws;
   out->waiters = admission_waiting(node->admission);
   out->capacity = node->cfg->capacity_connections;
+  /* a cluster's presence: rows of nodes gone this long go (store.h) */
+  out->presence_max_age_ms =
+      node->sessions.shared ? MEMBERSHIP_MAX_AGE_MS + node->cfg->presence_grace_ms : 0;
 }
 
 static uint64_t tick_interval(const config_t *cfg) {
@@ -273,10 +283,12 @@ int serve_main(int argc, char **argv) {
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
   node->users = users_new();
+  node->presence = presence_new(cfg.presence_grace_ms);
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
                                .msg_wire = bus_msg_wire_cb,
                                .channel_changed = bus_channel_cb,
                                .user_control = bus_user_cb,
+                               .ephemeral = bus_ephemeral_cb,
                                .ud = node};
   node->bus = bus_new(node->loop, &bus_handler, node->metrics);
   store_options_t opt = {
@@ -321,7 +333,9 @@ int serve_main(int argc, char **argv) {
                                 .net = &node->net,
                                 .rng = &node->rng,
                                 .metrics = node->metrics,
-                                .users = node->users};
+                                .users = node->users,
+                                .presence = node->presence,
+                                .shared = shared_store};
   procstat_t start; /* the start time /admin/status reports (a restart changes it) */
   procstat_read(&start);
   node->api = (api_t){.loop = node->loop,
@@ -343,8 +357,8 @@ int serve_main(int argc, char **argv) {
                       .phase = &node->phase,
                       .drain_begin = api_drain_cb,
                       .ud = node};
-  if (!node->metrics || !node->auth || !node->users || !node->bus || !node->admission ||
-      !node->drain)
+  if (!node->metrics || !node->auth || !node->users || !node->presence || !node->bus ||
+      !node->admission || !node->drain)
     goto out;
   if (auth_set_claims(node->auth, cfg.token_issuer, cfg.token_audience) != 0) goto out;
   if (cfg.token_public_keys && *cfg.token_public_keys) {
@@ -391,6 +405,7 @@ int serve_main(int argc, char **argv) {
   lifecycle_signals_start(node);
   rest_start_revocation_refresh(&node->api);
   membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
+  if (shared_store) session_presence_restore(&node->sessions);
   lifecycle_ready(node);
   log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
@@ -414,6 +429,7 @@ out:
   if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
   auth_free(node->auth);
   users_free(node->users); /* every session is gone */
+  presence_free(node->presence);
   if (node->admission) {
     /* Every connection is gone: a slot still counted is a leak (tests
      * look for "BUG:" in node logs). */

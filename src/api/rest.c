@@ -51,6 +51,8 @@ typedef enum {
   J_REVOKE,
   J_CLUSTER,
   J_ANNOUNCE, /* a user control, to the other nodes (store_announce) */
+  J_PRESENCE, /* GET .../presence */
+  J_SIGNAL,   /* POST .../signals */
 } job_kind_t;
 
 typedef struct {
@@ -62,9 +64,14 @@ typedef struct {
   char other[STORE_ID_MAX + 1]; /* channel of a new conversation; sender */
   char key[STORE_ID_MAX + 1];   /* idempotency key */
   char *name;                   /* channel name; message body JSON */
-  int flag;                     /* presence / active */
+  int flag;                     /* presence / active; presence: members */
+  int signals;                  /* a new channel's signals */
+  int64_t ts_ms;                /* a signal's time */
   int64_t after, limit, exp_s;
   uint64_t begun_ms; /* monotonic: the request was read (converger_append_latency_ms) */
+  store_member_t *rows; /* J_PRESENCE in a cluster */
+  size_t nrows;
+  int64_t count;
   /* results */
   int status;       /* HTTP status */
   json_t *answer;   /* body on success */
@@ -73,8 +80,8 @@ typedef struct {
 } rest_job_t;
 
 static json_t *channel_json(const store_channel_t *ch) {
-  return json_pack("{s:s, s:s, s:b, s:b}", "id", ch->id, "name", ch->name, "presence", ch->presence,
-                   "active", ch->active);
+  return json_pack("{s:s, s:s, s:b, s:b, s:b}", "id", ch->id, "name", ch->name, "presence",
+                   ch->presence, "signals", ch->signals, "active", ch->active);
 }
 
 static json_t *conv_json(const store_conv_t *cv) {
@@ -139,7 +146,9 @@ static void job_work(pool_job_t *job, store_t *db) {
   switch (j->kind) {
   case J_CHANNEL_CREATE: {
     store_channel_t ch;
-    if ((r = store_channel_create(db, j->id, j->name, j->flag, &ch)) == 0) {
+    unsigned flags =
+        (j->flag ? STORE_CHANNEL_PRESENCE : 0) | (j->signals ? STORE_CHANNEL_SIGNALS : 0);
+    if ((r = store_channel_create(db, j->id, j->name, flags, &ch)) == 0) {
       j->status = 201;
       j->answer = channel_json(&ch);
     }
@@ -200,6 +209,45 @@ static void job_work(pool_job_t *job, store_t *db) {
   case J_ANNOUNCE:
     if ((r = store_announce(db, j->name)) == 0) j->status = 202;
     break;
+  case J_PRESENCE:
+  case J_SIGNAL: {
+    store_conv_t cv;
+    if ((r = store_conv_get(db, j->id, &cv)) != 0) break;
+    if (j->kind == J_PRESENCE && !cv.presence) {
+      j->status = 409;
+      j->code = "presence_disabled";
+      j->message = "this conversation's channel has no presence";
+    } else if (j->kind == J_SIGNAL && !cv.channel_active) {
+      r = -CV_EINACTIVE;
+    } else if (j->kind == J_SIGNAL && !cv.signals) {
+      j->status = 409;
+      j->code = "signals_disabled";
+      j->message = "this conversation's channel does not take signals";
+    } else if (j->kind == J_PRESENCE) {
+      /* in a cluster the store's rows; on one node the table, read in done */
+      j->status = 200;
+      if (j->api->sessions->shared) {
+        store_member_t *m = NULL;
+        size_t n = 0;
+        int64_t count = 0;
+        if ((r = store_presence_list(db, j->id, j->key, j->flag ? (int)j->limit + 1 : 0, &m, &n,
+                                     &count)) == 0) {
+          j->rows = m;
+          j->nrows = n;
+          j->count = count;
+        }
+      }
+    } else {
+      /* a NOTIFY outside any append transaction: every node, this one too */
+      j->status = 202;
+      if (j->api->sessions->shared) {
+        char *payload = notify_signal(j->id, j->ts_ms, j->other, j->name);
+        r = payload ? store_announce(db, payload) : -CV_ENOMEM;
+        free(payload);
+      }
+    }
+    break;
+  }
   case J_CLUSTER: {
     store_node_t *nodes = NULL;
     size_t n = 0;
@@ -235,6 +283,23 @@ static void job_done(pool_job_t *job) {
     auth_add_revoked(api->auth, j->id);
     session_revoke_jti(api->sessions, j->id);
   }
+  if (j->kind == J_PRESENCE && j->status == 200) {
+    char *page = session_presence_page(api->sessions, j->id, j->key, (int)j->limit, j->flag,
+                                       j->rows, j->nrows, j->count);
+    json_t *v = page ? json_loads(page, 0, NULL) : NULL;
+    free(page);
+    if (v) json_object_del(v, "type"); /* the frame's fields, without its type */
+    j->answer = v;
+    if (!v) set_error(j, -CV_ENOMEM);
+  }
+  if (j->kind == J_SIGNAL && j->status == 202) {
+    int n = api->sessions->shared
+                ? -1
+                : session_signal_deliver(api->sessions, j->id, j->other, j->ts_ms, j->name);
+    metrics_add(api->metrics, "converger_signals_total", "result=\"ok\"", 1);
+    j->answer = json_pack("{s:s, s:I}", "conv", j->id, "ts", (json_int_t)j->ts_ms);
+    if (j->answer && n >= 0) json_object_set_new(j->answer, "delivered", json_integer(n));
+  }
   if (j->kind == J_ANNOUNCE && j->status != 202) { /* acted here; the others were not told */
     json_decref(j->answer);
     j->answer = NULL;
@@ -251,6 +316,7 @@ static void job_done(pool_job_t *job) {
     }
   }
   json_decref(j->answer);
+  free(j->rows);
   free(j->name);
   free(j);
 }
@@ -559,6 +625,7 @@ static void handle_channel_create(api_t *api, conn_t *c, http_request_t *req) {
   const char *id = json_string_value(json_object_get(b, "id"));
   const char *name = json_string_value(json_object_get(b, "name"));
   json_t *presence = json_object_get(b, "presence");
+  json_t *signals = json_object_get(b, "signals");
   char gen[37];
   if (json_object_get(b, "id") && !util_id_valid(id)) {
     bad_request(c, "id must match [A-Za-z0-9._:-]{1,128}");
@@ -566,6 +633,8 @@ static void handle_channel_create(api_t *api, conn_t *c, http_request_t *req) {
     bad_request(c, "name must be a string of 1 to 256 bytes");
   } else if (presence && !json_is_boolean(presence)) {
     bad_request(c, "presence must be a boolean");
+  } else if (signals && !json_is_boolean(signals)) {
+    bad_request(c, "signals must be a boolean");
   } else {
     rest_job_t *j = job_new(api, c, J_CHANNEL_CREATE);
     if (j) {
@@ -576,6 +645,7 @@ static void handle_channel_create(api_t *api, conn_t *c, http_request_t *req) {
       strcpy(j->id, id);
       j->name = strdup(name);
       j->flag = json_is_true(presence);
+      j->signals = json_is_true(signals);
       job_submit(j);
     }
   }
@@ -683,6 +753,97 @@ static void handle_msg_list(api_t *api, conn_t *c, http_request_t *req, const ch
   j->after = after;
   j->limit = limit;
   job_submit(j);
+}
+
+/* Query parameter `name` into `out` (`cap` bytes, "" when absent): 1 when
+ * present, -1 after answering 400 when its value is not an id (`what`
+ * says what it must be). */
+static int query_id(conn_t *c, const char *query, const char *name, char *out, size_t cap,
+                    const char *what) {
+  size_t nl = strlen(name);
+  out[0] = '\0';
+  for (const char *p = query; p && *p;) {
+    const char *amp = strchr(p, '&');
+    size_t len = amp ? (size_t)(amp - p) : strlen(p);
+    if (len > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+      size_t vl = len - nl - 1;
+      if (vl == 0 || vl >= cap) goto bad;
+      memcpy(out, p + nl + 1, vl);
+      out[vl] = '\0';
+      if (!util_id_valid(out)) goto bad;
+      return 1;
+    }
+    p = amp ? amp + 1 : NULL;
+  }
+  return 0;
+bad:
+  out[0] = '\0';
+  bad_request(c, what);
+  return -1;
+}
+
+/* GET /v1/conversations/{id}/presence?limit=&cursor=&members= */
+static void handle_presence(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
+  int64_t limit;
+  char cursor[STORE_ID_MAX + 1], members[8];
+  if (query_int(c, req->query, "limit", FRAME_PRESENCE_PAGE, &limit) != 0) return;
+  if (limit < 1 || limit > FRAME_PRESENCE_PAGE_MAX)
+    return bad_request(c, "limit must be between 1 and 1000");
+  if (query_id(c, req->query, "cursor", cursor, sizeof cursor,
+               "cursor must be the cursor of the page before") < 0)
+    return;
+  if (query_id(c, req->query, "members", members, sizeof members, "members must be true or false") <
+      0)
+    return;
+  if (members[0] && strcmp(members, "true") != 0 && strcmp(members, "false") != 0)
+    return bad_request(c, "members must be true or false");
+  rest_job_t *j = job_new(api, c, J_PRESENCE);
+  if (!j) return;
+  strcpy(j->id, conv);
+  strcpy(j->key, cursor);
+  j->limit = limit;
+  j->flag = strcmp(members, "false") != 0;
+  job_submit(j);
+}
+
+/* POST /v1/conversations/{id}/signals {"sender", "body"}: not stored
+ * (docs/protocol.md 9.6); the REST appends' rate limit counts it. */
+static void handle_signal(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
+  uint64_t now = util_mono_ms();
+  if (api->cfg->rest_rate > 0 && !limiter_take(&api->rest_appends, now)) {
+    metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
+    char message[96];
+    snprintf(message, sizeof message, "more than %d appends and signals a second for this API key",
+             api->cfg->rest_rate);
+    http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
+    return;
+  }
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *sender = json_string_value(json_object_get(b, "sender"));
+  json_t *body = json_object_get(b, "body");
+  char *text = NULL;
+  if (!util_id_valid(sender)) {
+    bad_request(c, "sender must be an id matching [A-Za-z0-9._:-]{1,128}");
+  } else if (!body) {
+    bad_request(c, "body is required (any JSON value)");
+  } else if (!(text = frame_dump(body))) {
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+  } else if (strlen(text) > FRAME_SIGNAL_BYTES_MAX) {
+    http_respond_error(c, 413, "too_large", "a signal's body is at most 4096 bytes of JSON", 0);
+  } else {
+    rest_job_t *j = job_new(api, c, J_SIGNAL);
+    if (j) {
+      strcpy(j->id, conv);
+      strcpy(j->other, sender);
+      j->ts_ms = util_now_ms();
+      j->name = text;
+      text = NULL;
+      job_submit(j);
+    }
+  }
+  free(text);
+  json_decref(b);
 }
 
 static void handle_token(api_t *api, conn_t *c, http_request_t *req) {
@@ -910,6 +1071,16 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
         job_submit(j);
       }
       return;
+    }
+    if (n == 4 && (strcmp(seg[3], "presence") == 0 || strcmp(seg[3], "signals") == 0)) {
+      int presence = seg[3][0] == 'p';
+      req->route = presence ? "/v1/conversations/{id}/presence" : "/v1/conversations/{id}/signals";
+      if (presence && !IS(GET)) return method_not_allowed(c, "GET");
+      if (!presence && !IS(POST)) return method_not_allowed(c, "POST");
+      if (require_key(api, c, req) != 0) return;
+      if (!util_id_valid(seg[2]))
+        return bad_request(c, "conversation id must match [A-Za-z0-9._:-]{1,128}");
+      return presence ? handle_presence(api, c, req, seg[2]) : handle_signal(api, c, req, seg[2]);
     }
     return not_found(c);
   }

@@ -42,6 +42,11 @@ typedef struct {
   /* A user control another node announced (store/notify.h:
    * NOTIFY_USER_DISCONNECT, NOTIFY_USER_UNSUBSCRIBE). Loop thread. */
   void (*user_control)(void *ud, const notify_t *n);
+  /* Presence or a signal another node (or this one, through the store)
+   * announced (store/notify.h: NOTIFY_PRESENCE_JOIN, NOTIFY_PRESENCE_LEAVE,
+   * NOTIFY_SIGNAL), for a conversation with a subscriber here. Loop
+   * thread. */
+  void (*ephemeral)(void *ud, const notify_t *n);
   void *ud;
 } bus_handler_t;
 
@@ -94,6 +99,13 @@ uint64_t bus_channel_gen(const bus_t *bus);
 /* A user control heard from another node: to the owner
  * (handler.user_control). Loop thread. */
 void bus_user_control(bus_t *bus, const notify_t *n);
+
+/* Presence or a signal heard (handler.ephemeral). Loop thread. */
+void bus_ephemeral(bus_t *bus, const notify_t *n);
+
+/* Call `fn(sub, ud)` for every local subscriber of `conv` (`fn` must not
+ * subscribe or unsubscribe). Loop thread. */
+void bus_each(bus_t *bus, const char *conv, void (*fn)(bus_sub_t *sub, void *ud), void *ud);
 
 /* 1 when `channel` changed state after generation `gen` (or too many
  * changes came since to tell): a state read from the store before is out

@@ -246,6 +246,13 @@ uint64_t bus_channel_gen(const bus_t *bus) { return bus->chans.gen; }
 
 void bus_user_control(bus_t *bus, const notify_t *n) { bus->h.user_control(bus->h.ud, n); }
 
+void bus_ephemeral(bus_t *bus, const notify_t *n) { bus->h.ephemeral(bus->h.ud, n); }
+
+void bus_each(bus_t *bus, const char *conv, void (*fn)(bus_sub_t *sub, void *ud), void *ud) {
+  for (bus_sub_t *s = first_sub(bus, conv); s; s = s->next)
+    if (strcmp(s->conv, conv) == 0) fn(s, ud);
+}
+
 int bus_channel_changed_since(const bus_t *bus, uint64_t gen, const char *channel) {
   return chanlog_changed_since(&bus->chans, gen, channel);
 }

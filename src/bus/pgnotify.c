@@ -243,6 +243,11 @@ static void heard(pgnotify_t *l, const char *payload) {
     /* the node the request came to acted on its own connections already */
     if (strcmp(n.origin, l->node_id) != 0) bus_user_control(l->bus, &n);
     return;
+  case NOTIFY_PRESENCE_JOIN:
+  case NOTIFY_PRESENCE_LEAVE:
+  case NOTIFY_SIGNAL:
+    if (bus_has_sub(l->bus, n.conv)) bus_ephemeral(l->bus, &n);
+    return;
   case NOTIFY_BAD:
     break;
   }

@@ -19,6 +19,7 @@ typedef struct {
   membership_t *m;
   const char *id, *public_url, *state; /* cfg strings, a static string */
   int64_t connections, waiters, capacity;
+  int64_t presence_max_age_ms; /* > 0: sweep presence rows of nodes gone that long */
   int status;
 } beat_job_t;
 
@@ -26,6 +27,16 @@ static void beat_work(pool_job_t *job, store_t *db) {
   beat_job_t *b = container_of(job, beat_job_t, job);
   b->status = store_node_beat(db, b->id, b->public_url, b->state, b->connections, b->waiters,
                               b->capacity, util_now_ms());
+  if (b->status == 0 && b->presence_max_age_ms > 0) {
+    int64_t removed = 0;
+    int r = store_presence_sweep(db, util_now_ms(), b->presence_max_age_ms, &removed);
+    if (r != 0)
+      log_warn("membership: presence sweep failed: %s", cv_strerror(r));
+    else if (removed > 0)
+      log_info("membership: %lld presence row(s) of nodes gone for %lld ms removed (their "
+               "clients left)",
+               (long long)removed, (long long)b->presence_max_age_ms);
+  }
 }
 
 static void beat(membership_t *m);
@@ -63,6 +74,7 @@ static void beat(membership_t *m) {
   b->connections = row.connections;
   b->waiters = row.waiters;
   b->capacity = row.capacity;
+  b->presence_max_age_ms = row.presence_max_age_ms;
   b->job.kind = "membership";
   b->job.no_drop = 1; /* an overloaded node is still a member */
   pool_submit(*m->pool, &b->job, beat_work, beat_done);

@@ -38,6 +38,10 @@ typedef struct {
   int64_t connections; /* WebSocket connections */
   int64_t waiters;     /* admission waiters */
   int64_t capacity;    /* connections it is sized for; 0: not set */
+  /* > 0: after the beat, the same job deletes the presence rows of nodes
+   * whose row is older than this (store_presence_sweep): a SIGKILLed
+   * node's clients leave after MEMBERSHIP_MAX_AGE_MS plus the grace. */
+  int64_t presence_max_age_ms;
 } membership_row_t;
 typedef void (*membership_row_cb)(void *ud, membership_row_t *out);
 

@@ -44,6 +44,9 @@ typedef struct {
   int rate_send, rate_send_burst;           /* send frames per second per connection; 0: off */
   int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
   int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */
+  int rate_signal, rate_signal_burst;       /* signal frames, per connection */
+  int presence_grace_ms;          /* a client stays present this long after its last connection */
+  int max_presence;               /* users listed per conversation; past it, counted only */
   int rate_abuse_factor;          /* this many times a rate ... (0: never closed for it) */
   int rate_abuse_ms;              /* ... every second for this long: close 1008 rate_limited */
   int max_conns_per_user;         /* WebSocket connections per token sub on the node; 0: no limit */

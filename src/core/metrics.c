@@ -69,8 +69,8 @@ static const family_t families[] = {
     {"converger_replay_queries_total", M_COUNTER,
      "Replay reads of the store, by kind (hello, fill)."},
     {"converger_rate_limited_total", M_COUNTER,
-     "Frames refused with rate_limited, by kind (send, subscribe: subscribe, unsubscribe and sync; "
-     "refresh; rest: REST appends, HTTP 429)."},
+     "Frames refused with rate_limited, by kind (send, subscribe: subscribe, unsubscribe, sync and "
+     "presence; refresh; signal; rest: REST appends and signals, HTTP 429)."},
     {"converger_rate_limit_closes_total", M_COUNTER,
      "Connections closed 1008 rate_limited for sustained abuse of a rate, by kind."},
     {"converger_token_refreshes_total", M_COUNTER,
@@ -85,6 +85,18 @@ static const family_t families[] = {
     {"converger_token_expired_total", M_COUNTER,
      "Connections closed 1008 token_expired: the token's exp plus CONVERGER_TOKEN_LEEWAY_MS "
      "passed without a refresh."},
+    {"converger_presence_entries", M_GAUGE,
+     "Presence entries held on this node (clients and users of conversations with presence; "
+     "proto/presence.h)."},
+    {"converger_presence_events_total", M_COUNTER,
+     "Presence changes told to this node's subscribers, by kind (join, leave)."},
+    {"converger_presence_frames_total", M_COUNTER,
+     "join and leave frames sent (one change to many subscribers)."},
+    {"converger_signals_total", M_COUNTER,
+     "signal frames and REST signals accepted on this node, by result (ok; failed: the store did "
+     "not take it, error unavailable)."},
+    {"converger_signal_frames_total", M_COUNTER,
+     "signal frames delivered to this node's subscribers."},
     {"converger_resets_total", M_COUNTER,
      "Resumes answered with reset, by reason (ahead: watermark above the head; epoch: another "
      "epoch)."},

@@ -20,6 +20,20 @@ static int get_epoch(json_t *v, char out[STORE_EPOCH_MAX + 1]) {
   return 0;
 }
 
+/* presenceEvents: absent, false, true, "users" or "clients". -1 else. */
+static int get_events(json_t *v, int *out) {
+  const char *str = json_string_value(v);
+  if (v == NULL || json_is_false(v))
+    *out = FRAME_EVENTS_NONE;
+  else if (json_is_true(v) || (str && strcmp(str, "users") == 0))
+    *out = FRAME_EVENTS_USERS;
+  else if (str && strcmp(str, "clients") == 0)
+    *out = FRAME_EVENTS_CLIENTS;
+  else
+    return -1;
+  return 0;
+}
+
 static int get_watermark(json_t *v, int64_t *out) {
   if (v == NULL || json_is_null(v)) {
     *out = FRAME_WATERMARK_NONE;
@@ -91,6 +105,10 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
         WHY("subs[%zu].watermark must be null or an integer >= 0", i);
         goto bad;
       }
+      if (get_events(json_object_get(s, "presenceEvents"), &out->subs[i].presence_events) != 0) {
+        WHY("subs[%zu].presenceEvents must be a boolean, \"users\" or \"clients\"", i);
+        goto bad;
+      }
       if (get_epoch(json_object_get(s, "epoch"), out->subs[i].epoch) != 0) {
         WHY("subs[%zu].epoch must be null or a string of 1 to %d characters [A-Za-z0-9._:-]", i,
             STORE_EPOCH_MAX);
@@ -109,10 +127,9 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
   static const struct {
     const char *name;
     frame_type_t type;
-  } conv_frames[] = {{"sync", FRAME_SYNC},
-                     {"send", FRAME_SEND},
-                     {"subscribe", FRAME_SUBSCRIBE},
-                     {"unsubscribe", FRAME_UNSUBSCRIBE}};
+  } conv_frames[] = {{"sync", FRAME_SYNC},           {"send", FRAME_SEND},
+                     {"subscribe", FRAME_SUBSCRIBE}, {"unsubscribe", FRAME_UNSUBSCRIBE},
+                     {"presence", FRAME_PRESENCE},   {"signal", FRAME_SIGNAL}};
   for (size_t k = 0; k < sizeof conv_frames / sizeof conv_frames[0]; k++) {
     if (strcmp(type, conv_frames[k].name) != 0) continue;
     out->type = conv_frames[k].type;
@@ -135,7 +152,42 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
         WHY("subscribe's \"watermark\" must be null or an integer >= 0");
         goto bad;
       }
+      if (get_events(json_object_get(root, "presenceEvents"), &out->presence_events) != 0) {
+        WHY("subscribe's \"presenceEvents\" must be a boolean, \"users\" or \"clients\"");
+        goto bad;
+      }
       break;
+    case FRAME_PRESENCE: {
+      json_t *limit = json_object_get(root, "limit");
+      json_t *cursor = json_object_get(root, "cursor");
+      json_t *members = json_object_get(root, "members");
+      out->limit = FRAME_PRESENCE_PAGE;
+      out->members = 1;
+      if (limit && (!json_is_integer(limit) || json_integer_value(limit) < 1 ||
+                    json_integer_value(limit) > FRAME_PRESENCE_PAGE_MAX)) {
+        WHY("presence's \"limit\" must be an integer from 1 to %d", FRAME_PRESENCE_PAGE_MAX);
+        goto bad;
+      }
+      if (limit) out->limit = (int)json_integer_value(limit);
+      if (cursor && !json_is_null(cursor) && !util_id_valid(json_string_value(cursor))) {
+        WHY("presence's \"cursor\" must be null or the cursor of the page before");
+        goto bad;
+      }
+      out->cursor = json_string_value(cursor);
+      if (members && !json_is_boolean(members)) {
+        WHY("presence's \"members\" must be a boolean");
+        goto bad;
+      }
+      if (members) out->members = json_is_true(members);
+      return 0;
+    }
+    case FRAME_SIGNAL:
+      out->body = json_object_get(root, "body");
+      if (!out->body) {
+        WHY("signal needs a \"body\"");
+        goto bad;
+      }
+      return 0;
     case FRAME_SEND:
       out->id = json_string_value(json_object_get(root, "id"));
       out->body = json_object_get(root, "body");
@@ -295,5 +347,41 @@ char *frame_drain(int64_t after_ms, const char *reconnect_to, int64_t deadline_m
                       (long long)after_ms, url, (long long)deadline_ms) < 0)
     out = NULL;
   free(url);
+  return out;
+}
+
+char *frame_presence(const char *conv, const store_member_t *m, size_t n, int64_t count,
+                     int with_members, const char *cursor, int truncated) {
+  json_t *f =
+      json_pack("{s:s, s:s, s:I}", "type", "presence", "conv", conv, "count", (json_int_t)count);
+  if (!f) return NULL;
+  if (with_members) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+      json_array_append_new(a, json_pack("{s:s, s:I, s:I}", "user", m[i].user, "clients",
+                                         (json_int_t)m[i].clients, "since",
+                                         (json_int_t)m[i].since_ms));
+    json_object_set_new(f, "members", a ? a : json_null());
+    json_object_set_new(f, "cursor", cursor ? json_string(cursor) : json_null());
+  }
+  if (truncated) json_object_set_new(f, "truncated", json_true());
+  return dump_steal(f);
+}
+
+char *frame_presence_event(int join, const char *conv, const char *user, const char *client) {
+  return dump_steal(json_pack("{s:s, s:s, s:s, s:s}", "type", join ? "join" : "leave", "conv", conv,
+                              "user", user, "client", client));
+}
+
+char *frame_signal(const char *conv, const char *sender, int64_t ts_ms, const char *body) {
+  /* The body is JSON text already (the client's, or a notification's): put
+   * in as it is, as frame_msg does with a stored body. */
+  json_t *f = json_pack("{s:s, s:s, s:s, s:I}", "type", "signal", "conv", conv, "sender", sender,
+                        "ts", (json_int_t)ts_ms);
+  char *head = dump_steal(f), *out = NULL;
+  if (!head) return NULL;
+  size_t hl = strlen(head); /* ends with '}' */
+  if (asprintf(&out, "%.*s,\"body\":%s}", (int)(hl - 1), head, body) < 0) out = NULL;
+  free(head);
   return out;
 }

@@ -22,17 +22,29 @@ typedef enum {
   FRAME_SUBSCRIBE,   /* v1.1 */
   FRAME_UNSUBSCRIBE, /* v1.1 */
   FRAME_REFRESH,     /* v1.1 */
+  FRAME_PRESENCE,    /* v1.2 */
+  FRAME_SIGNAL,      /* v1.2 */
 } frame_type_t;
 
 /* welcome.protocol: the version of docs/protocol.md this node speaks. */
-#define FRAME_PROTOCOL_VERSION "1.1"
+#define FRAME_PROTOCOL_VERSION "1.2"
 
 #define FRAME_WATERMARK_NONE (-1) /* watermark null or absent: start at the head */
+
+/* presenceEvents of a subscription (docs/protocol.md 4.9). */
+#define FRAME_EVENTS_NONE    0 /* absent or false */
+#define FRAME_EVENTS_USERS   1 /* true or "users": a user's first join and last leave */
+#define FRAME_EVENTS_CLIENTS 2 /* "clients": every client instance's */
+
+#define FRAME_PRESENCE_PAGE_MAX 1000 /* members in one presence page */
+#define FRAME_PRESENCE_PAGE     100  /* ... when `limit` is not given */
+#define FRAME_SIGNAL_BYTES_MAX  4096 /* a signal's body, as JSON text */
 
 typedef struct {
   char conv[STORE_ID_MAX + 1];
   int64_t watermark;               /* >= 0, or FRAME_WATERMARK_NONE */
   char epoch[STORE_EPOCH_MAX + 1]; /* the epoch the watermark is in; "" when not given */
+  int presence_events;             /* FRAME_EVENTS_* */
 } frame_sub_t;
 
 /* A decoded client frame. Strings point into `root` (kept alive by it). */
@@ -43,11 +55,15 @@ typedef struct {
   const char *client_id; /* hello (1.1): NULL when not given */
   frame_sub_t *subs; /* hello; heap array */
   size_t nsubs;
-  const char *conv;                /* sync, send, subscribe, unsubscribe */
+  const char *conv;                /* sync, send, subscribe, unsubscribe, presence, signal */
   int64_t watermark;               /* sync (>= 0); subscribe (or FRAME_WATERMARK_NONE) */
   char epoch[STORE_EPOCH_MAX + 1]; /* sync, subscribe; "" when not given */
   const char *id;    /* send */
-  json_t *body;      /* send; borrowed from root */
+  json_t *body;      /* send, signal; borrowed from root */
+  int presence_events; /* subscribe: FRAME_EVENTS_* */
+  int limit;           /* presence: 1..FRAME_PRESENCE_PAGE_MAX */
+  const char *cursor;  /* presence: the page after this user; NULL for the first */
+  int members;         /* presence: 0 for the count alone */
   int known_type;    /* on a decode failure: 1 when `type` was a known
                         frame type (then `type` is set) */
 } frame_client_t;
@@ -83,6 +99,18 @@ char *frame_subscribed(const char *conv, int64_t head, const char *epoch, int pr
 char *frame_unsubscribed(const char *conv);
 char *frame_refreshed(int64_t expires_in_ms);
 char *frame_pong(void);
+/* v1.2 (docs/protocol.md 5.11 to 5.13):
+ * {"type":"presence","conv","count","members":[{"user","clients","since"}],
+ *  "cursor"} (members and cursor only when `with_members`; cursor null on
+ * the last page; "truncated":true when `truncated`: members past
+ * max_presence are counted, not listed);
+ * {"type":"join"|"leave","conv","user","client"};
+ * {"type":"signal","conv","sender","ts","body"} (`body` JSON text, put in
+ * as it is). */
+char *frame_presence(const char *conv, const store_member_t *m, size_t n, int64_t count,
+                     int with_members, const char *cursor, int truncated);
+char *frame_presence_event(int join, const char *conv, const char *user, const char *client);
+char *frame_signal(const char *conv, const char *sender, int64_t ts_ms, const char *body);
 /* {"type":"drain","afterMs":..,"reconnectTo":URL or null,"deadlineMs":..}
  * (docs/protocol.md 5.6); `reconnect_to` NULL for null. */
 char *frame_drain(int64_t after_ms, const char *reconnect_to, int64_t deadline_ms);

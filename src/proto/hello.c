@@ -25,6 +25,8 @@ typedef struct {
   const char *reset;               /* a sub_reset_reason (worker thread; read in done) */
   int status;
   int replayed; /* a replay query was made (worker thread; read in done) */
+  int row;      /* its presence row was written (worker thread; read in done) */
+  int presence_events;
   store_conv_t info;
   store_msg_t *msgs;
   size_t n;
@@ -35,6 +37,7 @@ typedef struct hello_job_s {
   conn_t *conn;
   sessions_t *ss;     /* the connection's session may be gone when the job is done */
   uint64_t deact_gen; /* deactivations seen when the job was submitted */
+  char client[STORE_ID_MAX + 1], user[STORE_ID_MAX + 1]; /* whose presence rows */
   size_t n;
   hello_item_t items[];
 } hello_job_t;
@@ -74,6 +77,12 @@ static void hello_work(pool_job_t *job, store_t *db) {
     }
   }
   store_read_end(db);
+  /* In a cluster, the presence rows in the same checkout (after the read:
+   * they are writes), so the hello stays one job. */
+  for (size_t i = 0; i < h->n && r == 0 && h->ss->shared; i++)
+    if (h->items[i].status == 0 && h->items[i].info.presence)
+      h->items[i].row =
+          session_presence_store_join(h->ss, db, h->items[i].conv, h->client, h->user);
 }
 
 static void hello_done(pool_job_t *job) {
@@ -82,9 +91,12 @@ static void hello_done(pool_job_t *job) {
     int st = !job->dropped ? -CV_ECANCELED : job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
     for (size_t i = 0; i < h->n; i++) h->items[i].status = st;
   }
-  for (size_t i = 0; i < h->n; i++)
+  for (size_t i = 0; i < h->n; i++) {
     if (h->items[i].replayed)
       metrics_add(h->ss->metrics, "converger_replay_queries_total", "kind=\"hello\"", 1);
+    if (h->items[i].row) /* this node's row: see session_presence_orphan */
+      session_presence_orphan(h->ss, h->items[i].conv, h->user, h->client);
+  }
   if (h->conn->session && h->conn->session->hello_running == h) {
     /* the store work is done: the slot goes to the next handshake */
     h->conn->session->hello_running = NULL;
@@ -122,6 +134,7 @@ static void hello_done(pool_job_t *job) {
       strcpy(sub->channel, it->info.channel);
       strcpy(sub->epoch, it->info.epoch);
       sub->presence = it->info.presence;
+      sub->signals = it->info.signals;
       sub->announced = 1;
       json_t *entry =
           json_pack("{s:s, s:I, s:s, s:b}", "conv", it->conv, "head", (json_int_t)it->info.head,
@@ -141,6 +154,12 @@ static void hello_done(pool_job_t *job) {
                   (json_int_t)session_token_expires_in(s, util_mono_ms()), "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
+    for (size_t i = 0; i < h->n; i++) { /* present from the welcome on */
+      sub_t *sub = h->items[i].status == 0
+                       ? session_find_sub_gen(s, h->items[i].conv, h->items[i].gen)
+                       : NULL;
+      if (sub && sub->announced) session_presence_on(sub);
+    }
     metrics_observe(s->ss->metrics, "converger_hello_latency_ms",
                     (double)(util_mono_ms() - s->hello_ms));
     session_count_handshake(s->ss, "ok");
@@ -251,6 +270,8 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   }
   h->conn = c;
   h->ss = s->ss;
+  strcpy(h->client, s->client_id);
+  strcpy(h->user, s->token.sub);
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
     if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
@@ -268,6 +289,7 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
       return;
     }
     sub_set_state(sub, SUB_QUEUED);
+    sub->presence_events = f->subs[i].presence_events;
     hello_item_t *it = &h->items[h->n++];
     strcpy(it->conv, conv);
     it->gen = sub->gen;

@@ -121,6 +121,7 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   }
   sub_t *sub = session_find_sub(s, f->conv);
   if (sub) {
+    sub->presence_events = f->presence_events; /* a second subscribe may change them */
     if (sub->announced)
       session_send_owned(
           c, frame_subscribed(sub->conv, sub->delivered, sub->epoch, sub->presence, 0, 1));
@@ -132,7 +133,7 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
     session_send_error(c, "too_many_subscriptions", why, f->conv, 0, NULL);
     return;
   }
-  sub_subscribe(s, f->conv, f->watermark, f->epoch);
+  sub_subscribe(s, f->conv, f->watermark, f->epoch, f->presence_events);
 }
 
 /* An unsubscribe: nothing of the conversation follows `unsubscribed` (its
@@ -162,7 +163,8 @@ int session_start(sessions_t *ss, conn_t *c) {
   const int rates[RATE_KINDS][2] = {
       [RATE_SEND] = {ss->cfg->rate_send, ss->cfg->rate_send_burst},
       [RATE_SUBSCRIBE] = {ss->cfg->rate_subscribe, ss->cfg->rate_subscribe_burst},
-      [RATE_REFRESH] = {ss->cfg->rate_refresh, ss->cfg->rate_refresh_burst}};
+      [RATE_REFRESH] = {ss->cfg->rate_refresh, ss->cfg->rate_refresh_burst},
+      [RATE_SIGNAL] = {ss->cfg->rate_signal, ss->cfg->rate_signal_burst}};
   uint64_t now = util_mono_ms();
   for (int k = 0; k < RATE_KINDS; k++) {
     s->rate[k].per_s = rates[k][0];
@@ -174,7 +176,7 @@ int session_start(sessions_t *ss, conn_t *c) {
 
 /* ---- rate limits ------------------------------------------------------------ */
 
-static const char *const rate_names[RATE_KINDS] = {"send", "subscribe", "refresh"};
+static const char *const rate_names[RATE_KINDS] = {"send", "subscribe", "refresh", "signal"};
 
 #define RATE_HINT_MAX_MS 60000 /* the longest retryAfterMs of a rate_limited */
 
@@ -186,9 +188,12 @@ static int rate_kind(frame_type_t t) {
   case FRAME_SUBSCRIBE:
   case FRAME_UNSUBSCRIBE:
   case FRAME_SYNC:
+  case FRAME_PRESENCE:
     return RATE_SUBSCRIBE;
   case FRAME_REFRESH:
     return RATE_REFRESH;
+  case FRAME_SIGNAL:
+    return RATE_SIGNAL;
   default:
     return -1;
   }
@@ -307,6 +312,12 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
     break;
   case FRAME_REFRESH:
     session_handle_refresh(s, &f);
+    break;
+  case FRAME_PRESENCE:
+    session_handle_presence(s, &f);
+    break;
+  case FRAME_SIGNAL:
+    session_handle_signal(s, &f);
     break;
   }
   frame_client_clear(&f);

@@ -39,6 +39,9 @@ typedef struct sessions_s {
   jitter_rng_t *rng;            /* retry hints */
   metrics_t *metrics;           /* the node's registry (core/metrics.h) */
   users_t *users;               /* connections per user (CONVERGER_MAX_CONNS_PER_USER) */
+  struct presence_s *presence;  /* who is present (proto/presence.h) */
+  int shared;                   /* a cluster store (PostgreSQL): presence and signals go
+                                   through it and come back through the bus */
   uint64_t next_session;        /* the last session id given */
   uint64_t delivered_unflushed; /* deliveries not yet in their metric */
 } sessions_t;
@@ -98,6 +101,35 @@ int session_disconnect_user(sessions_t *ss, const char *user, int code, const ch
 /* POST /admin/users/{user}/unsubscribe: end `user`'s subscriptions of
  * `conv` on this node, each told with `unsubscribed`. Returns how many. */
 int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv);
+
+/* Presence and signals heard from the bus (store/notify.h:
+ * NOTIFY_PRESENCE_JOIN, NOTIFY_PRESENCE_LEAVE, NOTIFY_SIGNAL): told to
+ * this node's subscribers of the conversation. Loop thread. */
+void session_ephemeral(sessions_t *ss, const notify_t *n);
+
+/* A signal for `conv` (docs/protocol.md 4.10) from `sender` at wall ms
+ * `ts_ms`, `body` its JSON text: one `signal` frame to every announced
+ * subscription of `conv` on this node. Returns how many. Loop thread. */
+int session_signal_deliver(sessions_t *ss, const char *conv, const char *sender, int64_t ts_ms,
+                           const char *body);
+
+/* Clients whose presence grace ended by `now` (monotonic ms) leave: told
+ * to subscribers on one node; in a cluster, their rows are deleted (the
+ * leave comes back through the bus). Every tick. */
+void session_presence_tick(sessions_t *ss, uint64_t now);
+
+/* In a cluster, at start: this node's presence rows from before (a
+ * restart with the same node id) go into their grace, so a client that
+ * reconnects in time never leaves and one that does not leaves then. */
+void session_presence_restore(sessions_t *ss);
+
+/* A page of the users present in `conv` after `after` ("" or NULL: the
+ * first), at most `limit`, as frame_presence's JSON (heap; NULL on OOM):
+ * from this node's table on one node (`rows` unused), or in a cluster
+ * from `rows`, store_presence_list's answer for limit + 1 with its
+ * `count`. Only the first max_presence users are listed. Loop thread. */
+char *session_presence_page(sessions_t *ss, const char *conv, const char *after, int limit,
+                            int members, const store_member_t *rows, size_t nrows, int64_t count);
 
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(sessions_t *ss, int code, const char *reason);

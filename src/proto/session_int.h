@@ -52,6 +52,9 @@ typedef struct sub_s {
   int announced;     /* its welcome entry or `subscribed` was sent */
   int after_welcome; /* a subscribe that came before the welcome: QUEUED until then */
   int presence;      /* the channel's presence setting, as the store said */
+  int signals;       /* the channel's signals setting, as the store said */
+  int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
+  int present;         /* counted in ss->presence (announced, channel with presence) */
   char conv[STORE_ID_MAX + 1];
   char channel[STORE_ID_MAX + 1];
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
@@ -75,7 +78,7 @@ typedef struct sub_s {
 struct hello_job_s;
 
 /* The frames a connection's rate limits count (docs/protocol.md 4.8). */
-typedef enum { RATE_SEND, RATE_SUBSCRIBE, RATE_REFRESH, RATE_KINDS } rate_kind_t;
+typedef enum { RATE_SEND, RATE_SUBSCRIBE, RATE_REFRESH, RATE_SIGNAL, RATE_KINDS } rate_kind_t;
 
 typedef struct {
   limiter_t bucket;
@@ -163,7 +166,8 @@ void sub_remove(session_t *s, sub_t *sub);
 /* A `subscribe` the session has checked (token, duplicates, the count):
  * through admission, then one store job (conversation, head, first page),
  * then `subscribed`, the replay and `synced` (docs/protocol.md 4.5). */
-void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch);
+void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch,
+                   int presence_events);
 /* The welcome is out: the subscribes that came before it ask for their
  * admission slots now. */
 void sub_after_welcome(session_t *s);
@@ -190,6 +194,29 @@ void session_handle_refresh(session_t *s, frame_client_t *f);
 /* The tick's check: past exp + token_leeway_ms, `error token_expired`
  * and close 1008 "token_expired". Returns 1 when it closed. */
 int session_check_expiry(session_t *s, uint64_t now);
+
+/* ---- ephemeral.c: presence and signals (docs/protocol.md 4.9, 4.10) ---- */
+
+/* `sub` is announced: when its channel has presence, its client is
+ * present from now on (on one node, a join is told at once). */
+void session_presence_on(sub_t *sub);
+/* `sub` ends (sub_remove): its client's connection count goes down, and
+ * at 0 its grace begins. */
+void session_presence_off(sub_t *sub);
+/* Worker thread, in the hello's or a subscribe's store job (its one
+ * checkout): in a cluster, the client's row says it is present through
+ * this node. 1 when written; a failure is logged, and the subscription
+ * goes on. The job's done then calls session_presence_orphan. */
+int session_presence_store_join(sessions_t *ss, store_t *db, const char *conv, const char *client,
+                                const char *user);
+/* A job wrote the client's row: unless the client is present here
+ * already, it is in its grace from now on, so that its row goes when no
+ * subscription of it is announced in time (one that ended meanwhile). */
+void session_presence_orphan(sessions_t *ss, const char *conv, const char *user,
+                             const char *client);
+/* A presence frame, a signal frame. */
+void session_handle_presence(session_t *s, frame_client_t *f);
+void session_handle_signal(session_t *s, frame_client_t *f);
 
 /* ---- hello.c, send.c ---- */
 

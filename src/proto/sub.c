@@ -127,6 +127,7 @@ void sub_remove(session_t *s, sub_t *sub) {
    * admitted jobs in the pool never outnumber the slots. */
   cancel_sync_job(sub);
   admission_release(s->ss->admission, &sub->adm, util_mono_ms());
+  session_presence_off(sub);
   bus_unsubscribe(s->ss->bus, &sub->bus);
   clear_pending(sub);
   free(sub->pending);
@@ -283,7 +284,11 @@ typedef struct fill_job_s {
    * channel and reads its presence; `after` < 0 (null) becomes the head. */
   int subscribe;
   uint64_t deact_gen; /* the bus's channel changes when it was submitted */
-  int presence;
+  int presence, signals;
+  /* A subscribe's job in a cluster: the client's presence row is written
+   * in it (the same checkout), for this client and user. */
+  char client[STORE_ID_MAX + 1], user[STORE_ID_MAX + 1];
+  int row; /* it was written (worker thread; read in done) */
   char channel[STORE_ID_MAX + 1];
   int64_t after, upto;
   int synced;
@@ -325,6 +330,9 @@ static void fill_work(pool_job_t *job, store_t *db) {
     strcpy(f->head_epoch, info.epoch);
     strcpy(f->channel, info.channel);
     f->presence = info.presence;
+    f->signals = info.signals;
+    if (f->subscribe && info.presence && f->ss->shared)
+      f->row = session_presence_store_join(f->ss, db, f->conv, f->client, f->user);
     if ((f->reset = sub_reset_reason(f->after, f->epoch, &info)) != NULL) return;
     if (f->after < 0) f->after = info.head; /* a subscribe from null: live from the head */
   }
@@ -401,6 +409,10 @@ static void fill_done(pool_job_t *job) {
     f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
   if (f->replayed)
     metrics_add(f->ss->metrics, "converger_replay_queries_total", "kind=\"fill\"", 1);
+  /* A row written is this node's to delete: in the table from now on, in
+   * its grace until the subscription is announced (which never happens if
+   * it ended meanwhile), so that it goes if no connection comes. */
+  if (f->row) session_presence_orphan(f->ss, f->conv, f->user, f->client);
   if (f->held.state == ADMISSION_HOLDING) /* its subscription is gone: the slot it took */
     admission_release(f->ss->admission, &f->held, util_mono_ms());
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */
@@ -504,6 +516,10 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   strcpy(f->conv, sub->conv);
   f->gen = sub->gen;
   f->subscribe = admitted && !sub->announced;
+  if (f->subscribe) {
+    strcpy(f->client, c->session->client_id);
+    strcpy(f->user, c->session->token.sub);
+  }
   f->deact_gen = bus_channel_gen(c->session->ss->bus);
   f->after = after;
   f->upto = upto;
@@ -604,10 +620,12 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   strcpy(sub->channel, f->channel);
   strcpy(sub->epoch, f->head_epoch);
   sub->presence = f->presence;
+  sub->signals = f->signals;
   sub->announced = 1;
   if (f->reset) sub_count_reset(s->ss, f->reset);
   session_send_owned(
       c, frame_subscribed(sub->conv, f->upto, f->head_epoch, f->presence, f->reset != NULL, 0));
+  session_presence_on(sub);
   /* null and a reset start at the head (told in `subscribed`, as in a
    * welcome entry); the first page goes out unless the output is high */
   sub->delivered = f->reset ? f->upto : f->after;
@@ -648,12 +666,14 @@ static void subscribe_acquire(sub_t *sub) {
   }
 }
 
-void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch) {
+void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char *epoch,
+                   int presence_events) {
   sub_t *sub = sub_new(s, conv);
   if (!sub) {
     ws_close(s->conn, WS_CLOSE_INTERNAL_ERROR, "out of memory");
     return;
   }
+  sub->presence_events = presence_events;
   sub->adm_watermark = watermark;
   snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
   if (!s->drain_mark.welcomed) {

@@ -47,7 +47,7 @@ struct store_ops_s {
   /* Optional (NULL: nothing to do): called by store_set_deadline after it
    * has set s->deadline_ms, for a backend that arms something for it. */
   void (*set_deadline)(store_t *s, uint64_t deadline_ms);
-  int (*channel_create)(store_t *s, const char *id, const char *name, int presence,
+  int (*channel_create)(store_t *s, const char *id, const char *name, unsigned flags,
                         store_channel_t *out);
   int (*channel_get)(store_t *s, const char *id, store_channel_t *out);
   int (*channel_set_active)(store_t *s, const char *id, int active, store_channel_t *out);
@@ -71,6 +71,17 @@ struct store_ops_s {
   int (*nodes_live)(store_t *s, int64_t since_ms, store_node_t **out, size_t *n);
   /* Optional (NULL: no other node listens): send `payload` to every node. */
   int (*announce)(store_t *s, const char *payload);
+  /* Optional (NULL: the backend keeps no presence; store_presence_*
+   * return -CV_EINVAL). Arguments checked; outputs non-NULL, zeroed. */
+  int (*presence_join)(store_t *s, const char *conv, const char *client, const char *user,
+                       const char *node, int64_t since_ms, int *joined, int *first);
+  int (*presence_leave)(store_t *s, const char *conv, const char *client, const char *user,
+                        const char *node, int *left, int *last);
+  int (*presence_list)(store_t *s, const char *conv, const char *after, int limit,
+                       store_member_t **out, size_t *n, int64_t *count);
+  int (*presence_sweep)(store_t *s, int64_t since_ms, int64_t *removed);
+  int (*presence_of_node)(store_t *s, const char *node, char ***convs, char ***clients,
+                          char ***users, size_t *n);
 };
 
 extern const store_ops_t store_sqlite_ops;

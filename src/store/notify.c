@@ -78,6 +78,52 @@ char *notify_user_unsubscribe(const char *origin, const char *user, const char *
   return out;
 }
 
+char *notify_presence(int join, const char *conv, const char *client, int edge, const char *user) {
+  char *out = NULL;
+  if (!util_id_valid(conv) || !util_id_valid(client) || !util_id_valid(user)) return NULL;
+  if (asprintf(&out, "p %c %s %s %d %s", join ? 'j' : 'l', conv, client, edge != 0, user) < 0)
+    out = NULL;
+  return out;
+}
+
+char *notify_signal(const char *conv, int64_t ts_ms, const char *sender, const char *body) {
+  char *out = NULL;
+  if (!util_id_valid(conv) || !util_id_valid(sender) || !body || ts_ms < 0) return NULL;
+  if (asprintf(&out, "s %s %lld %s\n%s", conv, (long long)ts_ms, sender, body) < 0) return NULL;
+  if (strlen(out) > STORE_NOTIFY_PAYLOAD_MAX) {
+    free(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* "p j|l CONV CLIENT EDGE USER" */
+static notify_kind_t decode_presence(const char *payload, notify_t *out) {
+  const char *p = payload + 4;
+  char action = payload[2];
+  int64_t edge;
+  if ((action != 'j' && action != 'l') || payload[3] != ' ') return NOTIFY_BAD;
+  if (field(&p, out->conv, sizeof out->conv, 0) != 0 || !util_id_valid(out->conv) || *p++ != ' ' ||
+      field(&p, out->client, sizeof out->client, 0) != 0 || !util_id_valid(out->client) ||
+      *p++ != ' ' || number(&p, &edge) != 0 || edge > 1 || *p++ != ' ' ||
+      field(&p, out->user, sizeof out->user, 1) != 0 || !util_id_valid(out->user) || *p != '\0')
+    return NOTIFY_BAD;
+  out->edge = (int)edge;
+  return out->kind = action == 'j' ? NOTIFY_PRESENCE_JOIN : NOTIFY_PRESENCE_LEAVE;
+}
+
+/* "s CONV TS SENDER\nBODY" */
+static notify_kind_t decode_signal(const char *payload, notify_t *out) {
+  const char *p = payload + 2;
+  if (field(&p, out->conv, sizeof out->conv, 0) != 0 || !util_id_valid(out->conv) || *p++ != ' ' ||
+      number(&p, &out->ts_ms) != 0 || *p++ != ' ' ||
+      field(&p, out->sender, sizeof out->sender, 1) != 0 || !util_id_valid(out->sender) ||
+      *p++ != '\n')
+    return NOTIFY_BAD;
+  out->body = p;
+  return out->kind = NOTIFY_SIGNAL;
+}
+
 static notify_kind_t decode_user(const char *payload, notify_t *out) {
   const char *p = payload + 4;
   char action = payload[2];
@@ -104,6 +150,8 @@ notify_kind_t notify_decode(const char *payload, notify_t *out) {
   memset(out, 0, sizeof *out);
   const char *p = payload + 2;
   if (payload[0] == 'u' && payload[1] == ' ' && payload[2]) return decode_user(payload, out);
+  if (payload[0] == 'p' && payload[1] == ' ' && payload[2]) return decode_presence(payload, out);
+  if (payload[0] == 's' && payload[1] == ' ') return decode_signal(payload, out);
   if (payload[0] == 'c' && payload[1] == ' ' && (payload[2] == '0' || payload[2] == '1') &&
       payload[3] == ' ' && util_id_valid(payload + 4) && strlen(payload + 4) <= STORE_ID_MAX) {
     out->active = payload[2] == '1';

@@ -25,6 +25,13 @@
  *                         most 3600000) and REASON (0..80 printable bytes)
  *   "u u ORIGIN USER CONV"  end USER's subscriptions of CONV
  *                         (POST /admin/users/USER/unsubscribe on ORIGIN)
+ *   "p j CONV CLIENT EDGE USER"  client instance CLIENT of USER is present
+ *                         in CONV now; EDGE 1 when it is USER's first there
+ *   "p l CONV CLIENT EDGE USER"  it is not any more (the presence grace
+ *                         passed); EDGE 1 when it was USER's last there
+ *   "s CONV TS SENDER\nBODY"  a signal (docs/protocol.md 4.10): not stored,
+ *                         delivered to whoever is subscribed when it is heard;
+ *                         TS its time (ms since the Unix epoch), BODY JSON
  * Anything else is not converger's and is ignored by the reader.
  *
  * Pure functions, any thread.
@@ -55,6 +62,9 @@ typedef enum {
   NOTIFY_FRAME,   /* an earlier version's "m SEQ CONV[ EPOCH]\nFRAME": the msg frame JSON itself */
   NOTIFY_USER_DISCONNECT,  /* close a user's connections */
   NOTIFY_USER_UNSUBSCRIBE, /* end a user's subscriptions of a conversation */
+  NOTIFY_PRESENCE_JOIN,    /* a client is present in a conversation */
+  NOTIFY_PRESENCE_LEAVE,   /* a client left it */
+  NOTIFY_SIGNAL,           /* a signal for a conversation's subscribers */
 } notify_kind_t;
 
 /* A decoded payload. Strings are copies in the struct, except `body`,
@@ -62,15 +72,18 @@ typedef enum {
 typedef struct {
   notify_kind_t kind;
   int64_t seq;                     /* MESSAGE, HINT */
-  char conv[STORE_ID_MAX + 1];     /* MESSAGE, HINT; CHANNEL: the channel */
+  char conv[STORE_ID_MAX + 1];     /* MESSAGE, HINT, PRESENCE_*, SIGNAL; CHANNEL: the channel */
   char epoch[STORE_EPOCH_MAX + 1]; /* MESSAGE, HINT */
-  int64_t ts_ms;                   /* MESSAGE */
+  int64_t ts_ms;                   /* MESSAGE, SIGNAL */
   char id[STORE_ID_MAX + 1];       /* MESSAGE */
-  char sender[STORE_ID_MAX + 1];   /* MESSAGE */
-  const char *body;                /* MESSAGE: JSON text as stored; FRAME: the frame JSON */
+  char sender[STORE_ID_MAX + 1];   /* MESSAGE, SIGNAL */
+  const char *body;                /* MESSAGE: JSON text as stored; FRAME: the frame JSON; SIGNAL */
   int active;                      /* CHANNEL: 1 activated, 0 deactivated */
   char origin[STORE_ID_MAX + 1];   /* USER_*: the node the request came to */
-  char user[STORE_ID_MAX + 1];     /* USER_*: the token sub; USER_UNSUBSCRIBE's conv is `conv` */
+  char user[STORE_ID_MAX +
+            1]; /* USER_*, PRESENCE_*: the token sub; USER_UNSUBSCRIBE's conv is `conv` */
+  char client[STORE_ID_MAX + 1];   /* PRESENCE_*: the client instance */
+  int edge;                        /* PRESENCE_*: the user's first (join) or last (leave) client */
   int code;                        /* USER_DISCONNECT: the close code */
   int64_t retry_ms;                /* USER_DISCONNECT: the hint, 0 none */
   const char *reason;              /* USER_DISCONNECT: into the payload ("" none) */
@@ -90,6 +103,12 @@ const char *notify_disconnect_check(int64_t code, const char *reason, int64_t re
 char *notify_user_disconnect(const char *origin, const char *user, int code, int64_t retry_ms,
                              const char *reason);
 char *notify_user_unsubscribe(const char *origin, const char *user, const char *conv);
+
+/* The payloads of presence (`join` 1: "p j", 0: "p l") and of a signal
+ * (`body` JSON text). Heap strings; NULL when out of memory or a field
+ * does not fit (ids must be valid; a signal over STORE_NOTIFY_PAYLOAD_MAX). */
+char *notify_presence(int join, const char *conv, const char *client, int edge, const char *user);
+char *notify_signal(const char *conv, int64_t ts_ms, const char *sender, const char *body);
 
 /* Decode `payload` (NUL-terminated) into `out`; returns out->kind
  * (NOTIFY_BAD for anything that is not one of the forms above). */

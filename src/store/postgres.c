@@ -137,6 +137,22 @@ static const char *const migrations[] = {
      * for converger roll's headroom budget; 0 is "not set", which is what
      * rows of nodes from before it say. */
     "ALTER TABLE nodes ADD COLUMN capacity BIGINT NOT NULL DEFAULT 0;",
+    /* 5: whether a channel's conversations carry signals (docs/protocol.md
+     * 4.10), and who is present where across the cluster (store.h,
+     * "Presence"): one row per conversation and client instance, with the
+     * node that holds its connection. SQLite keeps presence in the node's
+     * memory and adds only the column. */
+    "ALTER TABLE channels ADD COLUMN signals INTEGER NOT NULL DEFAULT 0"
+    " CHECK (signals IN (0, 1));"
+    "CREATE TABLE presence ("
+    " conv TEXT COLLATE \"C\" NOT NULL,"
+    " client TEXT COLLATE \"C\" NOT NULL,"
+    " user_id TEXT COLLATE \"C\" NOT NULL,"
+    " node_id TEXT COLLATE \"C\" NOT NULL,"
+    " since_ms BIGINT NOT NULL,"
+    " PRIMARY KEY (conv, client));"
+    "CREATE INDEX presence_user ON presence (conv, user_id);"
+    "CREATE INDEX presence_node ON presence (node_id);",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -144,26 +160,27 @@ static const char *const migrations[] = {
 /* Parameters in SELECT lists and INSERT ... SELECT have no type to infer
  * from their context: those carry explicit casts. */
 #define SQL_CHANNEL_INSERT                                                                         \
-  "INSERT INTO channels (id, name, presence, active, created_ms)"                                  \
-  " VALUES ($1, $2, $3, 1, $4)"
-#define SQL_CHANNEL_GET "SELECT id, name, presence, active FROM channels WHERE id = $1"
+  "INSERT INTO channels (id, name, presence, active, created_ms, signals)"                         \
+  " VALUES ($1, $2, $3, 1, $4, $5)"
+#define SQL_CHANNEL_GET "SELECT id, name, presence, active, signals FROM channels WHERE id = $1"
 #define SQL_CHANNEL_SET_ACTIVE                                                                     \
-  "UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active"
+  "UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active, signals"
 /* The same, and the change announced to every node in the same
  * (implicit) transaction. */
 #define SQL_CHANNEL_SET_ACTIVE_NOTIFY                                                              \
-  "WITH u AS (UPDATE channels SET active = $2 WHERE id = $1 RETURNING id, name, presence, active)" \
-  " SELECT id, name, presence, active, pg_notify('" STORE_NOTIFY_CHANNEL "',"                       \
+  "WITH u AS (UPDATE channels SET active = $2 WHERE id = $1"                                       \
+  " RETURNING id, name, presence, active, signals)"                                                \
+  " SELECT id, name, presence, active, signals, pg_notify('" STORE_NOTIFY_CHANNEL "',"             \
   " 'c ' || active || ' ' || id) FROM u"
 /* One statement: no row comes back when the channel is missing; a taken id
  * is a unique violation. The channel's flags come from the same snapshot. */
 #define SQL_CONV_INSERT                                                                            \
-  "WITH ch AS (SELECT id, presence, active FROM channels WHERE id = $2),"                          \
+  "WITH ch AS (SELECT id, presence, active, signals FROM channels WHERE id = $2),"                 \
   " ins AS (INSERT INTO conversations (id, channel, head, created_ms)"                             \
   " SELECT $1::text, id, 0, $3::bigint FROM ch RETURNING channel, epoch)"                          \
-  " SELECT ch.presence, ch.active, ins.epoch FROM ch JOIN ins ON ins.channel = ch.id"
+  " SELECT ch.presence, ch.active, ins.epoch, ch.signals FROM ch JOIN ins ON ins.channel = ch.id"
 #define SQL_CONV_GET                                                                               \
-  "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch"                                  \
+  "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch, c.signals"                       \
   " FROM conversations v JOIN channels c ON c.id = v.channel WHERE v.id = $1"
 #define SQL_CONV_EXISTS "SELECT 1 FROM conversations WHERE id = $1"
 /* The append's lock. FOR NO KEY UPDATE is the row lock the head UPDATE
@@ -550,15 +567,16 @@ static int msg_fill(const PGresult *r, int row, int col, store_msg_t *m) {
   return 0;
 }
 
-/* Columns: id, name, presence, active. */
+/* Columns: id, name, presence, active, signals. */
 static void channel_fill(const PGresult *r, store_channel_t *c) {
   store_copy_str(c->id, sizeof c->id, PQgetvalue(r, 0, 0));
   store_copy_str(c->name, sizeof c->name, PQgetvalue(r, 0, 1));
   c->presence = get_i64(r, 0, 2) != 0;
   c->active = get_i64(r, 0, 3) != 0;
+  c->signals = get_i64(r, 0, 4) != 0;
 }
 
-/* Columns: id, channel, head, active, presence. */
+/* Columns: id, channel, head, active, presence, epoch, signals. */
 static void conv_fill(const PGresult *r, store_conv_t *v) {
   store_copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, 0));
   store_copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, 1));
@@ -566,6 +584,7 @@ static void conv_fill(const PGresult *r, store_conv_t *v) {
   v->channel_active = get_i64(r, 0, 3) != 0;
   v->presence = get_i64(r, 0, 4) != 0;
   store_copy_str(v->epoch, sizeof v->epoch, PQgetvalue(r, 0, 5));
+  v->signals = get_i64(r, 0, 6) != 0;
 }
 
 /* ---- open, close, schema --------------------------------------------- */
@@ -703,18 +722,21 @@ static int op_ping(store_t *base) {
 
 /* ---- channels --------------------------------------------------------- */
 
-static int op_channel_create(store_t *base, const char *id, const char *name, int presence,
+static int op_channel_create(store_t *base, const char *id, const char *name, unsigned flags,
                              store_channel_t *out) {
   pg_t *s = pg(base);
   char now[24];
-  const char *const p[] = {id, name, presence ? "1" : "0", now};
+  int presence = (flags & STORE_CHANNEL_PRESENCE) != 0,
+      signals = (flags & STORE_CHANNEL_SIGNALS) != 0;
+  const char *const p[] = {id, name, presence ? "1" : "0", now, signals ? "1" : "0"};
   fmt_i64(now, util_now_ms());
   int err = conn_ready(s);
-  if (!err) err = run(s, "channel create", SQL_CHANNEL_INSERT, 4, p, NULL);
+  if (!err) err = run(s, "channel create", SQL_CHANNEL_INSERT, 5, p, NULL);
   if (!err && out != NULL) {
     store_copy_str(out->id, sizeof out->id, id);
     store_copy_str(out->name, sizeof out->name, name);
     out->presence = presence;
+    out->signals = signals;
     out->active = 1;
   }
   return err;
@@ -768,6 +790,7 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     out->presence = get_i64(r, 0, 0) != 0;
     out->channel_active = get_i64(r, 0, 1) != 0;
     store_copy_str(out->epoch, sizeof out->epoch, PQgetvalue(r, 0, 2));
+    out->signals = get_i64(r, 0, 3) != 0;
   }
   PQclear(r);
   return 0;
@@ -993,6 +1016,198 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
   return 0;
 }
 
+/* ---- presence --------------------------------------------------------- */
+
+/* A user's clients of one conversation are counted under this lock (its
+ * first and its last), taken before any row lock, by join and leave alike,
+ * so the two cannot deadlock. */
+#define SQL_PRESENCE_LOCK "SELECT pg_advisory_xact_lock(hashtextextended($1 || ' ' || $2, 0))"
+/* xmax = 0: the row is new (PostgreSQL's own test of an upsert's insert);
+ * the subquery reads the snapshot from before the statement. */
+#define SQL_PRESENCE_UPSERT                                                                        \
+  "INSERT INTO presence (conv, client, user_id, node_id, since_ms) VALUES ($1, $2, $3, $4, $5)"    \
+  " ON CONFLICT (conv, client) DO UPDATE SET node_id = EXCLUDED.node_id,"                          \
+  " user_id = EXCLUDED.user_id"                                                                    \
+  " RETURNING (xmax = 0),"                                                                         \
+  " (SELECT count(*) FROM presence q WHERE q.conv = $1 AND q.user_id = $3 AND q.client <> $2)"
+#define SQL_PRESENCE_DELETE                                                                        \
+  "DELETE FROM presence WHERE conv = $1 AND client = $2 AND node_id = $3 RETURNING user_id"
+#define SQL_PRESENCE_USER_COUNT "SELECT count(*) FROM presence WHERE conv = $1 AND user_id = $2"
+#define SQL_PRESENCE_NOTIFY     "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
+#define SQL_PRESENCE_PAGE                                                                          \
+  "SELECT user_id, n, since, rank FROM (SELECT user_id, count(*) AS n, min(since_ms) AS since,"    \
+  " row_number() OVER (ORDER BY user_id) AS rank FROM presence WHERE conv = $1"                    \
+  " GROUP BY user_id) u WHERE user_id > $2 ORDER BY user_id LIMIT $3"
+#define SQL_PRESENCE_USERS "SELECT count(DISTINCT user_id) FROM presence WHERE conv = $1"
+/* The rows of every node without a recent heartbeat, each leave announced
+ * in the same statement; of a user's deleted clients of one conversation,
+ * the last in client order carries "last" when no other client stays (the
+ * outer query sees the rows from before the DELETE, hence the NOT IN). */
+#define SQL_PRESENCE_SWEEP                                                                         \
+  "WITH d AS (DELETE FROM presence p WHERE NOT EXISTS (SELECT 1 FROM nodes n"                      \
+  " WHERE n.id = p.node_id AND n.updated_ms >= $1) RETURNING conv, client, user_id),"              \
+  " e AS (SELECT d.conv, d.client, d.user_id,"                                                     \
+  " (d.client = (SELECT max(d2.client) FROM d d2 WHERE d2.conv = d.conv"                           \
+  "  AND d2.user_id = d.user_id)"                                                                  \
+  "  AND NOT EXISTS (SELECT 1 FROM presence q WHERE q.conv = d.conv AND q.user_id = d.user_id"     \
+  "  AND (q.conv, q.client) NOT IN (SELECT conv, client FROM d)))::int AS last FROM d)"            \
+  " SELECT count(*), count(pg_notify('" STORE_NOTIFY_CHANNEL "',"                                  \
+  " 'p l ' || e.conv || ' ' || e.client || ' ' || e.last || ' ' || e.user_id)) FROM e"
+#define SQL_PRESENCE_SWEEP_QUIET                                                                   \
+  "WITH d AS (DELETE FROM presence p WHERE NOT EXISTS (SELECT 1 FROM nodes n"                      \
+  " WHERE n.id = p.node_id AND n.updated_ms >= $1) RETURNING 1) SELECT count(*) FROM d"
+#define SQL_PRESENCE_OF_NODE "SELECT conv, client, user_id FROM presence WHERE node_id = $1"
+
+/* The payload of a presence change, announced in the open transaction. */
+static int presence_announce(pg_t *s, int join, const char *conv, const char *client, int edge,
+                             const char *user) {
+  if (!s->notify) return 0;
+  char *payload = notify_presence(join, conv, client, edge, user);
+  if (!payload) return -CV_ENOMEM;
+  const char *const p[] = {payload};
+  int err = run(s, "presence notify", SQL_PRESENCE_NOTIFY, 1, p, NULL);
+  free(payload);
+  return err;
+}
+
+static int op_presence_join(store_t *base, const char *conv, const char *client, const char *user,
+                            const char *node, int64_t since_ms, int *joined, int *first) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char since[24];
+  fmt_i64(since, since_ms);
+  const char *const lock[] = {conv, user};
+  const char *const p[] = {conv, client, user, node, since};
+  int err = conn_ready(s);
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  if (err) return err;
+  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
+  if (!err) err = run(s, "presence join", SQL_PRESENCE_UPSERT, 5, p, &r);
+  if (!err) {
+    *joined = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    *first = *joined && get_i64(r, 0, 1) == 0;
+    PQclear(r);
+    if (*joined) err = presence_announce(s, 1, conv, client, *first, user);
+  }
+  if (!err) err = tx_commit(s);
+  if (err) {
+    *joined = *first = 0;
+    return tx_rollback(s, err);
+  }
+  return 0;
+}
+
+static int op_presence_leave(store_t *base, const char *conv, const char *client, const char *user,
+                             const char *node, int *left, int *last) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  const char *const lock[] = {conv, user};
+  const char *const p[] = {conv, client, node};
+  int err = conn_ready(s);
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  if (err) return err;
+  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
+  if (!err) err = run(s, "presence leave", SQL_PRESENCE_DELETE, 3, p, &r);
+  if (!err) {
+    *left = PQntuples(r) == 1;
+    PQclear(r);
+  }
+  if (!err && *left) {
+    err = run(s, "presence count", SQL_PRESENCE_USER_COUNT, 2, lock, &r);
+    if (!err) {
+      *last = get_i64(r, 0, 0) == 0;
+      PQclear(r);
+      err = presence_announce(s, 0, conv, client, *last, user);
+    }
+  }
+  if (!err) err = tx_commit(s);
+  if (err) {
+    *left = *last = 0;
+    return tx_rollback(s, err);
+  }
+  return 0;
+}
+
+static int op_presence_list(store_t *base, const char *conv, const char *after, int limit,
+                            store_member_t **out, size_t *n, int64_t *count) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char lim[24];
+  fmt_i64(lim, limit);
+  const char *const p[] = {conv, after, lim};
+  int own = !s->in_read; /* one snapshot for the page and the count */
+  int err = conn_ready(s);
+  if (!err && own) err = tx_begin(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  if (err) return err;
+  if (limit > 0) err = run(s, "presence page", SQL_PRESENCE_PAGE, 3, p, &r);
+  if (!err && r) {
+    size_t len = (size_t)PQntuples(r);
+    if (len > 0 && (*out = calloc(len, sizeof **out)) == NULL) err = -CV_ENOMEM;
+    for (size_t i = 0; !err && i < len; i++) {
+      store_copy_str((*out)[i].user, sizeof(*out)[i].user, PQgetvalue(r, (int)i, 0));
+      (*out)[i].clients = get_i64(r, (int)i, 1);
+      (*out)[i].since_ms = get_i64(r, (int)i, 2);
+      (*out)[i].rank = get_i64(r, (int)i, 3);
+    }
+    if (!err) *n = len;
+    PQclear(r);
+  }
+  if (!err) err = run(s, "presence count", SQL_PRESENCE_USERS, 1, p, &r);
+  if (!err) {
+    *count = get_i64(r, 0, 0);
+    PQclear(r);
+  }
+  if (own) (void)tx_rollback(s, 0);
+  if (err) {
+    free(*out);
+    *out = NULL;
+    *n = 0;
+  }
+  return err;
+}
+
+static int op_presence_sweep(store_t *base, int64_t since_ms, int64_t *removed) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char since[24];
+  const char *p = since;
+  fmt_i64(since, since_ms);
+  int err = conn_ready(s);
+  if (!err)
+    err = run(s, "presence sweep", s->notify ? SQL_PRESENCE_SWEEP : SQL_PRESENCE_SWEEP_QUIET, 1, &p,
+              &r);
+  if (err) return err;
+  *removed = get_i64(r, 0, 0);
+  PQclear(r);
+  return 0;
+}
+
+static int op_presence_of_node(store_t *base, const char *node, char ***convs, char ***clients,
+                               char ***users, size_t *n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err) err = run(s, "presence of node", SQL_PRESENCE_OF_NODE, 1, &node, &r);
+  if (err) return err;
+  size_t len = (size_t)PQntuples(r);
+  char **v[3] = {NULL, NULL, NULL};
+  for (int k = 0; k < 3 && len > 0 && !err; k++)
+    if ((v[k] = calloc(len, sizeof(char *))) == NULL) err = -CV_ENOMEM;
+  for (size_t i = 0; !err && i < len; i++)
+    for (int k = 0; k < 3 && !err; k++)
+      if ((v[k][i] = strdup(PQgetvalue(r, (int)i, k))) == NULL) err = -CV_ENOMEM;
+  PQclear(r);
+  if (err) {
+    for (int k = 0; k < 3; k++) store_strings_free(v[k], len);
+    return err;
+  }
+  *convs = v[0];
+  *clients = v[1];
+  *users = v[2];
+  *n = len;
+  return 0;
+}
+
 const store_ops_t store_postgres_ops = {
     .name = "postgres",
     .open = op_open,
@@ -1015,4 +1230,9 @@ const store_ops_t store_postgres_ops = {
     .node_beat = op_node_beat,
     .nodes_live = op_nodes_live,
     .announce = op_announce,
+    .presence_join = op_presence_join,
+    .presence_leave = op_presence_leave,
+    .presence_list = op_presence_list,
+    .presence_sweep = op_presence_sweep,
+    .presence_of_node = op_presence_of_node,
 };

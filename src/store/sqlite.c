@@ -96,6 +96,9 @@ static const char *const migrations[] = {
      * for converger roll's headroom budget; 0 is "not set", which is what
      * rows of nodes from before it say. */
     "ALTER TABLE nodes ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0;",
+    /* 5: whether a channel's conversations carry signals (docs/protocol.md
+     * 4.10); channels from before it do not. */
+    "ALTER TABLE channels ADD COLUMN signals INTEGER NOT NULL DEFAULT 0 CHECK (signals IN (0, 1));",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -133,14 +136,14 @@ static const char *const stmt_sql[ST_COUNT_] = {
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
     [ST_PING] = "SELECT 1",
-    [ST_CHANNEL_INSERT] = "INSERT INTO channels (id, name, presence, active, created_ms)"
-                          " VALUES (?1, ?2, ?3, 1, ?4)",
-    [ST_CHANNEL_GET] = "SELECT id, name, presence, active FROM channels WHERE id = ?1",
+    [ST_CHANNEL_INSERT] = "INSERT INTO channels (id, name, presence, active, created_ms, signals)"
+                          " VALUES (?1, ?2, ?3, 1, ?4, ?5)",
+    [ST_CHANNEL_GET] = "SELECT id, name, presence, active, signals FROM channels WHERE id = ?1",
     [ST_CHANNEL_SET_ACTIVE] = "UPDATE channels SET active = ?2 WHERE id = ?1"
-                              " RETURNING id, name, presence, active",
+                              " RETURNING id, name, presence, active, signals",
     [ST_CONV_INSERT] = "INSERT INTO conversations (id, channel, head, created_ms, epoch)"
                        " VALUES (?1, ?2, 0, ?3, lower(hex(randomblob(4)))) RETURNING epoch",
-    [ST_CONV_GET] = "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch"
+    [ST_CONV_GET] = "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch, c.signals"
                     " FROM conversations v JOIN channels c ON c.id = v.channel"
                     " WHERE v.id = ?1",
     [ST_CONV_EXISTS] = "SELECT 1 FROM conversations WHERE id = ?1",
@@ -328,15 +331,16 @@ static int msg_fill(sqlite3_stmt *st, store_msg_t *m) {
   return 0;
 }
 
-/* Columns: id, name, presence, active. */
+/* Columns: id, name, presence, active, signals. */
 static void channel_fill(sqlite3_stmt *st, store_channel_t *c) {
   col_copy(st, 0, c->id, sizeof c->id);
   col_copy(st, 1, c->name, sizeof c->name);
   c->presence = sqlite3_column_int(st, 2) != 0;
   c->active = sqlite3_column_int(st, 3) != 0;
+  c->signals = sqlite3_column_int(st, 4) != 0;
 }
 
-/* Columns: id, channel, head, active, presence, epoch. */
+/* Columns: id, channel, head, active, presence, epoch, signals. */
 static void conv_fill(sqlite3_stmt *st, store_conv_t *v) {
   col_copy(st, 0, v->id, sizeof v->id);
   col_copy(st, 1, v->channel, sizeof v->channel);
@@ -344,6 +348,7 @@ static void conv_fill(sqlite3_stmt *st, store_conv_t *v) {
   v->channel_active = sqlite3_column_int(st, 3) != 0;
   v->presence = sqlite3_column_int(st, 4) != 0;
   col_copy(st, 5, v->epoch, sizeof v->epoch);
+  v->signals = sqlite3_column_int(st, 6) != 0;
 }
 
 /* ---- deadlines ------------------------------------------------------- */
@@ -539,7 +544,7 @@ static int op_ping(store_t *base) {
 
 /* ---- channels --------------------------------------------------------- */
 
-static int op_channel_create(store_t *base, const char *id, const char *name, int presence,
+static int op_channel_create(store_t *base, const char *id, const char *name, unsigned flags,
                              store_channel_t *out) {
   sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
@@ -547,8 +552,9 @@ static int op_channel_create(store_t *base, const char *id, const char *name, in
   if (err) return err;
   int rc = bind_text(st, 1, id);
   if (rc == SQLITE_OK) rc = bind_text(st, 2, name);
-  if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 3, presence != 0);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 3, (flags & STORE_CHANNEL_PRESENCE) != 0);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 4, util_now_ms());
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 5, (flags & STORE_CHANNEL_SIGNALS) != 0);
   if (rc == SQLITE_OK) rc = sqlite3_step(st);
   if (is_unique_violation(rc))
     err = -CV_EEXISTS;
@@ -558,7 +564,8 @@ static int op_channel_create(store_t *base, const char *id, const char *name, in
   if (!err && out != NULL) {
     store_copy_str(out->id, sizeof out->id, id);
     store_copy_str(out->name, sizeof out->name, name);
-    out->presence = presence != 0;
+    out->presence = (flags & STORE_CHANNEL_PRESENCE) != 0;
+    out->signals = (flags & STORE_CHANNEL_SIGNALS) != 0;
     out->active = 1;
   }
   return err;
@@ -606,7 +613,7 @@ static int op_channel_set_active(store_t *base, const char *id, int active, stor
 static int op_conv_create(store_t *base, const char *id, const char *channel, store_conv_t *out) {
   sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
-  int active = 0, presence = 0;
+  int active = 0, presence = 0, signals = 0;
   int err = tx_begin(s);
   if (err) return err;
 
@@ -619,6 +626,7 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     if (rc == SQLITE_ROW) {
       presence = sqlite3_column_int(st, 2) != 0;
       active = sqlite3_column_int(st, 3) != 0;
+      signals = sqlite3_column_int(st, 4) != 0;
     } else {
       err = rc == SQLITE_DONE ? -CV_ENOTFOUND : db_error(s, rc, "conv create");
     }
@@ -649,6 +657,7 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
     out->head = 0;
     out->channel_active = active;
     out->presence = presence;
+    out->signals = signals;
     store_copy_str(out->epoch, sizeof out->epoch, epoch);
   }
   return 0;

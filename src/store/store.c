@@ -66,12 +66,13 @@ void store_set_deadline(store_t *s, uint64_t deadline_ms) {
 
 int store_deadline_hit(const store_t *s) { return s != NULL && s->deadline_hit; }
 
-int store_channel_create(store_t *s, const char *id, const char *name, int presence,
+int store_channel_create(store_t *s, const char *id, const char *name, unsigned flags,
                          store_channel_t *out) {
   if (s == NULL || !util_id_valid(id) || name == NULL ||
-      strnlen(name, STORE_NAME_MAX + 1) > STORE_NAME_MAX)
+      strnlen(name, STORE_NAME_MAX + 1) > STORE_NAME_MAX ||
+      (flags & ~(STORE_CHANNEL_PRESENCE | STORE_CHANNEL_SIGNALS)) != 0)
     return -CV_EINVAL;
-  return s->ops->channel_create(s, id, name, presence != 0, out);
+  return s->ops->channel_create(s, id, name, flags, out);
 }
 
 int store_channel_get(store_t *s, const char *id, store_channel_t *out) {
@@ -162,6 +163,59 @@ int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_
   if (s == NULL || out == NULL || n == NULL || max_age_ms < 0) return -CV_EINVAL;
   int64_t since = now_ms >= INT64_MIN + max_age_ms ? now_ms - max_age_ms : INT64_MIN;
   return s->ops->nodes_live(s, since, out, n);
+}
+
+/* ---- presence ----------------------------------------------------------- */
+
+int store_presence_join(store_t *s, const char *conv, const char *client, const char *user,
+                        const char *node, int64_t since_ms, int *joined, int *first) {
+  if (joined != NULL) *joined = 0;
+  if (first != NULL) *first = 0;
+  if (s == NULL || !s->ops->presence_join || !util_id_valid(conv) || !util_id_valid(client) ||
+      !util_id_valid(user) || !util_id_valid(node) || joined == NULL || first == NULL)
+    return -CV_EINVAL;
+  return s->ops->presence_join(s, conv, client, user, node, since_ms, joined, first);
+}
+
+int store_presence_leave(store_t *s, const char *conv, const char *client, const char *user,
+                         const char *node, int *left, int *last) {
+  if (left != NULL) *left = 0;
+  if (last != NULL) *last = 0;
+  if (s == NULL || !s->ops->presence_leave || !util_id_valid(conv) || !util_id_valid(client) ||
+      !util_id_valid(user) || !util_id_valid(node) || left == NULL || last == NULL)
+    return -CV_EINVAL;
+  return s->ops->presence_leave(s, conv, client, user, node, left, last);
+}
+
+int store_presence_list(store_t *s, const char *conv, const char *after, int limit,
+                        store_member_t **out, size_t *n, int64_t *count) {
+  if (out != NULL) *out = NULL;
+  if (n != NULL) *n = 0;
+  if (count != NULL) *count = 0;
+  if (s == NULL || !s->ops->presence_list || !util_id_valid(conv) || after == NULL ||
+      (after[0] && !util_id_valid(after)) || limit < 0 || out == NULL || n == NULL || count == NULL)
+    return -CV_EINVAL;
+  return s->ops->presence_list(s, conv, after, limit, out, n, count);
+}
+
+int store_presence_sweep(store_t *s, int64_t now_ms, int64_t max_age_ms, int64_t *removed) {
+  int64_t dummy;
+  if (removed == NULL) removed = &dummy;
+  *removed = 0;
+  if (s == NULL || !s->ops->presence_sweep || max_age_ms < 0) return -CV_EINVAL;
+  return s->ops->presence_sweep(s, now_ms - max_age_ms, removed);
+}
+
+int store_presence_of_node(store_t *s, const char *node, char ***convs, char ***clients,
+                           char ***users, size_t *n) {
+  if (convs != NULL) *convs = NULL;
+  if (clients != NULL) *clients = NULL;
+  if (users != NULL) *users = NULL;
+  if (n != NULL) *n = 0;
+  if (s == NULL || !s->ops->presence_of_node || !util_id_valid(node) || convs == NULL ||
+      clients == NULL || users == NULL || n == NULL)
+    return -CV_EINVAL;
+  return s->ops->presence_of_node(s, node, convs, clients, users, n);
 }
 
 /* ---- results ------------------------------------------------------------ */

@@ -53,7 +53,12 @@ typedef struct {
   char name[STORE_NAME_MAX + 1];
   int presence; /* 0 or 1 */
   int active;   /* 0 or 1 */
+  int signals;  /* 0 or 1: its conversations carry signals (docs/protocol.md 4.10) */
 } store_channel_t;
+
+/* store_channel_create's flags. */
+#define STORE_CHANNEL_PRESENCE 1u /* presence: true (1 is what callers of old passed) */
+#define STORE_CHANNEL_SIGNALS  2u /* signals: true */
 
 typedef struct {
   char id[STORE_ID_MAX + 1];
@@ -61,6 +66,7 @@ typedef struct {
   int64_t head;       /* last seq assigned; 0 for an empty conversation */
   int channel_active; /* from the channel row, read in the same query */
   int presence;       /* from the channel row */
+  int signals;        /* from the channel row */
   /* The identity of the conversation's history (docs/protocol.md,
    * "Epochs"): drawn at random when the conversation is created and again
    * by store_epoch_rotate, after a backup is restored. A seq means the same
@@ -177,9 +183,9 @@ void store_set_deadline(store_t *s, uint64_t deadline_ms);
  * (returned -CV_ETIMEDOUT), else 0. Thread: the store's owner. */
 int store_deadline_hit(const store_t *s);
 
-/* Channels. create: -CV_EEXISTS if the id is taken. get/set_active:
+/* Channels. create: `flags` STORE_CHANNEL_*; -CV_EEXISTS if the id is taken. get/set_active:
  * -CV_ENOTFOUND if missing. `out` may be NULL. */
-int store_channel_create(store_t *s, const char *id, const char *name, int presence,
+int store_channel_create(store_t *s, const char *id, const char *name, unsigned flags,
                          store_channel_t *out);
 int store_channel_get(store_t *s, const char *id, store_channel_t *out);
 int store_channel_set_active(store_t *s, const char *id, int active, store_channel_t *out);
@@ -247,5 +253,54 @@ void store_nodes_free(store_node_t *v);
  * STORE_NOTIFY_CHANNEL. 0 at once on a store no other node shares
  * (SQLite). -CV_EINVAL for a payload too long. */
 int store_announce(store_t *s, const char *payload);
+
+/* ---- Presence across nodes (PostgreSQL) -----------------------------------
+ * One row per conversation and client instance present in it: the user
+ * (the token's sub), the node holding the client's connection, and since
+ * when (wall ms). Each node writes the rows of its own clients and hears
+ * the others' through NOTIFY: with store_options_t.notify, the transaction
+ * in which a client appears or goes also announces it ("p j ...",
+ * "p l ...": store/notify.h). A single node on SQLite keeps presence in its
+ * memory (proto/presence.h) and these return -CV_EINVAL there. */
+
+typedef struct {
+  char user[STORE_ID_MAX + 1];
+  int64_t clients;  /* its client instances present */
+  int64_t since_ms; /* the earliest of their since, wall ms */
+  int64_t rank;     /* its place in user order, from 1 */
+} store_member_t;
+
+/* Client `client` of `user` is present in `conv` through node `node`:
+ * insert its row, or move an existing one to `node` (a reconnect, a drain
+ * move: the client never left). *joined is 1 when the client was not
+ * present before (then announced, with whether it is `user`'s first
+ * client: *first). Ids must be valid. */
+int store_presence_join(store_t *s, const char *conv, const char *client, const char *user,
+                        const char *node, int64_t since_ms, int *joined, int *first);
+
+/* Client `client` of `user` left `conv` through node `node`: its row goes
+ * only if `node` still holds it (a client that moved to another node
+ * stays). *left is 1 when a row went (then announced, with whether `user`
+ * has no other client there: *last). */
+int store_presence_leave(store_t *s, const char *conv, const char *client, const char *user,
+                         const char *node, int *left, int *last);
+
+/* The members of `conv` in user order after `after` ("" for the first
+ * page), at most `limit` (0: none, only the count), as a heap array freed
+ * with free(); *count is every user present. One snapshot. */
+int store_presence_list(store_t *s, const char *conv, const char *after, int limit,
+                        store_member_t **out, size_t *n, int64_t *count);
+
+/* Rows of nodes that are gone (no membership row updated at or after
+ * now_ms - max_age_ms) are deleted, each leave announced; *removed (may be
+ * NULL) counts them. Any node may run it: a row goes once. */
+int store_presence_sweep(store_t *s, int64_t now_ms, int64_t max_age_ms, int64_t *removed);
+
+/* The rows node `node` holds: parallel heap arrays of conversations,
+ * clients and users (free each with store_strings_free), *n of them. A
+ * node that restarts reads its rows from before, so a client that
+ * reconnects to it within the grace does not leave. */
+int store_presence_of_node(store_t *s, const char *node, char ***convs, char ***clients,
+                           char ***users, size_t *n);
 
 #endif

@@ -184,6 +184,15 @@ static void on_text(void *ud, conn_t *c, const char *text, size_t len) {
   case FRAME_REFRESH:
     send_owned(c, frame_refreshed(60000));
     break;
+  case FRAME_PRESENCE:
+    send_owned(c, frame_presence(f.conv, NULL, 0, 0, f.members, NULL, 0));
+    break;
+  case FRAME_SIGNAL: {
+    char *body = frame_dump(f.body);
+    if (body) send_owned(c, frame_signal(f.conv, "fuzz", 0, body));
+    free(body);
+    break;
+  }
   }
   frame_client_clear(&f);
 }

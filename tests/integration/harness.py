@@ -400,11 +400,13 @@ class Node:
         return RestSession(self.port)
 
     # -- REST shortcuts (assert success) ---------------------------------
-    def create_channel(self, id=None, name=None, presence=False):
+    def create_channel(self, id=None, name=None, presence=False, signals=False):
         body = {"name": name or "channel"}
         if id is not None:
             body["id"] = id
         body["presence"] = presence
+        if signals:
+            body["signals"] = True
         st, _, js = self.request("POST", "/v1/channels", body)
         if st != 201:
             raise AssertionError("POST /v1/channels %r -> %s %r" % (body, st, js))
@@ -419,9 +421,10 @@ class Node:
             raise AssertionError("POST /v1/conversations %r -> %s %r" % (body, st, js))
         return js
 
-    def new_conv(self, presence=False):
+    def new_conv(self, presence=False, signals=False):
         """A fresh channel + conversation; returns the conversation id."""
-        ch = self.create_channel(id=uid("ch"), name="test channel", presence=presence)
+        ch = self.create_channel(id=uid("ch"), name="test channel", presence=presence,
+                                 signals=signals)
         return self.create_conv(ch["id"], id=uid("cv"))["id"]
 
     def send(self, conv, body, sender="alice", key=None):
@@ -947,11 +950,13 @@ class WsClient:
             raise AssertionError("expected a text frame, got %r" % (raw[:100],))
         return json.loads(raw)
 
-    async def hello(self, token, subs, client=None, timeout=5.0):
+    async def hello(self, token, subs, client=None, timeout=5.0, client_id=None):
         """Sends hello, returns the welcome (fails on anything else first)."""
         msg = {"type": "hello", "token": token, "subs": subs}
         if client is not None:
             msg["client"] = client
+        if client_id is not None:
+            msg["clientId"] = client_id
         await self.send_json(msg)
         m = await self.recv_json(timeout)
         if m.get("type") != "welcome":
@@ -1030,11 +1035,11 @@ class WsClient:
             pass
 
 
-async def open_client(node, token, subs, timeout=5.0):
+async def open_client(node, token, subs, timeout=5.0, client_id=None):
     """connect + hello; returns (client, welcome)."""
     c = await WsClient.connect(node, timeout)
     try:
-        w = await c.hello(token, subs, timeout=timeout)
+        w = await c.hello(token, subs, timeout=timeout, client_id=client_id)
     except BaseException:
         await c.close()
         raise

@@ -79,7 +79,7 @@ class WsV11(NodeCase):
         async def go():
             c, w = await open_client(n, mint_token("ann", [home, conv]),
                                      [{"conv": home, "watermark": None}])
-            self.assertEqual(w.get("protocol"), "1.1")
+            self.assertEqual(w.get("protocol"), "1.2")
             await c.until_synced(home)
             have = 0
             try:

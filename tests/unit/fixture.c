@@ -18,6 +18,7 @@
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frames.h"
+#include "proto/presence.h"
 #include "proto/session_int.h"
 
 /* ---- the node's side: what serve.c wires, without its timers ------------- */
@@ -59,6 +60,10 @@ static void bus_user(void *ud, const notify_t *n) {
     session_disconnect_user(ss, n->user, n->code, n->reason, (long)n->retry_ms);
   else
     session_unsubscribe_user(ss, n->user, n->conv);
+}
+
+static void bus_heard(void *ud, const notify_t *n) {
+  session_ephemeral(&((fx_t *)ud)->sessions, n);
 }
 
 static void admission_arm(void *ud, int64_t at_ms) { ((fx_t *)ud)->admission_at = at_ms; }
@@ -112,6 +117,7 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                       .msg_wire = bus_wire,
                       .channel_changed = bus_channel,
                       .user_control = bus_user,
+                      .ephemeral = bus_heard,
                       .ud = fx};
   fx->bus = bus_new(&fx->loop, &bh, fx->metrics);
   fx->auth = auth_new(fx->cfg.api_key, fx->cfg.token_secret);
@@ -137,8 +143,10 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                               .net = &fx->net,
                               .rng = &fx->rng,
                               .metrics = fx->metrics,
-                              .users = users_new()};
+                              .users = users_new(),
+                              .presence = presence_new(fx->cfg.presence_grace_ms)};
   assert_non_null(fx->sessions.users);
+  assert_non_null(fx->sessions.presence);
   assert_non_null(fx->bus);
   assert_non_null(fx->auth);
   assert_non_null(fx->admission);
@@ -161,6 +169,7 @@ void fx_free(fx_t *fx) {
   admission_free(fx->admission);
   auth_free(fx->auth);
   users_free(fx->sessions.users);
+  presence_free(fx->sessions.presence);
   store_close(fx->db);
   config_free(&fx->cfg);
   conn_net_free(&fx->net);

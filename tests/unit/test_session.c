@@ -170,7 +170,7 @@ static void test_hello_fills_then_live_delivery(void **state) {
   json_t *w = expect(p, "welcome");
   /* no clientId in the hello: the connection is a client of its own */
   assert_string_equal(json_string_value(json_object_get(w, "clientId")), "s-1");
-  assert_string_equal(json_string_value(json_object_get(w, "protocol")), "1.1");
+  assert_string_equal(json_string_value(json_object_get(w, "protocol")), "1.2");
   json_decref(w);
   expect_msgs(p, 1, 3);
   expect_synced(p, 3, 0);

@@ -440,6 +440,7 @@ static void test_migrate_concurrent(void **state) {
 static void test_channels(void **state) {
   store_t *s = ((fx_t *)*state)->s;
   store_channel_t c;
+  store_conv_t v;
   assert_int_equal(store_channel_create(s, "general", "General", 1, &c), 0);
   assert_string_equal(c.id, "general");
   assert_string_equal(c.name, "General");
@@ -467,11 +468,26 @@ static void test_channels(void **state) {
   assert_int_equal(c.active, 1);
   assert_int_equal(store_channel_set_active(s, "nope", 1, &c), -CV_ENOTFOUND);
 
-  /* presence is stored as 0/1 */
-  assert_int_equal(store_channel_create(s, "quiet", "", 42, &c), 0);
+  /* the flags: presence and signals, each stored as 0/1; others refused */
+  assert_int_equal(store_channel_create(s, "odd", "", 4, &c), -CV_EINVAL);
+  assert_int_equal(
+      store_channel_create(s, "quiet", "", STORE_CHANNEL_PRESENCE | STORE_CHANNEL_SIGNALS, &c), 0);
   assert_int_equal(c.presence, 1);
+  assert_int_equal(c.signals, 1);
   assert_int_equal(store_channel_get(s, "quiet", &c), 0);
   assert_int_equal(c.presence, 1);
+  assert_int_equal(c.signals, 1);
+  assert_int_equal(store_channel_create(s, "typing", "", STORE_CHANNEL_SIGNALS, &c), 0);
+  assert_int_equal(store_channel_get(s, "typing", &c), 0);
+  assert_int_equal(c.presence, 0);
+  assert_int_equal(c.signals, 1);
+  assert_int_equal(store_channel_set_active(s, "typing", 0, &c), 0);
+  assert_int_equal(c.signals, 1);
+  assert_int_equal(store_conv_create(s, "t1", "typing", &v), 0);
+  assert_int_equal(v.signals, 1);
+  assert_int_equal(store_conv_get(s, "t1", &v), 0);
+  assert_int_equal(v.signals, 1);
+  assert_int_equal(v.presence, 0);
   assert_string_equal(c.name, "");
 
   /* name bound: STORE_NAME_MAX bytes fit, one more does not */
@@ -596,6 +612,8 @@ static void test_epochs(void **state) {
   raw_t raw = raw_open(f);
   raw_exec(&raw, "ALTER TABLE conversations DROP COLUMN epoch");
   raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN capacity");
+  raw_exec(&raw, "ALTER TABLE channels DROP COLUMN signals");
+  raw_exec(&raw, "DROP TABLE IF EXISTS presence");
   raw_exec(&raw, "DELETE FROM schema_version WHERE version >= 3");
   raw_close(&raw);
   store_close(f->s);
@@ -1499,6 +1517,131 @@ static int pg_connect_admin(void) {
   return 0;
 }
 
+/* The next `want` notifications heard on `raw` (LISTENing), joined with
+ * '|' into `out`; waits up to 3 s for them (the listener hears them after
+ * the commit, over its own connection). */
+static void heard(raw_t *raw, int want, char *out, size_t cap) {
+  out[0] = '\0';
+  int got = 0;
+  for (int tries = 0; got < want && tries < 300; tries++) {
+    PQconsumeInput(raw->pg);
+    PGnotify *n;
+    while ((n = PQnotifies(raw->pg)) != NULL) {
+      size_t len = strlen(out);
+      snprintf(out + len, cap - len, "%s%s", len ? "|" : "", n->extra);
+      PQfreemem(n);
+      got++;
+    }
+    if (got < want) usleep(10000);
+  }
+}
+
+/* Presence across nodes: rows per conversation and client, moved by a
+ * join through another node, deleted only by the node that holds them,
+ * the user's first and last client, pages, the sweep of gone nodes, a
+ * node's own rows; every change announced in its transaction. SQLite
+ * keeps none of it (proto/presence.h). */
+static void test_presence_rows(void **state) {
+  fx_t *f = *state;
+  int joined, first, left, last;
+  store_member_t *m = NULL;
+  size_t n = 0;
+  int64_t count = 0, removed = 0;
+  if (!use_pg) {
+    assert_int_equal(store_presence_join(f->s, "c", "k1", "ann", "a", 1, &joined, &first),
+                     -CV_EINVAL);
+    assert_int_equal(store_presence_list(f->s, "c", "", 10, &m, &n, &count), -CV_EINVAL);
+    return;
+  }
+  store_t *s = NULL;
+  store_options_t opt = test_opt;
+  opt.notify = 1;
+  assert_int_equal(store_open(f->url, &opt, &s), 0);
+  raw_t raw = raw_open(f);
+  raw_exec(&raw, "LISTEN " STORE_NOTIFY_CHANNEL);
+  char got[1024];
+
+  assert_int_equal(store_presence_join(s, "c", "k1", "ann", "a", 100, &joined, &first), 0);
+  assert_true(joined && first);
+  assert_int_equal(store_presence_join(s, "c", "k2", "ann", "a", 200, &joined, &first), 0);
+  assert_true(joined && !first);
+  assert_int_equal(store_presence_join(s, "c", "k3", "bob", "b", 300, &joined, &first), 0);
+  assert_true(joined && first);
+  /* k1 reconnects through node b (a drain move): no join */
+  assert_int_equal(store_presence_join(s, "c", "k1", "ann", "b", 400, &joined, &first), 0);
+  assert_false(joined);
+  heard(&raw, 3, got, sizeof got);
+  assert_string_equal(got, "p j c k1 1 ann|p j c k2 0 ann|p j c k3 1 bob");
+
+  /* node a's grace of k1 ends: b holds it now, so nothing goes */
+  assert_int_equal(store_presence_leave(s, "c", "k1", "ann", "a", &left, &last), 0);
+  assert_false(left);
+  assert_int_equal(store_presence_list(s, "c", "", 10, &m, &n, &count), 0);
+  assert_int_equal(count, 2);
+  assert_int_equal(n, 2);
+  assert_string_equal(m[0].user, "ann");
+  assert_int_equal(m[0].clients, 2);
+  assert_int_equal(m[0].since_ms, 100);
+  assert_int_equal(m[0].rank, 1);
+  assert_string_equal(m[1].user, "bob");
+  assert_int_equal(m[1].rank, 2);
+  free(m);
+  /* pages: after a cursor, a limit, the count alone */
+  assert_int_equal(store_presence_list(s, "c", "ann", 10, &m, &n, &count), 0);
+  assert_int_equal(n, 1);
+  assert_string_equal(m[0].user, "bob");
+  assert_int_equal(m[0].rank, 2);
+  free(m);
+  assert_int_equal(store_presence_list(s, "c", "", 1, &m, &n, &count), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(count, 2);
+  free(m);
+  assert_int_equal(store_presence_list(s, "c", "", 0, &m, &n, &count), 0);
+  assert_int_equal(n, 0);
+  assert_null(m);
+  assert_int_equal(count, 2);
+
+  assert_int_equal(store_presence_leave(s, "c", "k2", "ann", "a", &left, &last), 0);
+  assert_true(left && !last);
+  assert_int_equal(store_presence_leave(s, "c", "k1", "ann", "b", &left, &last), 0);
+  assert_true(left && last);
+  heard(&raw, 2, got, sizeof got);
+  assert_string_equal(got, "p l c k2 0 ann|p l c k1 1 ann");
+
+  /* node b's rows: k3; node c (no heartbeat) holds two clients of carl */
+  char **convs, **clients, **users;
+  assert_int_equal(store_presence_of_node(s, "b", &convs, &clients, &users, &n), 0);
+  assert_int_equal(n, 1);
+  assert_string_equal(clients[0], "k3");
+  assert_string_equal(users[0], "bob");
+  store_strings_free(convs, n);
+  store_strings_free(clients, n);
+  store_strings_free(users, n);
+  assert_int_equal(store_presence_join(s, "c", "k4", "carl", "gone", 500, &joined, &first), 0);
+  assert_int_equal(store_presence_join(s, "c", "k5", "carl", "gone", 500, &joined, &first), 0);
+  assert_int_equal(store_presence_join(s, "d", "k6", "bob", "gone", 500, &joined, &first), 0);
+  heard(&raw, 3, got, sizeof got);
+  assert_int_equal(store_node_beat(s, "b", "ws://b:1/v1/ws", "ready", 1, 0, 0, 10000), 0);
+  assert_int_equal(store_node_beat(s, "gone", "ws://g:1/v1/ws", "ready", 1, 0, 0, 5000), 0);
+  /* gone's row is 5000 ms old: within an age of 6000 nothing goes */
+  assert_int_equal(store_presence_sweep(s, 10000, 6000, &removed), 0);
+  assert_int_equal(removed, 0);
+  assert_int_equal(store_presence_sweep(s, 10000, 4000, &removed), 0);
+  assert_int_equal(removed, 3);
+  heard(&raw, 3, got, sizeof got);
+  /* carl's last client carries the edge, once; bob stays in c through b */
+  assert_non_null(strstr(got, "p l c k4 0 carl"));
+  assert_non_null(strstr(got, "p l c k5 1 carl"));
+  assert_non_null(strstr(got, "p l d k6 1 bob"));
+  assert_int_equal(store_presence_list(s, "c", "", 10, &m, &n, &count), 0);
+  assert_int_equal(count, 1);
+  assert_string_equal(m[0].user, "bob");
+  free(m);
+  assert_int_equal(store_presence_join(s, "c", "bad id", "x", "a", 1, &joined, &first), -CV_EINVAL);
+  raw_close(&raw);
+  store_close(s);
+}
+
 int main(int argc, char **argv) {
   log_set_level(LOG_ERROR); /* "migrated" lines per fixture, and the expected failures */
   if (argc > 2 || (argc == 2 && strcmp(argv[1], "--pg") != 0)) return usage();
@@ -1530,6 +1673,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_read_snapshot, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotent_race, setup, teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_writers_gapless, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_presence_rows, setup, teardown),
   };
   const struct CMUnitTest pg_tests[] = {
       cmocka_unit_test_setup_teardown(test_pg_row_lock_per_conversation, setup, teardown),
