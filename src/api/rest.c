@@ -9,12 +9,14 @@
  */
 #include "api/rest.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <llhttp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -913,6 +915,158 @@ static void not_found(conn_t *c) { http_respond_error(c, 404, "not_found", "no s
 
 #define IS(m) (req->method == HTTP_##m)
 
+/* The checks before a WebSocket or a stream is taken on: 1 when it was
+ * refused here (503 with a hint), 0 when it may go on. */
+static int connection_refused(api_t *api, conn_t *c) {
+  if (*api->phase >= NODE_DRAINING) {
+    http_respond_error(c, 503, "unavailable",
+                       *api->phase >= NODE_STOPPING ? "node is shutting down"
+                                                    : "node is draining; use another",
+                       config_retry_hint(api->cfg, api->rng));
+  } else if (api->net->nws >= *api->max_connections) {
+    /* Refused while descriptors remain, so health checks, metrics and
+     * the store keep theirs (serve.c: the reserve). */
+    metrics_add(api->metrics, "converger_upgrades_refused_total", "reason=\"max_connections\"", 1);
+    http_respond_error(c, 503, "too_many_connections",
+                       "this node holds as many WebSocket connections as it may; retry later "
+                       "or on another node",
+                       config_retry_hint(api->cfg, api->rng));
+  } else if (api->cfg->accept_rate > 0 && !limiter_take(api->accept, util_mono_ms())) {
+    /* The accept limiter: refused before any WebSocket work. */
+    metrics_add(api->metrics, "converger_accept_refused_total", NULL, 1);
+    http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
+                       config_retry_hint(api->cfg, api->rng));
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* The next `name=value` of the query string from *p on (percent-decoded,
+ * '+' as a space) into `out` (`cap` bytes): 1 found, 0 none left, -1 a
+ * value too long or badly encoded. *p moves past it. */
+static int query_next(const char **p, const char *name, char *out, size_t cap) {
+  size_t nl = strlen(name);
+  while (*p && **p) {
+    const char *q = *p, *amp = strchr(q, '&');
+    size_t len = amp ? (size_t)(amp - q) : strlen(q);
+    *p = amp ? amp + 1 : q + len;
+    if (len < nl + 1 || strncmp(q, name, nl) != 0 || q[nl] != '=') continue;
+    size_t k = 0;
+    for (size_t i = nl + 1; i < len; i++) {
+      char ch = q[i];
+      if (ch == '+') {
+        ch = ' ';
+      } else if (ch == '%') {
+        unsigned v;
+        if (i + 2 >= len) return -1;
+        if (sscanf(q + i + 1, "%2x", &v) != 1 || !isxdigit((unsigned char)q[i + 1]) ||
+            !isxdigit((unsigned char)q[i + 2]))
+          return -1;
+        ch = (char)v;
+        i += 2;
+      }
+      if (k + 1 >= cap || ch == '\0') return -1;
+      out[k++] = ch;
+    }
+    out[k] = '\0';
+    return 1;
+  }
+  return 0;
+}
+
+#define SSE_QUERY_MAX 16384 /* a Last-Event-ID or token in the query, bytes */
+
+/* GET /v1/sse?conv=A&conv=B (docs/protocol.md 12): the token in
+ * Authorization: Bearer or ?token=, the watermarks in Last-Event-ID (or
+ * ?lastEventId=), then a stream through the hello's own path. */
+static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
+  int max = api->cfg->max_subs;
+  char **convs = calloc((size_t)max + 1, sizeof *convs);
+  char *token = malloc(SSE_QUERY_MAX), *lei = malloc(SSE_QUERY_MAX);
+  char client[STORE_ID_MAX + 1] = "", id[STORE_ID_MAX + 1];
+  size_t n = 0;
+  int r = 0;
+  if (!convs || !token || !lei) {
+    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+    goto out;
+  }
+  token[0] = lei[0] = '\0';
+  for (const char *p = req->query; (r = query_next(&p, "conv", id, sizeof id)) == 1;) {
+    if (!util_id_valid(id)) break;
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(convs[i], id) == 0) r = 2;
+    if (r == 2) break;
+    if (n == (size_t)max) {
+      r = 3;
+      break;
+    }
+    if (!(convs[n] = strdup(id))) break;
+    n++;
+  }
+  if (r != 0 || n == 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             r == 2   ? "a conversation appears twice in conv"
+             : r == 3 ? "more than max_subs (%d) conversations"
+                      : "conv must be given 1 to %d times, each an id matching [A-Za-z0-9._:-]{1,128}",
+             max);
+    bad_request(c, msg);
+    goto out;
+  }
+  const char *q = req->query;
+  if (req->authorization && strncasecmp(req->authorization, "Bearer ", 7) == 0)
+    snprintf(token, SSE_QUERY_MAX, "%s", req->authorization + 7);
+  else if ((r = query_next(&q, "token", token, SSE_QUERY_MAX)) < 0)
+    token[0] = '\0';
+  q = req->query;
+  if (query_next(&q, "clientId", client, sizeof client) < 0 || (client[0] && !util_id_valid(client))) {
+    bad_request(c, "clientId must be an id matching [A-Za-z0-9._:-]{1,128}");
+    goto out;
+  }
+  q = req->query;
+  if (req->last_event_id)
+    snprintf(lei, SSE_QUERY_MAX, "%s", req->last_event_id);
+  else if (query_next(&q, "lastEventId", lei, SSE_QUERY_MAX) < 0)
+    lei[0] = '\x01'; /* not decodable: refused below */
+  for (size_t i = 0; i < n; i++) {
+    int64_t w;
+    char ep[STORE_EPOCH_MAX + 1];
+    if (session_sse_watermark(lei, convs[i], &w, ep) != 0) {
+      bad_request(c, "Last-Event-ID must be an id this node gave: CONV SEQ EPOCH, joined by ','");
+      goto out;
+    }
+  }
+  if (!token[0]) {
+    http_respond_error(c, 401, "unauthorized",
+                       "no token (Authorization: Bearer TOKEN, or ?token=TOKEN)", 0);
+    goto out;
+  }
+  /* The scope before the stream: a conversation outside the token is a
+   * 403 here, not an error event (the hello would skip it). */
+  auth_token_t t = {0};
+  const char *why = NULL;
+  if (auth_verify(api->auth, token, util_now_ms() / 1000, &t, &why) == 0) {
+    for (size_t i = 0; i < n; i++)
+      if (!t.can_read || !auth_token_allows(&t, convs[i])) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "the token does not cover conversation %s", convs[i]);
+        http_respond_error(c, 403, "forbidden", msg, 0);
+        auth_token_clear(&t);
+        goto out;
+      }
+  }
+  auth_token_clear(&t); /* a bad token: the hello answers 401 */
+  if (connection_refused(api, c)) goto out;
+  if (ws_start_sse(c, config_retry_hint(api->cfg, api->rng)) == 0)
+    session_sse_begin(c, token, client[0] ? client : NULL, (const char *const *)convs, n, lei);
+out:
+  for (size_t i = 0; convs && i < n; i++) free(convs[i]);
+  free(convs);
+  free(token);
+  free(lei);
+}
+
 void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
   const char *path = req->path;
   char seg[5][STORE_ID_MAX + 1];
@@ -927,34 +1081,22 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
       http_respond_json(c, status,
                         json_pack("{s:{s:s, s:s}}", "error", "code", "bad_request", "message", why),
                         "Sec-WebSocket-Version: 13\r\n");
-    } else if (*api->phase >= NODE_DRAINING) {
-      http_respond_error(c, 503, "unavailable",
-                         *api->phase >= NODE_STOPPING ? "node is shutting down"
-                                                      : "node is draining; use another",
-                         config_retry_hint(api->cfg, api->rng));
-    } else if (api->net->nws >= *api->max_connections) {
-      /* Refused while descriptors remain, so health checks, metrics and
-       * the store keep theirs (serve.c: the reserve). */
-      metrics_add(api->metrics, "converger_upgrades_refused_total", "reason=\"max_connections\"",
-                  1);
-      http_respond_error(c, 503, "too_many_connections",
-                         "this node holds as many WebSocket connections as it may; retry later "
-                         "or on another node",
-                         config_retry_hint(api->cfg, api->rng));
-    } else if (api->cfg->accept_rate > 0 && !limiter_take(api->accept, util_mono_ms())) {
-      /* The accept limiter: refused before any WebSocket work. */
-      metrics_add(api->metrics, "converger_accept_refused_total", NULL, 1);
-      http_respond_error(c, 503, "unavailable", "too many connections are being opened; retry",
-                         config_retry_hint(api->cfg, api->rng));
-    } else {
+    } else if (!connection_refused(api, c)) {
       ws_upgrade(c, req);
     }
     return;
   }
+  if (strcmp(path, "/v1/sse") == 0) {
+    req->route = "/v1/sse";
+    if (!IS(GET)) return method_not_allowed(c, "GET");
+    return handle_sse(api, c, req);
+  }
   if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0 || strcmp(path, "/app.js") == 0 ||
-      strcmp(path, "/style.css") == 0) {
+      strcmp(path, "/style.css") == 0 || strcmp(path, "/sse.html") == 0) {
     req->route = "/";
     if (!IS(GET)) return method_not_allowed(c, "GET");
+    if (strcmp(path, "/sse.html") == 0) /* a page that reads with EventSource alone */
+      return serve_file(api, c, "sse.html", "text/html; charset=utf-8");
     if (strcmp(path, "/app.js") == 0)
       return serve_file(api, c, "app.js", "text/javascript; charset=utf-8");
     if (strcmp(path, "/style.css") == 0)

@@ -71,6 +71,7 @@ static void req_reset(http_request_t *r) {
   free(r->ws_version);
   free(r->ws_protocol);
   free(r->idempotency_key);
+  free(r->last_event_id);
   free(r->expect);
   free(r->body);
   memset(r, 0, sizeof *r);
@@ -151,6 +152,8 @@ static int keep_header(http_t *h) {
       {"idempotency-key", offsetof(http_request_t, idempotency_key), 1,
        "duplicate Idempotency-Key header"},
       {"expect", offsetof(http_request_t, expect), 0, NULL},
+      {"last-event-id", offsetof(http_request_t, last_event_id), 1,
+       "duplicate Last-Event-ID header"},
   };
   for (size_t i = 0; i < CV_ARRAY_SIZE(wanted); i++) {
     if (!h->field.p || strcasecmp(h->field.p, wanted[i].name) != 0) continue;

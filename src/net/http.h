@@ -30,7 +30,7 @@ typedef struct http_request_s {
   char *query;       /* raw query string without '?', or NULL */
   const char *route; /* route label for metrics, set by the router */
   char *authorization, *upgrade, *connection, *ws_key, *ws_version, *ws_protocol, *idempotency_key,
-      *expect;
+      *expect, *last_event_id; /* last_event_id: Server-Sent Events (docs/protocol.md 12) */
   char *body; /* NUL-terminated */
   size_t body_len;
   int keep_alive;

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <jansson.h>
 #include <wslay/wslay.h>
 
 #include "core/metrics.h"
@@ -37,6 +38,11 @@ struct ws_s {
   int frag_open;      /* a fragmented data message is incomplete */
   int close_sent;
   int close_code; /* the first close: ours (ws_close) or the peer's; 0: none yet */
+  /* Server-Sent Events (ws_start_sse): the same message connection, its
+   * frames written as events instead of WebSocket frames */
+  int sse;
+  int sse_started;  /* the 200 and its headers went out (at the welcome) */
+  long sse_retry_ms; /* the first event's retry: field */
 };
 
 static int key_valid(const char *key) {
@@ -225,6 +231,7 @@ static void after_io(conn_t *c) {
 void ws_feed(conn_t *c, const char *data, size_t len) {
   ws_t *ws = c->ws;
   if (ws->close_sent) return; /* draining input until the peer closes */
+  if (ws->sse) return;        /* a stream's client says nothing after its request */
   if (ensure_ctx(ws) != 0) return;
   ws->rbuf = data;
   ws->rlen = len;
@@ -321,8 +328,176 @@ char *ws_encode_text(net_t *net, const char *text, size_t text_len, size_t *len)
   return out;
 }
 
+/* ---- Server-Sent Events ---------------------------------------------------- */
+
+int ws_start_sse(conn_t *c, long retry_ms) {
+  ws_t *ws = calloc(1, sizeof *ws);
+  if (!ws) {
+    conn_close(c);
+    return -1;
+  }
+  ws->conn = c;
+  ws->sse = 1;
+  ws->sse_retry_ms = retry_ms;
+  http_free(c->http);
+  c->http = NULL;
+  c->ws = ws;
+  c->mode = CONN_WS;
+  c->deadline_ms = 0; /* the hello is the request itself */
+  c->next_ping_ms = util_mono_ms() + (uint64_t)c->net->cfg->heartbeat_ms;
+  c->net->nws++;
+  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
+  if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
+int ws_is_sse(const conn_t *c) { return c->ws && c->ws->sse; }
+
+static void sse_count(conn_t *c, int status) {
+  char labels[64];
+  snprintf(labels, sizeof labels, "route=\"/v1/sse\",code=\"%d\"", status);
+  metrics_add(c->net->metrics, "converger_http_requests_total", labels, 1);
+}
+
+/* Nothing more goes out: the stream (or the answer) ends once flushed. */
+static void sse_end(conn_t *c) {
+  ws_t *ws = c->ws;
+  if (ws->close_sent) return;
+  ws->close_sent = 1;
+  c->closed_by_us = 1;
+  c->net->handler.on_close(c->net->handler.ud, c);
+  conn_shutdown(c);
+}
+
+/* The HTTP status for a refusal before the stream began, by its error
+ * code (docs/protocol.md 12). */
+static int sse_status(const char *code) {
+  static const struct {
+    const char *code;
+    int status;
+  } map[] = {{"unauthorized", 401},         {"token_expired", 401},   {"forbidden", 403},
+             {"not_found", 404},            {"channel_inactive", 409}, {"too_many_connections", 429},
+             {"rate_limited", 429},         {"unavailable", 503},      {"internal_error", 500}};
+  for (size_t i = 0; code && i < sizeof map / sizeof map[0]; i++)
+    if (strcmp(map[i].code, code) == 0) return map[i].status;
+  return 400;
+}
+
+/* Before the stream began: the refusal as an HTTP answer with a JSON body
+ * ({"error": the error frame's fields}), Retry-After when it has a hint,
+ * and the end. */
+static void sse_refuse(conn_t *c, int status, json_t *error) {
+  json_t *hint = json_object_get(error, "retryAfterMs");
+  char extra[64] = "";
+  if (json_is_integer(hint))
+    snprintf(extra, sizeof extra, "Retry-After: %lld\r\n",
+             (long long)(json_integer_value(hint) + 999) / 1000);
+  json_t *body = json_pack("{s:O}", "error", error);
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  json_decref(body);
+  char head[512];
+  size_t len = text ? strlen(text) : 0;
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                   "Cache-Control: no-store\r\n%sConnection: close\r\n\r\n",
+                   status, http_reason(status), len, extra);
+  sse_count(c, status);
+  if (conn_write(c, head, (size_t)n) == 0 && text) conn_write(c, text, len);
+  free(text);
+  sse_end(c);
+}
+
+/* `data` as data: lines (one per line of it). */
+static void sse_data(conn_t *c, const char *data, size_t len) {
+  while (!c->closing) {
+    const char *nl = memchr(data, '\n', len);
+    size_t n = nl ? (size_t)(nl - data) : len;
+    conn_write(c, "data: ", 6);
+    conn_write(c, data, n);
+    conn_write(c, "\n", 1);
+    if (!nl) break;
+    data += n + 1;
+    len -= n + 1;
+  }
+}
+
+/* One frame's JSON as an event named by its type, with `id` (NULL:
+ * none). The welcome starts the stream; an error or a close before it is
+ * answered as an HTTP refusal; a drain event carries its afterMs as the
+ * retry: field and ends the stream, so the browser's EventSource
+ * reconnects after the jittered delay (the drain lesson). */
+static void sse_frame(conn_t *c, const char *json, size_t len, const char *id) {
+  ws_t *ws = c->ws;
+  json_t *f = json_loadb(json, len, 0, NULL);
+  const char *type = json_string_value(json_object_get(f, "type"));
+  if (!type) {
+    json_decref(f);
+    return;
+  }
+  if (!ws->sse_started) {
+    if (strcmp(type, "welcome") != 0) {
+      if (strcmp(type, "error") == 0) {
+        const char *code = json_string_value(json_object_get(f, "code"));
+        json_object_del(f, "type");
+        sse_refuse(c, sse_status(code), f);
+      }
+      json_decref(f);
+      return;
+    }
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     "Cache-Control: no-store\r\nX-Accel-Buffering: no\r\n"
+                     "Connection: keep-alive\r\n\r\nretry: %ld\n\n",
+                     ws->sse_retry_ms);
+    sse_count(c, 200);
+    ws->sse_started = 1;
+    if (conn_write(c, head, (size_t)n) != 0) {
+      json_decref(f);
+      return;
+    }
+  }
+  char line[96];
+  int drain = strcmp(type, "drain") == 0;
+  snprintf(line, sizeof line, "event: %.40s\n", type);
+  conn_write(c, line, strlen(line));
+  if (id) {
+    conn_write(c, "id: ", 4);
+    conn_write(c, id, strlen(id));
+    conn_write(c, "\n", 1);
+  }
+  if (drain) {
+    json_t *after = json_object_get(f, "afterMs");
+    snprintf(line, sizeof line, "retry: %lld\n",
+             json_is_integer(after) ? (long long)json_integer_value(after) : 0LL);
+    conn_write(c, line, strlen(line));
+  }
+  sse_data(c, json, len);
+  conn_write(c, "\n", 1);
+  json_decref(f);
+  if (drain && !c->closing) sse_end(c);
+}
+
+void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *json, size_t json_len,
+                 const char *sse_id) {
+  if (c->closing || !c->ws || c->ws->close_sent) return;
+  if (c->ws->sse)
+    sse_frame(c, json, json_len, sse_id);
+  else if (frame)
+    conn_write(c, frame, frame_len);
+  else
+    ws_send_text(c, json, json_len);
+}
+
 void ws_send_text(conn_t *c, const char *text, size_t len) {
   if (c->closing || !c->ws || c->ws->close_sent) return;
+  if (c->ws->sse) {
+    sse_frame(c, text, len, NULL);
+    return;
+  }
   ws_encoder_t *e = encode(c->net, text, len);
   if (!e) {
     conn_close(c);
@@ -336,9 +511,55 @@ void ws_send_frame(conn_t *c, const char *frame, size_t len) {
   conn_write(c, frame, len);
 }
 
+/* A close on a stream: before it began, a refusal (the codes' HTTP
+ * statuses); after, a `close` event with the code, the reason and, when
+ * the reason carries a hint, the retry: field; then the end. */
+static void sse_close(conn_t *c, int code, const char *reason) {
+  ws_t *ws = c->ws;
+  ws->close_code = code;
+  json_t *hint = NULL;
+  json_t *r = reason && reason[0] == '{' ? json_loads(reason, 0, NULL) : NULL;
+  if (r) hint = json_object_get(r, "retryAfterMs");
+  if (!ws->sse_started) {
+    int status = code == WS_CLOSE_TRY_AGAIN_LATER || code == WS_CLOSE_SERVICE_RESTART ? 503
+                 : code == WS_CLOSE_POLICY_VIOLATION                                   ? 401
+                                                                                       : 500;
+    json_t *err = json_pack("{s:s, s:s}", "code",
+                            status == 503   ? "unavailable"
+                            : status == 401 ? "unauthorized"
+                                            : "internal_error",
+                            "message", reason && !r ? reason : "the stream cannot be served");
+    if (err && json_is_integer(hint)) json_object_set(err, "retryAfterMs", hint);
+    if (err) sse_refuse(c, status, err);
+    json_decref(err);
+  } else {
+    char line[64];
+    if (json_is_integer(hint)) {
+      snprintf(line, sizeof line, "retry: %lld\n", (long long)json_integer_value(hint));
+      conn_write(c, line, strlen(line));
+    }
+    json_t *ev = json_pack("{s:s, s:i, s:s}", "type", "close", "code", code, "reason",
+                           reason ? reason : "");
+    char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    json_decref(ev);
+    if (text) {
+      conn_write(c, "event: close\n", 13);
+      sse_data(c, text, strlen(text));
+      conn_write(c, "\n", 1);
+    }
+    free(text);
+    sse_end(c);
+  }
+  json_decref(r);
+}
+
 void ws_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
+  if (ws->sse) {
+    sse_close(c, code, reason);
+    return;
+  }
   c->closed_by_us = 1;
   ws->close_code = code;
   c->net->handler.on_close(c->net->handler.ud, c); /* nothing more is admitted for it */
@@ -359,6 +580,10 @@ int ws_close_sent(const conn_t *c) { return c->ws && c->ws->close_sent; }
 void ws_ping(conn_t *c) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;
+  if (ws->sse) { /* a comment line: keeps proxies from closing an idle stream */
+    if (ws->sse_started) conn_write(c, ": ping\n\n", 8);
+    return;
+  }
   struct wslay_event_msg msg = {WSLAY_PING, NULL, 0};
   if (ensure_ctx(ws) != 0) return;
   if (wslay_event_queue_msg(ws->ctx, &msg) == 0) after_io(c);

@@ -75,6 +75,26 @@ int ws_close_sent(const conn_t *c);
 /* Send a ping (heartbeat). */
 void ws_ping(conn_t *c);
 
+/* Server-Sent Events (docs/protocol.md 12): make the HTTP connection `c`
+ * (its request read, not answered) a message connection like a
+ * WebSocket: mode CONN_WS, counted in nws, given a session by the
+ * handler's on_upgrade, its frames written as events (`event:` the frame's
+ * type, `data:` its JSON). Nothing is answered until the first frame: a
+ * welcome starts the 200 text/event-stream answer with a `retry:` of
+ * `retry_ms`; an error (or a close) first is answered with its HTTP
+ * status (401, 403, 404, 409, 429, 503 with Retry-After, else 400) and a
+ * JSON body. A drain frame carries its afterMs as `retry:` and ends the
+ * stream; ws_close ends it with a `close` event; ws_ping writes a comment.
+ * Input is ignored. 0, or -1 (connection closed). */
+int ws_start_sse(conn_t *c, long retry_ms);
+/* 1 when `c` is such a stream. */
+int ws_is_sse(const conn_t *c);
+/* A message for one connection in both encodings: the pre-encoded
+ * WebSocket `frame` (NULL: encode `json`) on a WebSocket, `json` as an
+ * event with `sse_id` (NULL: no id) on a stream. */
+void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *json, size_t json_len,
+                 const char *sse_id);
+
 /* Free `net`'s encoder (conn_net_free calls it); it is made again when
  * next needed. */
 void ws_encoder_free(net_t *net);

@@ -31,6 +31,8 @@ typedef struct {
   sessions_t *ss;
   char *frame; /* encoded once */
   size_t len;
+  const char *json; /* for streams (Server-Sent Events) */
+  size_t json_len;
   int join;            /* presence events: which */
   int edge;            /* ... the user's first or last client */
   const char *client;  /* ... whose (not told to that client itself) */
@@ -49,7 +51,7 @@ static void fanout_one(bus_sub_t *bs, void *ud) {
         strcmp(sub->session->client_id, f->client) == 0)
       return;
   }
-  ws_send_frame(c, f->frame, f->len);
+  ws_send_msg(c, f->frame, f->len, f->json, f->json_len, NULL);
   f->sent++;
 }
 
@@ -58,11 +60,12 @@ static void fanout_one(bus_sub_t *bs, void *ud) {
 static int fanout(sessions_t *ss, const char *conv, char *json, fanout_t *f) {
   if (!json) return 0;
   f->ss = ss;
-  f->frame = ws_encode_text(ss->net, json, strlen(json), &f->len);
-  free(json);
-  if (!f->frame) return 0;
-  bus_each(ss->bus, conv, fanout_one, f);
+  f->json = json;
+  f->json_len = strlen(json);
+  f->frame = ws_encode_text(ss->net, json, f->json_len, &f->len);
+  if (f->frame) bus_each(ss->bus, conv, fanout_one, f);
   free(f->frame);
+  free(json);
   return f->sent;
 }
 

@@ -333,7 +333,8 @@ void session_tick(conn_t *c, uint64_t now) {
     return;
   }
   if (session_check_expiry(s, now)) return;
-  if (now - c->last_rx_ms > 2 * (uint64_t)ss->cfg->heartbeat_ms) {
+  /* a stream's client sends nothing: a dead one shows as a failed write */
+  if (!ws_is_sse(c) && now - c->last_rx_ms > 2 * (uint64_t)ss->cfg->heartbeat_ms) {
     ws_close(c, WS_CLOSE_GOING_AWAY, "heartbeat timeout");
     return;
   }

@@ -131,6 +131,23 @@ void session_presence_restore(sessions_t *ss);
 char *session_presence_page(sessions_t *ss, const char *conv, const char *after, int limit,
                             int members, const store_member_t *rows, size_t nrows, int64_t count);
 
+/* Server-Sent Events (docs/protocol.md 12, proto/sse.c). */
+
+/* The watermark and epoch of `conv` in a Last-Event-ID ("CONV SEQ EPOCH"
+ * entries joined by ','; NULL or ""), or FRAME_WATERMARK_NONE and "" when
+ * it names none. 0, or -1 when the id is not of that form. */
+int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
+                          char epoch[STORE_EPOCH_MAX + 1]);
+
+/* The hello of a stream `c` (after ws_start_sse gave it its session):
+ * `token`, `client_id` (NULL: the stream's own), the `n` conversations
+ * (ids, checked by the caller, n <= max_subs) with their watermarks from
+ * `last_event_id` (checked with session_sse_watermark). From here as a
+ * WebSocket hello: the answer is the welcome (the stream begins) or a
+ * refusal. 0 or -CV_ENOMEM (closed). */
+int session_sse_begin(conn_t *c, const char *token, const char *client_id,
+                      const char *const *convs, size_t n, const char *last_event_id);
+
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(sessions_t *ss, int code, const char *reason);
 

@@ -165,8 +165,12 @@ static void pending_add(sub_t *sub, bus_msg_t *m) {
 }
 
 static void send_live(sub_t *sub, bus_msg_t *m) {
-  ws_send_frame(sub->session->conn, m->frame, m->frame_len);
+  conn_t *c = sub->session->conn;
   sub->delivered = m->seq;
+  /* a stream's event id says every subscription's watermark, this one's
+   * included (proto/sse.c) */
+  ws_send_msg(c, m->frame, m->frame_len, m->json, m->json ? strlen(m->json) : 0,
+              ws_is_sse(c) ? session_sse_id(sub->session) : NULL);
   sub->session->ss->delivered_unflushed++;
 }
 
@@ -348,8 +352,14 @@ void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n) {
   for (size_t i = 0; i < n && !c->closing; i++) {
     if (msgs[i].seq <= sub->delivered) continue;
     if (msgs[i].seq != sub->delivered + 1) break; /* never: the store is gapless */
-    session_send_owned(c, frame_msg(sub->conv, &msgs[i]));
+    char *json = frame_msg(sub->conv, &msgs[i]);
+    if (!json) {
+      ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+      return;
+    }
     sub->delivered = msgs[i].seq;
+    ws_send_msg(c, NULL, 0, json, strlen(json), ws_is_sse(c) ? session_sse_id(sub->session) : NULL);
+    free(json);
     sub->session->ss->delivered_unflushed++;
   }
 }

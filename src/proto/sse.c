@@ -1,0 +1,97 @@
+/*
+ * sse.c: a Server-Sent Events stream as a session (session.h,
+ * docs/protocol.md 12). GET /v1/sse is a hello that came over HTTP: its
+ * token, its conversations and, in Last-Event-ID, its watermarks. From
+ * there it is the same session as a WebSocket's (admission, the welcome,
+ * replay, live delivery, presence, signals, drain, token expiry); only the
+ * encoding differs (net/ws.c: ws_start_sse), and a msg event's id, which
+ * says every subscription's watermark so that the browser's automatic
+ * reconnect resumes all of them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "core/errors.h"
+#include "net/ws.h"
+#include "proto/session_int.h"
+
+/* The id buffer: one for the loop (loop thread only). Grown as needed. */
+static struct {
+  char *p;
+  size_t cap;
+} sse_ids;
+
+const char *session_sse_id(session_t *s) {
+  size_t need = 1;
+  for (sub_t *sub = s->subs; sub; sub = sub->next)
+    if (sub->announced) need += strlen(sub->conv) + 1 + 20 + 1 + strlen(sub->epoch) + 1;
+  if (need > sse_ids.cap) {
+    char *p = realloc(sse_ids.p, need * 2);
+    if (!p) return NULL;
+    sse_ids.p = p;
+    sse_ids.cap = need * 2;
+  }
+  size_t len = 0;
+  sse_ids.p[0] = '\0';
+  for (sub_t *sub = s->subs; sub; sub = sub->next) {
+    if (!sub->announced) continue;
+    len += (size_t)snprintf(sse_ids.p + len, sse_ids.cap - len, "%s%s %lld%s%s", len ? "," : "",
+                            sub->conv, (long long)sub->delivered, sub->epoch[0] ? " " : "",
+                            sub->epoch);
+  }
+  return sse_ids.p;
+}
+
+int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
+                          char epoch[STORE_EPOCH_MAX + 1]) {
+  *watermark = FRAME_WATERMARK_NONE;
+  epoch[0] = '\0';
+  if (!last_event_id || !*last_event_id) return 0;
+  const char *p = last_event_id;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char entry[STORE_ID_MAX + 24 + STORE_EPOCH_MAX + 2], id[STORE_ID_MAX + 1],
+        ep[STORE_EPOCH_MAX + 1] = "";
+    long long seq;
+    int k = 0;
+    if (len == 0 || len >= sizeof entry) return -1;
+    memcpy(entry, p, len);
+    entry[len] = '\0';
+    char fmt[48];
+    snprintf(fmt, sizeof fmt, "%%%ds %%lld%%n %%%ds%%n", STORE_ID_MAX, STORE_EPOCH_MAX);
+    int n1 = 0;
+    if (sscanf(entry, fmt, id, &seq, &n1, ep, &k) < 2 || seq < 0 || !util_id_valid(id) ||
+        (ep[0] && !util_id_valid(ep)) || (size_t)(k ? k : n1) != len)
+      return -1;
+    if (strcmp(id, conv) == 0) {
+      *watermark = seq;
+      snprintf(epoch, STORE_EPOCH_MAX + 1, "%s", ep);
+    }
+    p = end ? end + 1 : p + len;
+  }
+  return 0;
+}
+
+int session_sse_begin(conn_t *c, const char *token, const char *client_id,
+                      const char *const *convs, size_t n, const char *last_event_id) {
+  session_t *s = c->session;
+  frame_client_t f = {.type = FRAME_HELLO, .token = token, .client_id = client_id, .nsubs = n};
+  if (!s) return -CV_ENOMEM;
+  f.subs = calloc(n ? n : 1, sizeof *f.subs);
+  if (!f.subs) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return -CV_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    snprintf(f.subs[i].conv, sizeof f.subs[i].conv, "%s", convs[i]);
+    if (session_sse_watermark(last_event_id, convs[i], &f.subs[i].watermark, f.subs[i].epoch) !=
+        0)
+      f.subs[i].watermark = FRAME_WATERMARK_NONE; /* checked by the caller: not reached */
+  }
+  session_handle_hello(s, &f); /* no other frame comes: the request was the hello */
+  free(f.subs);
+  return 0;
+}
