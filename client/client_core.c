@@ -281,6 +281,10 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     set_err(err, errlen, "client id '%s': 1-128 characters of [A-Za-z0-9._:-]", opt->client_id);
     return CVG_EINVAL;
   }
+  if ((unsigned)opt->presence_events > CVG_PRESENCE_CLIENTS) {
+    set_err(err, errlen, "bad presence_events %d", opt->presence_events);
+    return CVG_EINVAL;
+  }
   if ((unsigned)opt->reconnect > CVG_RECONNECT_NEXT) {
     set_err(err, errlen, "bad reconnect policy %d", (int)opt->reconnect);
     return CVG_EINVAL;
@@ -591,6 +595,41 @@ static void drop(cvg_core_t *core, ctrans_t *t, const char *why, int64_t now) {
   transport_lost(core, t, CVG_CLOSE_ABORT, why, strlen(why), now);
 }
 
+/* presenceEvents of a hello entry or a subscribe (protocol 1.2). */
+static void set_presence_events(const cvg_core_t *core, json_t *f) {
+  json_object_set_new(f, "presenceEvents",
+                      core->opt.presence_events == CVG_PRESENCE_CLIENTS ? json_string("clients")
+                                                                        : json_true());
+}
+
+/* join, leave and signal (protocol 1.2): told by the connection in use
+ * only, so a drain move does not tell them twice. */
+static void on_ephemeral(cvg_core_t *core, ctrans_t *t, json_t *j, const char *type) {
+  if (core->active < 0 || t != &core->t[core->active]) return;
+  const char *conv = json_string_value(json_object_get(j, "conv"));
+  if (!conv) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (strcmp(type, "signal") == 0) {
+    const char *sender = json_string_value(json_object_get(j, "sender"));
+    char *body = json_dumps(json_object_get(j, "body"), JSON_COMPACT | JSON_ENCODE_ANY);
+    if (sender && body && core->opt.on_signal)
+      core->opt.on_signal(core->opt.userdata, conv, sender,
+                          json_integer_value(json_object_get(j, "ts")), body);
+    free(body);
+    return;
+  }
+  const char *user = json_string_value(json_object_get(j, "user"));
+  const char *client = json_string_value(json_object_get(j, "client"));
+  if (!user || !client) {
+    core->st.bad_frames++;
+    return;
+  }
+  if (core->opt.on_presence)
+    core->opt.on_presence(core->opt.userdata, conv, type[0] == 'j', user, client);
+}
+
 static char *hello_frame(cvg_core_t *core, int slot) {
   json_t *subs = json_array();
   for (size_t i = 0; i < core->nsubs; i++) {
@@ -601,6 +640,7 @@ static char *hello_frame(cvg_core_t *core, int slot) {
     json_t *e = json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
                           s->wm < 0 ? json_null() : json_integer(s->wm));
     if (e && s->wm >= 0 && s->epoch[0]) json_object_set_new(e, "epoch", json_string(s->epoch));
+    if (e && core->opt.presence_events) set_presence_events(core, e);
     json_array_append_new(subs, e);
   }
   json_t *h = json_pack("{s:s, s:s, s:o}", "type", "hello", "token", core->token, "subs", subs);
@@ -643,6 +683,7 @@ static void send_subscribe(cvg_core_t *core, csub_t *s) {
   json_t *f = json_pack("{s:s, s:s, s:o}", "type", "subscribe", "conv", s->conv, "watermark",
                         s->wm < 0 ? json_null() : json_integer(s->wm));
   if (f && s->wm >= 0 && s->epoch[0]) json_object_set_new(f, "epoch", json_string(s->epoch));
+  if (f && core->opt.presence_events) set_presence_events(core, f);
   s->subscribing = 1;
   s->sub_retry_at = -1;
   memcpy(s->sync_epoch, s->epoch, sizeof s->epoch); /* the epoch a reset in `subscribed` is of */
@@ -1161,9 +1202,10 @@ void cvg_core_text(cvg_core_t *core, uint32_t id, const char *data, size_t len, 
     on_unsubscribed(core, t, j);
   else if (strcmp(type, "refreshed") == 0)
     on_refreshed(core, j, now);
-  else if (strcmp(type, "pong") != 0 && strcmp(type, "signal") != 0 && strcmp(type, "join") != 0 &&
-           strcmp(type, "leave") != 0 && strcmp(type, "presence") != 0)
-    core->st.bad_frames++; /* protocol 1.2's ephemeral frames: not this library's (yet) */
+  else if (strcmp(type, "signal") == 0 || strcmp(type, "join") == 0 || strcmp(type, "leave") == 0)
+    on_ephemeral(core, t, j, type);
+  else if (strcmp(type, "pong") != 0)
+    core->st.bad_frames++;
   json_decref(j);
   finish(core);
 }

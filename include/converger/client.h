@@ -242,7 +242,23 @@ typedef struct {
    * cvg_core_new (cvg_core_client_id reads it). 1 to 128 characters of
    * [A-Za-z0-9._:-]. */
   const char *client_id;
+  /* Protocol 1.2 (docs/protocol.md 4.9, 4.10), last so that the fields
+   * above keep their offsets. presence_events: CVG_PRESENCE_NONE (0),
+   * CVG_PRESENCE_USERS (a user's first join and last leave) or
+   * CVG_PRESENCE_CLIENTS (every client instance's), asked for on every
+   * subscription of a channel with presence. on_presence: a join (1) or
+   * leave (0) of `client` of `user` in `conv`, told by the connection in
+   * use (during a drain move, the old one until the new is welcomed):
+   * at most once, never replayed. on_signal: a signal of `conv` from
+   * `sender` at `ts_ms` (wall ms), `body` its JSON text; at most once.
+   * Either may be NULL. */
+  int presence_events;
+  void (*on_presence)(void *ud, const char *conv, int join, const char *user, const char *client);
+  void (*on_signal)(void *ud, const char *conv, const char *sender, int64_t ts_ms,
+                    const char *body);
 } cvg_options_t;
+
+enum { CVG_PRESENCE_NONE = 0, CVG_PRESENCE_USERS = 1, CVG_PRESENCE_CLIENTS = 2 };
 
 /* Counters, readable at any time. */
 typedef struct {

@@ -4,7 +4,9 @@ completed, something was acknowledged, nothing was lost or delivered twice,
 every client verified; the figures and files of the --out directory are
 there (restarts, one per node; live and all-deliveries latency;
 disconnected_ms.csv; the three PNG plots; haproxy.cfg with --lb haproxy;
-with --controller roll, converger roll's exit 0 and the fleet balanced).
+with --controller roll, converger roll's exit 0 and the fleet balanced;
+with --presence on, no leave during the run and every conversation's
+presence equal to its clients after the roll).
 Usage: check_roll_summary.py SUMMARY_JSON"""
 import json
 import os
@@ -56,6 +58,12 @@ for png in ("arrivals.png", "connected.png", "disconnected_cdf.png"):
                 problems.append("%s is not a PNG" % png)
     except OSError as e:
         problems.append("%s: %s" % (png, e))
+p = s.get("presence")
+if p is not None:
+    if p.get("leaves") != 0:
+        problems.append("presence: %r leave events during a migrate roll" % p.get("leaves"))
+    if p.get("convs_checked") != s.get("convs") or p.get("convs_mismatched") != 0:
+        problems.append("presence after the roll: %r" % p)
 if s.get("lb") == "haproxy" and not os.path.exists(os.path.join(out, "haproxy.cfg")):
     problems.append("--lb haproxy without haproxy.cfg")
 if s.get("controller") == "roll":

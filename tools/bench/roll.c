@@ -73,11 +73,12 @@ typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
       restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s, capacity;
   const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb,
-      *controller, *roll_args;
+      *controller, *roll_args, *presence;
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
   int close_mode, legacy, admission_off, ignore_hints, reconnect_next, lb_haproxy;
   int by_roll; /* --controller roll */
+  int presence_on; /* --presence on */
 } options_t;
 
 /* The REST sender (its own thread). */
@@ -140,6 +141,10 @@ typedef struct {
   uint64_t lat[LAT_BINS_MAX];      /* every delivery, 1 ms bins ("L" records) */
   uint64_t live_lat[LAT_BINS_MAX]; /* live deliveries only ("M" records) */
   unsigned long long v_ok, v_lost, v_dup, v_order, v_sdkdup, v_unav, v_runav, v_attempts, v_migr;
+  /* --presence on: the observer's join and leave events, and the check of
+   * presence against the clients after the roll */
+  unsigned long long p_joins, p_leaves, p_checked, p_mismatched;
+  char p_first_bad[256];
   size_t nbad;
   char bad[20][200];
   /* restarts */
@@ -201,7 +206,11 @@ static void usage(FILE *out) {
           "  --roll-args \"ARGS\"     more arguments for converger roll, split at spaces\n"
           "                         (e.g. \"--pause-cpu 90 --balance-window-ms 5000\") []\n"
           "  --capacity N           the nodes' CONVERGER_CAPACITY_CONNECTIONS (0: unset, the\n"
-          "                         controller's headroom check then reads CPU) [0]\n",
+          "                         controller's headroom check then reads CPU) [0]\n"
+          "  --presence on|off      on: the channel has presence; client 0 counts every\n"
+          "                         client's join and leave events (a roll must cause no\n"
+          "                         leave), and after the roll each conversation's presence\n"
+          "                         must list exactly its connected clients [off]\n",
           CONVERGER_PG_TMP_DEFAULT);
 }
 
@@ -222,10 +231,10 @@ static int parse_options(options_t *o, int argc, char **argv) {
       args[nargs++] = argv[i];
   static const char *const names[] = {
       "--pg-url",    "--pg-tmp",    "--out", "--drain",      "--clients-mode", "--backoff",
-      "--admission", "--reconnect", "--lb",  "--controller", "--roll-args"};
+      "--admission", "--reconnect", "--lb",  "--controller", "--roll-args",    "--presence"};
   const char **const dest[] = {&o->pg_url,       &o->pg_tmp,     &o->out,       &o->drain,
                                &o->clients_mode, &o->backoff,    &o->admission, &o->reconnect,
-                               &o->lb,           &o->controller, &o->roll_args};
+                               &o->lb,           &o->controller, &o->roll_args, &o->presence};
   r = run_split_string_options(CMD, nargs, args, names, dest, CV_ARRAY_SIZE(names), rest, &nrest);
   free(args);
   if (r != 0) {
@@ -281,6 +290,11 @@ static int parse_options(options_t *o, int argc, char **argv) {
     return -1;
   }
   o->by_roll = strcmp(o->controller, "roll") == 0;
+  if (strcmp(o->presence, "on") != 0 && strcmp(o->presence, "off") != 0) {
+    fprintf(stderr, CMD ": --presence is on or off, not \"%s\"\n", o->presence);
+    return -1;
+  }
+  o->presence_on = strcmp(o->presence, "on") == 0;
   if (o->roll_args[0] && !o->by_roll) {
     fprintf(stderr, CMD ": --roll-args needs --controller roll\n");
     return -1;
@@ -413,7 +427,8 @@ static int setup(ctx_t *x) {
   bench_t *b = x->node[0];
   char body[256];
   snprintf(x->tag, sizeof x->tag, "roll%d", (int)getpid());
-  snprintf(body, sizeof body, "{\"id\":\"%s\",\"name\":\"%s\"}", x->tag, x->tag);
+  snprintf(body, sizeof body, "{\"id\":\"%s\",\"name\":\"%s\",\"presence\":%s}", x->tag, x->tag,
+           o->presence_on ? "true" : "false");
   if (restc_expect(b, "POST", "/v1/channels", body, NULL, 201, NULL, 0) != 0) goto err;
   x->convs = calloc((size_t)o->convs, sizeof *x->convs);
   if (!x->convs) goto err;
@@ -428,6 +443,40 @@ static int setup(ctx_t *x) {
 err:
   fail(x, "setup: %s", b->err[0] ? b->err : "out of memory");
   return -1;
+}
+
+/* ---- presence (--presence on) ------------------------------------------------------ */
+
+/* After the roll: every conversation's presence (GET .../presence) lists
+ * its user ("roll", the token's sub) with exactly the clients the run put
+ * in it (client i in conversation i % convs), all of them connected then:
+ * no one left, no one is counted twice. */
+static void check_presence(ctx_t *x) {
+  const options_t *o = x->o;
+  char path[256], out[8192];
+  for (long long k = 0; k < o->convs; k++) {
+    long long want = o->clients / o->convs + (k < o->clients % o->convs ? 1 : 0);
+    snprintf(path, sizeof path, "/v1/conversations/%s/presence", x->convs[k]);
+    if (restc_expect(x->node[0], "GET", path, NULL, NULL, 200, out, sizeof out) != 0) {
+      fail(x, "presence of %s: %s", x->convs[k], x->node[0]->err);
+      return;
+    }
+    json_t *j = json_loads(out, 0, NULL);
+    json_t *m = json_array_get(json_object_get(j, "members"), 0);
+    long long users = json_integer_value(json_object_get(j, "count"));
+    long long got = json_integer_value(json_object_get(m, "clients"));
+    x->p_checked++;
+    if (users != 1 || got != want) {
+      if (!x->p_mismatched)
+        snprintf(x->p_first_bad, sizeof x->p_first_bad,
+                 "conversation %s: %lld user(s), %lld client(s) present, %lld subscribed",
+                 x->convs[k], users, got, want);
+      x->p_mismatched++;
+    }
+    json_decref(j);
+  }
+  fprintf(stderr, "roll: presence after the roll: %llu conversation(s) checked, %llu wrong%s%s\n",
+          x->p_checked, x->p_mismatched, x->p_mismatched ? ": " : "", x->p_first_bad);
 }
 
 /* ---- the sender ------------------------------------------------------------------- */
@@ -555,6 +604,9 @@ static void worker_line(ctx_t *x, worker_t *w, char *line) {
                  head);
     }
     x->nbad++;
+  } else if (line[0] == 'P' && sscanf(line, "P %lld %lld", &a, &b) == 2) {
+    x->p_joins += (unsigned long long)a;
+    x->p_leaves += (unsigned long long)b;
   } else if (line[0] == 'V') {
     unsigned long long v[9];
     if (sscanf(line, "V %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
@@ -653,7 +705,8 @@ static int workers_start(ctx_t *x) {
                             .seed = (uint64_t)o->seed,
                             .t0_ns = x->t0_ns,
                             .wait_ms = o->wait_ms,
-                            .start_per_100ms = 100};
+                            .start_per_100ms = 100,
+                            .presence = o->presence_on};
       rollw_main(&wo);
     }
     close(in[1]);
@@ -1215,6 +1268,12 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
     json_object_set_new(j, "controller_summary",
                         x->ctl_summary ? json_incref(x->ctl_summary) : json_null());
   }
+  json_object_set_new(
+      j, "presence",
+      o->presence_on ? json_pack("{s:I, s:I, s:I, s:I}", "joins", (json_int_t)x->p_joins, "leaves",
+                                 (json_int_t)x->p_leaves, "convs_checked", (json_int_t)x->p_checked,
+                                 "convs_mismatched", (json_int_t)x->p_mismatched)
+                     : json_null());
   json_object_set_new(j, "roll_from_ms", json_integer(x->roll_from_ms));
   json_object_set_new(j, "roll_to_ms", json_integer(x->roll_to_ms));
   arrivals_json(x, j);
@@ -1286,6 +1345,7 @@ int bench_roll_main(int argc, char **argv) {
                  .reconnect = "random",
                  .lb = "direct",
                  .controller = "bench",
+                 .presence = "off",
                  .roll_args = ""};
   int r = parse_options(&o, argc, argv);
   if (r != 0) return r > 0 ? 0 : 2;
@@ -1410,6 +1470,7 @@ int bench_roll_main(int argc, char **argv) {
       for (long long k = 0; k < o.nodes && !x.failed; k++) restart_node(&x, (size_t)k);
     if (!x.failed) sleep_pumping(&x, o.settle_ms);
     x.roll_to_ms = ms_since(x.t0_ns);
+    if (!x.failed && o.presence_on) check_presence(&x);
   }
   atomic_store(&s.stop, 1);
   pthread_join(sender, NULL);
@@ -1439,6 +1500,17 @@ int bench_roll_main(int argc, char **argv) {
   if (x.failed || wait_all(&x, 0, o.wait_ms + 60000, "verified") != 0) goto out;
   for (long long k = 0; k < o.nodes; k++) scrape(&x, (size_t)k, 1);
   status = x.v_lost || x.v_dup || x.v_order || x.nbad ? 1 : 0;
+  if (o.presence_on) {
+    fprintf(stderr, "roll: presence events seen by client 0: %llu join(s), %llu leave(s)\n",
+            x.p_joins, x.p_leaves);
+    if (x.p_leaves || x.p_mismatched) {
+      fprintf(stderr,
+              CMD ": presence flapped: %llu leave(s) during the run, %llu conversation(s) "
+                  "listed wrong after it\n",
+              x.p_leaves, x.p_mismatched);
+      status = 1;
+    }
+  }
   if (x.nbad) {
     fprintf(stderr, CMD ": %zu subscribers failed the verification (%llu messages missing):\n",
             x.nbad, x.v_lost);

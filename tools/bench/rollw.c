@@ -62,6 +62,7 @@ struct worker_s {
   size_t nsamples;
   uint32_t *lat;      /* every delivery */
   uint32_t *live_lat; /* live deliveries: sent after the current welcome */
+  uint64_t joins, leaves; /* presence events of client 0 (rollw_options_t.presence) */
   FILE *out;
 };
 
@@ -156,6 +157,19 @@ static void on_error(void *ud, const char *code, const char *message, const char
   if (code && strcmp(code, "replay_unavailable") == 0) c->replay_unavailable++;
 }
 
+static void on_presence(void *ud, const char *conv, int join, const char *user,
+                        const char *client) {
+  (void)conv;
+  (void)user;
+  (void)client;
+  wcl_t *c = ud;
+  if (c->w->finishing) return; /* the end closes every client: those leaves are not the roll's */
+  if (join)
+    c->w->joins++;
+  else
+    c->w->leaves++;
+}
+
 static void client_closed(void *ud) {
   worker_t *w = ud;
   w->closed++;
@@ -202,6 +216,8 @@ static void write_records(worker_t *w) {
       fprintf(f, "X %zu %d %lld %lld %llu %llu\n", c->index, c->conv, (long long)c->last,
               (long long)head, (unsigned long long)c->dup, (unsigned long long)c->order);
   }
+  if (w->o->presence && w->o->first == 0)
+    fprintf(f, "P %llu %llu\n", (unsigned long long)w->joins, (unsigned long long)w->leaves);
   fprintf(f, "V %llu %llu %llu %llu %llu %llu %llu %llu %llu\nE\n", ok, lost, dup, order, sdkdup,
           unav, runav, attempts, migrations);
   fflush(f);
@@ -242,6 +258,10 @@ static void start_some(worker_t *w) {
     co.cb.on_state = on_state;
     co.cb.on_error = on_error;
     co.userdata = c;
+    if (o->presence && c->index == 0) { /* the observer: every client's join and leave */
+      co.presence_events = CVG_PRESENCE_CLIENTS;
+      co.on_presence = on_presence;
+    }
     char err[200];
     if (cvg_client_new(&w->loop, &co, &c->c, err, sizeof err) != 0 || cvg_client_start(c->c) != 0) {
       fprintf(stderr, "roll worker: client %zu: %s\n", c->index, err);

@@ -33,6 +33,8 @@
  *                    "X CLIENT CONV LAST HEAD DUP ORDER"  a client that did
  *                                        not deliver exactly 1..HEAD once in
  *                                        order
+ *                    "P JOINS LEAVES"     the join and leave events client 0
+ *                                        saw (with `presence`, by its worker)
  *                    "V OK LOST DUP ORDER SDKDUP UNAVAIL REPLAYUNAVAIL
  *                       ATTEMPTS MIGRATIONS"  the totals
  *                    "E"                 the end
@@ -71,6 +73,7 @@ typedef struct {
   uint64_t t0_ns;
   int64_t wait_ms;         /* bound on the catch-up after "heads" */
   int64_t start_per_100ms; /* clients started per 100 ms */
+  int presence;            /* client 0 of the run asks for every client's join and leave */
 } rollw_options_t;
 
 /* Run the worker until its records are written; never returns: exits the
