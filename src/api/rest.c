@@ -70,7 +70,7 @@ typedef struct {
   int signals;                  /* a new channel's signals */
   int64_t ts_ms;                /* a signal's time */
   int64_t after, limit, exp_s;
-  uint64_t begun_ms; /* monotonic: the request was read (converger_append_latency_ms) */
+  uint64_t begun_ms;    /* monotonic: the request was read (converger_append_latency_ms) */
   store_member_t *rows; /* J_PRESENCE in a cluster */
   size_t nrows;
   int64_t count;
@@ -542,10 +542,10 @@ static void handle_shed(api_t *api, conn_t *c, http_request_t *req) {
   else if (r != 0)
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
   else
-    http_respond_json(c, 200,
-                      json_pack("{s:i, s:i, s:I}", "chosen", chosen, "connections", total,
-                                "windowMs", window),
-                      NULL);
+    http_respond_json(
+        c, 200,
+        json_pack("{s:i, s:i, s:I}", "chosen", chosen, "connections", total, "windowMs", window),
+        NULL);
   json_decref(b);
 }
 
@@ -984,7 +984,7 @@ static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
   int max = api->cfg->max_subs;
   char **convs = calloc((size_t)max + 1, sizeof *convs);
   char *token = malloc(SSE_QUERY_MAX), *lei = malloc(SSE_QUERY_MAX);
-  char client[STORE_ID_MAX + 1] = "", id[STORE_ID_MAX + 1];
+  char client[STORE_ID_MAX + 1] = "", id[STORE_ID_MAX + 1], events[16] = "";
   size_t n = 0;
   int r = 0;
   if (!convs || !token || !lei) {
@@ -1007,9 +1007,10 @@ static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
   if (r != 0 || n == 0) {
     char msg[160];
     snprintf(msg, sizeof msg,
-             r == 2   ? "a conversation appears twice in conv"
-             : r == 3 ? "more than max_subs (%d) conversations"
-                      : "conv must be given 1 to %d times, each an id matching [A-Za-z0-9._:-]{1,128}",
+             r == 2 ? "a conversation appears twice in conv"
+             : r == 3
+                 ? "more than max_subs (%d) conversations"
+                 : "conv must be given 1 to %d times, each an id matching [A-Za-z0-9._:-]{1,128}",
              max);
     bad_request(c, msg);
     goto out;
@@ -1020,10 +1021,21 @@ static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
   else if ((r = query_next(&q, "token", token, SSE_QUERY_MAX)) < 0)
     token[0] = '\0';
   q = req->query;
-  if (query_next(&q, "clientId", client, sizeof client) < 0 || (client[0] && !util_id_valid(client))) {
+  if (query_next(&q, "clientId", client, sizeof client) < 0 ||
+      (client[0] && !util_id_valid(client))) {
     bad_request(c, "clientId must be an id matching [A-Za-z0-9._:-]{1,128}");
     goto out;
   }
+  q = req->query;
+  if (query_next(&q, "presenceEvents", events, sizeof events) < 0 ||
+      (events[0] && strcmp(events, "true") != 0 && strcmp(events, "false") != 0 &&
+       strcmp(events, "users") != 0 && strcmp(events, "clients") != 0)) {
+    bad_request(c, "presenceEvents must be true, false, users or clients");
+    goto out;
+  }
+  int presence_events = !events[0] || strcmp(events, "false") == 0 ? FRAME_EVENTS_NONE
+                        : strcmp(events, "clients") == 0           ? FRAME_EVENTS_CLIENTS
+                                                                   : FRAME_EVENTS_USERS;
   q = req->query;
   if (req->last_event_id)
     snprintf(lei, SSE_QUERY_MAX, "%s", req->last_event_id);
@@ -1059,7 +1071,8 @@ static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
   auth_token_clear(&t); /* a bad token: the hello answers 401 */
   if (connection_refused(api, c)) goto out;
   if (ws_start_sse(c, config_retry_hint(api->cfg, api->rng)) == 0)
-    session_sse_begin(c, token, client[0] ? client : NULL, (const char *const *)convs, n, lei);
+    session_sse_begin(c, token, client[0] ? client : NULL, (const char *const *)convs, n, lei,
+                      presence_events);
 out:
   for (size_t i = 0; convs && i < n; i++) free(convs[i]);
   free(convs);
@@ -1113,8 +1126,7 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     const char *state;
     int ready = readiness(api, &state);
-    return http_respond_json(c, ready ? 200 : 503,
-                             json_pack("{s:s}", "status", state), NULL);
+    return http_respond_json(c, ready ? 200 : 503, json_pack("{s:s}", "status", state), NULL);
   }
   if (strcmp(path, "/metrics") == 0) {
     req->route = "/metrics";

@@ -35,7 +35,7 @@ typedef struct {
   size_t json_len;
   int join;            /* presence events: which */
   int edge;            /* ... the user's first or last client */
-  const char *client;  /* ... whose (not told to that client itself) */
+  const char *user, *client; /* ... whose (not told to that client itself) */
   int presence;        /* 1: a presence event, 0: a signal */
   int sent;
 } fanout_t;
@@ -48,7 +48,8 @@ static void fanout_one(bus_sub_t *bs, void *ud) {
   if (f->presence) {
     if (sub->presence_events == FRAME_EVENTS_NONE ||
         (sub->presence_events == FRAME_EVENTS_USERS && !f->edge) ||
-        strcmp(sub->session->client_id, f->client) == 0)
+        (strcmp(sub->session->client_id, f->client) == 0 &&
+         strcmp(sub->session->token.sub, f->user) == 0))
       return;
   }
   ws_send_msg(c, f->frame, f->len, f->json, f->json_len, NULL);
@@ -71,7 +72,7 @@ static int fanout(sessions_t *ss, const char *conv, char *json, fanout_t *f) {
 
 static void presence_event(sessions_t *ss, int join, const char *conv, const char *user,
                            const char *client, int edge) {
-  fanout_t f = {.join = join, .edge = edge, .client = client, .presence = 1};
+  fanout_t f = {.join = join, .edge = edge, .user = user, .client = client, .presence = 1};
   int n = fanout(ss, conv, frame_presence_event(join, conv, user, client), &f);
   metrics_add(ss->metrics, "converger_presence_events_total",
               join ? "kind=\"join\"" : "kind=\"leave\"", 1);
@@ -87,10 +88,14 @@ int session_signal_deliver(sessions_t *ss, const char *conv, const char *sender,
 }
 
 void session_ephemeral(sessions_t *ss, const notify_t *n) {
-  if (n->kind == NOTIFY_SIGNAL)
-    session_signal_deliver(ss, n->conv, n->sender, n->ts_ms, n->body);
-  else if (n->kind == NOTIFY_PRESENCE_JOIN || n->kind == NOTIFY_PRESENCE_LEAVE)
+  if (n->kind == NOTIFY_SIGNAL) {
+    /* the node writes JSON; a payload that is not (not converger's) goes nowhere */
+    json_t *body = json_loads(n->body, JSON_DECODE_ANY, NULL);
+    if (body) session_signal_deliver(ss, n->conv, n->sender, n->ts_ms, n->body);
+    json_decref(body);
+  } else if (n->kind == NOTIFY_PRESENCE_JOIN || n->kind == NOTIFY_PRESENCE_LEAVE) {
     presence_event(ss, n->kind == NOTIFY_PRESENCE_JOIN, n->conv, n->user, n->client, n->edge);
+  }
 }
 
 /* ---- presence ------------------------------------------------------------------ */
@@ -119,7 +124,8 @@ void session_presence_on(sub_t *sub) {
 void session_presence_off(sub_t *sub) {
   if (!sub->present) return;
   sub->present = 0;
-  presence_remove(sub->session->ss->presence, sub->conv, sub->session->client_id, util_mono_ms());
+  presence_remove(sub->session->ss->presence, sub->conv, sub->session->token.sub,
+                  sub->session->client_id, util_mono_ms());
 }
 
 int session_presence_store_join(sessions_t *ss, store_t *db, const char *conv,

@@ -20,10 +20,10 @@ static int get_epoch(json_t *v, char out[STORE_EPOCH_MAX + 1]) {
   return 0;
 }
 
-/* presenceEvents: absent, false, true, "users" or "clients". -1 else. */
+/* presenceEvents: absent, null, false, true, "users" or "clients". -1 else. */
 static int get_events(json_t *v, int *out) {
   const char *str = json_string_value(v);
-  if (v == NULL || json_is_false(v))
+  if (v == NULL || json_is_false(v) || json_is_null(v))
     *out = FRAME_EVENTS_NONE;
   else if (json_is_true(v) || (str && strcmp(str, "users") == 0))
     *out = FRAME_EVENTS_USERS;

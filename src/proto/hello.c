@@ -261,7 +261,8 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   if (f->client_id)
     snprintf(s->client_id, sizeof s->client_id, "%s", f->client_id);
   else
-    snprintf(s->client_id, sizeof s->client_id, "s-%llu", (unsigned long long)s->id);
+    snprintf(s->client_id, sizeof s->client_id, "s-%016llx",
+             (unsigned long long)jitter_next(s->ss->rng)); /* unique on every node */
   c->deadline_ms = 0;
   hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
   if (!h) {

@@ -101,9 +101,13 @@ static puser_t **user_slot(presence_t *p, const char *conv, const char *user) {
   return e;
 }
 
-static pclient_t **client_slot(presence_t *p, const char *conv, const char *client) {
+/* A client is its user's: two users that name the same clientId are two
+ * clients. */
+static pclient_t **client_slot(presence_t *p, const char *conv, const char *user,
+                               const char *client) {
   pclient_t **e = &p->clients[hash2(conv, client)];
-  while (*e && (strcmp((*e)->client, client) != 0 || strcmp((*e)->user->conv->conv, conv) != 0))
+  while (*e && (strcmp((*e)->client, client) != 0 || strcmp((*e)->user->user, user) != 0 ||
+                strcmp((*e)->user->conv->conv, conv) != 0))
     e = &(*e)->next;
   return e;
 }
@@ -171,7 +175,7 @@ static pclient_t *client_new(presence_t *p, const char *conv, const char *user,
   }
   c->user = u;
   if (u->clients++ == 0) *bits |= PRESENCE_FIRST;
-  *client_slot(p, conv, client) = c;
+  *client_slot(p, conv, user, client) = c;
   p->entries++;
   return c;
 oom:
@@ -185,7 +189,7 @@ static int client_free(presence_t *p, pclient_t *c) {
   puser_t *u = c->user;
   pconv_t *cv = u->conv;
   grace_unlink(p, c);
-  pclient_t **cs = client_slot(p, cv->conv, c->client);
+  pclient_t **cs = client_slot(p, cv->conv, u->user, c->client);
   *cs = c->next;
   free(c);
   p->entries--;
@@ -208,7 +212,7 @@ static int client_free(presence_t *p, pclient_t *c) {
 
 int presence_add(presence_t *p, const char *conv, const char *user, const char *client,
                  int64_t now_ms) {
-  pclient_t *c = *client_slot(p, conv, client);
+  pclient_t *c = *client_slot(p, conv, user, client);
   int bits = 0;
   if (!c) {
     bits = PRESENCE_JOINED;
@@ -220,7 +224,7 @@ int presence_add(presence_t *p, const char *conv, const char *user, const char *
 
 int presence_add_idle(presence_t *p, const char *conv, const char *user, const char *client,
                       int64_t now_ms, uint64_t now) {
-  if (*client_slot(p, conv, client)) return 0;
+  if (*client_slot(p, conv, user, client)) return 0;
   int bits = 0;
   pclient_t *c = client_new(p, conv, user, client, now_ms, &bits);
   if (!c) return -CV_ENOMEM;
@@ -228,8 +232,9 @@ int presence_add_idle(presence_t *p, const char *conv, const char *user, const c
   return 0;
 }
 
-void presence_remove(presence_t *p, const char *conv, const char *client, uint64_t now) {
-  pclient_t *c = *client_slot(p, conv, client);
+void presence_remove(presence_t *p, const char *conv, const char *user, const char *client,
+                     uint64_t now) {
+  pclient_t *c = *client_slot(p, conv, user, client);
   if (!c || c->conns == 0) return;
   if (--c->conns == 0) grace_append(p, c, now);
 }
@@ -287,8 +292,8 @@ int presence_list(const presence_t *p, const char *conv, const char *after, int 
   return 0;
 }
 
-int presence_has(const presence_t *p, const char *conv, const char *client) {
-  return *client_slot((presence_t *)p, conv, client) != NULL;
+int presence_has(const presence_t *p, const char *conv, const char *user, const char *client) {
+  return *client_slot((presence_t *)p, conv, user, client) != NULL;
 }
 
 size_t presence_entries(const presence_t *p) { return p->entries; }

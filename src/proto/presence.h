@@ -2,7 +2,8 @@
  * presence: who is present in which conversation on this node
  * (docs/protocol.md 4.9), a data structure without I/O.
  *
- * A client instance (the hello's clientId) of a user (the token's sub) is
+ * A client instance (the hello's clientId) of a user (the token's sub; a
+ * client is always its user's: two users naming one clientId are two) is
  * present in a conversation while at least one of its subscriptions to it
  * is announced on this node, and for `grace_ms` after the last one ends:
  * a drain move (the new connection is welcomed before the old one
@@ -50,7 +51,8 @@ int presence_add(presence_t *p, const char *conv, const char *user, const char *
 /* One fewer (a call without its presence_add is a no-op). When it was the
  * client's last, the client leaves at `now + grace_ms` (monotonic ms)
  * unless it connects again before. */
-void presence_remove(presence_t *p, const char *conv, const char *client, uint64_t now);
+void presence_remove(presence_t *p, const char *conv, const char *user, const char *client,
+                     uint64_t now);
 
 /* A client of before a restart (its row in the store): present without a
  * connection, in its grace from `now`; nothing when it is present already.
@@ -76,8 +78,9 @@ void presence_expire(presence_t *p, uint64_t now, presence_leave_cb cb, void *ud
 int presence_list(const presence_t *p, const char *conv, const char *after, int limit, int max,
                   store_member_t **out, size_t *n, int64_t *count, int *more);
 
-/* 1 when client `client` is present in `conv` (connected or in its grace). */
-int presence_has(const presence_t *p, const char *conv, const char *client);
+/* 1 when client `client` of `user` is present in `conv` (connected or in
+ * its grace). */
+int presence_has(const presence_t *p, const char *conv, const char *user, const char *client);
 
 /* Entries held (clients + users), for converger_presence_entries. */
 size_t presence_entries(const presence_t *p);

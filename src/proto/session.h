@@ -142,11 +142,12 @@ int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *
 /* The hello of a stream `c` (after ws_start_sse gave it its session):
  * `token`, `client_id` (NULL: the stream's own), the `n` conversations
  * (ids, checked by the caller, n <= max_subs) with their watermarks from
- * `last_event_id` (checked with session_sse_watermark). From here as a
- * WebSocket hello: the answer is the welcome (the stream begins) or a
- * refusal. 0 or -CV_ENOMEM (closed). */
-int session_sse_begin(conn_t *c, const char *token, const char *client_id,
-                      const char *const *convs, size_t n, const char *last_event_id);
+ * `last_event_id` (checked with session_sse_watermark), every one with
+ * `presence_events` (FRAME_EVENTS_*). From here as a WebSocket hello: the
+ * answer is the welcome (the stream begins) or a refusal. 0 or
+ * -CV_ENOMEM (closed). */
+int session_sse_begin(conn_t *c, const char *token, const char *client_id, const char *const *convs,
+                      size_t n, const char *last_event_id, int presence_events);
 
 /* Close every session with `code` and `reason` (shutdown). */
 void session_close_all(sessions_t *ss, int code, const char *reason);

@@ -98,7 +98,8 @@ struct session_s {
   uint64_t id;
   int hello_seen;
   uint64_t hello_ms; /* monotonic: the hello came (converger_hello_latency_ms) */
-  char client_id[STORE_ID_MAX + 1]; /* hello's clientId, or "s-<id>" for this connection alone */
+  char
+      client_id[STORE_ID_MAX + 1]; /* hello's clientId, or "s-<16 hex>" for this connection alone */
   auth_token_t token;
   uint64_t expires_at; /* monotonic ms at which the token's exp passes (token.c) */
   int user_counted;    /* counted in ss->users under token.sub */

@@ -17,8 +17,10 @@
 #include "net/ws.h"
 #include "proto/session_int.h"
 
-/* The id buffer: one for the loop (loop thread only). Grown as needed. */
-static struct {
+/* The id buffer: scratch, filled and read within one call, one per
+ * thread (so two nodes on two loops share none), grown as needed and kept
+ * for the thread's life, as client_uv.c's read buffer is. */
+static _Thread_local struct {
   char *p;
   size_t cap;
 } sse_ids;
@@ -75,8 +77,8 @@ int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *
   return 0;
 }
 
-int session_sse_begin(conn_t *c, const char *token, const char *client_id,
-                      const char *const *convs, size_t n, const char *last_event_id) {
+int session_sse_begin(conn_t *c, const char *token, const char *client_id, const char *const *convs,
+                      size_t n, const char *last_event_id, int presence_events) {
   session_t *s = c->session;
   frame_client_t f = {.type = FRAME_HELLO, .token = token, .client_id = client_id, .nsubs = n};
   if (!s) return -CV_ENOMEM;
@@ -87,8 +89,8 @@ int session_sse_begin(conn_t *c, const char *token, const char *client_id,
   }
   for (size_t i = 0; i < n; i++) {
     snprintf(f.subs[i].conv, sizeof f.subs[i].conv, "%s", convs[i]);
-    if (session_sse_watermark(last_event_id, convs[i], &f.subs[i].watermark, f.subs[i].epoch) !=
-        0)
+    f.subs[i].presence_events = presence_events;
+    if (session_sse_watermark(last_event_id, convs[i], &f.subs[i].watermark, f.subs[i].epoch) != 0)
       f.subs[i].watermark = FRAME_WATERMARK_NONE; /* checked by the caller: not reached */
   }
   session_handle_hello(s, &f); /* no other frame comes: the request was the hello */

@@ -38,7 +38,7 @@ static int field(const char **p, char *dst, size_t cap, int last) {
 
 static int number(const char **p, int64_t *out) {
   char buf[24], *end;
-  if (field(p, buf, sizeof buf, 0) != 0) return -1;
+  if (field(p, buf, sizeof buf, 0) != 0 || buf[0] < '0' || buf[0] > '9') return -1;
   errno = 0;
   long long v = strtoll(buf, &end, 10);
   if (*end || errno == ERANGE || v < 0) return -1;
@@ -88,7 +88,7 @@ char *notify_presence(int join, const char *conv, const char *client, int edge, 
 
 char *notify_signal(const char *conv, int64_t ts_ms, const char *sender, const char *body) {
   char *out = NULL;
-  if (!util_id_valid(conv) || !util_id_valid(sender) || !body || ts_ms < 0) return NULL;
+  if (!util_id_valid(conv) || !util_id_valid(sender) || !body || !*body || ts_ms < 0) return NULL;
   if (asprintf(&out, "s %s %lld %s\n%s", conv, (long long)ts_ms, sender, body) < 0) return NULL;
   if (strlen(out) > STORE_NOTIFY_PAYLOAD_MAX) {
     free(out);
@@ -118,7 +118,7 @@ static notify_kind_t decode_signal(const char *payload, notify_t *out) {
   if (field(&p, out->conv, sizeof out->conv, 0) != 0 || !util_id_valid(out->conv) || *p++ != ' ' ||
       number(&p, &out->ts_ms) != 0 || *p++ != ' ' ||
       field(&p, out->sender, sizeof out->sender, 1) != 0 || !util_id_valid(out->sender) ||
-      *p++ != '\n')
+      *p++ != '\n' || *p == '\0')
     return NOTIFY_BAD;
   out->body = p;
   return out->kind = NOTIFY_SIGNAL;

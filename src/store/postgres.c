@@ -139,7 +139,7 @@ static const char *const migrations[] = {
     "ALTER TABLE nodes ADD COLUMN capacity BIGINT NOT NULL DEFAULT 0;",
     /* 5: whether a channel's conversations carry signals (docs/protocol.md
      * 4.10), and who is present where across the cluster (store.h,
-     * "Presence"): one row per conversation and client instance, with the
+     * "Presence"): one row per conversation, user and client instance, with the
      * node that holds its connection. SQLite keeps presence in the node's
      * memory and adds only the column. */
     "ALTER TABLE channels ADD COLUMN signals INTEGER NOT NULL DEFAULT 0"
@@ -150,8 +150,7 @@ static const char *const migrations[] = {
     " user_id TEXT COLLATE \"C\" NOT NULL,"
     " node_id TEXT COLLATE \"C\" NOT NULL,"
     " since_ms BIGINT NOT NULL,"
-    " PRIMARY KEY (conv, client));"
-    "CREATE INDEX presence_user ON presence (conv, user_id);"
+    " PRIMARY KEY (conv, user_id, client));"
     "CREATE INDEX presence_node ON presence (node_id);",
 };
 
@@ -204,15 +203,16 @@ static const char *const migrations[] = {
 #define SQL_APPEND_WITH                                                                            \
   "WITH found AS (SELECT seq, id, sender, body, ts_ms FROM messages WHERE conv = $1 AND id = $2)," \
   " h AS (UPDATE conversations SET head = head + 1"                                                \
-  " WHERE id = $1 AND $6::boolean AND NOT EXISTS (SELECT 1 FROM found) RETURNING head),"          \
+  " WHERE id = $1 AND $6::boolean AND NOT EXISTS (SELECT 1 FROM found) RETURNING head),"           \
   " ins AS (INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"                             \
   " SELECT $1::text, head, $2::text, $3::text, $4::text, $5::bigint FROM h RETURNING seq)"
 #define SQL_APPEND_FOUND " SELECT 1, seq, id, sender, body, ts_ms FROM found UNION ALL"
-#define SQL_APPEND SQL_APPEND_WITH SQL_APPEND_FOUND " SELECT 0, seq, NULL, NULL, NULL, NULL FROM ins"
+#define SQL_APPEND                                                                                 \
+  SQL_APPEND_WITH SQL_APPEND_FOUND " SELECT 0, seq, NULL, NULL, NULL, NULL FROM ins"
 #define SQL_APPEND_NOTIFY                                                                          \
-  SQL_APPEND_WITH ", n AS (SELECT pg_notify('" STORE_NOTIFY_CHANNEL "',"                          \
-  " replace($7::text, chr(1), seq::text)) FROM ins)" SQL_APPEND_FOUND                              \
-  " SELECT 0, ins.seq, NULL, NULL, NULL, NULL FROM ins, n"
+  SQL_APPEND_WITH ", n AS (SELECT pg_notify('" STORE_NOTIFY_CHANNEL "',"                           \
+                  " replace($7::text, chr(1), seq::text)) FROM ins)" SQL_APPEND_FOUND              \
+                  " SELECT 0, ins.seq, NULL, NULL, NULL, NULL FROM ins, n"
 /* A page bounded by count ($4) and bytes ($5): `before` is what the rows
  * ahead of this one in the page weigh (bodies and senders, as sqlite.c
  * counts them), so a row is kept while the page is not yet full and the
@@ -271,7 +271,6 @@ static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
 #define QUIET_NOTE " (further failures at debug level until a connect succeeds)"
 
 /* ---- messages and errors --------------------------------------------- */
-
 
 /* Map a failed result (NULL: libpq could not even make one) to -CV_E...,
  * logging the server's message for what becomes -CV_ESTORE or -CV_EINVAL. */
@@ -498,7 +497,8 @@ static int conn_ready(pg_t *s) {
       if (!PQconsumeInput(s->conn) || PQstatus(s->conn) != CONNECTION_OK) break;
     }
     if (PQstatus(s->conn) == CONNECTION_OK) return 0;
-    log_warn("store: connection lost: %s", pgconn_one_line(PQerrorMessage(s->conn), line, sizeof line));
+    log_warn("store: connection lost: %s",
+             pgconn_one_line(PQerrorMessage(s->conn), line, sizeof line));
   }
   if (s->in_read) {
     if (s->base.deadline_hit) return -CV_ETIMEDOUT; /* closed at the deadline, not lost */
@@ -559,7 +559,8 @@ static int msg_fill(const PGresult *r, int row, int col, store_msg_t *m) {
   m->sender = strdup(PQgetvalue(r, row, col + 2));
   m->body = strdup(PQgetvalue(r, row, col + 3));
   m->ts_ms = get_i64(r, row, col + 4);
-  if (PQnfields(r) > col + 5) store_copy_str(m->epoch, sizeof m->epoch, PQgetvalue(r, row, col + 5));
+  if (PQnfields(r) > col + 5)
+    store_copy_str(m->epoch, sizeof m->epoch, PQgetvalue(r, row, col + 5));
   if (m->sender == NULL || m->body == NULL) {
     store_msg_clear(m);
     return -CV_ENOMEM;
@@ -1026,12 +1027,12 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
  * the subquery reads the snapshot from before the statement. */
 #define SQL_PRESENCE_UPSERT                                                                        \
   "INSERT INTO presence (conv, client, user_id, node_id, since_ms) VALUES ($1, $2, $3, $4, $5)"    \
-  " ON CONFLICT (conv, client) DO UPDATE SET node_id = EXCLUDED.node_id,"                          \
-  " user_id = EXCLUDED.user_id"                                                                    \
+  " ON CONFLICT (conv, user_id, client) DO UPDATE SET node_id = EXCLUDED.node_id"                  \
   " RETURNING (xmax = 0),"                                                                         \
   " (SELECT count(*) FROM presence q WHERE q.conv = $1 AND q.user_id = $3 AND q.client <> $2)"
 #define SQL_PRESENCE_DELETE                                                                        \
-  "DELETE FROM presence WHERE conv = $1 AND client = $2 AND node_id = $3 RETURNING user_id"
+  "DELETE FROM presence WHERE conv = $1 AND client = $2 AND node_id = $3 AND user_id = $4"         \
+  " RETURNING 1"
 #define SQL_PRESENCE_USER_COUNT "SELECT count(*) FROM presence WHERE conv = $1 AND user_id = $2"
 #define SQL_PRESENCE_NOTIFY     "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
 #define SQL_PRESENCE_PAGE                                                                          \
@@ -1050,7 +1051,8 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
   " (d.client = (SELECT max(d2.client) FROM d d2 WHERE d2.conv = d.conv"                           \
   "  AND d2.user_id = d.user_id)"                                                                  \
   "  AND NOT EXISTS (SELECT 1 FROM presence q WHERE q.conv = d.conv AND q.user_id = d.user_id"     \
-  "  AND (q.conv, q.client) NOT IN (SELECT conv, client FROM d)))::int AS last FROM d)"            \
+  "  AND q.client NOT IN (SELECT d3.client FROM d d3 WHERE d3.conv = d.conv"                       \
+  "  AND d3.user_id = d.user_id)))::int AS last FROM d)"                                           \
   " SELECT count(*), count(pg_notify('" STORE_NOTIFY_CHANNEL "',"                                  \
   " 'p l ' || e.conv || ' ' || e.client || ' ' || e.last || ' ' || e.user_id)) FROM e"
 #define SQL_PRESENCE_SWEEP_QUIET                                                                   \
@@ -1102,12 +1104,12 @@ static int op_presence_leave(store_t *base, const char *conv, const char *client
   pg_t *s = pg(base);
   PGresult *r = NULL;
   const char *const lock[] = {conv, user};
-  const char *const p[] = {conv, client, node};
+  const char *const p[] = {conv, client, node, user};
   int err = conn_ready(s);
   if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
   if (err) return err;
   err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
-  if (!err) err = run(s, "presence leave", SQL_PRESENCE_DELETE, 3, p, &r);
+  if (!err) err = run(s, "presence leave", SQL_PRESENCE_DELETE, 4, p, &r);
   if (!err) {
     *left = PQntuples(r) == 1;
     PQclear(r);

@@ -255,7 +255,7 @@ void store_nodes_free(store_node_t *v);
 int store_announce(store_t *s, const char *payload);
 
 /* ---- Presence across nodes (PostgreSQL) -----------------------------------
- * One row per conversation and client instance present in it: the user
+ * One row per conversation, user and client instance present in it: the user
  * (the token's sub), the node holding the client's connection, and since
  * when (wall ms). Each node writes the rows of its own clients and hears
  * the others' through NOTIFY: with store_options_t.notify, the transaction

@@ -287,7 +287,7 @@ class HttpBad(NodeCase):
     def test_channel_and_conversation_conflict_409(self):
         cid = uid("dup")
         ch = self.node.create_channel(id=cid, name="first", presence=True)
-        self.assertEqual(ch, {"id": cid, "name": "first", "presence": True, "active": True})
+        self.assertEqual(ch, {"id": cid, "name": "first", "presence": True, "signals": False, "active": True})
         st, _, js = self.node.request("POST", "/v1/channels", {"id": cid, "name": "second"})
         self.assertEqual(st, 409, js)
         self.assertErrorBody(js, "conflict")

@@ -185,7 +185,7 @@ class WsV11(NodeCase):
 
         async def go():
             c, w = await open_client(n, mint_token("cid", [conv]), [])
-            self.assertRegex(w["clientId"], r"^s-[0-9]+$")
+            self.assertRegex(w["clientId"], r"^s-[0-9a-f]{16}$")
             await c.close()
             c = await WsClient.connect(n)
             try:

@@ -3,10 +3,12 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "core/errors.h"
 #include "proto/frames.h"
@@ -209,6 +211,232 @@ static void test_server_frames(void **state) {
   free(s);
 }
 
+/* ---- v1.2: presence and signals ---------------------------------------------- */
+
+/* Decode `text`, expecting a refusal of a known frame type with a why. */
+static void expect_bad(const char *text, frame_type_t type, const char *why_part) {
+  frame_client_t f;
+  char why[200] = "";
+  if (decode(text, &f, why) != -CV_EINVAL) fail_msg("accepted: %s", text);
+  assert_true(f.known_type);
+  assert_int_equal(f.type, type);
+  if (!strstr(why, why_part)) fail_msg("%s: why \"%s\" lacks \"%s\"", text, why, why_part);
+}
+
+static void test_presence_frame(void **state) {
+  frame_client_t f;
+  char why[200];
+  /* the defaults: limit 100, the first page, with members */
+  assert_int_equal(decode("{\"type\":\"presence\",\"conv\":\"room.1\"}", &f, why), 0);
+  assert_int_equal(f.type, FRAME_PRESENCE);
+  assert_string_equal(f.conv, "room.1");
+  assert_int_equal(f.limit, FRAME_PRESENCE_PAGE);
+  assert_int_equal(f.limit, 100);
+  assert_null(f.cursor);
+  assert_int_equal(f.members, 1);
+  frame_client_clear(&f);
+  assert_int_equal(decode("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":1,\"cursor\":\"bob\","
+                          "\"members\":false}",
+                          &f, why),
+                   0);
+  assert_int_equal(f.limit, 1);
+  assert_string_equal(f.cursor, "bob");
+  assert_int_equal(f.members, 0);
+  frame_client_clear(&f);
+  assert_int_equal(decode("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":1000,\"cursor\":null,"
+                          "\"members\":true}",
+                          &f, why),
+                   0);
+  assert_int_equal(f.limit, FRAME_PRESENCE_PAGE_MAX);
+  assert_null(f.cursor);
+  assert_int_equal(f.members, 1);
+  frame_client_clear(&f);
+  expect_bad("{\"type\":\"presence\"}", FRAME_PRESENCE, "conv");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"a b\"}", FRAME_PRESENCE, "conv");
+  expect_bad("{\"type\":\"presence\",\"conv\":7}", FRAME_PRESENCE, "conv");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":0}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":1001}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":-5}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":\"10\"}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":10.5}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"limit\":null}", FRAME_PRESENCE, "limit");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"cursor\":5}", FRAME_PRESENCE, "cursor");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"cursor\":\"\"}", FRAME_PRESENCE, "cursor");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"cursor\":\"a b\"}", FRAME_PRESENCE, "cursor");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"members\":1}", FRAME_PRESENCE, "members");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"members\":\"true\"}", FRAME_PRESENCE,
+             "members");
+  expect_bad("{\"type\":\"presence\",\"conv\":\"c\",\"members\":null}", FRAME_PRESENCE, "members");
+}
+
+static void test_signal_frame(void **state) {
+  frame_client_t f;
+  char why[200];
+  assert_int_equal(
+      decode("{\"type\":\"signal\",\"conv\":\"c\",\"body\":{\"typing\":true,\"n\":[1,2]}}", &f,
+             why),
+      0);
+  assert_int_equal(f.type, FRAME_SIGNAL);
+  assert_string_equal(f.conv, "c");
+  char *body = frame_dump(f.body);
+  assert_string_equal(body, "{\"typing\":true,\"n\":[1,2]}");
+  free(body);
+  frame_client_clear(&f);
+  /* any JSON value is a body, null and scalars included */
+  const char *bodies[] = {"null", "1", "\"x\"", "[]", "false"};
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    char text[128];
+    snprintf(text, sizeof text, "{\"type\":\"signal\",\"conv\":\"c\",\"body\":%s}", bodies[i]);
+    assert_int_equal(decode(text, &f, why), 0);
+    body = frame_dump(f.body);
+    assert_string_equal(body, bodies[i]);
+    free(body);
+    frame_client_clear(&f);
+  }
+  expect_bad("{\"type\":\"signal\",\"conv\":\"c\"}", FRAME_SIGNAL, "body");
+  expect_bad("{\"type\":\"signal\",\"body\":{}}", FRAME_SIGNAL, "conv");
+  expect_bad("{\"type\":\"signal\",\"conv\":\"c d\",\"body\":{}}", FRAME_SIGNAL, "conv");
+}
+
+/* presenceEvents on a hello's subscriptions and on subscribe: true and
+ * "users" are the users' edges, "clients" every client, false, null and
+ * absent none; anything else is refused. */
+static void test_presence_events(void **state) {
+  frame_client_t f;
+  char why[200];
+  assert_int_equal(
+      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"presenceEvents\":"
+             "true},{\"conv\":\"b\",\"presenceEvents\":\"users\"},{\"conv\":\"c\","
+             "\"presenceEvents\":\"clients\"}]}",
+             &f, why),
+      0);
+  assert_int_equal(f.subs[0].presence_events, FRAME_EVENTS_USERS);
+  assert_int_equal(f.subs[1].presence_events, FRAME_EVENTS_USERS);
+  assert_int_equal(f.subs[2].presence_events, FRAME_EVENTS_CLIENTS);
+  frame_client_clear(&f);
+  assert_int_equal(
+      decode("{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\",\"presenceEvents\":"
+             "false},{\"conv\":\"b\"},{\"conv\":\"c\",\"presenceEvents\":null}]}",
+             &f, why),
+      0);
+  assert_int_equal(f.nsubs, 3);
+  assert_int_equal(f.subs[0].presence_events, FRAME_EVENTS_NONE);
+  assert_int_equal(f.subs[1].presence_events, FRAME_EVENTS_NONE);
+  assert_int_equal(f.subs[2].presence_events, FRAME_EVENTS_NONE);
+  frame_client_clear(&f);
+  const char *hello_bad[] = {"1", "0", "\"all\"", "\"Users\"", "\"\"", "[]", "{}"};
+  for (size_t i = 0; i < sizeof hello_bad / sizeof hello_bad[0]; i++) {
+    char text[200];
+    snprintf(text, sizeof text,
+             "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"a\"},{\"conv\":\"b\","
+             "\"presenceEvents\":%s}]}",
+             hello_bad[i]);
+    expect_bad(text, FRAME_HELLO, "subs[1].presenceEvents");
+  }
+  struct {
+    const char *v;
+    int want;
+  } sub_ok[] = {{"true", FRAME_EVENTS_USERS},
+                {"\"users\"", FRAME_EVENTS_USERS},
+                {"\"clients\"", FRAME_EVENTS_CLIENTS},
+                {"false", FRAME_EVENTS_NONE},
+                {"null", FRAME_EVENTS_NONE}};
+  for (size_t i = 0; i < sizeof sub_ok / sizeof sub_ok[0]; i++) {
+    char text[200];
+    snprintf(text, sizeof text, "{\"type\":\"subscribe\",\"conv\":\"c\",\"presenceEvents\":%s}",
+             sub_ok[i].v);
+    assert_int_equal(decode(text, &f, why), 0);
+    assert_int_equal(f.type, FRAME_SUBSCRIBE);
+    assert_int_equal(f.presence_events, sub_ok[i].want);
+    frame_client_clear(&f);
+  }
+  assert_int_equal(decode("{\"type\":\"subscribe\",\"conv\":\"c\"}", &f, why), 0);
+  assert_int_equal(f.presence_events, FRAME_EVENTS_NONE);
+  frame_client_clear(&f);
+  for (size_t i = 0; i < sizeof hello_bad / sizeof hello_bad[0]; i++) {
+    char text[200];
+    snprintf(text, sizeof text, "{\"type\":\"subscribe\",\"conv\":\"c\",\"presenceEvents\":%s}",
+             hello_bad[i]);
+    expect_bad(text, FRAME_SUBSCRIBE, "presenceEvents");
+  }
+}
+
+static void test_presence_server_frames(void **state) {
+  store_member_t m[2] = {{.user = "alice", .clients = 2, .since_ms = 1800000000123LL, .rank = 1},
+                         {.user = "bob", .clients = 1, .since_ms = 1800000000456LL, .rank = 2}};
+  char *s = frame_presence("room.1", m, 2, 5, 1, "bob", 0);
+  assert_string_equal(s, "{\"type\":\"presence\",\"conv\":\"room.1\",\"count\":5,\"members\":["
+                         "{\"user\":\"alice\",\"clients\":2,\"since\":1800000000123},"
+                         "{\"user\":\"bob\",\"clients\":1,\"since\":1800000000456}],"
+                         "\"cursor\":\"bob\"}");
+  free(s);
+  /* the last page: cursor null; truncated when users past the bound were counted */
+  s = frame_presence("c", m, 1, 3, 1, NULL, 1);
+  json_t *v = json_loads(s, 0, NULL);
+  assert_non_null(v);
+  assert_string_equal(json_string_value(json_object_get(v, "type")), "presence");
+  assert_int_equal(json_integer_value(json_object_get(v, "count")), 3);
+  assert_int_equal(json_array_size(json_object_get(v, "members")), 1);
+  assert_true(json_is_null(json_object_get(v, "cursor")));
+  assert_true(json_is_true(json_object_get(v, "truncated")));
+  json_decref(v);
+  free(s);
+  /* nobody present: an empty array */
+  s = frame_presence("c", NULL, 0, 0, 1, NULL, 0);
+  assert_string_equal(
+      s, "{\"type\":\"presence\",\"conv\":\"c\",\"count\":0,\"members\":[],\"cursor\":null}");
+  free(s);
+  /* the count alone: neither members nor cursor */
+  s = frame_presence("c", m, 2, 2, 0, "bob", 0);
+  assert_string_equal(s, "{\"type\":\"presence\",\"conv\":\"c\",\"count\":2}");
+  free(s);
+
+  s = frame_presence_event(1, "room.1", "alice", "tab-7");
+  assert_string_equal(s, "{\"type\":\"join\",\"conv\":\"room.1\",\"user\":\"alice\","
+                         "\"client\":\"tab-7\"}");
+  free(s);
+  s = frame_presence_event(0, "room.1", "alice", "tab-7");
+  assert_string_equal(s, "{\"type\":\"leave\",\"conv\":\"room.1\",\"user\":\"alice\","
+                         "\"client\":\"tab-7\"}");
+  free(s);
+}
+
+static void test_signal_server_frame(void **state) {
+  /* the body goes in as its text, byte for byte */
+  const char *body = "{\"typing\":true,\"x\":[1,{\"y\":\"h\\u00e9\"}],\"z\":null}";
+  char *s = frame_signal("room.1", "alice", 1800000000123LL, body);
+  assert_string_equal(s, "{\"type\":\"signal\",\"conv\":\"room.1\",\"sender\":\"alice\","
+                         "\"ts\":1800000000123,\"body\":{\"typing\":true,\"x\":[1,{\"y\":"
+                         "\"h\\u00e9\"}],\"z\":null}}");
+  json_error_t err;
+  json_t *v = json_loads(s, 0, &err);
+  if (!v) fail_msg("not JSON (%s): %s", err.text, s);
+  assert_string_equal(json_string_value(json_object_get(v, "type")), "signal");
+  assert_string_equal(json_string_value(json_object_get(v, "conv")), "room.1");
+  assert_string_equal(json_string_value(json_object_get(v, "sender")), "alice");
+  assert_int_equal(json_integer_value(json_object_get(v, "ts")), 1800000000123LL);
+  json_t *b = json_object_get(v, "body");
+  assert_true(json_is_true(json_object_get(b, "typing")));
+  assert_string_equal(
+      json_string_value(json_object_get(json_array_get(json_object_get(b, "x"), 1), "y")),
+      "h\xc3\xa9");
+  json_decref(v);
+  free(s);
+  /* scalar bodies, and a sender that needs escaping (REST: any string) */
+  const char *scalars[] = {"null", "7", "\"hi\"", "[]"};
+  for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) {
+    s = frame_signal("c", "o'brien \"x\"", 0, scalars[i]);
+    v = json_loads(s, 0, &err);
+    if (!v) fail_msg("not JSON (%s): %s", err.text, s);
+    assert_string_equal(json_string_value(json_object_get(v, "sender")), "o'brien \"x\"");
+    char *back = frame_dump(json_object_get(v, "body"));
+    assert_string_equal(back, scalars[i]);
+    free(back);
+    json_decref(v);
+    free(s);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello),
@@ -216,6 +444,11 @@ int main(void) {
       cmocka_unit_test(test_malformed_and_unknown),
       cmocka_unit_test(test_sync_send_ping),
       cmocka_unit_test(test_server_frames),
+      cmocka_unit_test(test_presence_frame),
+      cmocka_unit_test(test_signal_frame),
+      cmocka_unit_test(test_presence_events),
+      cmocka_unit_test(test_presence_server_frames),
+      cmocka_unit_test(test_signal_server_frame),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

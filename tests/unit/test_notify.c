@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,6 +143,173 @@ static void test_user_controls(void **state) {
     assert_int_equal(notify_decode(bad[i], &n), NOTIFY_BAD);
 }
 
+/* Presence changes: "p j|l CONV CLIENT EDGE USER", round trips with the
+ * edge as 0 or 1, and what the encoder refuses. */
+static void test_presence_payloads(void **state) {
+  notify_t n;
+  char *j = notify_presence(1, "room.1", "tab-7", 1, "alice");
+  assert_string_equal(j, "p j room.1 tab-7 1 alice");
+  assert_int_equal(notify_decode(j, &n), NOTIFY_PRESENCE_JOIN);
+  assert_string_equal(n.conv, "room.1");
+  assert_string_equal(n.client, "tab-7");
+  assert_string_equal(n.user, "alice");
+  assert_int_equal(n.edge, 1);
+  free(j);
+  char *l = notify_presence(0, "room.1", "0f7c9a52-3d1e:x_y", 0, "bob");
+  assert_string_equal(l, "p l room.1 0f7c9a52-3d1e:x_y 0 bob");
+  assert_int_equal(notify_decode(l, &n), NOTIFY_PRESENCE_LEAVE);
+  assert_string_equal(n.conv, "room.1");
+  assert_string_equal(n.client, "0f7c9a52-3d1e:x_y");
+  assert_string_equal(n.user, "bob");
+  assert_int_equal(n.edge, 0);
+  free(l);
+  /* any non-zero edge is written as 1 */
+  char *e = notify_presence(0, "c", "k", 7, "u");
+  assert_string_equal(e, "p l c k 1 u");
+  assert_int_equal(notify_decode(e, &n), NOTIFY_PRESENCE_LEAVE);
+  assert_int_equal(n.edge, 1);
+  free(e);
+  /* the longest ids fit and come back whole */
+  char id[STORE_ID_MAX + 1];
+  memset(id, 'z', STORE_ID_MAX);
+  id[STORE_ID_MAX] = '\0';
+  char *big = notify_presence(1, id, id, 0, id);
+  assert_non_null(big);
+  assert_int_equal(notify_decode(big, &n), NOTIFY_PRESENCE_JOIN);
+  assert_string_equal(n.conv, id);
+  assert_string_equal(n.client, id);
+  assert_string_equal(n.user, id);
+  free(big);
+  /* ids that are not ids are not written */
+  char too_long[STORE_ID_MAX + 2];
+  memset(too_long, 'z', STORE_ID_MAX + 1);
+  too_long[STORE_ID_MAX + 1] = '\0';
+  assert_null(notify_presence(1, "a b", "k", 0, "u"));
+  assert_null(notify_presence(1, "c", "", 0, "u"));
+  assert_null(notify_presence(1, "c", "k", 0, "two words"));
+  assert_null(notify_presence(1, "c", "k", 0, "new\nline"));
+  assert_null(notify_presence(1, too_long, "k", 0, "u"));
+  assert_null(notify_presence(1, "c", too_long, 0, "u"));
+  assert_null(notify_presence(1, "c", "k", 0, too_long));
+}
+
+static void test_presence_malformed(void **state) {
+  notify_t n;
+  char longest[600];
+  snprintf(longest, sizeof longest, "p j c k 0 %0*d", STORE_ID_MAX + 1, 0); /* user of 129 */
+  const char *bad[] = {
+      "p",
+      "p ",
+      "p j",
+      "p j ",
+      "p x c k 1 u",  /* neither j nor l */
+      "p jc k 1 u",   /* no space after the action */
+      "p J c k 1 u",  /* case matters */
+      "p j c k 2 u",  /* edge 2 */
+      "p j c k -1 u", /* a negative edge */
+      "p j c k +1 u", /* a sign is no digit */
+      "p j c k +0 u",
+      "p j c k -0 u",
+      "p j c k x u",       /* an edge that is no number */
+      "p j c k 1",         /* no user */
+      "p j c k 1 ",        /* an empty user */
+      "p j c k",           /* no edge, no user */
+      "p j c",             /* only the conversation */
+      "p j c k 1 u extra", /* a field too many */
+      "p j c k 1 u\n",     /* a line after */
+      "p j c k 1 u\nbody",
+      "p j  c k 1 u",  /* an empty conversation */
+      "p j c  k 1 u",  /* an empty client */
+      "p j c/1 k 1 u", /* a conversation that is no id */
+      "p j c k/1 1 u", /* a client that is no id */
+      "p j c k 1 u/1", /* a user that is no id */
+      "p j c k 1 u\t", /* a control character */
+      "p l c k 99999999999999999999999 u",
+      longest,
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (notify_decode(bad[i], &n) != NOTIFY_BAD) fail_msg("decoded: \"%s\"", bad[i]);
+  }
+}
+
+/* Signals: "s CONV TS SENDER\nBODY", BODY as it is (any bytes, newlines
+ * too); what would not fit in a NOTIFY is not written. */
+static void test_signal_payloads(void **state) {
+  notify_t n;
+  char *s = notify_signal("room.1", 1800000000123LL, "alice", "{\"typing\":true,\"t\":\"a\\nb\"}");
+  assert_string_equal(s, "s room.1 1800000000123 alice\n{\"typing\":true,\"t\":\"a\\nb\"}");
+  assert_int_equal(notify_decode(s, &n), NOTIFY_SIGNAL);
+  assert_string_equal(n.conv, "room.1");
+  assert_int_equal(n.ts_ms, 1800000000123LL);
+  assert_string_equal(n.sender, "alice");
+  assert_string_equal(n.body, "{\"typing\":true,\"t\":\"a\\nb\"}");
+  free(s);
+  /* a body on several lines, and a ts of 0 */
+  s = notify_signal("c", 0, "bob", "[1,\n2]");
+  assert_int_equal(notify_decode(s, &n), NOTIFY_SIGNAL);
+  assert_int_equal(n.ts_ms, 0);
+  assert_string_equal(n.body, "[1,\n2]");
+  free(s);
+  assert_null(notify_signal("a b", 1, "s", "1"));
+  assert_null(notify_signal("c", 1, "two words", "1"));
+  assert_null(notify_signal("c", 1, "", "1"));
+  assert_null(notify_signal("c", -1, "s", "1"));
+  assert_null(notify_signal("c", 1, "s", NULL));
+  /* the size: a payload of exactly STORE_NOTIFY_PAYLOAD_MAX bytes is
+   * written, one byte more is not */
+  const char *head = "s c 1 s\n";
+  size_t room = STORE_NOTIFY_PAYLOAD_MAX - strlen(head);
+  char *body = malloc(room + 2);
+  memset(body, '1', room + 1);
+  body[room] = '\0';
+  s = notify_signal("c", 1, "s", body);
+  assert_non_null(s);
+  assert_int_equal(strlen(s), STORE_NOTIFY_PAYLOAD_MAX);
+  assert_int_equal(notify_decode(s, &n), NOTIFY_SIGNAL);
+  assert_int_equal(strlen(n.body), room);
+  free(s);
+  body[room] = '1';
+  body[room + 1] = '\0';
+  assert_null(notify_signal("c", 1, "s", body));
+  free(body);
+  /* a body far over it */
+  body = malloc(20000);
+  memset(body, '"', 19999);
+  body[19999] = '\0';
+  assert_null(notify_signal("c", 1, "s", body));
+  free(body);
+}
+
+static void test_signal_malformed(void **state) {
+  notify_t n;
+  const char *bad[] = {
+      "s",
+      "s ",
+      "s c",
+      "s c 1",
+      "s c 1 alice", /* no body line */
+      "s c 1 x\n",   /* an empty body */
+      "s c 1 alice\n",
+      "s c 1 alice body",
+      "s c 1 \n{}",       /* no sender */
+      "s c  alice\n{}",   /* no ts */
+      "s c x alice\n{}",  /* a ts that is no number */
+      "s c -5 alice\n{}", /* a negative ts */
+      "s c +5 alice\n{}", /* a sign is no digit */
+      "s c -0 alice\n{}",
+      "s c 99999999999999999999999 alice\n{}",
+      "s  1 alice\n{}",      /* no conversation */
+      "s c/d 1 alice\n{}",   /* a conversation that is no id */
+      "s c 1 al/ice\n{}",    /* a sender that is no id */
+      "s c 1 alice bob\n{}", /* a field too many */
+      "s c 1\nalice\n{}",
+      "sc 1 alice\n{}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (notify_decode(bad[i], &n) != NOTIFY_BAD) fail_msg("decoded: \"%s\"", bad[i]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_round_trip),
@@ -149,6 +317,10 @@ int main(void) {
       cmocka_unit_test(test_earlier_frames_are_read),
       cmocka_unit_test(test_channels_and_foreign_payloads),
       cmocka_unit_test(test_user_controls),
+      cmocka_unit_test(test_presence_payloads),
+      cmocka_unit_test(test_presence_malformed),
+      cmocka_unit_test(test_signal_payloads),
+      cmocka_unit_test(test_signal_malformed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,10 @@
  *    and refused), unsubscribe (live, with its job out, racing a new
  *    subscribe), refresh (narrower scope, another user, a bad token) and
  *    the token's expiry with its leeway; the rate limits, the close for
- *    sustained abuse, and the per-user connection limit. */
+ *    sustained abuse, and the per-user connection limit;
+ *  - v1.2: presence (join and leave events by presenceEvents, the grace
+ *    across a reconnect and a drain move, presence pages, refusals) and
+ *    signals (fan-out, not stored, refusals, their rate). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,8 +24,11 @@
 #include <cmocka.h>
 
 #include "common/util.h"
+#include "core/errors.h"
 #include "fixture.h"
 #include "net/ws.h"
+#include "proto/frames.h"
+#include "proto/presence.h"
 #include "proto/session_int.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -153,6 +159,18 @@ static void sync_frame(fx_peer_t *p, const char *conv, int64_t watermark, const 
   fx_send(p, text);
 }
 
+/* The welcome's clientId of a hello without one: "s-" and 16 lowercase
+ * hex digits drawn for the connection; copied to `out` (>= 19 bytes). */
+static void default_client_id(json_t *welcome, char *out) {
+  const char *cid = json_string_value(json_object_get(welcome, "clientId"));
+  assert_non_null(cid);
+  assert_int_equal(strlen(cid), 18);
+  assert_memory_equal(cid, "s-", 2);
+  for (size_t i = 2; i < 18; i++)
+    assert_true((cid[i] >= '0' && cid[i] <= '9') || (cid[i] >= 'a' && cid[i] <= 'f'));
+  memcpy(out, cid, 19);
+}
+
 /* ---- the subscription's transitions ---------------------------------------- */
 
 /* (new) hello admitted -> FILLING; FILLING job done, target reached ->
@@ -169,7 +187,8 @@ static void test_hello_fills_then_live_delivery(void **state) {
   assert_true(fx_step(&fx));
   json_t *w = expect(p, "welcome");
   /* no clientId in the hello: the connection is a client of its own */
-  assert_string_equal(json_string_value(json_object_get(w, "clientId")), "s-1");
+  char cid[32];
+  default_client_id(w, cid);
   assert_string_equal(json_string_value(json_object_get(w, "protocol")), "1.2");
   json_decref(w);
   expect_msgs(p, 1, 3);
@@ -180,6 +199,17 @@ static void test_hello_fills_then_live_delivery(void **state) {
   expect_msgs(p, 4, 4);
   assert_int_equal(fx_sub_state(p, "c1"), SUB_LIVE);
   fx_expect_nothing(p);
+  /* another connection without one is another client */
+  fx_peer_t *q = fx_connect(&fx);
+  fx_hello(q, "c1", 4);
+  assert_true(fx_step(&fx));
+  w = expect(q, "welcome");
+  char cid2[32];
+  default_client_id(w, cid2);
+  json_decref(w);
+  assert_string_not_equal(cid, cid2);
+  expect_synced(q, 4, 0);
+  fx_peer_free(q);
   fx_peer_free(p);
   fx_free(&fx);
 }
@@ -1196,6 +1226,555 @@ static void test_conns_per_user(void **state) {
   fx_free(&fx);
 }
 
+/* ---- v1.2: presence and signals ------------------------------------------------ */
+
+#define GRACE_MS 5000 /* cfg.presence_grace_ms's default, the fixture's table's */
+
+/* A channel `ch` with `flags` (STORE_CHANNEL_*) and conversation `conv` in
+ * it, without messages. */
+static void conv_with(fx_t *fx, const char *ch, unsigned flags, const char *conv) {
+  int r = store_channel_create(fx->db, ch, ch, flags, NULL);
+  assert_true(r == 0 || r == -CV_EEXISTS);
+  assert_int_equal(store_conv_create(fx->db, conv, ch, NULL), 0);
+}
+
+/* A client `client` of `user` (a token for every conversation) whose hello
+ * made it live on the empty `conv`, its subscription asking for presence
+ * events `events` (JSON text: true, "clients", ...; NULL: none). */
+static fx_peer_t *member(fx_t *fx, const char *user, const char *client, const char *conv,
+                         const char *events) {
+  fx_peer_t *p = fx_connect(fx);
+  char *token = fx_token(fx, user, "*");
+  char text[2048];
+  snprintf(text, sizeof text,
+           "{\"type\":\"hello\",\"token\":\"%s\",\"clientId\":\"%s\",\"subs\":[{\"conv\":\"%s\","
+           "\"watermark\":null%s%s}]}",
+           token, client, conv, events ? ",\"presenceEvents\":" : "", events ? events : "");
+  free(token);
+  fx_send(p, text);
+  assert_true(fx_step(fx));
+  json_t *w = expect(p, "welcome");
+  assert_string_equal(json_string_value(json_object_get(w, "clientId")), client);
+  json_decref(w);
+  expect_synced(p, 0, 0);
+  assert_int_equal(fx_sub_state(p, conv), SUB_LIVE);
+  return p;
+}
+
+/* A join or leave frame for `user`'s `client` in `conv`. */
+static void expect_event(fx_peer_t *p, const char *type, const char *conv, const char *user,
+                         const char *client) {
+  json_t *e = expect(p, type);
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), conv);
+  assert_string_equal(json_string_value(json_object_get(e, "user")), user);
+  assert_string_equal(json_string_value(json_object_get(e, "client")), client);
+  json_decref(e);
+}
+
+/* The fake clock `ms` on, then the node's presence tick at it. */
+static void advance_presence(fx_t *fx, uint64_t ms) {
+  fx_advance(fx, ms);
+  session_presence_tick(&fx->sessions, fx->now);
+  fx_run(fx);
+}
+
+static void close_peer(fx_t *fx, fx_peer_t *p) {
+  fx_peer_free(p);
+  fx_run(fx);
+}
+
+/* Two users' clients on a channel with presence: the first is told of the
+ * second's join, neither of its own; the second's reconnect with the same
+ * clientId within the grace is neither a leave nor a join (and the grace
+ * it was in does not end it later); once it is gone for the whole grace,
+ * its leave, to the first only. */
+static void test_presence_join_reconnect_leave(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  assert_int_equal(fx.cfg.presence_grace_ms, GRACE_MS);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "p1", "true");
+  fx_expect_nothing(a); /* not its own join */
+  /* a watcher of every client's events, for what a user's edges hide */
+  fx_peer_t *w = member(&fx, "walt", "tab-w", "p1", "\"clients\"");
+  expect_event(a, "join", "p1", "walt", "tab-w");
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "p1", "true");
+  expect_event(a, "join", "p1", "bob", "tab-b");
+  expect_event(w, "join", "p1", "bob", "tab-b");
+  fx_expect_nothing(a);
+  fx_expect_nothing(w);
+  fx_expect_nothing(b); /* not its own join, nor those of before */
+
+  close_peer(&fx, b);
+  advance_presence(&fx, GRACE_MS - 1000);
+  fx_expect_nothing(a);
+  fx_expect_nothing(w);
+  b = member(&fx, "bob", "tab-b", "p1", "true"); /* back within the grace */
+  fx_expect_nothing(a);                          /* no join */
+  fx_expect_nothing(w);
+  advance_presence(&fx, 2000); /* past the first grace's end */
+  fx_expect_nothing(a);        /* no leave */
+  fx_expect_nothing(w);
+  fx_expect_nothing(b);
+
+  close_peer(&fx, b);
+  advance_presence(&fx, GRACE_MS - 1);
+  fx_expect_nothing(a);
+  fx_expect_nothing(w);
+  advance_presence(&fx, 1);
+  expect_event(a, "leave", "p1", "bob", "tab-b");
+  expect_event(w, "leave", "p1", "bob", "tab-b");
+  fx_expect_nothing(a);
+  fx_expect_nothing(w);
+  assert_false(presence_has(fx.sessions.presence, "p1", "bob", "tab-b"));
+  assert_int_equal(presence_entries(fx.sessions.presence), 4); /* tab-a, alice, tab-w, walt */
+  /* after its leave, the same client joins again */
+  b = member(&fx, "bob", "tab-b", "p1", "true");
+  expect_event(a, "join", "p1", "bob", "tab-b");
+  expect_event(w, "join", "p1", "bob", "tab-b");
+  close_peer(&fx, b);
+  close_peer(&fx, w);
+  close_peer(&fx, a);
+  advance_presence(&fx, GRACE_MS);
+  assert_int_equal(presence_entries(fx.sessions.presence), 0);
+  fx_free(&fx);
+}
+
+/* A drain move: the new connection of a client is welcomed before the old
+ * one closes; nothing is told, and the grace starts with the last one. */
+static void test_presence_drain_move_is_silent(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "p1", "\"clients\"");
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "p1", NULL);
+  expect_event(a, "join", "p1", "bob", "tab-b");
+  fx_peer_t *b2 = member(&fx, "bob", "tab-b", "p1", NULL); /* the same client, a second conn */
+  close_peer(&fx, b);
+  advance_presence(&fx, GRACE_MS * 2);
+  fx_expect_nothing(a);
+  close_peer(&fx, b2);
+  advance_presence(&fx, GRACE_MS);
+  expect_event(a, "leave", "p1", "bob", "tab-b");
+  fx_expect_nothing(a);
+  close_peer(&fx, a);
+  fx_free(&fx);
+}
+
+/* Two users naming one clientId are two clients: alice's and bob's "tab"
+ * each join (told to the watcher, and bob's to alice: "not its own"
+ * is the same user's same client), both are listed, and each leaves on
+ * its own after its grace. */
+static void test_presence_two_users_one_client_id(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *w = member(&fx, "walt", "tab-w", "p1", "\"clients\"");
+  fx_peer_t *a = member(&fx, "alice", "tab", "p1", "true");
+  expect_event(w, "join", "p1", "alice", "tab");
+  fx_expect_nothing(a); /* its own */
+  fx_peer_t *b = member(&fx, "bob", "tab", "p1", "true");
+  expect_event(w, "join", "p1", "bob", "tab");
+  expect_event(a, "join", "p1", "bob", "tab"); /* the same clientId, another user's */
+  fx_expect_nothing(w);
+  fx_expect_nothing(a);
+  fx_expect_nothing(b);
+  assert_true(presence_has(fx.sessions.presence, "p1", "alice", "tab"));
+  assert_true(presence_has(fx.sessions.presence, "p1", "bob", "tab"));
+  assert_int_equal(presence_entries(fx.sessions.presence), 6);
+
+  fx_send(w, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  json_t *pg = expect(w, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  json_t *ms = json_object_get(pg, "members");
+  assert_int_equal(json_array_size(ms), 3);
+  const char *order[] = {"alice", "bob", "walt"};
+  for (size_t i = 0; i < 3; i++) {
+    json_t *m = json_array_get(ms, i);
+    assert_string_equal(json_string_value(json_object_get(m, "user")), order[i]);
+    assert_int_equal(json_integer_value(json_object_get(m, "clients")), 1);
+  }
+  json_decref(pg);
+
+  close_peer(&fx, a);
+  advance_presence(&fx, GRACE_MS - 1);
+  fx_expect_nothing(w);
+  fx_expect_nothing(b);
+  advance_presence(&fx, 1);
+  expect_event(w, "leave", "p1", "alice", "tab");
+  expect_event(b, "leave", "p1", "alice", "tab");
+  fx_expect_nothing(w);
+  fx_expect_nothing(b);
+  assert_false(presence_has(fx.sessions.presence, "p1", "alice", "tab"));
+  assert_true(presence_has(fx.sessions.presence, "p1", "bob", "tab"));
+  fx_send(w, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  pg = expect(w, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 2);
+  ms = json_object_get(pg, "members");
+  assert_int_equal(json_array_size(ms), 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(ms, 0), "user")), "bob");
+  json_decref(pg);
+
+  close_peer(&fx, b);
+  advance_presence(&fx, GRACE_MS - 1);
+  fx_expect_nothing(w);
+  advance_presence(&fx, 1);
+  expect_event(w, "leave", "p1", "bob", "tab");
+  fx_expect_nothing(w);
+  assert_int_equal(presence_entries(fx.sessions.presence), 2); /* tab-w, walt */
+  close_peer(&fx, w);
+  advance_presence(&fx, GRACE_MS);
+  assert_int_equal(presence_entries(fx.sessions.presence), 0);
+  fx_free(&fx);
+}
+
+/* presenceEvents: true ("users") tells a user's first join and last leave
+ * only; "clients" every client's; none (absent) nothing. */
+static void test_presence_events_users_and_clients(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *users = member(&fx, "u-watch", "w-1", "p1", "\"users\"");
+  fx_peer_t *clients = member(&fx, "c-watch", "w-2", "p1", "\"clients\"");
+  fx_peer_t *none = member(&fx, "n-watch", "w-3", "p1", NULL);
+  expect_event(users, "join", "p1", "c-watch", "w-2");
+  expect_event(users, "join", "p1", "n-watch", "w-3");
+  expect_event(clients, "join", "p1", "n-watch", "w-3");
+  fx_expect_nothing(none);
+
+  fx_peer_t *k1 = member(&fx, "kim", "k-1", "p1", NULL);
+  expect_event(users, "join", "p1", "kim", "k-1");
+  expect_event(clients, "join", "p1", "kim", "k-1");
+  fx_peer_t *k2 = member(&fx, "kim", "k-2", "p1", NULL); /* kim's second client */
+  fx_expect_nothing(users);
+  expect_event(clients, "join", "p1", "kim", "k-2");
+  close_peer(&fx, k1);
+  advance_presence(&fx, GRACE_MS);
+  fx_expect_nothing(users); /* kim is still here through k-2 */
+  expect_event(clients, "leave", "p1", "kim", "k-1");
+  close_peer(&fx, k2);
+  advance_presence(&fx, GRACE_MS);
+  expect_event(users, "leave", "p1", "kim", "k-2");
+  expect_event(clients, "leave", "p1", "kim", "k-2");
+  fx_expect_nothing(users);
+  fx_expect_nothing(clients);
+  fx_expect_nothing(none);
+
+  close_peer(&fx, users);
+  close_peer(&fx, clients);
+  close_peer(&fx, none);
+  fx_free(&fx);
+}
+
+/* A presence frame is answered from the table: count, members in user
+ * order with their clients and since, a cursor while more follow, pages
+ * with limit and cursor, the count alone with members false. */
+static void test_presence_frame_pages(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *c = member(&fx, "carol", "c-1", "p1", NULL);
+  fx_peer_t *a1 = member(&fx, "alice", "a-1", "p1", NULL);
+  fx_peer_t *a2 = member(&fx, "alice", "a-2", "p1", NULL);
+  fx_peer_t *b = member(&fx, "bob", "b-1", "p1", NULL);
+  int64_t before = util_now_ms();
+
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  json_t *pg = expect(c, "presence");
+  assert_string_equal(json_string_value(json_object_get(pg, "conv")), "p1");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  assert_true(json_is_null(json_object_get(pg, "cursor")));
+  assert_null(json_object_get(pg, "truncated"));
+  json_t *ms = json_object_get(pg, "members");
+  assert_int_equal(json_array_size(ms), 3);
+  const char *order[] = {"alice", "bob", "carol"};
+  const int clients[] = {2, 1, 1};
+  for (size_t i = 0; i < 3; i++) {
+    json_t *m = json_array_get(ms, i);
+    assert_string_equal(json_string_value(json_object_get(m, "user")), order[i]);
+    assert_int_equal(json_integer_value(json_object_get(m, "clients")), clients[i]);
+    int64_t since = json_integer_value(json_object_get(m, "since"));
+    assert_true(since > 0 && since <= before);
+  }
+  json_decref(pg);
+
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"limit\":2}");
+  pg = expect(c, "presence");
+  assert_int_equal(json_array_size(json_object_get(pg, "members")), 2);
+  assert_string_equal(json_string_value(json_object_get(pg, "cursor")), "bob");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  json_decref(pg);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"limit\":2,\"cursor\":\"bob\"}");
+  pg = expect(c, "presence");
+  ms = json_object_get(pg, "members");
+  assert_int_equal(json_array_size(ms), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(ms, 0), "user")), "carol");
+  assert_true(json_is_null(json_object_get(pg, "cursor")));
+  json_decref(pg);
+
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"members\":false}");
+  pg = expect(c, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  assert_null(json_object_get(pg, "members"));
+  assert_null(json_object_get(pg, "cursor"));
+  json_decref(pg);
+
+  /* max_presence: users past it are counted, not listed (truncated) */
+  fx.cfg.max_presence = 2;
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  pg = expect(c, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  assert_int_equal(json_array_size(json_object_get(pg, "members")), 2);
+  assert_true(json_is_null(json_object_get(pg, "cursor")));
+  assert_true(json_is_true(json_object_get(pg, "truncated")));
+  json_decref(pg);
+  fx.cfg.max_presence = 1000;
+
+  /* a client in its grace is still listed */
+  close_peer(&fx, b);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"members\":false}");
+  pg = expect(c, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 3);
+  json_decref(pg);
+  advance_presence(&fx, GRACE_MS);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"members\":false}");
+  pg = expect(c, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 2);
+  json_decref(pg);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"limit\":0}");
+  expect_error(c, "bad_request");
+  expect_open(c);
+  close_peer(&fx, a1);
+  close_peer(&fx, a2);
+  close_peer(&fx, c);
+  fx_free(&fx);
+}
+
+/* presence on a channel without it: presence_disabled (and nobody is in
+ * the table); for a conversation not subscribed: not_subscribed. The
+ * connection stays open. */
+static void test_presence_refusals(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "plain", 0, "n1");
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "n1", "true");
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "n1", "true");
+  fx_expect_nothing(a); /* no presence, no join */
+  assert_int_equal(presence_entries(fx.sessions.presence), 0);
+  fx_send(a, "{\"type\":\"presence\",\"conv\":\"n1\"}");
+  expect_error_conv(a, "presence_disabled", "n1");
+  fx_send(a, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  expect_error_conv(a, "not_subscribed", "p1");
+  fx_send(a, "{\"type\":\"presence\",\"conv\":\"nowhere\"}");
+  expect_error_conv(a, "not_subscribed", "nowhere");
+  expect_open(a);
+  /* a subscription not yet announced (its hello's job not run): not yet */
+  fx_peer_t *c = fx_connect(&fx);
+  char *token = fx_token(&fx, "carol", "*");
+  fx_hello_token(c, token, "p1", -1);
+  free(token);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\"}");
+  expect_error_conv(c, "not_subscribed", "p1");
+  assert_true(fx_step(&fx));
+  json_decref(expect(c, "welcome"));
+  expect_synced(c, 0, 0);
+  fx_send(c, "{\"type\":\"presence\",\"conv\":\"p1\",\"members\":false}");
+  json_t *pg = expect(c, "presence");
+  assert_int_equal(json_integer_value(json_object_get(pg, "count")), 1);
+  json_decref(pg);
+  close_peer(&fx, c);
+  close_peer(&fx, b);
+  advance_presence(&fx, GRACE_MS);
+  fx_expect_nothing(a); /* no leave either */
+  close_peer(&fx, a);
+  fx_free(&fx);
+}
+
+/* A subscribe on an open connection makes its client present at
+ * `subscribed` (a join for the others); its unsubscribe starts the grace
+ * (a leave after it). */
+static void test_presence_subscribe_unsubscribe(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p1");
+  conv_with(&fx, "pch", STORE_CHANNEL_PRESENCE, "p2");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "p1", "true");
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "p2", NULL);
+  fx_expect_nothing(a); /* bob is in p2 only */
+  fx_send(b, "{\"type\":\"subscribe\",\"conv\":\"p1\",\"watermark\":null}");
+  assert_true(fx_step(&fx));
+  json_t *s = expect(b, "subscribed");
+  assert_true(json_is_true(json_object_get(s, "presence")));
+  json_decref(s);
+  expect_synced(b, 0, 0);
+  expect_event(a, "join", "p1", "bob", "tab-b");
+  unsubscribe_frame(b, "p1");
+  expect_unsubscribed(b, "p1");
+  advance_presence(&fx, GRACE_MS - 1);
+  fx_expect_nothing(a);
+  advance_presence(&fx, 1);
+  expect_event(a, "leave", "p1", "bob", "tab-b");
+  assert_true(presence_has(fx.sessions.presence, "p2", "bob", "tab-b")); /* still in p2 */
+  /* a second subscribe may change the events asked for: none from now on */
+  fx_send(a, "{\"type\":\"subscribe\",\"conv\":\"p1\",\"presenceEvents\":false}");
+  expect_subscribed(a, "p1", 0, 0, 1);
+  fx_send(b, "{\"type\":\"subscribe\",\"conv\":\"p1\",\"watermark\":null}");
+  assert_true(fx_step(&fx));
+  json_decref(expect(b, "subscribed"));
+  expect_synced(b, 0, 0);
+  fx_expect_nothing(a);
+  close_peer(&fx, a);
+  close_peer(&fx, b);
+  fx_free(&fx);
+}
+
+/* A signal on a channel with signals goes to every subscription of the
+ * conversation, the sender's own included, with the token's sub as sender
+ * and the body as sent; nothing is stored. */
+static void test_signal_reaches_subscribers_not_the_store(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "sig", STORE_CHANNEL_SIGNALS, "s1");
+  conv_with(&fx, "sig", STORE_CHANNEL_SIGNALS, "s2");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "s1", NULL);
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "s1", NULL);
+  fx_peer_t *other = member(&fx, "kim", "tab-k", "s2", NULL);
+  int64_t before = util_now_ms();
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":{\"typing\":true,\"n\":[1,\"x\"]}}");
+  assert_false(fx_step(&fx)); /* one node: no store job */
+  fx_peer_t *both[] = {a, b};
+  for (int i = 0; i < 2; i++) {
+    json_t *sg = expect(both[i], "signal");
+    assert_string_equal(json_string_value(json_object_get(sg, "conv")), "s1");
+    assert_string_equal(json_string_value(json_object_get(sg, "sender")), "alice");
+    int64_t ts = json_integer_value(json_object_get(sg, "ts"));
+    assert_true(ts >= before && ts <= util_now_ms());
+    char *body = json_dumps(json_object_get(sg, "body"), JSON_COMPACT);
+    assert_string_equal(body, "{\"typing\":true,\"n\":[1,\"x\"]}");
+    free(body);
+    json_decref(sg);
+    fx_expect_nothing(both[i]);
+  }
+  fx_expect_nothing(other); /* another conversation */
+  /* not stored: no message, the head unmoved */
+  store_msg_t *msgs = NULL;
+  size_t n = 99;
+  assert_int_equal(store_replay(fx.db, "s1", 0, 100, 100, 1 << 20, &msgs, &n), 0);
+  assert_int_equal(n, 0);
+  store_msgs_free(msgs, n);
+  store_conv_t cv;
+  assert_int_equal(store_conv_get(fx.db, "s1", &cv), 0);
+  assert_int_equal(cv.head, 0);
+  assert_true(cv.signals);
+  /* a later subscriber does not get it replayed */
+  fx_peer_t *late = member(&fx, "lee", "tab-l", "s1", NULL);
+  fx_expect_nothing(late);
+  /* a body of exactly FRAME_SIGNAL_BYTES_MAX bytes goes */
+  char *text = malloc(FRAME_SIGNAL_BYTES_MAX + 128);
+  int h = snprintf(text, 128, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":\"");
+  memset(text + h, 'x', FRAME_SIGNAL_BYTES_MAX - 2);
+  strcpy(text + h + FRAME_SIGNAL_BYTES_MAX - 2, "\"}");
+  fx_send(b, text);
+  free(text);
+  json_t *sg = expect(late, "signal");
+  assert_int_equal(strlen(json_string_value(json_object_get(sg, "body"))),
+                   FRAME_SIGNAL_BYTES_MAX - 2);
+  assert_string_equal(json_string_value(json_object_get(sg, "sender")), "bob");
+  json_decref(sg);
+  json_decref(expect(a, "signal"));
+  json_decref(expect(b, "signal"));
+  close_peer(&fx, a);
+  close_peer(&fx, b);
+  close_peer(&fx, other);
+  close_peer(&fx, late);
+  fx_free(&fx);
+}
+
+/* Refusals, each with its conv, the connection open: signals_disabled on
+ * a channel without signals (presence alone is not enough), not_subscribed,
+ * too_large over FRAME_SIGNAL_BYTES_MAX bytes of JSON, bad_request without
+ * a body. Nobody gets a signal. */
+static void test_signal_refusals(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  conv_with(&fx, "plain", STORE_CHANNEL_PRESENCE, "n1");
+  conv_with(&fx, "sig", STORE_CHANNEL_SIGNALS, "s1");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "n1", NULL);
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "n1", NULL);
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"n1\",\"body\":{\"typing\":true}}");
+  expect_error_conv(a, "signals_disabled", "n1");
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":1}");
+  expect_error_conv(a, "not_subscribed", "s1");
+  fx_send(a, "{\"type\":\"subscribe\",\"conv\":\"s1\",\"watermark\":null}");
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":2}"); /* its job not run */
+  expect_error_conv(a, "not_subscribed", "s1");
+  assert_true(fx_step(&fx));
+  json_decref(expect(a, "subscribed"));
+  expect_synced(a, 0, 0);
+  char *text = malloc(FRAME_SIGNAL_BYTES_MAX + 128);
+  int h = snprintf(text, 128, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":\"");
+  memset(text + h, 'x', FRAME_SIGNAL_BYTES_MAX - 1); /* 4097 bytes with the quotes */
+  strcpy(text + h + FRAME_SIGNAL_BYTES_MAX - 1, "\"}");
+  fx_send(a, text);
+  free(text);
+  expect_error_conv(a, "too_large", "s1");
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"s1\"}");
+  expect_error(a, "bad_request");
+  expect_open(a);
+  fx_expect_nothing(a);
+  fx_expect_nothing(b);
+  close_peer(&fx, a);
+  close_peer(&fx, b);
+  fx_free(&fx);
+}
+
+/* The signal bucket (rate 5, burst 10 by default): ten at once go, the
+ * eleventh is rate_limited with its conv, frame "signal" and a hint; after
+ * the hint one goes again. Other buckets are untouched. */
+static void test_signal_rate_limited(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  assert_int_equal(fx.cfg.rate_signal, 5);
+  assert_int_equal(fx.cfg.rate_signal_burst, 10);
+  conv_with(&fx, "sig", STORE_CHANNEL_SIGNALS, "s1");
+  fx_peer_t *a = member(&fx, "alice", "tab-a", "s1", NULL);
+  fx_peer_t *b = member(&fx, "bob", "tab-b", "s1", NULL);
+  for (int i = 0; i < 11; i++) {
+    char text[128];
+    snprintf(text, sizeof text, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":%d}", i);
+    fx_send(a, text);
+  }
+  for (int i = 0; i < 10; i++) {
+    json_t *sg = expect(b, "signal");
+    assert_int_equal(json_integer_value(json_object_get(sg, "body")), i);
+    json_decref(sg);
+    json_decref(expect(a, "signal"));
+  }
+  json_t *e = expect(a, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "rate_limited");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "s1");
+  assert_string_equal(json_string_value(json_object_get(json_object_get(e, "details"), "frame")),
+                      "signal");
+  int64_t hint = json_integer_value(json_object_get(e, "retryAfterMs"));
+  assert_true(hint > 0 && hint <= 200);
+  json_decref(e);
+  fx_expect_nothing(a);
+  fx_expect_nothing(b);
+  expect_open(a);                                        /* ping takes no bucket */
+  fx_send(a, "{\"type\":\"presence\",\"conv\":\"s1\"}"); /* the subscribe bucket: free */
+  expect_error_conv(a, "presence_disabled", "s1");
+  fx_advance(&fx, (uint64_t)hint);
+  fx_send(a, "{\"type\":\"signal\",\"conv\":\"s1\",\"body\":\"again\"}");
+  json_decref(expect(a, "signal"));
+  json_t *sg = expect(b, "signal");
+  assert_string_equal(json_string_value(json_object_get(sg, "body")), "again");
+  json_decref(sg);
+  close_peer(&fx, a);
+  close_peer(&fx, b);
+  fx_free(&fx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello_fills_then_live_delivery),
@@ -1230,6 +1809,16 @@ int main(void) {
       cmocka_unit_test(test_rate_limits),
       cmocka_unit_test(test_rate_abuse_closes),
       cmocka_unit_test(test_conns_per_user),
+      cmocka_unit_test(test_presence_join_reconnect_leave),
+      cmocka_unit_test(test_presence_drain_move_is_silent),
+      cmocka_unit_test(test_presence_two_users_one_client_id),
+      cmocka_unit_test(test_presence_events_users_and_clients),
+      cmocka_unit_test(test_presence_frame_pages),
+      cmocka_unit_test(test_presence_refusals),
+      cmocka_unit_test(test_presence_subscribe_unsubscribe),
+      cmocka_unit_test(test_signal_reaches_subscribers_not_the_store),
+      cmocka_unit_test(test_signal_refusals),
+      cmocka_unit_test(test_signal_rate_limited),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1637,6 +1637,21 @@ static void test_presence_rows(void **state) {
   assert_int_equal(count, 1);
   assert_string_equal(m[0].user, "bob");
   free(m);
+  /* a client is its user's: two users naming one clientId are two clients */
+  assert_int_equal(store_presence_join(s, "e", "tab", "ann", "a", 1, &joined, &first), 0);
+  assert_true(joined && first);
+  assert_int_equal(store_presence_join(s, "e", "tab", "bob", "b", 2, &joined, &first), 0);
+  assert_true(joined && first);
+  assert_int_equal(store_presence_leave(s, "e", "tab", "ann", "b", &left, &last), 0);
+  assert_false(left); /* ann's row is node a's */
+  assert_int_equal(store_presence_leave(s, "e", "tab", "ann", "a", &left, &last), 0);
+  assert_true(left && last);
+  assert_int_equal(store_presence_list(s, "e", "", 10, &m, &n, &count), 0);
+  assert_int_equal(count, 1);
+  assert_string_equal(m[0].user, "bob");
+  free(m);
+  heard(&raw, 3, got, sizeof got);
+  assert_string_equal(got, "p j e tab 1 ann|p j e tab 1 bob|p l e tab 1 ann");
   assert_int_equal(store_presence_join(s, "c", "bad id", "x", "a", 1, &joined, &first), -CV_EINVAL);
   raw_close(&raw);
   store_close(s);
