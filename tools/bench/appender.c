@@ -56,6 +56,15 @@ struct phase_s {
 };
 
 static char body_json[256]; /* {"sender":"bench","body":{...100 bytes...}} */
+/* What a POST goes to, and the answer that acknowledges it (appender_route). */
+static const char *route = "messages";
+static int ack_status = 201;
+
+void appender_route(const char *what) {
+  int signals = what && strcmp(what, "signals") == 0;
+  route = signals ? "signals" : "messages";
+  ack_status = signals ? 202 : 201;
+}
 static size_t body_len;
 
 static void body_init(void) {
@@ -88,10 +97,10 @@ static void write_append(sender_t *c, const char *conv) {
   bench_t *b = c->ph->b;
   char req[1024];
   int n = snprintf(req, sizeof req,
-                   "POST /v1/conversations/%s/messages HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                   "POST /v1/conversations/%s/%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
                    "Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
                    "Idempotency-Key: %s\r\nContent-Length: %zu\r\n\r\n%s",
-                   conv, b->port, b->api_key, c->key, body_len, body_json);
+                   conv, route, b->port, b->api_key, c->key, body_len, body_json);
   if (n < 0 || (size_t)n >= sizeof req) {
     run_fail(b, "%s: the append request to %s does not fit %zu bytes", b->phase, conv, sizeof req);
     return;
@@ -227,7 +236,7 @@ static void on_answer(restc_t *r, int st) {
     write_append(c, ph->convs[c->conv_index]);
     return;
   }
-  if (st != 201 && !(st == 200 && c->refused)) {
+  if (st != ack_status && !(st == 200 && c->refused)) {
     run_fail(b, "%s: an append to %s (key %s) answered %d: %s", b->phase, ph->convs[c->conv_index],
              c->key, st, r->body);
     return;

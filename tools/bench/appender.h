@@ -63,6 +63,12 @@ int appender_throughput(bench_t *b, size_t nsenders, const char *const *convs, s
 
 void appender_tput_free(appender_tput_t *t);
 
+/* What the senders POST from now on: "messages" (appends, acknowledged by
+ * 201; the default) or "signals" (POST .../signals, not stored,
+ * acknowledged by 202: docs/protocol.md 9.7), for the same requests and
+ * bodies. Main thread. */
+void appender_route(const char *what);
+
 /* What appender_paced measured, per message i (id "L<i>"), on run_now_ns's
  * clock; 0 = never. The arrays are malloc'ed; free with appender_paced_free. */
 typedef struct {

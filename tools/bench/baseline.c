@@ -423,6 +423,7 @@ int bench_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "store") == 0) return bench_store_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "roll") == 0) return bench_roll_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "compare") == 0) return bench_compare_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "presence") == 0) return bench_presence_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -442,6 +443,8 @@ int bench_main(int argc, char **argv) {
                "  roll      a rolling restart of a PostgreSQL cluster under SDK clients and a\n"
                "            REST sender, with loss verification (converger bench roll --help)\n"
                "  compare   preset sets of roll scenarios side by side, with overlay plots\n"
-               "            (converger bench compare --help)\n");
+               "            (converger bench compare --help)\n"
+               "  presence  the presence table's memory per entry, and signals against\n"
+               "            appends on PostgreSQL (converger bench presence --help)\n");
   return out == stdout ? 0 : 2;
 }

@@ -63,5 +63,8 @@ int bench_roll_main(int argc, char **argv);
  * when one failed, 2 on bad usage, 130 when interrupted by SIGINT/SIGTERM
  * (forwarded to the running scenario). */
 int bench_compare_main(int argc, char **argv);
+/* converger bench presence (bench/presence.c): the presence table's memory
+ * and times, signals against appends. Exit status as a command's. */
+int bench_presence_main(int argc, char **argv);
 
 #endif
