@@ -279,19 +279,23 @@ int bench_presence_main(int argc, char **argv) {
   snprintf(tag, sizeof tag, "pres%d", (int)getpid());
   snprintf(body, sizeof body, "{\"id\":\"%s\",\"name\":\"%s\",\"signals\":true}", tag, tag);
   if (restc_expect(b, "POST", "/v1/channels", body, NULL, 201, NULL, 0) != 0) goto out_signals;
-  for (long long i = 0; i < o.senders; i++) {
-    if (!(convs[i] = run_str_printf("%s-c%lld", tag, i))) goto out_signals;
-    snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", convs[i], tag);
-    if (restc_expect(b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0) != 0)
-      goto out_signals;
-  }
   printf(CMD ": %lld senders, %lld rounds of %lld ms (after %lld ms of warm-up) of appends then "
              "signals, on PostgreSQL through one node (pool %lld)\n",
          o.senders, o.rounds, o.duration_ms, o.warmup_ms, o.pool);
-  for (long long k = 0; k < o.rounds && !b->failed; k++)
+  for (long long k = 0; k < o.rounds && !b->failed; k++) {
+    /* new conversations each round: the appends' idempotency keys start
+     * again at every call */
+    for (long long i = 0; i < o.senders; i++) {
+      free(convs[i]);
+      if (!(convs[i] = run_str_printf("%s-r%lld-c%lld", tag, k, i))) goto out_signals;
+      snprintf(body, sizeof body, "{\"id\":\"%s\",\"channel\":\"%s\"}", convs[i], tag);
+      if (restc_expect(b, "POST", "/v1/conversations", body, NULL, 201, NULL, 0) != 0)
+        goto out_signals;
+    }
     if (round_of(b, &o, "messages", (const char *const *)convs, &appends) != 0 ||
         round_of(b, &o, "signals", (const char *const *)convs, &signals) != 0)
       goto out_signals;
+  }
   double ra = median(appends.rate, appends.n), rs = median(signals.rate, signals.n);
   printf("median of %d rounds: appends %.0f/s (p50 %.2f ms, p99 %.2f ms), signals %.0f/s (p50 "
          "%.2f ms, p99 %.2f ms): signals/appends %.2fx\n",
