@@ -696,34 +696,52 @@ static void handle_conv_create(api_t *api, conn_t *c, http_request_t *req) {
   json_decref(b);
 }
 
-static void handle_msg_append(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
+/* The REST appends' rate limit (CONVERGER_REST_RATE), which signals share:
+ * 1 when the request was refused here (429 with a hint), 0 to go on. */
+static int rest_rate_refused(api_t *api, conn_t *c) {
   uint64_t now = util_mono_ms();
-  if (api->cfg->rest_rate > 0 && !limiter_take(&api->rest_appends, now)) {
-    metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
-    char message[96];
-    snprintf(message, sizeof message, "more than %d appends a second for this API key",
-             api->cfg->rest_rate);
-    http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
-    return;
-  }
-  json_t *b = body_object(c, req);
-  if (!b) return;
-  const char *sender = json_string_value(json_object_get(b, "sender"));
+  if (api->cfg->rest_rate <= 0 || limiter_take(&api->rest_appends, now)) return 0;
+  metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
+  char message[96];
+  snprintf(message, sizeof message, "more than %d appends and signals a second for this API key",
+           api->cfg->rest_rate);
+  http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
+  return 1;
+}
+
+/* A message's or a signal's {"sender", "body"}: the body as JSON text
+ * (heap, the caller's) of at most `max` bytes, `*sender` pointing into
+ * `b`. NULL after answering 400, 413 (`too_large`, its message) or 503. */
+static char *sender_and_body(conn_t *c, json_t *b, size_t max, const char *too_large,
+                             const char **sender) {
+  *sender = json_string_value(json_object_get(b, "sender"));
   json_t *body = json_object_get(b, "body");
-  const char *key = req->idempotency_key;
   char *text = NULL;
-  if (!util_id_valid(sender)) {
+  if (!util_id_valid(*sender)) {
     bad_request(c, "sender must be an id matching [A-Za-z0-9._:-]{1,128}");
   } else if (!body) {
     bad_request(c, "body is required (any JSON value)");
-  } else if (key && !util_id_valid(key)) {
-    bad_request(c, "Idempotency-Key must match [A-Za-z0-9._:-]{1,128}");
   } else if (!(text = frame_dump(body))) {
     http_respond_error(c, 503, "unavailable", "out of memory", 1000);
-  } else if (strlen(text) > (size_t)api->cfg->max_message_bytes) {
-    http_respond_error(c, 413, "too_large",
-                       "message body is larger than CONVERGER_MAX_MESSAGE_BYTES", 0);
-  } else {
+  } else if (strlen(text) > max) {
+    http_respond_error(c, 413, "too_large", too_large, 0);
+    free(text);
+    text = NULL;
+  }
+  return text;
+}
+
+static void handle_msg_append(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
+  if (rest_rate_refused(api, c)) return;
+  json_t *b = body_object(c, req);
+  if (!b) return;
+  const char *key = req->idempotency_key, *sender;
+  char *text = NULL;
+  if (key && !util_id_valid(key)) {
+    bad_request(c, "Idempotency-Key must match [A-Za-z0-9._:-]{1,128}");
+  } else if ((text = sender_and_body(c, b, (size_t)api->cfg->max_message_bytes,
+                                     "message body is larger than CONVERGER_MAX_MESSAGE_BYTES",
+                                     &sender)) != NULL) {
     rest_job_t *j = job_new(api, c, J_MSG_APPEND);
     if (j) {
       strcpy(j->id, conv);
@@ -809,40 +827,22 @@ static void handle_presence(api_t *api, conn_t *c, http_request_t *req, const ch
 }
 
 /* POST /v1/conversations/{id}/signals {"sender", "body"}: not stored
- * (docs/protocol.md 9.6); the REST appends' rate limit counts it. */
+ * (docs/protocol.md 9.7); the REST appends' rate limit counts it. */
 static void handle_signal(api_t *api, conn_t *c, http_request_t *req, const char *conv) {
-  uint64_t now = util_mono_ms();
-  if (api->cfg->rest_rate > 0 && !limiter_take(&api->rest_appends, now)) {
-    metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
-    char message[96];
-    snprintf(message, sizeof message, "more than %d appends and signals a second for this API key",
-             api->cfg->rest_rate);
-    http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
-    return;
-  }
+  if (rest_rate_refused(api, c)) return;
   json_t *b = body_object(c, req);
   if (!b) return;
-  const char *sender = json_string_value(json_object_get(b, "sender"));
-  json_t *body = json_object_get(b, "body");
-  char *text = NULL;
-  if (!util_id_valid(sender)) {
-    bad_request(c, "sender must be an id matching [A-Za-z0-9._:-]{1,128}");
-  } else if (!body) {
-    bad_request(c, "body is required (any JSON value)");
-  } else if (!(text = frame_dump(body))) {
-    http_respond_error(c, 503, "unavailable", "out of memory", 1000);
-  } else if (strlen(text) > FRAME_SIGNAL_BYTES_MAX) {
-    http_respond_error(c, 413, "too_large", "a signal's body is at most 4096 bytes of JSON", 0);
-  } else {
-    rest_job_t *j = job_new(api, c, J_SIGNAL);
-    if (j) {
-      strcpy(j->id, conv);
-      strcpy(j->other, sender);
-      j->ts_ms = util_now_ms();
-      j->name = text;
-      text = NULL;
-      job_submit(j);
-    }
+  const char *sender;
+  char *text = sender_and_body(c, b, FRAME_SIGNAL_BYTES_MAX,
+                               "a signal's body is at most 4096 bytes of JSON", &sender);
+  rest_job_t *j = text ? job_new(api, c, J_SIGNAL) : NULL;
+  if (j) {
+    strcpy(j->id, conv);
+    strcpy(j->other, sender);
+    j->ts_ms = util_now_ms();
+    j->name = text;
+    text = NULL;
+    job_submit(j);
   }
   free(text);
   json_decref(b);

@@ -41,7 +41,7 @@ struct ws_s {
   /* Server-Sent Events (ws_start_sse): the same message connection, its
    * frames written as events instead of WebSocket frames */
   int sse;
-  int sse_started;  /* the 200 and its headers went out (at the welcome) */
+  int sse_started;   /* the 200 and its headers went out (at the welcome) */
   long sse_retry_ms; /* the first event's retry: field */
 };
 
@@ -177,6 +177,26 @@ static void maybe_release(ws_t *ws) {
   ws->ctx = NULL;
 }
 
+/* `c` leaves HTTP for good: `ws` is its message state, counted in nws,
+ * given its session by the handler; a hello due within `hello_ms` (0:
+ * none). 0, or -1 (closed). */
+static int message_mode(conn_t *c, ws_t *ws, uint64_t hello_ms) {
+  http_free(c->http);
+  c->http = NULL;
+  c->ws = ws;
+  c->mode = CONN_WS;
+  uint64_t now = util_mono_ms();
+  c->deadline_ms = hello_ms ? now + hello_ms : 0;
+  c->next_ping_ms = now + (uint64_t)c->net->cfg->heartbeat_ms;
+  c->net->nws++;
+  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
+  if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
 int ws_upgrade(conn_t *c, const http_request_t *req) {
   char accept[29];
   char head[512];
@@ -197,20 +217,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
     free(ws);
     return -1;
   }
-  http_free(c->http);
-  c->http = NULL;
-  c->ws = ws;
-  c->mode = CONN_WS;
-  uint64_t now = util_mono_ms();
-  c->deadline_ms = now + (uint64_t)c->net->cfg->hello_timeout_ms;
-  c->next_ping_ms = now + (uint64_t)c->net->cfg->heartbeat_ms;
-  c->net->nws++;
-  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
-  if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
-    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
-    return -1;
-  }
-  return 0;
+  return message_mode(c, ws, (uint64_t)c->net->cfg->hello_timeout_ms);
 }
 
 static void after_io(conn_t *c) {
@@ -339,19 +346,7 @@ int ws_start_sse(conn_t *c, long retry_ms) {
   ws->conn = c;
   ws->sse = 1;
   ws->sse_retry_ms = retry_ms;
-  http_free(c->http);
-  c->http = NULL;
-  c->ws = ws;
-  c->mode = CONN_WS;
-  c->deadline_ms = 0; /* the hello is the request itself */
-  c->next_ping_ms = util_mono_ms() + (uint64_t)c->net->cfg->heartbeat_ms;
-  c->net->nws++;
-  metrics_set(c->net->metrics, "converger_connections", NULL, c->net->nws);
-  if (c->net->handler.on_upgrade(c->net->handler.ud, c) != 0) {
-    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
-    return -1;
-  }
-  return 0;
+  return message_mode(c, ws, 0); /* the hello is the request itself */
 }
 
 int ws_is_sse(const conn_t *c) { return c->ws && c->ws->sse; }
@@ -378,9 +373,9 @@ static int sse_status(const char *code) {
   static const struct {
     const char *code;
     int status;
-  } map[] = {{"unauthorized", 401},         {"token_expired", 401},   {"forbidden", 403},
-             {"not_found", 404},            {"channel_inactive", 409}, {"too_many_connections", 429},
-             {"rate_limited", 429},         {"unavailable", 503},      {"internal_error", 500}};
+  } map[] = {{"unauthorized", 401}, {"token_expired", 401},    {"forbidden", 403},
+             {"not_found", 404},    {"channel_inactive", 409}, {"too_many_connections", 429},
+             {"rate_limited", 429}, {"unavailable", 503},      {"internal_error", 500}};
   for (size_t i = 0; code && i < sizeof map / sizeof map[0]; i++)
     if (strcmp(map[i].code, code) == 0) return map[i].status;
   return 400;
@@ -522,8 +517,8 @@ static void sse_close(conn_t *c, int code, const char *reason) {
   if (r) hint = json_object_get(r, "retryAfterMs");
   if (!ws->sse_started) {
     int status = code == WS_CLOSE_TRY_AGAIN_LATER || code == WS_CLOSE_SERVICE_RESTART ? 503
-                 : code == WS_CLOSE_POLICY_VIOLATION                                   ? 401
-                                                                                       : 500;
+                 : code == WS_CLOSE_POLICY_VIOLATION                                  ? 401
+                                                                                      : 500;
     json_t *err = json_pack("{s:s, s:s}", "code",
                             status == 503   ? "unavailable"
                             : status == 401 ? "unauthorized"
@@ -538,8 +533,8 @@ static void sse_close(conn_t *c, int code, const char *reason) {
       snprintf(line, sizeof line, "retry: %lld\n", (long long)json_integer_value(hint));
       conn_write(c, line, strlen(line));
     }
-    json_t *ev = json_pack("{s:s, s:i, s:s}", "type", "close", "code", code, "reason",
-                           reason ? reason : "");
+    json_t *ev =
+        json_pack("{s:s, s:i, s:s}", "type", "close", "code", code, "reason", reason ? reason : "");
     char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
     json_decref(ev);
     if (text) {

@@ -1072,19 +1072,27 @@ static int presence_announce(pg_t *s, int join, const char *conv, const char *cl
   return err;
 }
 
+/* BEGIN, and the user's lock in `conv` (SQL_PRESENCE_LOCK). A failure
+ * after BEGIN is rolled back here. */
+static int presence_tx(pg_t *s, const char *conv, const char *user) {
+  const char *const lock[] = {conv, user};
+  int err = conn_ready(s);
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  if (err) return err;
+  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
+  return err ? tx_rollback(s, err) : 0;
+}
+
 static int op_presence_join(store_t *base, const char *conv, const char *client, const char *user,
                             const char *node, int64_t since_ms, int *joined, int *first) {
   pg_t *s = pg(base);
   PGresult *r = NULL;
   char since[24];
   fmt_i64(since, since_ms);
-  const char *const lock[] = {conv, user};
   const char *const p[] = {conv, client, user, node, since};
-  int err = conn_ready(s);
-  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  int err = presence_tx(s, conv, user);
   if (err) return err;
-  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
-  if (!err) err = run(s, "presence join", SQL_PRESENCE_UPSERT, 5, p, &r);
+  err = run(s, "presence join", SQL_PRESENCE_UPSERT, 5, p, &r);
   if (!err) {
     *joined = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
     *first = *joined && get_i64(r, 0, 1) == 0;
@@ -1105,11 +1113,9 @@ static int op_presence_leave(store_t *base, const char *conv, const char *client
   PGresult *r = NULL;
   const char *const lock[] = {conv, user};
   const char *const p[] = {conv, client, node, user};
-  int err = conn_ready(s);
-  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  int err = presence_tx(s, conv, user);
   if (err) return err;
-  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
-  if (!err) err = run(s, "presence leave", SQL_PRESENCE_DELETE, 4, p, &r);
+  err = run(s, "presence leave", SQL_PRESENCE_DELETE, 4, p, &r);
   if (!err) {
     *left = PQntuples(r) == 1;
     PQclear(r);
