@@ -195,6 +195,9 @@ static void membership_row(void *ud, membership_row_t *out) {
       node->sessions.shared ? MEMBERSHIP_MAX_AGE_MS + node->cfg->presence_grace_ms : 0;
 }
 
+/* The heartbeat works again after failing (cluster/membership.h). */
+static void membership_recovered(void *ud) { session_presence_rewrite(&((node_t *)ud)->sessions); }
+
 static uint64_t tick_interval(const config_t *cfg) {
   int m = cfg->hello_timeout_ms;
   if (cfg->heartbeat_ms < m) m = cfg->heartbeat_ms;
@@ -404,6 +407,7 @@ int serve_main(int argc, char **argv) {
   uv_timer_start(&node->tick, tick_cb, iv, iv);
   lifecycle_signals_start(node);
   rest_start_revocation_refresh(&node->api);
+  node->membership.recovered = membership_recovered;
   membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
   if (shared_store) session_presence_restore(&node->sessions);
   lifecycle_ready(node);

@@ -404,6 +404,39 @@ bad : {
 }
 }
 
+/* The next `name=value` of the query string from *p on (percent-decoded,
+ * '+' as a space) into `out` (`cap` bytes): 1 found, 0 none left, -1 a
+ * value too long or badly encoded. *p moves past it. */
+static int query_next(const char **p, const char *name, char *out, size_t cap) {
+  size_t nl = strlen(name);
+  while (*p && **p) {
+    const char *q = *p, *amp = strchr(q, '&');
+    size_t len = amp ? (size_t)(amp - q) : strlen(q);
+    *p = amp ? amp + 1 : q + len;
+    if (len < nl + 1 || strncmp(q, name, nl) != 0 || q[nl] != '=') continue;
+    size_t k = 0;
+    for (size_t i = nl + 1; i < len; i++) {
+      char ch = q[i];
+      if (ch == '+') {
+        ch = ' ';
+      } else if (ch == '%') {
+        unsigned v;
+        if (i + 2 >= len) return -1;
+        if (sscanf(q + i + 1, "%2x", &v) != 1 || !isxdigit((unsigned char)q[i + 1]) ||
+            !isxdigit((unsigned char)q[i + 2]))
+          return -1;
+        ch = (char)v;
+        i += 2;
+      }
+      if (k + 1 >= cap || ch == '\0') return -1;
+      out[k++] = ch;
+    }
+    out[k] = '\0';
+    return 1;
+  }
+  return 0;
+}
+
 /* Split "/v1/conversations/ID/messages" style paths into at most 5
  * segments. A segment longer than an id is returned empty (an invalid id).
  * Returns the number of segments, or 6 when there are more than 5. */
@@ -775,28 +808,16 @@ static void handle_msg_list(api_t *api, conn_t *c, http_request_t *req, const ch
   job_submit(j);
 }
 
-/* Query parameter `name` into `out` (`cap` bytes, "" when absent): 1 when
- * present, -1 after answering 400 when its value is not an id (`what`
- * says what it must be). */
+/* Query parameter `name` (percent-decoded) into `out` (`cap` bytes, ""
+ * when absent): 1 when present, -1 after answering 400 when its value is
+ * not an id (`what` says what it must be). */
 static int query_id(conn_t *c, const char *query, const char *name, char *out, size_t cap,
                     const char *what) {
-  size_t nl = strlen(name);
+  const char *p = query;
   out[0] = '\0';
-  for (const char *p = query; p && *p;) {
-    const char *amp = strchr(p, '&');
-    size_t len = amp ? (size_t)(amp - p) : strlen(p);
-    if (len > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
-      size_t vl = len - nl - 1;
-      if (vl == 0 || vl >= cap) goto bad;
-      memcpy(out, p + nl + 1, vl);
-      out[vl] = '\0';
-      if (!util_id_valid(out)) goto bad;
-      return 1;
-    }
-    p = amp ? amp + 1 : NULL;
-  }
-  return 0;
-bad:
+  int r = query_next(&p, name, out, cap);
+  if (r == 0) return 0;
+  if (r == 1 && util_id_valid(out)) return 1;
   out[0] = '\0';
   bad_request(c, what);
   return -1;
@@ -940,39 +961,6 @@ static int connection_refused(api_t *api, conn_t *c) {
     return 0;
   }
   return 1;
-}
-
-/* The next `name=value` of the query string from *p on (percent-decoded,
- * '+' as a space) into `out` (`cap` bytes): 1 found, 0 none left, -1 a
- * value too long or badly encoded. *p moves past it. */
-static int query_next(const char **p, const char *name, char *out, size_t cap) {
-  size_t nl = strlen(name);
-  while (*p && **p) {
-    const char *q = *p, *amp = strchr(q, '&');
-    size_t len = amp ? (size_t)(amp - q) : strlen(q);
-    *p = amp ? amp + 1 : q + len;
-    if (len < nl + 1 || strncmp(q, name, nl) != 0 || q[nl] != '=') continue;
-    size_t k = 0;
-    for (size_t i = nl + 1; i < len; i++) {
-      char ch = q[i];
-      if (ch == '+') {
-        ch = ' ';
-      } else if (ch == '%') {
-        unsigned v;
-        if (i + 2 >= len) return -1;
-        if (sscanf(q + i + 1, "%2x", &v) != 1 || !isxdigit((unsigned char)q[i + 1]) ||
-            !isxdigit((unsigned char)q[i + 2]))
-          return -1;
-        ch = (char)v;
-        i += 2;
-      }
-      if (k + 1 >= cap || ch == '\0') return -1;
-      out[k++] = ch;
-    }
-    out[k] = '\0';
-    return 1;
-  }
-  return 0;
 }
 
 #define SSE_QUERY_MAX 16384 /* a Last-Event-ID or token in the query, bytes */

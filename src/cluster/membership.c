@@ -58,6 +58,8 @@ static void beat_done(pool_job_t *job) {
   } else if (status == 0 && m->failing) {
     log_info("membership: heartbeat written again");
     m->failing = 0;
+    m->ok_since = util_mono_ms();
+    if (m->recovered) m->recovered(m->ud); /* others may have taken this node for gone */
   }
 }
 
@@ -74,7 +76,14 @@ static void beat(membership_t *m) {
   b->connections = row.connections;
   b->waiters = row.waiters;
   b->capacity = row.capacity;
-  b->presence_max_age_ms = row.presence_max_age_ms;
+  /* The sweep only once this node has beaten without a break for the
+   * membership timeout: after an outage of the store, every other node had
+   * the time to write its beat again before any of its rows is taken for a
+   * gone node's. */
+  uint64_t now = util_mono_ms();
+  if (!m->ok_since) m->ok_since = now;
+  if (!m->failing && now - m->ok_since >= (uint64_t)MEMBERSHIP_MAX_AGE_MS)
+    b->presence_max_age_ms = row.presence_max_age_ms;
   b->job.kind = "membership";
   b->job.no_drop = 1; /* an overloaded node is still a member */
   pool_submit(*m->pool, &b->job, beat_work, beat_done);

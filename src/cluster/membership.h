@@ -51,9 +51,14 @@ typedef struct membership_s {
   const config_t *cfg; /* node_id, public_url */
   membership_row_cb row;
   void *ud;
-  int in_flight; /* a beat job was submitted and its done has not run */
-  int again;     /* membership_beat_now during a beat: one more when it is done */
-  int failing;   /* the last beat failed (logged once per run of failures) */
+  int in_flight;     /* a beat job was submitted and its done has not run */
+  int again;         /* membership_beat_now during a beat: one more when it is done */
+  int failing;       /* the last beat failed (logged once per run of failures) */
+  uint64_t ok_since; /* monotonic ms since when beats have not failed (the sweep waits) */
+  /* Optional, set before membership_start: a beat succeeded after a run
+   * of failures (other nodes may have swept this node's presence rows).
+   * Loop thread. */
+  void (*recovered)(void *ud);
 } membership_t;
 
 /* Init the timer on `loop` and beat now, then every MEMBERSHIP_BEAT_MS,

@@ -21,6 +21,8 @@
 #include <string.h>
 #include <strings.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <wslay/wslay.h>
 
 #include "core/metrics.h"
@@ -346,6 +348,13 @@ int ws_start_sse(conn_t *c, long retry_ms) {
   ws->conn = c;
   ws->sse = 1;
   ws->sse_retry_ms = retry_ms;
+  /* A stream's client sends nothing, so no heartbeat answer tells that it
+   * is gone; the kernel does, once the pings it is sent go unacknowledged
+   * for two heartbeats (as long as a WebSocket's heartbeat timeout). */
+  uv_os_fd_t fd;
+  unsigned int user_timeout = 2u * (unsigned int)c->net->cfg->heartbeat_ms;
+  if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
   return message_mode(c, ws, 0); /* the hello is the request itself */
 }
 
@@ -525,7 +534,10 @@ static void sse_close(conn_t *c, int code, const char *reason) {
                                             : "internal_error",
                             "message", reason && !r ? reason : "the stream cannot be served");
     if (err && json_is_integer(hint)) json_object_set(err, "retryAfterMs", hint);
-    if (err) sse_refuse(c, status, err);
+    if (err)
+      sse_refuse(c, status, err);
+    else
+      sse_end(c); /* out of memory: no body, but the end all the same */
     json_decref(err);
   } else {
     char line[64];

@@ -33,10 +33,10 @@ typedef struct {
   size_t len;
   const char *json; /* for streams (Server-Sent Events) */
   size_t json_len;
-  int join;            /* presence events: which */
-  int edge;            /* ... the user's first or last client */
+  int join;                  /* presence events: which */
+  int edge;                  /* ... the user's first or last client */
   const char *user, *client; /* ... whose (not told to that client itself) */
-  int presence;        /* 1: a presence event, 0: a signal */
+  int presence;              /* 1: a presence event, 0: a signal */
   int sent;
 } fanout_t;
 
@@ -108,7 +108,9 @@ static void count_entries(sessions_t *ss) {
 void session_presence_on(sub_t *sub) {
   session_t *s = sub->session;
   sessions_t *ss = s->ss;
-  if (!sub->presence || sub->present || !ss->presence) return;
+  if (!sub->presence || sub->present || !ss->presence || s->conn->closing ||
+      ws_close_sent(s->conn))
+    return; /* a connection on its way out is not present */
   int bits = presence_add(ss->presence, sub->conv, s->token.sub, s->client_id, util_now_ms());
   if (bits < 0) {
     log_warn("session %llu: out of memory for presence in %s", (unsigned long long)s->id,
@@ -128,68 +130,100 @@ void session_presence_off(sub_t *sub) {
                   sub->session->client_id, util_mono_ms());
 }
 
-int session_presence_store_join(sessions_t *ss, store_t *db, const char *conv,
-                                const char *client, const char *user) {
+int session_presence_store_join(sessions_t *ss, store_t *db, const char *conv, const char *client,
+                                const char *user) {
   int joined = 0, first = 0;
-  int r = store_presence_join(db, conv, client, user, ss->cfg->node_id, util_now_ms(), &joined,
-                              &first);
+  int r =
+      store_presence_join(db, conv, client, user, ss->cfg->node_id, util_now_ms(), &joined, &first);
   if (r != 0)
     log_warn("presence: %s of %s in %s not written: %s; it is not listed until it reconnects",
              client, user, conv, cv_strerror(r));
-  return r == 0;
+  return r != 0 ? -1 : joined;
 }
 
-void session_presence_orphan(sessions_t *ss, const char *conv, const char *user,
-                             const char *client) {
-  if (presence_add_idle(ss->presence, conv, user, client, util_now_ms(), util_mono_ms()) == 0)
-    count_entries(ss);
-}
-
-/* In a cluster: delete the row of a client whose grace ended here, unless
- * another node holds it now; the store announces the leave. */
+/* In a cluster: a presence row written (join) or deleted (leave) by a job
+ * of its own, outside a hello; the store announces what changes. */
 typedef struct {
   pool_job_t job;
   sessions_t *ss;
+  int join;
   char conv[STORE_ID_MAX + 1], user[STORE_ID_MAX + 1], client[STORE_ID_MAX + 1];
   int status;
-} leave_job_t;
+} row_job_t;
 
-static void leave_work(pool_job_t *job, store_t *db) {
-  leave_job_t *j = container_of(job, leave_job_t, job);
-  int left, last;
+static void row_submit(sessions_t *ss, int join, const char *conv, const char *user,
+                       const char *client);
+
+static void row_work(pool_job_t *job, store_t *db) {
+  row_job_t *j = container_of(job, row_job_t, job);
+  int a, b;
+  const char *node = j->ss->cfg->node_id;
   j->status =
-      store_presence_leave(db, j->conv, j->client, j->user, j->ss->cfg->node_id, &left, &last);
+      j->join ? store_presence_join(db, j->conv, j->client, j->user, node, util_now_ms(), &a, &b)
+              : store_presence_leave(db, j->conv, j->client, j->user, node, &a, &b);
 }
 
-static void leave_done(pool_job_t *job) {
-  leave_job_t *j = container_of(job, leave_job_t, job);
+static void row_done(pool_job_t *job) {
+  row_job_t *j = container_of(job, row_job_t, job);
   if (job->canceled || job->dropped || j->status != 0)
-    log_warn("presence: the leave of %s from %s was not written (%s); the row goes with this "
-             "node's membership",
-             j->client, j->conv,
+    log_warn("presence: the %s of %s of %s in %s was not written (%s)%s",
+             j->join ? "join" : "leave", j->client, j->user, j->conv,
              job->canceled  ? "stopping"
              : job->dropped ? "pool overloaded"
-                            : cv_strerror(j->status));
+                            : cv_strerror(j->status),
+             j->join ? "" : "; the row goes with this node's membership");
+  /* The client came back while its row was being deleted (a hello whose
+   * job found the row just before): write it again. */
+  else if (!j->join && presence_has(j->ss->presence, j->conv, j->user, j->client))
+    row_submit(j->ss, 1, j->conv, j->user, j->client);
   free(j);
 }
 
-static void grace_ended(void *ud, const char *conv, const char *user, const char *client,
-                        int last) {
-  sessions_t *ss = ud;
-  if (!ss->shared) {
-    presence_event(ss, 0, conv, user, client, last);
-    return;
-  }
+static void row_submit(sessions_t *ss, int join, const char *conv, const char *user,
+                       const char *client) {
   pool_t *pool = *ss->pool;
-  leave_job_t *j = pool ? calloc(1, sizeof *j) : NULL;
-  if (!j) return; /* stopping: the row goes with the membership sweep */
+  row_job_t *j = pool ? calloc(1, sizeof *j) : NULL;
+  if (!j) return; /* stopping: the rows go with the membership sweep */
   j->ss = ss;
+  j->join = join;
   snprintf(j->conv, sizeof j->conv, "%s", conv);
   snprintf(j->user, sizeof j->user, "%s", user);
   snprintf(j->client, sizeof j->client, "%s", client);
   j->job.kind = "presence";
   j->job.deadline_ms = 0; /* not interactive: wait for a worker */
-  pool_submit(pool, &j->job, leave_work, leave_done);
+  pool_submit(pool, &j->job, row_work, row_done);
+}
+
+void session_presence_orphan(sessions_t *ss, const char *conv, const char *user, const char *client,
+                             int joined) {
+  int made = presence_add_idle(ss->presence, conv, user, client, util_now_ms(), util_mono_ms());
+  if (made > 0) count_entries(ss);
+  /* Made anew although the store had the row: the entry's grace ended while
+   * the job ran, and its leave may delete the row: write it again. */
+  if (made > 0 && !joined) row_submit(ss, 1, conv, user, client);
+}
+
+static void rewrite_one(void *ud, const char *conv, const char *user, const char *client) {
+  row_submit(ud, 1, conv, user, client);
+}
+
+void session_presence_rewrite(sessions_t *ss) {
+  if (!ss->shared || !ss->presence) return;
+  size_t n = presence_entries(ss->presence);
+  if (n > 0) log_info("presence: writing this node's presence rows again (%zu entries)", n);
+  presence_each(ss->presence, rewrite_one, ss);
+}
+
+/* The end of a client's grace: on one node its leave; in a cluster its row
+ * here goes (the leave, when no other node holds it, comes back through
+ * the bus). */
+static void grace_ended(void *ud, const char *conv, const char *user, const char *client,
+                        int last) {
+  sessions_t *ss = ud;
+  if (!ss->shared)
+    presence_event(ss, 0, conv, user, client, last);
+  else
+    row_submit(ss, 0, conv, user, client);
 }
 
 void session_presence_tick(sessions_t *ss, uint64_t now) {
@@ -201,8 +235,7 @@ void session_presence_tick(sessions_t *ss, uint64_t now) {
 
 /* The answer to a presence frame, and the body of GET .../presence. */
 char *session_presence_page(sessions_t *ss, const char *conv, const char *after, int limit,
-                            int members, const store_member_t *rows, size_t nrows,
-                            int64_t count) {
+                            int members, const store_member_t *rows, size_t nrows, int64_t count) {
   store_member_t *mine = NULL;
   int more = 0;
   size_t n = 0;
@@ -222,7 +255,8 @@ char *session_presence_page(sessions_t *ss, const char *conv, const char *after,
   }
   /* the cursor is the last user listed, when more follow */
   const char *cursor = more && n > 0 ? rows[n - 1].user : NULL;
-  char *out = frame_presence(conv, rows, n, count, members, cursor, members && !more && count > max);
+  char *out =
+      frame_presence(conv, rows, n, count, members, cursor, members && !more && count > max);
   free(mine);
   return out;
 }
@@ -277,8 +311,8 @@ void session_handle_presence(session_t *s, frame_client_t *f) {
     return;
   }
   if (!ss->shared) {
-    session_send_owned(c, session_presence_page(ss, f->conv, f->cursor, f->limit, f->members,
-                                                NULL, 0, 0));
+    session_send_owned(
+        c, session_presence_page(ss, f->conv, f->cursor, f->limit, f->members, NULL, 0, 0));
     return;
   }
   list_job_t *j = calloc(1, sizeof *j);
@@ -337,8 +371,8 @@ void session_handle_signal(session_t *s, frame_client_t *f) {
   sub_t *sub = session_find_sub(s, f->conv);
   if (!sub || !sub->announced) {
     session_send_error(c, "not_subscribed",
-                       "signals go to a conversation this connection is subscribed to", f->conv,
-                       0, NULL);
+                       "signals go to a conversation this connection is subscribed to", f->conv, 0,
+                       NULL);
     return;
   }
   if (!sub->signals) {
@@ -395,8 +429,8 @@ typedef struct {
 
 static void restore_work(pool_job_t *job, store_t *db) {
   restore_job_t *j = container_of(job, restore_job_t, job);
-  j->status = store_presence_of_node(db, j->ss->cfg->node_id, &j->convs, &j->clients, &j->users,
-                                     &j->n);
+  j->status =
+      store_presence_of_node(db, j->ss->cfg->node_id, &j->convs, &j->clients, &j->users, &j->n);
 }
 
 static void restore_done(pool_job_t *job) {
@@ -407,7 +441,8 @@ static void restore_done(pool_job_t *job) {
              job->canceled || job->dropped ? "pool" : cv_strerror(j->status));
   } else {
     for (size_t i = 0; i < j->n; i++)
-      session_presence_orphan(j->ss, j->convs[i], j->users[i], j->clients[i]);
+      if (util_id_valid(j->convs[i]) && util_id_valid(j->users[i]) && util_id_valid(j->clients[i]))
+        session_presence_orphan(j->ss, j->convs[i], j->users[i], j->clients[i], 1);
     if (j->n > 0)
       log_info("presence: %zu client(s) present through this node before its start are in "
                "their grace (%d ms)",

@@ -25,7 +25,8 @@ typedef struct {
   const char *reset;               /* a sub_reset_reason (worker thread; read in done) */
   int status;
   int replayed; /* a replay query was made (worker thread; read in done) */
-  int row;      /* its presence row was written (worker thread; read in done) */
+  int row; /* its presence row: 0 not written, 1 written, 2 written as a join (worker; read in done)
+            */
   int presence_events;
   store_conv_t info;
   store_msg_t *msgs;
@@ -78,11 +79,16 @@ static void hello_work(pool_job_t *job, store_t *db) {
   }
   store_read_end(db);
   /* In a cluster, the presence rows in the same checkout (after the read:
-   * they are writes), so the hello stays one job. */
+   * they are writes), so the hello stays one job; none for a hello that
+   * will be refused (a store error in any entry). */
+  for (size_t i = 0; i < h->n; i++) {
+    int st = h->items[i].status;
+    if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) r = st;
+  }
   for (size_t i = 0; i < h->n && r == 0 && h->ss->shared; i++)
     if (h->items[i].status == 0 && h->items[i].info.presence)
       h->items[i].row =
-          session_presence_store_join(h->ss, db, h->items[i].conv, h->client, h->user);
+          1 + session_presence_store_join(h->ss, db, h->items[i].conv, h->client, h->user);
 }
 
 static void hello_done(pool_job_t *job) {
@@ -95,7 +101,7 @@ static void hello_done(pool_job_t *job) {
     if (h->items[i].replayed)
       metrics_add(h->ss->metrics, "converger_replay_queries_total", "kind=\"hello\"", 1);
     if (h->items[i].row) /* this node's row: see session_presence_orphan */
-      session_presence_orphan(h->ss, h->items[i].conv, h->user, h->client);
+      session_presence_orphan(h->ss, h->items[i].conv, h->user, h->client, h->items[i].row == 2);
   }
   if (h->conn->session && h->conn->session->hello_running == h) {
     /* the store work is done: the slot goes to the next handshake */
@@ -129,6 +135,7 @@ static void hello_done(pool_job_t *job) {
       if (it->status != 0) {
         session_send_conv_error(c, it->status, it->conv, NULL);
         sub_remove(s, sub);
+        if (ws_close_sent(c)) goto out; /* a stream refused whole (net/ws.h) */
         continue;
       }
       strcpy(sub->channel, it->info.channel);
@@ -136,6 +143,9 @@ static void hello_done(pool_job_t *job) {
       sub->presence = it->info.presence;
       sub->signals = it->info.signals;
       sub->announced = 1;
+      /* null: start at the head; a reset (told in the welcome) too. Set for
+       * every entry before any replay, so a stream's event ids say them all. */
+      sub->delivered = it->watermark < 0 || it->reset ? it->info.head : it->watermark;
       json_t *entry =
           json_pack("{s:s, s:I, s:s, s:b}", "conv", it->conv, "head", (json_int_t)it->info.head,
                     "epoch", it->info.epoch, "presence", it->info.presence);
@@ -170,8 +180,6 @@ static void hello_done(pool_job_t *job) {
       sub_t *sub = it->status == 0 ? session_find_sub_gen(s, it->conv, it->gen) : NULL;
       if (!sub) continue;
       int64_t head = it->info.head;
-      /* null: start at the head; a reset (told in the welcome) too */
-      sub->delivered = it->watermark < 0 || it->reset ? head : it->watermark;
       /* Pace the first pages too: past the high-water mark the page is
        * read again later, when the client has taken what it has. */
       if (conn_pending_bytes(c) <= OUT_HIGH_WATER) sub_send_replay(sub, it->msgs, it->n);

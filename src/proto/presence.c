@@ -20,8 +20,8 @@
 typedef struct pconv_s pconv_t;
 
 typedef struct puser_s {
-  struct puser_s *next;             /* hash chain */
-  struct puser_s *cnext, *cprev;    /* its conversation's list */
+  struct puser_s *next;          /* hash chain */
+  struct puser_s *cnext, *cprev; /* its conversation's list */
   pconv_t *conv;
   int64_t clients; /* its clients present here (connected or in grace) */
   int64_t since_ms;
@@ -29,7 +29,7 @@ typedef struct puser_s {
 } puser_t;
 
 typedef struct pclient_s {
-  struct pclient_s *next;         /* hash chain */
+  struct pclient_s *next;          /* hash chain */
   struct pclient_s *gnext, *gprev; /* the grace FIFO, while conns == 0 */
   puser_t *user;
   int conns;
@@ -138,8 +138,8 @@ static void grace_append(presence_t *p, pclient_t *c, uint64_t now) {
 /* A new client entry (its user and conversation made as needed), with no
  * connection yet. NULL on OOM; *bits gets PRESENCE_FIRST when its user is
  * new here. */
-static pclient_t *client_new(presence_t *p, const char *conv, const char *user,
-                             const char *client, int64_t now_ms, int *bits) {
+static pclient_t *client_new(presence_t *p, const char *conv, const char *user, const char *client,
+                             int64_t now_ms, int *bits) {
   size_t clen = strlen(client) + 1;
   pclient_t *c = calloc(1, sizeof *c + clen);
   if (!c) return NULL;
@@ -229,7 +229,7 @@ int presence_add_idle(presence_t *p, const char *conv, const char *user, const c
   pclient_t *c = client_new(p, conv, user, client, now_ms, &bits);
   if (!c) return -CV_ENOMEM;
   grace_append(p, c, now);
-  return 0;
+  return 1;
 }
 
 void presence_remove(presence_t *p, const char *conv, const char *user, const char *client,
@@ -237,6 +237,12 @@ void presence_remove(presence_t *p, const char *conv, const char *user, const ch
   pclient_t *c = *client_slot(p, conv, user, client);
   if (!c || c->conns == 0) return;
   if (--c->conns == 0) grace_append(p, c, now);
+}
+
+void presence_each(const presence_t *p, presence_each_cb cb, void *ud) {
+  for (size_t i = 0; i < BUCKETS; i++)
+    for (pclient_t *c = p->clients[i]; c; c = c->next)
+      cb(ud, c->user->conv->conv, c->user->user, c->client);
 }
 
 void presence_expire(presence_t *p, uint64_t now, presence_leave_cb cb, void *ud) {

@@ -54,17 +54,18 @@ int presence_add(presence_t *p, const char *conv, const char *user, const char *
 void presence_remove(presence_t *p, const char *conv, const char *user, const char *client,
                      uint64_t now);
 
-/* A client of before a restart (its row in the store): present without a
- * connection, in its grace from `now`; nothing when it is present already.
- * 0 or -CV_ENOMEM. */
+/* A client of before a restart (its row in the store), or one whose row a
+ * store job wrote: present without a connection, in its grace from `now`;
+ * nothing when it is present already. 1 when it was made, 0 when it was
+ * there, or -CV_ENOMEM. */
 int presence_add_idle(presence_t *p, const char *conv, const char *user, const char *client,
                       int64_t now_ms, uint64_t now);
 
 /* Called by presence_expire for each client whose grace ended: `last` is 1
  * when its user has no other client in `conv`. The strings are valid
  * during the call only. */
-typedef void (*presence_leave_cb)(void *ud, const char *conv, const char *user,
-                                  const char *client, int last);
+typedef void (*presence_leave_cb)(void *ud, const char *conv, const char *user, const char *client,
+                                  int last);
 
 /* Remove every client whose grace ended by `now`, oldest first, each
  * reported to `cb`. */
@@ -77,6 +78,12 @@ void presence_expire(presence_t *p, uint64_t now, presence_leave_cb cb, void *ud
  * within `max` follow this page. 0 or -CV_ENOMEM. */
 int presence_list(const presence_t *p, const char *conv, const char *after, int limit, int max,
                   store_member_t **out, size_t *n, int64_t *count, int *more);
+
+/* Called by presence_each for every client in the table, connected or in
+ * its grace; the strings are valid during the call. */
+typedef void (*presence_each_cb)(void *ud, const char *conv, const char *user, const char *client);
+/* Every client, in no order (the table must not change meanwhile). */
+void presence_each(const presence_t *p, presence_each_cb cb, void *ud);
 
 /* 1 when client `client` of `user` is present in `conv` (connected or in
  * its grace). */

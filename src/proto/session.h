@@ -123,6 +123,11 @@ void session_presence_tick(sessions_t *ss, uint64_t now);
  * reconnects in time never leaves and one that does not leaves then. */
 void session_presence_restore(sessions_t *ss);
 
+/* In a cluster, after this node's heartbeat failed and works again:
+ * other nodes may have swept its presence rows as a gone node's; every
+ * client of its table is written again (each a join if it was swept). */
+void session_presence_rewrite(sessions_t *ss);
+
 /* A page of the users present in `conv` after `after` ("" or NULL: the
  * first), at most `limit`, as frame_presence's JSON (heap; NULL on OOM):
  * from this node's table on one node (`rows` unused), or in a cluster

@@ -47,12 +47,12 @@ typedef struct sub_s {
   struct fill_job_s *sync_job;         /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
-  uint64_t gen;      /* the session's number for it: a store job finds its own
-                        subscription, not a later one of the same conversation */
-  int announced;     /* its welcome entry or `subscribed` was sent */
-  int after_welcome; /* a subscribe that came before the welcome: QUEUED until then */
-  int presence;      /* the channel's presence setting, as the store said */
-  int signals;       /* the channel's signals setting, as the store said */
+  uint64_t gen;        /* the session's number for it: a store job finds its own
+                          subscription, not a later one of the same conversation */
+  int announced;       /* its welcome entry or `subscribed` was sent */
+  int after_welcome;   /* a subscribe that came before the welcome: QUEUED until then */
+  int presence;        /* the channel's presence setting, as the store said */
+  int signals;         /* the channel's signals setting, as the store said */
   int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
   int present;         /* counted in ss->presence (announced, channel with presence) */
   char conv[STORE_ID_MAX + 1];
@@ -206,15 +206,19 @@ void session_presence_on(sub_t *sub);
 void session_presence_off(sub_t *sub);
 /* Worker thread, in the hello's or a subscribe's store job (its one
  * checkout): in a cluster, the client's row says it is present through
- * this node. 1 when written; a failure is logged, and the subscription
- * goes on. The job's done then calls session_presence_orphan. */
+ * this node. 1 when written and the client joined (it had no row on any
+ * node), 0 when written, -1 when not (logged; the subscription goes on).
+ * The job's done then calls session_presence_orphan. */
 int session_presence_store_join(sessions_t *ss, store_t *db, const char *conv, const char *client,
                                 const char *user);
-/* A job wrote the client's row: unless the client is present here
- * already, it is in its grace from now on, so that its row goes when no
- * subscription of it is announced in time (one that ended meanwhile). */
-void session_presence_orphan(sessions_t *ss, const char *conv, const char *user,
-                             const char *client);
+/* A job wrote the client's row (`joined`: its answer was a join): unless
+ * the client is present here already, it is in its grace from now on, so
+ * that its row goes when no subscription of it is announced in time (one
+ * that ended meanwhile). A client made anew whose row was there already
+ * had its grace end while the job ran: its row is written again, in case
+ * that grace's leave deletes it. */
+void session_presence_orphan(sessions_t *ss, const char *conv, const char *user, const char *client,
+                             int joined);
 /* A presence frame, a signal frame. */
 void session_handle_presence(session_t *s, frame_client_t *f);
 void session_handle_signal(session_t *s, frame_client_t *f);

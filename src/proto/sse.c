@@ -66,6 +66,7 @@ int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *
     snprintf(fmt, sizeof fmt, "%%%ds %%lld%%n %%%ds%%n", STORE_ID_MAX, STORE_EPOCH_MAX);
     int n1 = 0;
     if (sscanf(entry, fmt, id, &seq, &n1, ep, &k) < 2 || seq < 0 || !util_id_valid(id) ||
+        (entry[n1] != ' ' && entry[n1] != '\0') || /* "5abc" is no seq */
         (ep[0] && !util_id_valid(ep)) || (size_t)(k ? k : n1) != len)
       return -1;
     if (strcmp(id, conv) == 0) {

@@ -292,13 +292,13 @@ typedef struct fill_job_s {
   /* A subscribe's job in a cluster: the client's presence row is written
    * in it (the same checkout), for this client and user. */
   char client[STORE_ID_MAX + 1], user[STORE_ID_MAX + 1];
-  int row; /* it was written (worker thread; read in done) */
+  int row; /* its presence row: 0 not written, 1 written, 2 as a join (worker; read in done) */
   char channel[STORE_ID_MAX + 1];
   int64_t after, upto;
   int synced;
-  int admitted; /* the first job of a sync: its subscription holds an admission slot */
+  int admitted;            /* the first job of a sync: its subscription holds an admission slot */
   admission_waiter_t held; /* that slot, when its subscription ended while the job ran */
-  int replayed; /* a replay query was made (worker thread; read in done) */
+  int replayed;            /* a replay query was made (worker thread; read in done) */
   int status;
   /* With upto < 0 the job reads the conversation: `epoch` is the epoch
    * `after` belongs to ("" unknown), and the worker sets `reset` (a
@@ -336,7 +336,7 @@ static void fill_work(pool_job_t *job, store_t *db) {
     f->presence = info.presence;
     f->signals = info.signals;
     if (f->subscribe && info.presence && f->ss->shared)
-      f->row = session_presence_store_join(f->ss, db, f->conv, f->client, f->user);
+      f->row = 1 + session_presence_store_join(f->ss, db, f->conv, f->client, f->user);
     if ((f->reset = sub_reset_reason(f->after, f->epoch, &info)) != NULL) return;
     if (f->after < 0) f->after = info.head; /* a subscribe from null: live from the head */
   }
@@ -422,7 +422,7 @@ static void fill_done(pool_job_t *job) {
   /* A row written is this node's to delete: in the table from now on, in
    * its grace until the subscription is announced (which never happens if
    * it ended meanwhile), so that it goes if no connection comes. */
-  if (f->row) session_presence_orphan(f->ss, f->conv, f->user, f->client);
+  if (f->row) session_presence_orphan(f->ss, f->conv, f->user, f->client, f->row == 2);
   if (f->held.state == ADMISSION_HOLDING) /* its subscription is gone: the slot it took */
     admission_release(f->ss->admission, &f->held, util_mono_ms());
   if (f->admitted && f->conn->session) { /* the sync's store work is done: free its slot */

@@ -139,8 +139,8 @@ static const char *const migrations[] = {
     "ALTER TABLE nodes ADD COLUMN capacity BIGINT NOT NULL DEFAULT 0;",
     /* 5: whether a channel's conversations carry signals (docs/protocol.md
      * 4.10), and who is present where across the cluster (store.h,
-     * "Presence"): one row per conversation, user and client instance, with the
-     * node that holds its connection. SQLite keeps presence in the node's
+     * "Presence"): one row per conversation, user, client instance and node
+     * that holds a connection of it. SQLite keeps presence in the node's
      * memory and adds only the column. */
     "ALTER TABLE channels ADD COLUMN signals INTEGER NOT NULL DEFAULT 0"
     " CHECK (signals IN (0, 1));"
@@ -150,7 +150,7 @@ static const char *const migrations[] = {
     " user_id TEXT COLLATE \"C\" NOT NULL,"
     " node_id TEXT COLLATE \"C\" NOT NULL,"
     " since_ms BIGINT NOT NULL,"
-    " PRIMARY KEY (conv, user_id, client));"
+    " PRIMARY KEY (conv, user_id, client, node_id));"
     "CREATE INDEX presence_node ON presence (node_id);",
 };
 
@@ -1023,42 +1023,60 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
  * first and its last), taken before any row lock, by join and leave alike,
  * so the two cannot deadlock. */
 #define SQL_PRESENCE_LOCK "SELECT pg_advisory_xact_lock(hashtextextended($1 || ' ' || $2, 0))"
-/* xmax = 0: the row is new (PostgreSQL's own test of an upsert's insert);
- * the subquery reads the snapshot from before the statement. */
-#define SQL_PRESENCE_UPSERT                                                                        \
-  "INSERT INTO presence (conv, client, user_id, node_id, since_ms) VALUES ($1, $2, $3, $4, $5)"    \
-  " ON CONFLICT (conv, user_id, client) DO UPDATE SET node_id = EXCLUDED.node_id"                  \
-  " RETURNING (xmax = 0),"                                                                         \
-  " (SELECT count(*) FROM presence q WHERE q.conv = $1 AND q.user_id = $3 AND q.client <> $2)"
+/* One row per node through which the client is present: a client that
+ * holds connections on two nodes (two tabs sharing a stored clientId, a
+ * drain move) is present while either row is, and since its first row's
+ * time. The subqueries read the snapshot from before the statement: the
+ * client's and the user's rows before this one. */
+#define SQL_PRESENCE_INSERT                                                                        \
+  "WITH ins AS (INSERT INTO presence (conv, client, user_id, node_id, since_ms)"                   \
+  " SELECT $1, $2, $3, $4, COALESCE((SELECT min(since_ms) FROM presence"                           \
+  " WHERE conv = $1 AND user_id = $3 AND client = $2), $5::bigint)"                                \
+  " ON CONFLICT DO NOTHING RETURNING 1)"                                                           \
+  " SELECT (SELECT count(*) FROM ins),"                                                            \
+  " (SELECT count(*) FROM presence WHERE conv = $1 AND user_id = $3 AND client = $2),"             \
+  " (SELECT count(*) FROM presence WHERE conv = $1 AND user_id = $3)"
 #define SQL_PRESENCE_DELETE                                                                        \
   "DELETE FROM presence WHERE conv = $1 AND client = $2 AND node_id = $3 AND user_id = $4"         \
   " RETURNING 1"
-#define SQL_PRESENCE_USER_COUNT "SELECT count(*) FROM presence WHERE conv = $1 AND user_id = $2"
-#define SQL_PRESENCE_NOTIFY     "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
+/* After a delete: the client's rows left, and the user's. */
+#define SQL_PRESENCE_LEFT                                                                          \
+  "SELECT count(*) FILTER (WHERE client = $2), count(*) FROM presence"                             \
+  " WHERE conv = $1 AND user_id = $3"
+#define SQL_PRESENCE_NOTIFY "SELECT pg_notify('" STORE_NOTIFY_CHANNEL "', $1)"
 #define SQL_PRESENCE_PAGE                                                                          \
-  "SELECT user_id, n, since, rank FROM (SELECT user_id, count(*) AS n, min(since_ms) AS since,"    \
-  " row_number() OVER (ORDER BY user_id) AS rank FROM presence WHERE conv = $1"                    \
-  " GROUP BY user_id) u WHERE user_id > $2 ORDER BY user_id LIMIT $3"
+  "SELECT user_id, n, since, rank FROM (SELECT user_id, count(DISTINCT client) AS n,"              \
+  " min(since_ms) AS since, row_number() OVER (ORDER BY user_id) AS rank FROM presence"            \
+  " WHERE conv = $1 GROUP BY user_id) u WHERE user_id > $2 ORDER BY user_id LIMIT $3"
 #define SQL_PRESENCE_USERS "SELECT count(DISTINCT user_id) FROM presence WHERE conv = $1"
-/* The rows of every node without a recent heartbeat, each leave announced
- * in the same statement; of a user's deleted clients of one conversation,
- * the last in client order carries "last" when no other client stays (the
- * outer query sees the rows from before the DELETE, hence the NOT IN). */
+/* The rows of every node whose heartbeat is older than $1 (through the
+ * node_id index: only those rows are read). A client whose last row went
+ * leaves, announced in the same statement; of a user's clients that left
+ * one conversation, the last in client order carries the user's edge when
+ * no row of the user stays. The outer query sees the rows from before the
+ * DELETE: what stays is what it counts less what `d` took. Not under the
+ * users' locks: a join elsewhere at the same moment may be told as no
+ * user's first (docs/operations.md, "Presence"). */
+#define SQL_PRESENCE_GONE                                                                          \
+  "WITH d AS (DELETE FROM presence WHERE node_id IN"                                               \
+  " (SELECT id FROM nodes WHERE updated_ms < $1) RETURNING conv, client, user_id),"                \
+  " k AS (SELECT conv, user_id, client, count(*) AS n FROM d GROUP BY conv, user_id, client),"     \
+  " e AS (SELECT k.conv, k.user_id, k.client,"                                                     \
+  "  (SELECT count(*) FROM presence q WHERE q.conv = k.conv AND q.user_id = k.user_id"             \
+  "   AND q.client = k.client) - k.n AS client_rows,"                                              \
+  "  (SELECT count(*) FROM presence q WHERE q.conv = k.conv AND q.user_id = k.user_id)"            \
+  "  - (SELECT count(*) FROM d d2 WHERE d2.conv = k.conv AND d2.user_id = k.user_id)"              \
+  "   AS user_rows FROM k),"                                                                       \
+  " g AS (SELECT e.*, (e.user_rows = 0 AND e.client = (SELECT max(e2.client) FROM e e2"            \
+  "  WHERE e2.conv = e.conv AND e2.user_id = e.user_id AND e2.client_rows = 0))::int AS edge"      \
+  "  FROM e WHERE e.client_rows = 0)"
 #define SQL_PRESENCE_SWEEP                                                                         \
-  "WITH d AS (DELETE FROM presence p WHERE NOT EXISTS (SELECT 1 FROM nodes n"                      \
-  " WHERE n.id = p.node_id AND n.updated_ms >= $1) RETURNING conv, client, user_id),"              \
-  " e AS (SELECT d.conv, d.client, d.user_id,"                                                     \
-  " (d.client = (SELECT max(d2.client) FROM d d2 WHERE d2.conv = d.conv"                           \
-  "  AND d2.user_id = d.user_id)"                                                                  \
-  "  AND NOT EXISTS (SELECT 1 FROM presence q WHERE q.conv = d.conv AND q.user_id = d.user_id"     \
-  "  AND q.client NOT IN (SELECT d3.client FROM d d3 WHERE d3.conv = d.conv"                       \
-  "  AND d3.user_id = d.user_id)))::int AS last FROM d)"                                           \
-  " SELECT count(*), count(pg_notify('" STORE_NOTIFY_CHANNEL "',"                                  \
-  " 'p l ' || e.conv || ' ' || e.client || ' ' || e.last || ' ' || e.user_id)) FROM e"
-#define SQL_PRESENCE_SWEEP_QUIET                                                                   \
-  "WITH d AS (DELETE FROM presence p WHERE NOT EXISTS (SELECT 1 FROM nodes n"                      \
-  " WHERE n.id = p.node_id AND n.updated_ms >= $1) RETURNING 1) SELECT count(*) FROM d"
-#define SQL_PRESENCE_OF_NODE "SELECT conv, client, user_id FROM presence WHERE node_id = $1"
+  SQL_PRESENCE_GONE                                                                                \
+  " SELECT (SELECT count(*) FROM d), count(pg_notify('" STORE_NOTIFY_CHANNEL                       \
+  "', 'p l ' || g.conv || ' ' || g.client || ' ' || g.edge || ' ' || g.user_id))"                  \
+  " FROM g"
+#define SQL_PRESENCE_SWEEP_QUIET SQL_PRESENCE_GONE " SELECT (SELECT count(*) FROM d), 0"
+#define SQL_PRESENCE_OF_NODE     "SELECT conv, client, user_id FROM presence WHERE node_id = $1"
 
 /* The payload of a presence change, announced in the open transaction. */
 static int presence_announce(pg_t *s, int join, const char *conv, const char *client, int edge,
@@ -1092,10 +1110,11 @@ static int op_presence_join(store_t *base, const char *conv, const char *client,
   const char *const p[] = {conv, client, user, node, since};
   int err = presence_tx(s, conv, user);
   if (err) return err;
-  err = run(s, "presence join", SQL_PRESENCE_UPSERT, 5, p, &r);
+  err = run(s, "presence join", SQL_PRESENCE_INSERT, 5, p, &r);
   if (!err) {
-    *joined = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
-    *first = *joined && get_i64(r, 0, 1) == 0;
+    /* a row of its own, and none of the client's before: it joins */
+    *joined = get_i64(r, 0, 0) == 1 && get_i64(r, 0, 1) == 0;
+    *first = *joined && get_i64(r, 0, 2) == 0;
     PQclear(r);
     if (*joined) err = presence_announce(s, 1, conv, client, *first, user);
   }
@@ -1111,21 +1130,23 @@ static int op_presence_leave(store_t *base, const char *conv, const char *client
                              const char *node, int *left, int *last) {
   pg_t *s = pg(base);
   PGresult *r = NULL;
-  const char *const lock[] = {conv, user};
   const char *const p[] = {conv, client, node, user};
+  const char *const q[] = {conv, client, user};
   int err = presence_tx(s, conv, user);
   if (err) return err;
   err = run(s, "presence leave", SQL_PRESENCE_DELETE, 4, p, &r);
+  int deleted = 0;
   if (!err) {
-    *left = PQntuples(r) == 1;
+    deleted = PQntuples(r) == 1;
     PQclear(r);
   }
-  if (!err && *left) {
-    err = run(s, "presence count", SQL_PRESENCE_USER_COUNT, 2, lock, &r);
+  if (!err && deleted) { /* it leaves when no other node holds it */
+    err = run(s, "presence left", SQL_PRESENCE_LEFT, 3, q, &r);
     if (!err) {
-      *last = get_i64(r, 0, 0) == 0;
+      *left = get_i64(r, 0, 0) == 0;
+      *last = *left && get_i64(r, 0, 1) == 0;
       PQclear(r);
-      err = presence_announce(s, 0, conv, client, *last, user);
+      if (*left) err = presence_announce(s, 0, conv, client, *last, user);
     }
   }
   if (!err) err = tx_commit(s);

@@ -255,9 +255,8 @@ void store_nodes_free(store_node_t *v);
 int store_announce(store_t *s, const char *payload);
 
 /* ---- Presence across nodes (PostgreSQL) -----------------------------------
- * One row per conversation, user and client instance present in it: the user
- * (the token's sub), the node holding the client's connection, and since
- * when (wall ms). Each node writes the rows of its own clients and hears
+ * One row per conversation, user (the token's sub), client instance and
+ * node holding a connection of it, with since when (wall ms). Each node writes the rows of its own clients and hears
  * the others' through NOTIFY: with store_options_t.notify, the transaction
  * in which a client appears or goes also announces it ("p j ...",
  * "p l ...": store/notify.h). A single node on SQLite keeps presence in its
@@ -271,17 +270,19 @@ typedef struct {
 } store_member_t;
 
 /* Client `client` of `user` is present in `conv` through node `node`:
- * insert its row, or move an existing one to `node` (a reconnect, a drain
- * move: the client never left). *joined is 1 when the client was not
- * present before (then announced, with whether it is `user`'s first
- * client: *first). Ids must be valid. */
+ * its row for that node is written (one row per node that holds a
+ * connection of the client; nothing when it is there already). *joined is
+ * 1 when the client had no row on any node before (then announced, with
+ * whether it is `user`'s first client there: *first); a reconnect or a
+ * drain move to another node is no join. Ids must be valid. */
 int store_presence_join(store_t *s, const char *conv, const char *client, const char *user,
                         const char *node, int64_t since_ms, int *joined, int *first);
 
-/* Client `client` of `user` left `conv` through node `node`: its row goes
- * only if `node` still holds it (a client that moved to another node
- * stays). *left is 1 when a row went (then announced, with whether `user`
- * has no other client there: *last). */
+/* Client `client` of `user` has no connection in `conv` on node `node`
+ * any more (its grace there ended): that node's row goes. *left is 1 when
+ * no other node holds a row of the client (then announced, with whether
+ * `user` has no other client there: *last); a client that moved to
+ * another node stays. */
 int store_presence_leave(store_t *s, const char *conv, const char *client, const char *user,
                          const char *node, int *left, int *last);
 
@@ -291,9 +292,10 @@ int store_presence_leave(store_t *s, const char *conv, const char *client, const
 int store_presence_list(store_t *s, const char *conv, const char *after, int limit,
                         store_member_t **out, size_t *n, int64_t *count);
 
-/* Rows of nodes that are gone (no membership row updated at or after
- * now_ms - max_age_ms) are deleted, each leave announced; *removed (may be
- * NULL) counts them. Any node may run it: a row goes once. */
+/* Rows of nodes that are gone (their membership row last updated before
+ * now_ms - max_age_ms) are deleted, the leave of each client left without
+ * a row announced; *removed (may be NULL) counts the rows. Any node may
+ * run it: a row goes once. */
 int store_presence_sweep(store_t *s, int64_t now_ms, int64_t max_age_ms, int64_t *removed);
 
 /* The rows node `node` holds: parallel heap arrays of conversations,

@@ -147,6 +147,9 @@ class PresenceOneNode(NodeCase):
             self.assertEqual([x["user"] for x in js["members"]], ["u0", "u1", "u2"])
             self.assertEqual((js["count"], js["cursor"]), (7, "u2"))
             self.assertNotIn("type", js)
+            # the cursor percent-encoded, as URLSearchParams writes it
+            st, _, js = n.request("GET", "/v1/conversations/%s/presence?limit=1&cursor=u%%32" % conv)
+            self.assertEqual((st, [x["user"] for x in js["members"]]), (200, ["u3"]), js)
             st, _, js = n.request("GET", "/v1/conversations/%s/presence?members=false" % conv)
             self.assertEqual((st, js), (200, {"conv": conv, "count": 7}))
             for c in cs:

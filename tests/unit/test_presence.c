@@ -84,7 +84,7 @@ static void test_new_and_free(void **state) {
   assert_int_equal(presence_add(p, "c1", "alice", "a1", WALL), PRESENCE_JOINED | PRESENCE_FIRST);
   assert_int_equal(presence_add(p, "c2", "bob", "b1", WALL), PRESENCE_JOINED | PRESENCE_FIRST);
   presence_remove(p, "c2", "bob", "b1", 100);
-  assert_int_equal(presence_add_idle(p, "c3", "kim", "k1", WALL, 100), 0);
+  assert_int_equal(presence_add_idle(p, "c3", "kim", "k1", WALL, 100), 1);
   presence_free(p);
 }
 
@@ -299,8 +299,8 @@ static void test_expire_callback_may_add(void **state) {
 static void test_add_idle(void **state) {
   presence_t *p = presence_new(GRACE);
   leaves_t l = {0};
-  assert_int_equal(presence_add_idle(p, "c", "alice", "a1", WALL, 1000), 0);
-  assert_int_equal(presence_add_idle(p, "c", "alice", "a2", WALL, 1000), 0);
+  assert_int_equal(presence_add_idle(p, "c", "alice", "a1", WALL, 1000), 1);
+  assert_int_equal(presence_add_idle(p, "c", "alice", "a2", WALL, 1000), 1);
   assert_true(presence_has(p, "c", "alice", "a1"));
   assert_int_equal(presence_entries(p), 3);
   page_t pg = list(p, "c", NULL, 10, 0);
@@ -583,7 +583,7 @@ static void test_two_users_one_client_id(void **state) {
   assert_int_equal(presence_entries(p), 0);
   /* a restart's idle row of bob's tab is bob's even while alice's is present */
   presence_add(p, "c", "alice", "tab", WALL);
-  assert_int_equal(presence_add_idle(p, "c", "bob", "tab", WALL, 400000), 0);
+  assert_int_equal(presence_add_idle(p, "c", "bob", "tab", WALL, 400000), 1);
   assert_true(presence_has(p, "c", "bob", "tab"));
   assert_int_equal(presence_entries(p), 4);
   presence_expire(p, 400000 + GRACE, on_leave, &l);

@@ -1637,6 +1637,28 @@ static void test_presence_rows(void **state) {
   assert_int_equal(count, 1);
   assert_string_equal(m[0].user, "bob");
   free(m);
+  /* one client through two nodes (two tabs sharing a stored clientId):
+   * present while either node holds it; a gone node's row goes quietly
+   * while another holds the client */
+  assert_int_equal(store_presence_join(s, "t", "tab2", "zoe", "a", 7, &joined, &first), 0);
+  assert_true(joined && first);
+  assert_int_equal(store_presence_join(s, "t", "tab2", "zoe", "b", 8, &joined, &first), 0);
+  assert_false(joined);
+  assert_int_equal(store_presence_join(s, "t", "tab2", "zoe", "gone", 9, &joined, &first), 0);
+  assert_false(joined);
+  assert_int_equal(store_presence_leave(s, "t", "tab2", "zoe", "b", &left, &last), 0);
+  assert_false(left);
+  assert_int_equal(store_presence_sweep(s, 10000, 4000, &removed), 0);
+  assert_int_equal(removed, 1);
+  assert_int_equal(store_presence_list(s, "t", "", 10, &m, &n, &count), 0);
+  assert_int_equal(count, 1);
+  assert_int_equal(m[0].clients, 1);
+  assert_int_equal(m[0].since_ms, 7);
+  free(m);
+  assert_int_equal(store_presence_leave(s, "t", "tab2", "zoe", "a", &left, &last), 0);
+  assert_true(left && last);
+  heard(&raw, 2, got, sizeof got);
+  assert_string_equal(got, "p j t tab2 1 zoe|p l t tab2 1 zoe");
   /* a client is its user's: two users naming one clientId are two clients */
   assert_int_equal(store_presence_join(s, "e", "tab", "ann", "a", 1, &joined, &first), 0);
   assert_true(joined && first);

@@ -77,7 +77,7 @@ typedef struct {
   cvg_backoff_strategy_t strategy;
   long long backoff_base_ms, backoff_cap_ms;
   int close_mode, legacy, admission_off, ignore_hints, reconnect_next, lb_haproxy;
-  int by_roll; /* --controller roll */
+  int by_roll;     /* --controller roll */
   int presence_on; /* --presence on */
 } options_t;
 
@@ -207,10 +207,11 @@ static void usage(FILE *out) {
           "                         (e.g. \"--pause-cpu 90 --balance-window-ms 5000\") []\n"
           "  --capacity N           the nodes' CONVERGER_CAPACITY_CONNECTIONS (0: unset, the\n"
           "                         controller's headroom check then reads CPU) [0]\n"
-          "  --presence on|off      on: the channel has presence; client 0 counts every\n"
-          "                         client's join and leave events (a roll must cause no\n"
-          "                         leave), and after the roll each conversation's presence\n"
-          "                         must list exactly its connected clients [off]\n",
+          "  --presence on|off      on: the channel has presence; client 0 counts the join\n"
+          "                         and leave events of every client of its conversation (a\n"
+          "                         roll must cause no leave), and after the roll and the\n"
+          "                         grace each conversation's presence must list exactly its\n"
+          "                         clients [off]\n",
           CONVERGER_PG_TMP_DEFAULT);
 }
 
@@ -1470,7 +1471,9 @@ int bench_roll_main(int argc, char **argv) {
       for (long long k = 0; k < o.nodes && !x.failed; k++) restart_node(&x, (size_t)k);
     if (!x.failed) sleep_pumping(&x, o.settle_ms);
     x.roll_to_ms = ms_since(x.t0_ns);
-    if (!x.failed && o.presence_on) check_presence(&x);
+    /* past the nodes' presence grace (CONVERGER_PRESENCE_GRACE_MS, 5 s by
+     * default) and a beat: a client that did not come back has left */
+    if (!x.failed && o.presence_on && sleep_pumping(&x, 6500) == 0) check_presence(&x);
   }
   atomic_store(&s.stop, 1);
   pthread_join(sender, NULL);
