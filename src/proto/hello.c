@@ -135,7 +135,10 @@ static void hello_done(pool_job_t *job) {
       if (it->status != 0) {
         session_send_conv_error(c, it->status, it->conv, NULL);
         sub_remove(s, sub);
-        if (ws_close_sent(c)) goto out; /* a stream refused whole (net/ws.h) */
+        if (ws_close_sent(c)) { /* a stream refused whole (net/ws.h) */
+          json_decref(subs);
+          goto out;
+        }
         continue;
       }
       strcpy(sub->channel, it->info.channel);
