@@ -36,7 +36,7 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: converger tail --url WS_URL [--url WS_URL ...] (--token JWT | --token-cmd CMD)\n"
           "                      [--conv C ...] [--watermark N] [--commands] [--backoff STRATEGY]\n"
-          "                      [--max-messages N]\n\n"
+          "                      [--presence-events users|clients] [--max-messages N]\n\n"
           "Subscribes to the conversations and prints each message once and in order, one JSON\n"
           "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
           "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
@@ -63,6 +63,9 @@ static void usage(FILE *out) {
           "  --commands          read commands from stdin, one a line: \"subscribe C [N]\" (from\n"
           "                      watermark N; default the head), \"unsubscribe C\", \"refresh\"\n"
           "                      (a new token from --token-cmd now), \"refresh JWT\"\n"
+          "  --presence-events E users or clients: say on stderr who joins and leaves the\n"
+          "                      conversations whose channel has presence (docs/protocol.md\n"
+          "                      4.9); signals (typing indicators) are said on stderr always\n"
           "  --max-messages N    exit 0 after N messages (default: never)\n");
 }
 
@@ -221,6 +224,21 @@ static void on_unsubscribed(void *ud, const char *conv) {
   fprintf(stderr, "converger tail: the node ended the subscription of %s\n", conv);
 }
 
+/* Protocol 1.2: presence and signals are not messages: stderr, not stdout. */
+static void on_presence(void *ud, const char *conv, int join, const char *user,
+                        const char *client) {
+  (void)ud;
+  fprintf(stderr, "converger tail: %s: %s %s (client %s)\n", conv, user, join ? "joined" : "left",
+          client);
+}
+
+static void on_signal_frame(void *ud, const char *conv, const char *sender, int64_t ts_ms,
+                            const char *body) {
+  (void)ud;
+  (void)ts_ms;
+  fprintf(stderr, "converger tail: %s: signal from %s: %s\n", conv, sender, body);
+}
+
 static void on_synced(void *ud, const char *conv, int64_t head) {
   tail_t *t = ud;
   if (t->commands) fprintf(stderr, "converger tail: %s: synced at %lld\n", conv, (long long)head);
@@ -329,6 +347,13 @@ int tail_main(int argc, char **argv) {
       urls[nurls++] = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--client-id", &missing))) {
       o.client_id = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--presence-events", &missing))) {
+      if (strcmp(v, "users") == 0)
+        o.presence_events = CVG_PRESENCE_USERS;
+      else if (strcmp(v, "clients") == 0)
+        o.presence_events = CVG_PRESENCE_CLIENTS;
+      else
+        return cli_usage_error("tail", "--presence-events is users or clients");
     } else if ((v = cli_flag_value(argc, argv, &i, "--token-cmd", &missing))) {
       token_cmd = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--token", &missing))) {
@@ -386,6 +411,8 @@ int tail_main(int argc, char **argv) {
   o.cb.on_reset = on_reset;
   o.cb.on_unsubscribed = on_unsubscribed;
   o.cb.on_synced = on_synced;
+  o.on_presence = on_presence;
+  o.on_signal = on_signal_frame;
   if (token_cmd) o.token_cb = token_cb;
   o.userdata = &t;
   char err[300];

@@ -4,7 +4,8 @@ sender, every message of the conversation printed once and in order across
 the unsubscribed spans (each subscribe resumes from the last printed seq);
 a token refreshed from --token-cmd before it expires, so the connection
 lives on past several lifetimes; without a way to get a new token, tail
-fails when the node closes with token_expired."""
+fails when the node closes with token_expired; (1.2) presence events and
+signals said on stderr."""
 
 import json
 import os
@@ -153,6 +154,37 @@ class TailV11(NodeCase):
         self.assertEqual(code, 1)
         time.sleep(0.2)
         self.assertIn("the token expired", "\n".join(err.lines))
+
+    def test_presence_and_signals_on_stderr(self):
+        """tail --presence-events users says on stderr who joins and
+        leaves (after the grace) and every signal, and prints nothing of
+        them on stdout, which stays the messages' alone."""
+        n = self.node_start({"CONVERGER_PRESENCE_GRACE_MS": "800"})
+        ch = n.create_channel(id=harness.uid("ch"), name="team", presence=True, signals=True)
+        conv = n.create_conv(ch["id"], id=harness.uid("cv"))["id"]
+        p, out, err = self.start_tail(n, ["--conv", conv, "--presence-events", "users",
+                                          "--client-id", "ann-tail"],
+                                      token=mint_token("ann", [conv]))
+        err.wait_for(lambda line: "connected" in line)
+        bob, _, bob_err = self.start_tail(n, ["--conv", conv, "--client-id", "bob-1"],
+                                          token=mint_token("bob", [conv]))
+        err.wait_for(lambda line: line.endswith(": bob joined (client bob-1)"))
+        st, _, js = n.request("POST", "/v1/conversations/%s/signals" % conv,
+                              {"sender": "bot", "body": {"typing": True}})
+        self.assertEqual(st, 202, js)
+        err.wait_for(lambda line: line.endswith(': signal from bot: {"typing":true}'))
+        bob_err.wait_for(lambda line: line.endswith(': signal from bot: {"typing":true}'))
+        n.send(conv, {"text": "a message"})
+        line = out.wait_for(lambda line: line.startswith("{"))
+        self.assertEqual(json.loads(line)["body"], {"text": "a message"})
+        self.stop(bob)
+        err.wait_for(lambda line: line.endswith(": bob left (client bob-1)"), timeout=5)
+        self.assertEqual(len(out.lines), 1, out.lines)  # stdout: the message alone
+        self.stop(p)
+        r = subprocess.run([harness.binary(), "tail", "--url", n.ws_url, "--token", "x",
+                            "--conv", conv, "--presence-events", "all"], capture_output=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"--presence-events is users or clients", r.stderr)
 
 
 if __name__ == "__main__":
