@@ -1,0 +1,223 @@
+// The sans-I/O core with a fake clock and a seeded random source: every
+// rule of docs/protocol.md section 8 that the C library keeps.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Core, seededRandom, hintOf } from "../dist/index.js";
+
+const URLS = ["ws://a/v1/ws", "ws://b/v1/ws", "ws://c/v1/ws"];
+
+function harness(opts = {}) {
+  const log = { messages: [], states: [], synced: [], errors: [] };
+  const core = new Core({ urls: URLS, token: "T", random: seededRandom(5), clientId: "cid", ...opts }, {
+    message: (m) => log.messages.push(m.seq),
+    state: (s) => log.states.push(s),
+    synced: (c, h) => log.synced.push([c, h]),
+    error: (c) => log.errors.push(c),
+  });
+  const take = () => core.takeActions();
+  const frames = (actions) => actions.filter((a) => a.type === "send").map((a) => JSON.parse(a.text));
+  return { core, log, take, frames };
+}
+
+const welcome = (subs, extra = {}) => JSON.stringify({ type: "welcome", node: "n1", heartbeatMs: 1000, subs, ...extra });
+const msg = (conv, seq) => JSON.stringify({ type: "msg", conv, seq, id: `m${seq}`, sender: "s", body: {}, ts: "t" });
+
+/** start, open and welcome the first connection; returns its id */
+function connect(h, now = 0, subs = [{ conv: "r", head: 0, epoch: "e1" }]) {
+  h.core.start(now);
+  const [c] = h.take();
+  assert.equal(c.type, "connect");
+  h.core.opened(c.id, now);
+  const [hello] = h.frames(h.take());
+  assert.equal(hello.type, "hello");
+  h.core.text(c.id, welcome(subs), now);
+  return c.id;
+}
+
+test("hello carries the token, the clientId and every watermark", () => {
+  const h = harness();
+  h.core.subscribe("r", 4, "e1");
+  h.core.subscribe("q");
+  h.core.start(0);
+  const [c] = h.take();
+  h.core.opened(c.id, 0);
+  const [hello] = h.frames(h.take());
+  assert.deepEqual(hello, { type: "hello", token: "T", clientId: "cid",
+                            subs: [{ conv: "r", watermark: 4, epoch: "e1" }, { conv: "q", watermark: null }] });
+});
+
+test("every message once and in order: duplicates dropped, one sync for a gap", () => {
+  const h = harness();
+  h.core.subscribe("r", 0);
+  const id = connect(h);
+  h.core.text(id, msg("r", 1), 1);
+  h.core.text(id, msg("r", 1), 2); // duplicate
+  h.core.text(id, msg("r", 4), 3); // gap: 2 and 3 missing
+  h.core.text(id, msg("r", 5), 4); // still in the gap: no second sync
+  const syncs = h.frames(h.take()).filter((f) => f.type === "sync");
+  assert.deepEqual(syncs, [{ type: "sync", conv: "r", watermark: 1, epoch: "e1" }]);
+  for (const s of [2, 3, 4, 5]) h.core.text(id, msg("r", s), 5);
+  h.core.text(id, JSON.stringify({ type: "synced", conv: "r", head: 5 }), 6);
+  assert.deepEqual(h.log.messages, [1, 2, 3, 4, 5]);
+  assert.equal(h.core.stats.duplicatesDropped, 1);
+  assert.equal(h.core.stats.gapsFilled, 1);
+  assert.deepEqual(h.log.synced, [["r", 5]]);
+  assert.equal(h.core.watermark("r"), 5);
+});
+
+test("a subscription from the head adopts the welcome's head", () => {
+  const h = harness();
+  h.core.subscribe("r");
+  const id = connect(h, 0, [{ conv: "r", head: 41, epoch: "e1" }]);
+  assert.equal(h.core.watermark("r"), 41);
+  h.core.text(id, msg("r", 42), 1);
+  assert.deepEqual(h.log.messages, [42]);
+});
+
+test("reconnect: backoff in its bounds, another URL, the hint a floor, sends resent with their id", () => {
+  const h = harness();
+  h.core.subscribe("r", 0);
+  const first = connect(h);
+  const results = [];
+  h.core.send("r", "k1", { text: "hi" }, (r) => results.push(r));
+  const sent1 = h.frames(h.take()).filter((f) => f.type === "send");
+  assert.equal(sent1.length, 1);
+  h.core.text(first, msg("r", 1), 10);
+  // the node closes with a hint: no attempt before it
+  h.core.closed(first, 1013, '{"retryAfterMs": 3000}', 100);
+  const waiting = h.log.states.at(-1);
+  assert.equal(waiting.state, "waiting");
+  assert.ok(waiting.delayMs >= 3000, `delay ${waiting.delayMs}`);
+  assert.equal(h.core.nextTimer(), 100 + waiting.delayMs);
+  h.core.tick(100 + waiting.delayMs - 1);
+  assert.deepEqual(h.take(), []);
+  h.core.tick(100 + waiting.delayMs);
+  const [c2] = h.take();
+  assert.equal(c2.type, "connect");
+  assert.ok(URLS.includes(c2.url), c2.url);
+  h.core.opened(c2.id, 4000);
+  const [hello] = h.frames(h.take());
+  assert.deepEqual(hello.subs, [{ conv: "r", watermark: 1, epoch: "e1" }]);
+  h.core.text(c2.id, welcome([{ conv: "r", head: 1, epoch: "e1" }]), 4001);
+  const resent = h.frames(h.take()).filter((f) => f.type === "send");
+  assert.deepEqual(resent, [{ type: "send", conv: "r", id: "k1", body: { text: "hi" } }]);
+  h.core.text(c2.id, JSON.stringify({ type: "sent", conv: "r", id: "k1", seq: 2 }), 4002);
+  assert.deepEqual(results, [{ seq: 2, id: "k1" }]);
+  assert.equal(h.core.stats.welcomes, 2);
+});
+
+test("a reconnect goes to another URL than the one that failed", () => {
+  for (let seed = 1; seed < 30; seed++) {
+    const h = harness({ random: seededRandom(seed) });
+    h.core.subscribe("r");
+    h.core.start(0);
+    const [c] = h.take();
+    h.core.closed(c.id, 1006, "", 1);
+    h.core.tick(h.core.nextTimer());
+    const [c2] = h.take();
+    assert.notEqual(c2.url, c.url);
+  }
+});
+
+test("the connect timeout and the heartbeat end a silent connection", () => {
+  const h = harness({ connectTimeoutMs: 15000 });
+  h.core.subscribe("r");
+  h.core.start(0);
+  const [c] = h.take();
+  assert.equal(h.core.nextTimer(), 15000);
+  h.core.tick(15000);
+  const acts = h.take();
+  assert.equal(acts[0].type, "close");
+  assert.equal(h.log.states.at(-1).state, "waiting");
+  h.core.tick(h.core.nextTimer());
+  const [c2] = h.take();
+  h.core.opened(c2.id, 20000);
+  h.take();
+  h.core.text(c2.id, welcome([{ conv: "r", head: 0 }]), 20000);
+  h.take();
+  // heartbeat 1000 ms: silent for 2000 ms is dead; a ping (alive) keeps it
+  h.core.alive(c2.id, 21500);
+  h.core.tick(23000);
+  assert.deepEqual(h.take(), []);
+  h.core.tick(23500);
+  assert.equal(h.take()[0].type, "close");
+  void c;
+});
+
+test("drain: the new connection after afterMs to reconnectTo, the old closed after the new welcome", () => {
+  const h = harness();
+  h.core.subscribe("r", 0);
+  const old = connect(h);
+  h.core.text(old, msg("r", 1), 1);
+  h.core.text(old, JSON.stringify({ type: "drain", afterMs: 500, reconnectTo: "ws://z/v1/ws", deadlineMs: 30000 }), 10);
+  assert.equal(h.core.nextTimer(), 510);
+  h.core.tick(509);
+  assert.deepEqual(h.take(), []);
+  h.core.tick(510);
+  const [c] = h.take();
+  assert.deepEqual([c.type, c.url], ["connect", "ws://z/v1/ws"]);
+  h.core.text(old, msg("r", 2), 520); // the old one still delivers meanwhile
+  h.core.opened(c.id, 530);
+  const [hello] = h.frames(h.take());
+  assert.deepEqual(hello.subs, [{ conv: "r", watermark: 2, epoch: "e1" }]);
+  h.core.text(c.id, welcome([{ conv: "r", head: 2, epoch: "e1" }]), 540);
+  const acts = h.take();
+  assert.deepEqual(acts.filter((a) => a.type === "close").map((a) => [a.id, a.code]), [[old, 1000]]);
+  h.core.closed(old, 1000, "moved", 541);
+  assert.equal(h.log.states.at(-1).state, "connected");
+  assert.equal(h.core.stats.migrations, 1);
+  // the move's target is not sticky: a later reconnect uses the URLs
+  h.core.closed(c.id, 1006, "", 600);
+  h.core.tick(h.core.nextTimer());
+  const [c3] = h.take();
+  assert.ok(URLS.includes(c3.url), c3.url);
+  assert.deepEqual(h.log.messages, [1, 2]);
+});
+
+test("errors: a hint from an error frame, a refused send, an ended subscription", () => {
+  const h = harness();
+  h.core.subscribe("r", 0);
+  h.core.subscribe("gone", 0);
+  const id = connect(h, 0, [{ conv: "r", head: 0 }]);
+  const results = [];
+  h.core.send("r", "k2", 1, (r) => results.push(r));
+  assert.equal(h.frames(h.take()).filter((f) => f.type === "send").length, 1);
+  h.core.text(id, JSON.stringify({ type: "error", code: "too_large", message: "x", conv: "r", details: { id: "k2" } }), 1);
+  assert.deepEqual(results, [{ error: "too_large" }]);
+  h.core.text(id, JSON.stringify({ type: "error", code: "not_found", message: "x", conv: "gone" }), 2);
+  h.core.text(id, JSON.stringify({ type: "error", code: "unavailable", message: "x", retryAfterMs: 7000 }), 3);
+  h.core.closed(id, 1013, "", 4);
+  assert.ok(h.log.states.at(-1).delayMs >= 7000);
+  h.core.tick(h.core.nextTimer());
+  const [c] = h.take();
+  h.core.opened(c.id, 8000);
+  const [hello] = h.frames(h.take());
+  assert.deepEqual(hello.subs.map((s) => s.conv), ["r"]);
+  assert.equal(h.core.stats.unavailable, 1);
+  assert.deepEqual(h.log.errors, ["too_large", "not_found", "unavailable"]);
+});
+
+test("stop closes everything and fails the pending sends", () => {
+  const h = harness();
+  h.core.subscribe("r");
+  connect(h);
+  const results = [];
+  h.core.send("r", "k3", 1, (r) => results.push(r));
+  h.take();
+  h.core.stop();
+  assert.equal(h.take()[0].type, "close");
+  assert.deepEqual(results, [{ error: "closed" }]);
+  assert.equal(h.log.states.at(-1).state, "stopped");
+});
+
+test("hintOf reads a close reason's retryAfterMs", () => {
+  assert.equal(hintOf('{"retryAfterMs": 1500, "reason": "x"}'), 1500);
+  assert.equal(hintOf("going away"), 0);
+  assert.equal(hintOf("{bad json"), 0);
+  assert.equal(hintOf(""), 0);
+});
+
+test("bad options are refused", () => {
+  assert.throws(() => new Core({ urls: [], token: "T" }), /URL/);
+  assert.throws(() => new Core({ urls: URLS, token: "" }), /token/);
+});
