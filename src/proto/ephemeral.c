@@ -108,8 +108,7 @@ static void count_entries(sessions_t *ss) {
 void session_presence_on(sub_t *sub) {
   session_t *s = sub->session;
   sessions_t *ss = s->ss;
-  if (!sub->presence || sub->present || !ss->presence || s->conn->closing ||
-      ws_close_sent(s->conn))
+  if (!sub->presence || sub->present || !ss->presence || s->conn->closing || ws_close_sent(s->conn))
     return; /* a connection on its way out is not present */
   int bits = presence_add(ss->presence, sub->conv, s->token.sub, s->client_id, util_now_ms());
   if (bits < 0) {
@@ -165,12 +164,10 @@ static void row_work(pool_job_t *job, store_t *db) {
 
 static void row_done(pool_job_t *job) {
   row_job_t *j = container_of(job, row_job_t, job);
-  if (job->canceled || job->dropped || j->status != 0)
+  int err = pool_job_unrun(job) ? pool_job_unrun(job) : j->status;
+  if (err)
     log_warn("presence: the %s of %s of %s in %s was not written (%s)%s",
-             j->join ? "join" : "leave", j->client, j->user, j->conv,
-             job->canceled  ? "stopping"
-             : job->dropped ? "pool overloaded"
-                            : cv_strerror(j->status),
+             j->join ? "join" : "leave", j->client, j->user, j->conv, cv_strerror(err),
              j->join ? "" : "; the row goes with this node's membership");
   /* The client came back while its row was being deleted (a hello whose
    * job found the row just before): write it again. */
@@ -282,7 +279,7 @@ static void list_work(pool_job_t *job, store_t *db) {
 
 static void list_done(pool_job_t *job) {
   list_job_t *j = container_of(job, list_job_t, job);
-  if (job->canceled || job->dropped) j->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (pool_job_unrun(job)) j->status = pool_job_unrun(job);
   if (conn_unref(j->conn)) {
     if (j->status != 0)
       session_send_error(j->conn, "unavailable", "presence cannot be read now; ask again later",
@@ -350,7 +347,7 @@ static void signal_work(pool_job_t *job, store_t *db) {
 
 static void signal_done(pool_job_t *job) {
   signal_job_t *j = container_of(job, signal_job_t, job);
-  if (job->canceled || job->dropped) j->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (pool_job_unrun(job)) j->status = pool_job_unrun(job);
   metrics_add(j->ss->metrics, "converger_signals_total",
               j->status == 0 ? "result=\"ok\"" : "result=\"failed\"", 1);
   if (conn_unref(j->conn) && j->status != 0)
@@ -435,10 +432,11 @@ static void restore_work(pool_job_t *job, store_t *db) {
 
 static void restore_done(pool_job_t *job) {
   restore_job_t *j = container_of(job, restore_job_t, job);
-  if (job->canceled || job->dropped || j->status != 0) {
+  int err = pool_job_unrun(job) ? pool_job_unrun(job) : j->status;
+  if (err) {
     log_warn("presence: the rows of this node from before its start were not read (%s); they "
              "stay until its clients reconnect elsewhere",
-             job->canceled || job->dropped ? "pool" : cv_strerror(j->status));
+             cv_strerror(err));
   } else {
     for (size_t i = 0; i < j->n; i++)
       if (util_id_valid(j->convs[i]) && util_id_valid(j->users[i]) && util_id_valid(j->clients[i]))

@@ -93,10 +93,8 @@ static void hello_work(pool_job_t *job, store_t *db) {
 
 static void hello_done(pool_job_t *job) {
   hello_job_t *h = container_of(job, hello_job_t, job);
-  if (job->canceled || job->dropped) { /* stopping, overloaded, or past the deadline */
-    int st = !job->dropped ? -CV_ECANCELED : job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
-    for (size_t i = 0; i < h->n; i++) h->items[i].status = st;
-  }
+  int unrun = pool_job_unrun(job); /* stopping, overloaded, or past the deadline */
+  for (size_t i = 0; i < h->n && unrun; i++) h->items[i].status = unrun;
   for (size_t i = 0; i < h->n; i++) {
     if (h->items[i].replayed)
       metrics_add(h->ss->metrics, "converger_replay_queries_total", "kind=\"hello\"", 1);

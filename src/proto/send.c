@@ -36,9 +36,7 @@ static void send_work(pool_job_t *job, store_t *db) {
 
 static void send_done(pool_job_t *job) {
   send_job_t *j = container_of(job, send_job_t, job);
-  if (job->canceled) j->status = -CV_ECANCELED;
-  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
-    j->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (pool_job_unrun(job)) j->status = pool_job_unrun(job);
   if (conn_unref(j->conn)) {
     conn_t *c = j->conn;
     json_t *details = json_pack("{s:s}", "id", j->id);

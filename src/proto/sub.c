@@ -414,9 +414,7 @@ static void subscribe_done(sub_t *sub, fill_job_t *f);
 
 static void fill_done(pool_job_t *job) {
   fill_job_t *f = container_of(job, fill_job_t, job);
-  if (job->canceled) f->status = -CV_ECANCELED;
-  if (job->dropped) /* the pool is overloaded, or the deadline passed in its queue */
-    f->status = job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  if (pool_job_unrun(job)) f->status = pool_job_unrun(job);
   if (f->replayed)
     metrics_add(f->ss->metrics, "converger_replay_queries_total", "kind=\"fill\"", 1);
   /* A row written is this node's to delete: in the table from now on, in

@@ -41,6 +41,7 @@
 
 #define SWEEP_MAX_MS 50 /* longest period of the queue sweep (deadlines, drops) */
 
+#include "core/errors.h"
 #include "core/metrics.h"
 #include "store/store.h"
 
@@ -68,6 +69,14 @@ struct pool_job_s {
   int timed_out; /* the deadline passed: before `work` (dropped is set too) or during it */
   pool_job_t *next;
 };
+
+/* Why a job's `work` did not run, in its done callback: -CV_ETIMEDOUT
+ * (dropped past its deadline), -CV_EBUSY (dropped by the queue-delay
+ * rule), -CV_ECANCELED (pool_close took it back), or 0 (it ran). */
+static inline int pool_job_unrun(const pool_job_t *job) {
+  if (job->dropped) return job->timed_out ? -CV_ETIMEDOUT : -CV_EBUSY;
+  return job->canceled ? -CV_ECANCELED : 0;
+}
 
 /* Open `size` store connections with `url`/`opt`, migrate the schema on the
  * first one, and start one worker per connection. The connections share

@@ -1101,6 +1101,13 @@ static int presence_tx(pg_t *s, const char *conv, const char *user) {
   return err ? tx_rollback(s, err) : 0;
 }
 
+/* COMMIT what presence_tx began, or, after a failure `err`, ROLLBACK:
+ * 0 or the first failure. */
+static int presence_tx_end(pg_t *s, int err) {
+  if (!err) err = tx_commit(s);
+  return err ? tx_rollback(s, err) : 0;
+}
+
 static int op_presence_join(store_t *base, const char *conv, const char *client, const char *user,
                             const char *node, int64_t since_ms, int *joined, int *first) {
   pg_t *s = pg(base);
@@ -1118,12 +1125,8 @@ static int op_presence_join(store_t *base, const char *conv, const char *client,
     PQclear(r);
     if (*joined) err = presence_announce(s, 1, conv, client, *first, user);
   }
-  if (!err) err = tx_commit(s);
-  if (err) {
-    *joined = *first = 0;
-    return tx_rollback(s, err);
-  }
-  return 0;
+  if ((err = presence_tx_end(s, err)) != 0) *joined = *first = 0;
+  return err;
 }
 
 static int op_presence_leave(store_t *base, const char *conv, const char *client, const char *user,
@@ -1149,12 +1152,8 @@ static int op_presence_leave(store_t *base, const char *conv, const char *client
       if (*left) err = presence_announce(s, 0, conv, client, *last, user);
     }
   }
-  if (!err) err = tx_commit(s);
-  if (err) {
-    *left = *last = 0;
-    return tx_rollback(s, err);
-  }
-  return 0;
+  if ((err = presence_tx_end(s, err)) != 0) *left = *last = 0;
+  return err;
 }
 
 static int op_presence_list(store_t *base, const char *conv, const char *after, int limit,
