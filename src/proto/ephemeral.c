@@ -277,13 +277,18 @@ static void list_work(pool_job_t *job, store_t *db) {
                                   &j->n, &j->count);
 }
 
+/* {"frame": name}: the details of an error that answers a `presence` or a
+ * `signal` frame, so that a client tells which request it answers
+ * (docs/protocol.md, sections 4.9 and 4.10). NULL on OOM (no details). */
+static json_t *frame_of(const char *name) { return json_pack("{s:s}", "frame", name); }
+
 static void list_done(pool_job_t *job) {
   list_job_t *j = container_of(job, list_job_t, job);
   if (pool_job_unrun(job)) j->status = pool_job_unrun(job);
   if (conn_unref(j->conn)) {
     if (j->status != 0)
       session_send_error(j->conn, "unavailable", "presence cannot be read now; ask again later",
-                         j->conv, config_retry_hint(j->ss->cfg, j->ss->rng), NULL);
+                         j->conv, config_retry_hint(j->ss->cfg, j->ss->rng), frame_of("presence"));
     else
       session_send_owned(j->conn, session_presence_page(j->ss, j->conv, j->after, j->limit,
                                                         j->members, j->m, j->n, j->count));
@@ -299,12 +304,12 @@ void session_handle_presence(session_t *s, frame_client_t *f) {
   if (!sub || !sub->announced) {
     session_send_error(c, "not_subscribed",
                        "presence of a conversation this connection is not subscribed to", f->conv,
-                       0, NULL);
+                       0, frame_of("presence"));
     return;
   }
   if (!sub->presence) {
     session_send_error(c, "presence_disabled", "this conversation's channel has no presence",
-                       f->conv, 0, NULL);
+                       f->conv, 0, frame_of("presence"));
     return;
   }
   if (!ss->shared) {
@@ -352,7 +357,7 @@ static void signal_done(pool_job_t *job) {
               j->status == 0 ? "result=\"ok\"" : "result=\"failed\"", 1);
   if (conn_unref(j->conn) && j->status != 0)
     session_send_error(j->conn, "unavailable", "the signal was not sent; it is not retried",
-                       j->conv, config_retry_hint(j->ss->cfg, j->ss->rng), NULL);
+                       j->conv, config_retry_hint(j->ss->cfg, j->ss->rng), frame_of("signal"));
   free(j->payload);
   free(j);
 }
@@ -362,19 +367,19 @@ void session_handle_signal(session_t *s, frame_client_t *f) {
   sessions_t *ss = s->ss;
   if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
     session_send_error(c, "forbidden", "the token does not allow writing to this conversation",
-                       f->conv, 0, NULL);
+                       f->conv, 0, frame_of("signal"));
     return;
   }
   sub_t *sub = session_find_sub(s, f->conv);
   if (!sub || !sub->announced) {
     session_send_error(c, "not_subscribed",
                        "signals go to a conversation this connection is subscribed to", f->conv, 0,
-                       NULL);
+                       frame_of("signal"));
     return;
   }
   if (!sub->signals) {
     session_send_error(c, "signals_disabled", "this conversation's channel does not take signals",
-                       f->conv, 0, NULL);
+                       f->conv, 0, frame_of("signal"));
     return;
   }
   char *body = frame_dump(f->body);
@@ -386,7 +391,7 @@ void session_handle_signal(session_t *s, frame_client_t *f) {
     char msg[80];
     snprintf(msg, sizeof msg, "a signal's body is at most %d bytes of JSON",
              FRAME_SIGNAL_BYTES_MAX);
-    session_send_error(c, "too_large", msg, f->conv, 0, NULL);
+    session_send_error(c, "too_large", msg, f->conv, 0, frame_of("signal"));
     free(body);
     return;
   }

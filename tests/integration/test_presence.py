@@ -217,6 +217,8 @@ class PresenceOneNode(NodeCase):
                 self.assertEqual((m.get("type"), m.get("code")), ("error", code), (frame, m))
                 if conv:
                     self.assertEqual(m.get("conv"), conv, m)
+                    # which request it answers (a client matches its own by it)
+                    self.assertEqual((m.get("details") or {}).get("frame"), frame["type"], m)
             # the connection stays: a ping is answered
             await c.send_json({"type": "ping"})
             self.assertEqual((await c.recv_json(3.0))["type"], "pong")
