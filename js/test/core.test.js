@@ -8,7 +8,7 @@ const URLS = ["ws://a/v1/ws", "ws://b/v1/ws", "ws://c/v1/ws"];
 
 function harness(opts = {}) {
   const log = { messages: [], states: [], synced: [], errors: [] };
-  const core = new Core({ urls: URLS, token: "T", random: seededRandom(5), clientId: "cid", ...opts }, {
+  const core = new Core({ urls: URLS, token: "T", random: seededRandom(5), clientId: "cid", clientName: "test", ...opts }, {
     message: (m) => log.messages.push(m.seq),
     state: (s) => log.states.push(s),
     synced: (c, h) => log.synced.push([c, h]),
@@ -36,19 +36,19 @@ function connect(h, now = 0, subs = [{ conv: "r", head: 0, epoch: "e1" }]) {
 
 test("hello carries the token, the clientId and every watermark", () => {
   const h = harness();
-  h.core.subscribe("r", 4, "e1");
+  h.core.subscribe("r", { watermark: 4, epoch: "e1" });
   h.core.subscribe("q");
   h.core.start(0);
   const [c] = h.take();
   h.core.opened(c.id, 0);
   const [hello] = h.frames(h.take());
-  assert.deepEqual(hello, { type: "hello", token: "T", clientId: "cid",
+  assert.deepEqual(hello, { type: "hello", token: "T", clientId: "cid", client: "test",
                             subs: [{ conv: "r", watermark: 4, epoch: "e1" }, { conv: "q", watermark: null }] });
 });
 
 test("every message once and in order: duplicates dropped, one sync for a gap", () => {
   const h = harness();
-  h.core.subscribe("r", 0);
+  h.core.subscribe("r", { watermark: 0 });
   const id = connect(h);
   h.core.text(id, msg("r", 1), 1);
   h.core.text(id, msg("r", 1), 2); // duplicate
@@ -59,8 +59,8 @@ test("every message once and in order: duplicates dropped, one sync for a gap", 
   for (const s of [2, 3, 4, 5]) h.core.text(id, msg("r", s), 5);
   h.core.text(id, JSON.stringify({ type: "synced", conv: "r", head: 5 }), 6);
   assert.deepEqual(h.log.messages, [1, 2, 3, 4, 5]);
-  assert.equal(h.core.stats.duplicatesDropped, 1);
-  assert.equal(h.core.stats.gapsFilled, 1);
+  assert.equal(h.core.stats(0).duplicatesDropped, 1);
+  assert.equal(h.core.stats(0).gapsFilled, 1);
   assert.deepEqual(h.log.synced, [["r", 5]]);
   assert.equal(h.core.watermark("r"), 5);
 });
@@ -76,7 +76,7 @@ test("a subscription from the head adopts the welcome's head", () => {
 
 test("reconnect: backoff in its bounds, another URL, the hint a floor, sends resent with their id", () => {
   const h = harness();
-  h.core.subscribe("r", 0);
+  h.core.subscribe("r", { watermark: 0 });
   const first = connect(h);
   const results = [];
   h.core.send("r", "k1", { text: "hi" }, (r) => results.push(r));
@@ -103,7 +103,7 @@ test("reconnect: backoff in its bounds, another URL, the hint a floor, sends res
   assert.deepEqual(resent, [{ type: "send", conv: "r", id: "k1", body: { text: "hi" } }]);
   h.core.text(c2.id, JSON.stringify({ type: "sent", conv: "r", id: "k1", seq: 2 }), 4002);
   assert.deepEqual(results, [{ seq: 2, id: "k1" }]);
-  assert.equal(h.core.stats.welcomes, 2);
+  assert.equal(h.core.stats(0).welcomes, 2);
 });
 
 test("a reconnect goes to another URL than the one that failed", () => {
@@ -135,18 +135,24 @@ test("the connect timeout and the heartbeat end a silent connection", () => {
   h.take();
   h.core.text(c2.id, welcome([{ conv: "r", head: 0 }]), 20000);
   h.take();
-  // heartbeat 1000 ms: silent for 2000 ms is dead; a ping (alive) keeps it
+  // heartbeat 1000 ms: a ping after one silent interval (a browser cannot
+  // see the node's WebSocket pings), dead after two; any frame keeps it
   h.core.alive(c2.id, 21500);
+  h.core.tick(22499);
+  assert.deepEqual(h.take(), []);
+  h.core.tick(22500);
+  assert.deepEqual(h.frames(h.take()), [{ type: "ping" }]);
   h.core.tick(23000);
   assert.deepEqual(h.take(), []);
   h.core.tick(23500);
-  assert.equal(h.take()[0].type, "close");
+  const dead = h.take();
+  assert.deepEqual([dead[0].type, dead[0].reason], ["close", "heartbeat timeout"]);
   void c;
 });
 
 test("drain: the new connection after afterMs to reconnectTo, the old closed after the new welcome", () => {
   const h = harness();
-  h.core.subscribe("r", 0);
+  h.core.subscribe("r", { watermark: 0 });
   const old = connect(h);
   h.core.text(old, msg("r", 1), 1);
   h.core.text(old, JSON.stringify({ type: "drain", afterMs: 500, reconnectTo: "ws://z/v1/ws", deadlineMs: 30000 }), 10);
@@ -165,7 +171,7 @@ test("drain: the new connection after afterMs to reconnectTo, the old closed aft
   assert.deepEqual(acts.filter((a) => a.type === "close").map((a) => [a.id, a.code]), [[old, 1000]]);
   h.core.closed(old, 1000, "moved", 541);
   assert.equal(h.log.states.at(-1).state, "connected");
-  assert.equal(h.core.stats.migrations, 1);
+  assert.equal(h.core.stats(0).migrations, 1);
   // the move's target is not sticky: a later reconnect uses the URLs
   h.core.closed(c.id, 1006, "", 600);
   h.core.tick(h.core.nextTimer());
@@ -176,14 +182,14 @@ test("drain: the new connection after afterMs to reconnectTo, the old closed aft
 
 test("errors: a hint from an error frame, a refused send, an ended subscription", () => {
   const h = harness();
-  h.core.subscribe("r", 0);
-  h.core.subscribe("gone", 0);
+  h.core.subscribe("r", { watermark: 0 });
+  h.core.subscribe("gone", { watermark: 0 });
   const id = connect(h, 0, [{ conv: "r", head: 0 }]);
   const results = [];
   h.core.send("r", "k2", 1, (r) => results.push(r));
   assert.equal(h.frames(h.take()).filter((f) => f.type === "send").length, 1);
   h.core.text(id, JSON.stringify({ type: "error", code: "too_large", message: "x", conv: "r", details: { id: "k2" } }), 1);
-  assert.deepEqual(results, [{ error: "too_large" }]);
+  assert.deepEqual(results, [{ error: "too_large", message: "x" }]);
   h.core.text(id, JSON.stringify({ type: "error", code: "not_found", message: "x", conv: "gone" }), 2);
   h.core.text(id, JSON.stringify({ type: "error", code: "unavailable", message: "x", retryAfterMs: 7000 }), 3);
   h.core.closed(id, 1013, "", 4);
@@ -193,7 +199,7 @@ test("errors: a hint from an error frame, a refused send, an ended subscription"
   h.core.opened(c.id, 8000);
   const [hello] = h.frames(h.take());
   assert.deepEqual(hello.subs.map((s) => s.conv), ["r"]);
-  assert.equal(h.core.stats.unavailable, 1);
+  assert.equal(h.core.stats(0).unavailable, 1);
   assert.deepEqual(h.log.errors, ["too_large", "not_found", "unavailable"]);
 });
 
@@ -206,7 +212,7 @@ test("stop closes everything and fails the pending sends", () => {
   h.take();
   h.core.stop();
   assert.equal(h.take()[0].type, "close");
-  assert.deepEqual(results, [{ error: "closed" }]);
+  assert.deepEqual(results, [{ error: "stopped" }]);
   assert.equal(h.log.states.at(-1).state, "stopped");
 });
 
