@@ -45,7 +45,7 @@ foreground = read -r _ _ _ _ pgrp _ _ tpgid _ </proc/$$$$/stat; \
 
 # The node exits 0 on Ctrl-C (SIGINT: 1001 to every socket) and on SIGTERM.
 run: setup $(BUILD_DIR)/CMakeCache.txt
-	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger -- --no-print-directory
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger converger_web -- --no-print-directory
 	@echo $(BUILD_DIR)/converger serve $(ARGS)
 	@$(call foreground,$(BUILD_DIR)/converger serve $(ARGS))
 

@@ -182,7 +182,7 @@ export class Subscription extends Emitter<SubscriptionEvents> {
    * false when the client has none now (signals are at most once).
    */
   signal(body: unknown): boolean {
-    return this.client.core.signal(this.conv, body);
+    return this.client.signal(this.conv, body);
   }
 
   /** @internal */
@@ -262,6 +262,8 @@ export class Client extends Emitter<ClientEvents> {
       },
     );
     this.saved.clientId = this.core.clientId;
+    // the sends an earlier run left unacknowledged: out again at the first welcome
+    for (const p of this.saved.sends) this.core.send(p.conv, p.id, p.body, (r) => this.sentEvent(p.conv, p.id, r));
   }
 
   /** This client instance's id (presence tells its clients apart by it). */
@@ -342,11 +344,17 @@ export class Client extends Emitter<ClientEvents> {
     });
   }
 
-  /** Connect; the sends storage kept from an earlier run go out again first. */
+  /** @internal */
+  signal(conv: string, body: unknown): boolean {
+    const written = this.core.signal(conv, body);
+    this.run();
+    return written;
+  }
+
+  /** Connect; the sends storage kept from an earlier run go out again once welcomed. */
   start(): void {
     if (this.started) return;
     this.started = true;
-    for (const s of this.saved.sends) this.core.send(s.conv, s.id, s.body, (r) => this.sentEvent(s.conv, s.id, r));
     this.core.start(this.now());
     this.run();
   }

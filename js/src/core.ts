@@ -118,6 +118,12 @@ export interface SubscribeOptions {
   /** the epoch that watermark was taken in */
   epoch?: string;
   presenceEvents?: PresenceEvents;
+  /**
+   * Deliver the last `history` messages first (a chat's recent history):
+   * the first answer's head minus `history`, or the watermark when that is
+   * earlier. Once per subscription: a reconnect resumes from the watermark.
+   */
+  history?: number;
 }
 
 export interface CoreEvents {
@@ -179,6 +185,7 @@ interface Sub {
   watermark: number | null; // the last seq delivered; null: start at the head
   epoch: string;
   presenceEvents: PresenceEvents;
+  history: number; // the first grant starts this many messages before the head; 0 none or done
   subscribing: number; // the transport a hello or subscribe for it went out on; 0: none
   live: boolean; // granted on the active connection
   syncing: boolean; // a sync for a gap is out
@@ -355,7 +362,7 @@ export class Core {
     }
     const s: Sub = {
       conv, watermark: options.watermark ?? null, epoch: options.epoch ?? "", presenceEvents,
-      subscribing: 0, live: false, syncing: false, syncAt: -1, subAt: -1, left: new Set(), lastError: "",
+      history: Math.max(0, Math.floor(options.history ?? 0)), subscribing: 0, live: false, syncing: false, syncAt: -1, subAt: -1, left: new Set(), lastError: "",
     };
     this.subs.set(conv, s);
     this.dirty = true;
@@ -743,6 +750,17 @@ export class Core {
       if (s.watermark === null) s.watermark = head; // a start at the head: live from it
       if (epoch && s.epoch !== epoch) s.epoch = epoch;
       this.dirty = true;
+    }
+    const t = this.activeTransport();
+    if (s.history > 0 && t) {
+      // the recent history first: a sync from further back (the replay of
+      // the hello, if any, is dropped as a gap meanwhile and comes again)
+      const from = Math.max(0, head - s.history);
+      s.history = 0;
+      if (s.watermark !== null && from < s.watermark) {
+        s.watermark = from;
+        this.writeSync(s, t);
+      }
     }
     this.events.subscribed?.({ conv: s.conv, head, epoch, presence: !!e.presence, reset: !!e.reset });
     for (const q of this.presenceQueue) {

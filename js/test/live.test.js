@@ -326,3 +326,28 @@ test("a drain move that fails keeps the old connection and tries again before th
   assert.equal(m2.type, "connect");
   assert.ok(URLS.includes(m2.url), m2.url); // a random node this time, not the failed target
 });
+
+test("history: the last n messages first, once; a reconnect resumes from the watermark", () => {
+  const h = harness();
+  h.core.subscribe("r", { history: 3 });
+  const { id, hello } = connect(h, 0, [{ conv: "r", head: 10, epoch: "e1" }]);
+  assert.deepEqual(hello.subs, [{ conv: "r", watermark: null }]);
+  assert.deepEqual(h.frames(), [{ type: "sync", conv: "r", watermark: 7, epoch: "e1" }]);
+  h.rx(id, msg("r", 11), 1); // live, before the replay: a gap, dropped
+  h.rx(id, { type: "synced", conv: "r", head: 10, epoch: "e1" }, 2); // the hello's
+  for (const seq of [8, 9, 10, 11]) h.rx(id, msg("r", seq), 3);
+  h.rx(id, { type: "synced", conv: "r", head: 11, epoch: "e1" }, 4);
+  assert.deepEqual(h.log.messages, ["r:8", "r:9", "r:10", "r:11"]);
+  h.core.closed(id, 1006, "", 5);
+  h.core.tick(h.core.nextTimer());
+  const [c] = h.actions().filter((a) => a.type === "connect");
+  h.core.opened(c.id, 1000);
+  assert.deepEqual(h.frames()[0].subs, [{ conv: "r", watermark: 11, epoch: "e1" }]);
+  h.rx(c.id, { type: "welcome", node: "n1", heartbeatMs: 60000, subs: [{ conv: "r", head: 20, epoch: "e1" }] }, 1001);
+  assert.deepEqual(h.frames(), []); // no second history
+  // a kept watermark earlier than head - n: from the watermark, no sync
+  const k = harness();
+  k.core.subscribe("r", { watermark: 2, epoch: "e1", history: 3 });
+  connect(k, 0, [{ conv: "r", head: 10, epoch: "e1" }]);
+  assert.deepEqual(k.frames(), []);
+});

@@ -460,6 +460,35 @@ static int split_path(const char *path, char seg[5][STORE_ID_MAX + 1]) {
 
 /* ---- handlers ---------------------------------------------------------------- */
 
+/* The demo page's files (CONVERGER_WEB_DIR): "/" is index.html; otherwise
+ * one name in web_dir, or in its converger-client/ (the JavaScript client's
+ * modules), of letters, digits, '-', '_' and '.', not starting with '.',
+ * ending in .html, .js or .css. Returns the Content-Type with the file's
+ * path under web_dir in `file`, or NULL when `path` is no such file (then
+ * the router goes on: an API route, or 404). */
+static const char *web_file(const char *path, char *file, size_t len) {
+  static const struct {
+    const char *ext, *type;
+  } types[] = {{".html", "text/html; charset=utf-8"},
+               {".js", "text/javascript; charset=utf-8"},
+               {".css", "text/css; charset=utf-8"}};
+  if (strcmp(path, "/") == 0) path = "/index.html";
+  const char *name = path + 1;
+  if (strncmp(name, "converger-client/", 17) == 0) name += 17;
+  size_t n = strlen(name);
+  if (path[0] != '/' || n == 0 || name[0] == '.' || (size_t)(name - path) + n >= len) return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (!isalnum((unsigned char)name[i]) && !strchr("-_.", name[i])) return NULL;
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    size_t e = strlen(types[i].ext);
+    if (n > e && strcmp(name + n - e, types[i].ext) == 0) {
+      snprintf(file, len, "%s", path + 1);
+      return types[i].type;
+    }
+  }
+  return NULL;
+}
+
 static void serve_file(api_t *api, conn_t *c, const char *name, const char *type) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", api->cfg->web_dir, name);
@@ -467,7 +496,7 @@ static void serve_file(api_t *api, conn_t *c, const char *name, const char *type
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0 || st.st_size > 4 * 1024 * 1024) {
     if (fd >= 0) close(fd);
-    http_respond_error(c, 404, "not_found", "demo page not found (CONVERGER_WEB_DIR)", 0);
+    http_respond_error(c, 404, "not_found", "no such file of the demo page (CONVERGER_WEB_DIR)", 0);
     return;
   }
   char *buf = malloc((size_t)st.st_size + 1);
@@ -1092,17 +1121,12 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     return handle_sse(api, c, req);
   }
-  if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0 || strcmp(path, "/app.js") == 0 ||
-      strcmp(path, "/style.css") == 0 || strcmp(path, "/sse.html") == 0) {
+  char file[96];
+  const char *type = web_file(path, file, sizeof file);
+  if (type) {
     req->route = "/";
     if (!IS(GET)) return method_not_allowed(c, "GET");
-    if (strcmp(path, "/sse.html") == 0) /* a page that reads with EventSource alone */
-      return serve_file(api, c, "sse.html", "text/html; charset=utf-8");
-    if (strcmp(path, "/app.js") == 0)
-      return serve_file(api, c, "app.js", "text/javascript; charset=utf-8");
-    if (strcmp(path, "/style.css") == 0)
-      return serve_file(api, c, "style.css", "text/css; charset=utf-8");
-    return serve_file(api, c, "index.html", "text/html; charset=utf-8");
+    return serve_file(api, c, file, type);
   }
   if (strcmp(path, "/livez") == 0) {
     req->route = "/livez";
