@@ -165,6 +165,32 @@ class HttpBad(NodeCase):
                 self.assertErrorBody(js, "not_found")
                 self.assertIn("application/json", h.get("content-type", ""))
 
+    def test_demo_page_files(self):
+        """The demo page's files from the web dir (the build's web/: web/
+        and the JavaScript client's modules), with their types; anything
+        that is not one plain name (a path, a dot file, another extension)
+        is no file of it."""
+        for path, kind, text in (("/", "text/html", "converger-client"),
+                                 ("/index.html", "text/html", "importmap"),
+                                 ("/app.js", "text/javascript", "from \"converger-client\""),
+                                 ("/style.css", "text/css", ":root"),
+                                 ("/example.html", "text/html", "browserStorage"),
+                                 ("/converger-client/index.js", "text/javascript", "export"),
+                                 ("/converger-client/core.js", "text/javascript", "class Core")):
+            with self.subTest(path=path):
+                st, h, body = self.node.get_text(path)
+                self.assertEqual(st, 200, body)
+                self.assertIn(kind, h.get("content-type", ""))
+                self.assertIn(text, body)
+        for path in ("/converger-client/../app.js", "/%2e%2e/CMakeLists.txt", "/.stamp", "/converger-client/",
+                     "/nothing.js", "/converger-client/a/b.js", "/index.htm", "/converger-client/index.d.ts"):
+            with self.subTest(path=path):
+                st, h, js = self.node.request("GET", path)
+                self.assertEqual(st, 404, path)
+                self.assertErrorBody(js, "not_found")
+        st, _, js = self.node.request("POST", "/app.js", {})
+        self.assertEqual(st, 405)
+
     def test_unknown_conversation_404(self):
         st, _, js = self.node.request("GET", "/v1/conversations/%s" % uid("missing"))
         self.assertEqual(st, 404)
