@@ -404,7 +404,9 @@ export class Client extends Emitter<ClientEvents> {
     try {
       for (let a = this.core.takeActions(); a.length; a = this.core.takeActions()) {
         for (const x of a) {
-          if (x.type === "connect") this.open(x.id, x.url);
+          if (x.type === "connect") {
+            if (this.core.current !== "stopped") this.open(x.id, x.url); // a listener may have stopped it
+          }
           else if (x.type === "send") this.sockets.get(x.id)?.send(x.text);
           else if (x.type === "close") this.closeSocket(x.id, x.code, x.reason);
           else this.fetchToken(x.reason);
@@ -479,13 +481,14 @@ export class Client extends Emitter<ClientEvents> {
       this.timer = undefined;
       this.timerAt = -1;
       this.feed(() => this.core.tick(this.now()));
-    }, Math.max(0, at - this.now()));
+    }, Math.min(Math.max(0, at - this.now()), 2147483647)); // setTimeout's largest delay; tick is harmless early
   }
 
   private persist(): void {
     const now = this.core.snapshot();
     for (const [conv, w] of Object.entries(now.subs)) this.saved.subs[conv] = w;
-    this.saved.sends = now.sends;
+    // a stopped core has let its sends go ("stopped"): storage keeps them for the next run
+    if (this.core.current !== "stopped") this.saved.sends = now.sends;
     try {
       this.storage.setItem(this.storageKey, JSON.stringify(this.saved));
     } catch (e) {

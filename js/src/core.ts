@@ -186,7 +186,9 @@ interface Sub {
   epoch: string;
   presenceEvents: PresenceEvents;
   history: number; // the first grant starts this many messages before the head; 0 none or done
-  subscribing: number; // the transport a hello or subscribe for it went out on; 0: none
+  subscribing: number; // the transport a `subscribe` for it went out on; 0: none
+  resumeEpoch: string; // the epoch the last hello entry or subscribe named
+  syncEpoch: string; // the epoch the last sync named
   live: boolean; // granted on the active connection
   syncing: boolean; // a sync for a gap is out
   syncAt: number; // replay_unavailable or rate_limited: sync then; -1 none
@@ -204,6 +206,7 @@ interface Transport {
   heartbeatMs: number;
   node: string;
   move: boolean; // opened for a drain move
+  helloConvs: Set<string>; // the subscriptions its hello carried
   expired: boolean; // error token_expired came on it
   unauthorized: boolean; // error unauthorized came on it
   unavailable: boolean; // error unavailable came on it
@@ -243,7 +246,7 @@ export class Core {
   private readonly transports = new Map<number, Transport>();
   private readonly sends = new Map<string, PendingSend>(); // by conv + "\n" + id
   private readonly presenceQueue: PendingPresence[] = [];
-  private readonly unsubDue = new Map<string, { on: number; at: number }>(); // conv: its answer is due
+  private readonly unsubDue = new Map<string, Map<number, number>>(); // conv: transport -> a retry time (-1 none): its answer is due
   private actions: Action[] = [];
   private nextId = 0;
   private active = 0; // the welcomed transport in use; 0: none
@@ -317,7 +320,7 @@ export class Core {
     };
     earlier(this.retryAt);
     earlier(this.moveAt);
-    if (!this.tokenWanted) earlier(this.refreshAt);
+    if (!this.tokenWanted && !this.needToken) earlier(this.refreshAt);
     earlier(this.refreshAnswerAt);
     for (const tr of this.transports.values()) {
       if (tr.st === "closing") continue;
@@ -331,7 +334,7 @@ export class Core {
       }
       for (const p of this.sends.values()) earlier(p.retryAt);
       for (const q of this.presenceQueue) earlier(q.retryAt);
-      for (const u of this.unsubDue.values()) earlier(u.at);
+      for (const due of this.unsubDue.values()) for (const at of due.values()) earlier(at);
     }
     return t;
   }
@@ -362,7 +365,7 @@ export class Core {
     }
     const s: Sub = {
       conv, watermark: options.watermark ?? null, epoch: options.epoch ?? "", presenceEvents,
-      history: Math.max(0, Math.floor(options.history ?? 0)), subscribing: 0, live: false, syncing: false, syncAt: -1, subAt: -1, left: new Set(), lastError: "",
+      history: Math.max(0, Math.floor(options.history ?? 0)), subscribing: 0, resumeEpoch: "", syncEpoch: "", live: false, syncing: false, syncAt: -1, subAt: -1, left: new Set(), lastError: "",
     };
     this.subs.set(conv, s);
     this.dirty = true;
@@ -377,10 +380,14 @@ export class Core {
     this.subs.delete(conv);
     this.dirty = true;
     this.failPresence(conv, "unsubscribed");
-    const t = this.activeTransport();
-    if (t) {
+    // on every connection that has it or may have it (a drain move's new
+    // one carried it in its hello)
+    for (const t of this.transports.values()) {
+      if (t.st !== "welcomed" && !(t.st === "hello" && t.helloConvs.has(conv))) continue;
       this.write(t, { type: "unsubscribe", conv });
-      this.unsubDue.set(conv, { on: t.id, at: -1 });
+      let due = this.unsubDue.get(conv);
+      if (!due) this.unsubDue.set(conv, (due = new Map()));
+      due.set(t.id, -1);
     }
     this.events.unsubscribed?.(conv, "unsubscribed");
   }
@@ -476,7 +483,7 @@ export class Core {
   /** Close everything; pending sends and presence reads fail with "stopped". */
   stop(now = -1): void {
     if (this.state === "stopped") return;
-    for (const t of this.transports.values()) this.closeTransport(t, 1000, "closed by the application");
+    for (const t of [...this.transports.values()]) this.closeTransport(t, 1000, "closed by the application");
     const sends = [...this.sends.values()];
     this.sends.clear(); // storage keeps them (snapshot before stop) for the next start
     for (const p of sends) p.done({ error: "stopped" });
@@ -496,14 +503,17 @@ export class Core {
     this.token = token;
     this.tokenFailures = 0;
     this.freshToken = true;
-    if (why === "refresh") {
+    if (why === "refresh" && !this.needToken) {
       const t = this.activeTransport();
       if (t) this.write(t, { type: "refresh", token });
       return;
     }
-    if (why === "start" || why === "expired") {
-      this.needToken = false;
-      if (this.transports.size === 0 && this.retryAt < 0) this.connect(now, this.pickUrl());
+    // at start, or the next hello's (also a refresh's answer that came
+    // after the node closed with token_expired)
+    this.needToken = false;
+    if (this.liveCount() === 0 && (this.retryAt < 0 || why !== "expired")) {
+      this.retryAt = -1;
+      this.connect(now, this.pickUrl());
     }
   }
 
@@ -516,7 +526,7 @@ export class Core {
     const cap = Math.min(1000 * 2 ** n, 30000);
     const delay = randomRange(this.random, cap / 2, cap);
     this.events.error?.("token_unavailable", `getToken failed: ${why}`);
-    if (wanted === "refresh") {
+    if (wanted === "refresh" && !this.needToken) {
       this.refreshAt = now + delay;
     } else {
       this.needToken = true;
@@ -530,8 +540,9 @@ export class Core {
     if (!t || t.st !== "opening") return;
     t.st = "hello";
     const subs = [...this.subs.values()].map((s) => {
-      s.subscribing = id;
-      s.subAt = -1;
+      t.helloConvs.add(s.conv);
+      s.resumeEpoch = s.epoch;
+      if (!s.live) s.subAt = -1; // this hello asks for it again
       return this.subEntry(s);
     });
     const hello: Record<string, unknown> = { type: "hello", token: this.token, clientId: this.clientId, subs };
@@ -588,9 +599,19 @@ export class Core {
 
   closed(id: number, code: number, reason: string, now: number): void {
     const t = this.transports.get(id);
-    if (!t) return;
+    if (!t) return; // unknown, or one the core closed itself (its loss is handled)
     this.transports.delete(id);
-    for (const [conv, u] of this.unsubDue) if (u.on === id) this.unsubDue.delete(conv);
+    this.lose(t, code, reason, now);
+  }
+
+  /** Transport `t`, out of the map, is gone: reconnect, keep the old one of a move, or stop. */
+  private lose(t: Transport, code: number, reason: string, now: number): void {
+    const id = t.id;
+    for (const [conv, due] of this.unsubDue) {
+      due.delete(id); // its answers will not come
+      if (due.size === 0) this.unsubDue.delete(conv);
+    }
+    if (code === 1009) this.failLargestSend(id);
     if (this.state === "stopped") return;
     const hint = hintOf(reason);
     if (hint > this.hintMs) this.hintMs = hint;
@@ -630,7 +651,7 @@ export class Core {
       return;
     }
     if (this.activeTransport()) return; // an old connection after a move
-    if (this.transports.size > 0) {
+    if (this.liveCount() > 0) {
       this.setState("connecting", { reason: `${why}; waiting for the new connection` });
       return; // a move's new connection is on its way
     }
@@ -644,7 +665,7 @@ export class Core {
       if (t.deadline >= 0 && now >= t.deadline) {
         const why = t.st === "welcomed" ? "heartbeat timeout" : "connect timeout";
         this.closeTransport(t, 4000, why);
-        this.closed(t.id, 1006, why, now);
+        this.lose(t, 1006, why, now);
         continue;
       }
       if (t.pingAt >= 0 && now >= t.pingAt) {
@@ -663,7 +684,7 @@ export class Core {
       if (this.needToken) {
         this.askToken("expired");
         this.setState("connecting", { reason: "getting a new token" });
-      } else if (this.transports.size === 0) {
+      } else if (this.liveCount() === 0) {
         this.connect(now, this.pickUrl());
       }
     }
@@ -686,11 +707,12 @@ export class Core {
     }
     for (const p of this.sends.values()) if (p.retryAt >= 0 && now >= p.retryAt) this.transmit(p, t);
     for (const q of this.presenceQueue) if (q.retryAt >= 0 && now >= q.retryAt) this.transmitPresence(q, t);
-    for (const [conv, u] of this.unsubDue) {
-      if (u.at >= 0 && now >= u.at) {
-        u.at = -1;
-        u.on = t.id;
-        this.write(t, { type: "unsubscribe", conv });
+    for (const [conv, due] of this.unsubDue) {
+      for (const [id, at] of due) {
+        const on = this.transports.get(id);
+        if (at < 0 || now < at || !on) continue;
+        due.set(id, -1);
+        this.write(on, { type: "unsubscribe", conv });
       }
     }
   }
@@ -700,7 +722,7 @@ export class Core {
   private onWelcome(t: Transport, f: Record<string, unknown>, now: number): void {
     if (t.st !== "hello") return;
     t.st = "welcomed";
-    t.heartbeatMs = typeof f.heartbeatMs === "number" && f.heartbeatMs > 0 ? f.heartbeatMs : DEFAULT_HEARTBEAT_MS;
+    t.heartbeatMs = clampMs(f.heartbeatMs) || DEFAULT_HEARTBEAT_MS;
     this.heard(t, now);
     t.node = typeof f.node === "string" ? f.node : "";
     const old = this.activeTransport();
@@ -725,26 +747,29 @@ export class Core {
     for (const s of this.subs.values()) s.live = false;
     for (const e of Array.isArray(f.subs) ? f.subs : []) {
       const s = e && typeof e.conv === "string" ? this.subs.get(e.conv) : undefined;
-      if (!s || s.subscribing !== t.id) continue;
-      this.granted(s, e);
+      if (!s || !t.helloConvs.has(s.conv)) continue;
+      this.granted(s, e, s.resumeEpoch);
     }
-    for (const s of this.subs.values()) {
+    for (const s of [...this.subs.values()]) {
       // subscribed since that hello went out: subscribe on this connection
-      if (this.subs.get(s.conv) === s && s.subscribing !== t.id && !s.live) this.writeSubscribe(s, t);
+      if (this.subs.get(s.conv) === s && !t.helloConvs.has(s.conv) && !s.live) this.writeSubscribe(s, t);
     }
     for (const p of this.sends.values()) if (p.sentOn !== t.id) this.transmit(p, t);
     for (const q of this.presenceQueue) if (q.sentOn !== t.id) this.transmitPresence(q, t);
   }
 
   /** A hello entry or a `subscribed`: the subscription is live on the active connection. */
-  private granted(s: Sub, e: Record<string, unknown>): void {
+  private granted(s: Sub, e: Record<string, unknown>, sentEpoch: string): void {
     s.subscribing = 0;
     s.live = true;
     s.syncing = false;
     s.syncAt = -1;
     const head = typeof e.head === "number" ? e.head : 0;
     const epoch = typeof e.epoch === "string" ? e.epoch : "";
-    if (e.reset) {
+    if (e.reset && resetAlreadyMade(s, sentEpoch, epoch)) {
+      // the other connection of a drain move brought the new epoch since
+      // this resume went out: the watermark stays (a gap, if any, is filled)
+    } else if (e.reset) {
       this.reset(s, head, epoch);
     } else {
       if (s.watermark === null) s.watermark = head; // a start at the head: live from it
@@ -811,7 +836,7 @@ export class Core {
     if (!s || t.id !== this.active || typeof f.head !== "number") return;
     s.syncing = false;
     const epoch = typeof f.epoch === "string" ? f.epoch : "";
-    if (f.reset) {
+    if (f.reset && !resetAlreadyMade(s, s.syncEpoch, epoch)) {
       this.reset(s, f.head, epoch);
     } else if (epoch && !s.epoch) {
       s.epoch = epoch;
@@ -829,14 +854,15 @@ export class Core {
       s.live = true;
       return;
     }
-    this.granted(s, f);
+    this.granted(s, f, s.resumeEpoch);
   }
 
   private onUnsubscribed(t: Transport, f: Record<string, unknown>): void {
     const conv = f.conv as string;
     const due = this.unsubDue.get(conv);
-    if (due && due.on === t.id) {
-      this.unsubDue.delete(conv); // the answer to ours
+    if (due?.has(t.id)) {
+      due.delete(t.id); // the answer to ours
+      if (due.size === 0) this.unsubDue.delete(conv);
       return;
     }
     const s = this.subs.get(conv);
@@ -886,7 +912,7 @@ export class Core {
     const code = String(f.code ?? "");
     const message = String(f.message ?? "");
     const conv = typeof f.conv === "string" ? f.conv : undefined;
-    const hint = typeof f.retryAfterMs === "number" && f.retryAfterMs > 0 ? f.retryAfterMs : 0;
+    const hint = clampMs(f.retryAfterMs);
     const at = now + (hint || this.backoff.baseMs);
     const details = (f.details && typeof f.details === "object" ? f.details : {}) as Record<string, unknown>;
     const frame = typeof details.frame === "string" ? details.frame : "";
@@ -897,17 +923,24 @@ export class Core {
     if (code === "rate_limited") this.counters.rateLimited++;
     if (code === "rate_limited" && frame !== "signal") {
       // not acted on: the same frame again after the hint
-      const u = conv ? this.unsubDue.get(conv) : undefined;
+      // (the bucket "subscribe" is shared by subscribe, unsubscribe, sync
+      // and presence: each of them that may be the refused one goes again;
+      // all of them are safe to repeat)
+      const due = conv ? this.unsubDue.get(conv) : undefined;
       if (send) send.retryAt = at;
       else if (frame === "refresh") this.refreshAnswerAt = at;
-      else if (u && !s) u.at = at;
-      else if (s && s.subscribing === t.id) {
-        s.subscribing = 0;
-        s.subAt = at;
-      } else if (s && s.syncing) {
-        s.syncing = false;
-        s.syncAt = at;
-      } else if (query) query.retryAt = at;
+      else {
+        if (due?.has(t.id) && !s) due.set(t.id, at);
+        if (s && s.subscribing === t.id) {
+          s.subscribing = 0;
+          s.subAt = at;
+        }
+        if (s && s.syncing) {
+          s.syncing = false;
+          s.syncAt = at;
+        }
+        if (query) query.retryAt = at;
+      }
       return; // retried: not the application's concern
     }
     if (frame === "presence" || frame === "signal") {
@@ -930,7 +963,7 @@ export class Core {
       s.syncAt = at;
       return;
     } else if (!sendId && s && ENDS_A_SUBSCRIBE.has(code)) {
-      if (s.subscribing === t.id || !s.live) this.endSub(s, code);
+      if (s.subscribing === t.id || (t.st === "hello" && t.helloConvs.has(s.conv)) || !s.live) this.endSub(s, code);
       else s.lastError = code; // the node's `unsubscribed` follows
     } else if (code === "token_expired") {
       t.expired = true; // its 1008 close follows: a new token before the next hello
@@ -947,8 +980,13 @@ export class Core {
   }
 
   private onDrain(t: Transport, f: Record<string, unknown>, now: number): void {
-    if (t.id !== this.active || this.moveAt >= 0) return;
-    const after = typeof f.afterMs === "number" && f.afterMs > 0 ? f.afterMs : 0;
+    if (t.id !== this.active) return;
+    if (this.liveCount() > 1) return; // a move's connection is open already
+    const after = clampMs(f.afterMs);
+    if (this.moveAt >= 0) {
+      this.moveAt = Math.min(this.moveAt, now + after); // a second drain may only hurry the move
+      return;
+    }
     this.moveAt = now + after;
     this.moveTo = typeof f.reconnectTo === "string" && f.reconnectTo ? f.reconnectTo : null;
     this.moveDeadline = typeof f.deadlineMs === "number" ? now + f.deadlineMs : -1;
@@ -984,7 +1022,7 @@ export class Core {
   }
 
   private fail(code: string, why: string): void {
-    for (const t of this.transports.values()) this.closeTransport(t, 1000, why);
+    for (const t of [...this.transports.values()]) this.closeTransport(t, 1000, why);
     this.events.error?.(code, why);
     const sends = [...this.sends.values()];
     this.sends.clear();
@@ -1017,12 +1055,12 @@ export class Core {
     const id = ++this.nextId;
     this.transports.set(id, {
       id, url, st: "opening", deadline: now + this.connectTimeoutMs, pingAt: -1, heartbeatMs: DEFAULT_HEARTBEAT_MS,
-      node: "", move, expired: false, unauthorized: false, unavailable: false,
+      node: "", move, helloConvs: new Set(), expired: false, unauthorized: false, unavailable: false,
     });
     this.counters.attempts++;
     if (!move) this.lastUrl = url; // a move's target is not sticky
+    this.actions.push({ type: "connect", id, url }); // before the state: a listener may stop()
     if (!move) this.setState("connecting", { reason: url });
-    this.actions.push({ type: "connect", id, url });
   }
 
   private scheduleRetry(now: number, why: string): void {
@@ -1042,11 +1080,13 @@ export class Core {
   private writeSubscribe(s: Sub, t: Transport): void {
     s.subscribing = t.id;
     s.subAt = -1;
+    s.resumeEpoch = s.epoch;
     this.write(t, { type: "subscribe", ...this.subEntry(s) });
   }
 
   private writeSync(s: Sub, t: Transport): void {
     s.syncing = true;
+    s.syncEpoch = s.epoch;
     this.write(t, { type: "sync", conv: s.conv, watermark: s.watermark ?? 0, ...(s.epoch ? { epoch: s.epoch } : {}) });
   }
 
@@ -1066,10 +1106,27 @@ export class Core {
     this.actions.push({ type: "send", id: t.id, text: JSON.stringify(frame) });
   }
 
+  /** Close `t` and forget it: its late frames and its close event are ignored (the caller handles the loss, if any). */
   private closeTransport(t: Transport, code: number, reason: string): void {
     if (t.st === "closing") return;
     t.st = "closing";
+    this.transports.delete(t.id);
     this.actions.push({ type: "close", id: t.id, code, reason });
+  }
+
+  /** Connections that are opening, saying hello or welcomed. */
+  private liveCount(): number {
+    return this.transports.size; // closed ones leave the map at once
+  }
+
+  /** A 1009 close: the largest send that went out on it is too large; the others go again. */
+  private failLargestSend(id: number): void {
+    let big: PendingSend | undefined;
+    for (const p of this.sends.values()) if (p.sentOn === id && (!big || p.frame.length > big.frame.length)) big = p;
+    if (!big) return;
+    this.sends.delete(`${big.conv}\n${big.id}`);
+    this.dirty = true;
+    big.done({ error: "too_large", message: "the node closed with 1009 (Message Too Big)" });
   }
 
   private setState(state: State, more: Omit<StateEvent, "state">): void {
@@ -1083,10 +1140,25 @@ export function hintOf(reason: string): number {
   if (!reason || reason[0] !== "{") return 0;
   try {
     const r = JSON.parse(reason);
-    return typeof r.retryAfterMs === "number" && r.retryAfterMs > 0 ? r.retryAfterMs : 0;
+    return clampMs(r.retryAfterMs);
   } catch {
     return 0;
   }
+}
+
+/** A duration from the node in ms: 0 unless a positive number, at most one hour. */
+export function clampMs(v: unknown): number {
+  return typeof v === "number" && v > 0 ? Math.min(Math.floor(v), 3600000) : 0;
+}
+
+/**
+ * Whether a reset the node reports (a welcome entry or `subscribed`, or a
+ * `synced`) was already made by the client: the resume named epoch `sent`,
+ * and since it went out the other connection of a drain move moved the
+ * subscription into the reported epoch. (client_core.c, reset_already_made)
+ */
+function resetAlreadyMade(s: { epoch: string }, sent: string, epoch: string): boolean {
+  return !!epoch && !!s.epoch && sent !== s.epoch && epoch === s.epoch;
 }
 
 /** A random version-4 UUID from `random` (the clientId and the default send ids). */
