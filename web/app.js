@@ -3,7 +3,8 @@
  * package applications use; the page itself only draws.
  *
  * - The token comes from the form or from the URL fragment
- *   (#conv=room1&token=...), which browsers never send to a server.
+ *   (#conv=room1&token=...), which browsers never send to a server; once
+ *   read it is kept in the tab's sessionStorage, out of the address bar.
  * - The conversation's last 50 messages, then live ones, each once and in
  *   order; sessionStorage keeps the watermark and the sends not yet
  *   acknowledged, so a reload resumes and sends them again (stored once).
@@ -28,6 +29,8 @@ const typing = new Map(); // user -> ms it was last seen typing
 let lastTypingSent = 0;
 let presenceTimer = 0;
 let refused = ""; // the node refused the conversation: why
+let me = "you"; // the token's sub, for our own pending sends
+const TOKEN_KEY = "converger-demo:token"; // this tab's token, so that a reload reconnects
 
 function defaultUrl() {
   return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`;
@@ -36,6 +39,16 @@ function defaultUrl() {
 function fragment() {
   const q = new URLSearchParams(location.hash.slice(1));
   return { conv: q.get("conv") || "", token: q.get("token") || "", node: q.get("node") || "" };
+}
+
+/** The token's `sub` (read, not verified: the node verifies), or "you". */
+function subOf(token) {
+  try {
+    const claims = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
+    return typeof claims.sub === "string" ? claims.sub : "you";
+  } catch {
+    return "you";
+  }
 }
 
 function el(tag, cls, text) {
@@ -60,6 +73,14 @@ function notice(text, kind = "bad") {
   n.hidden = !text;
   n.textContent = text || "";
   n.className = `notice ${kind}`;
+  scrollDown(); // the notice takes room from the list: keep the last message in view
+}
+
+function clearPresence() {
+  $("here").replaceChildren();
+  $("here-count").textContent = "";
+  typing.clear();
+  renderTyping();
 }
 
 // ---- the connection state ----------------------------------------------
@@ -74,11 +95,15 @@ function showState(s) {
     stopped: "not connected",
     idle: "not connected",
   }[s.state];
-  st.className = `state ${s.state === "connected" ? "ok" : s.state === "stopped" ? "bad" : "wait"}`;
+  const draining = s.state === "connected" && (s.reason ?? "").startsWith("drain");
+  st.className = `state ${s.state === "connected" && !draining ? "ok" : s.state === "stopped" || s.state === "idle" ? "bad" : "wait"}`;
+  if (s.state !== "connected") clearPresence(); // who is here is not known while away
   if (refused && s.state === "connected") {
-    st.textContent = `refused: ${refused}`; // connected, but not to this conversation
+    st.textContent = "not allowed in this conversation"; // connected, but not to it
     st.className = "state bad";
-  } else if (s.delayMs > 0 && (s.state === "waiting" || s.reason === "drain: moving")) {
+  } else if (draining && !(s.delayMs > 0)) {
+    st.textContent = s.reason === "drain: connecting to another node" ? "node draining: moving…" : "node draining";
+  } else if (s.delayMs > 0 && (s.state === "waiting" || draining)) {
     const end = performance.now() + s.delayMs;
     const what = s.state === "waiting" ? "reconnecting in" : "node draining: moving in";
     const tick = () => {
@@ -134,7 +159,8 @@ function addPending(p) {
   const li = el("li", "msg pending");
   li.dataset.id = p.id;
   const head = el("div", "meta");
-  head.append(el("span", "sender", "you"), el("span", "status", "sending…"));
+  const offline = client?.state !== "connected";
+  head.append(el("span", "sender", me), el("span", "status", offline ? "waiting for the connection" : "sending…"));
   li.append(head, el("div", "text", bodyText(p.body)));
   $("messages").append(li);
   scrollDown();
@@ -187,17 +213,23 @@ async function disconnect() {
   clearTimeout(presenceTimer);
   const c = client;
   client = room = null;
+  $("disconnect").disabled = true;
+  clearPresence();
   if (c) await c.stop();
+  renderStats();
 }
 
 async function connect(url, conv, token) {
   await disconnect();
   notice("");
   $("messages").replaceChildren();
-  $("here").replaceChildren();
-  $("here-count").textContent = "";
-  typing.clear();
+  clearPresence();
   refused = "";
+  me = subOf(token);
+  sessionStorage.setItem(TOKEN_KEY, token);
+  // the fragment names the conversation (a reload comes back to it); the
+  // token stays out of it once read, in this tab's sessionStorage
+  history.replaceState(null, "", `#conv=${encodeURIComponent(conv)}`);
   $("room").textContent = conv;
   document.title = `${conv} · converger`;
   try {
@@ -207,6 +239,7 @@ async function connect(url, conv, token) {
     return;
   }
   client.on("state", showState);
+  $("disconnect").disabled = false;
   client.on("sent", (s) => {
     if (s.error && s.error !== "stopped") failPending(s.id, s.error);
     const status = !s.error && document.querySelector(`#messages li.pending[data-id="${CSS.escape(s.id)}"] .status`);
@@ -241,8 +274,8 @@ async function connect(url, conv, token) {
     notice(`${conv}: refused (${why}): ${text}.`);
     showState({ state: client?.state ?? "stopped" });
   });
-  for (const p of client.pending()) addPending(p); // kept from before a reload
   client.start();
+  for (const p of client.pending()) addPending(p); // kept from before a reload
 }
 
 function onConnect(ev) {
@@ -258,10 +291,11 @@ function onSend(ev) {
   const input = $("text");
   const text = input.value.trim();
   if (!text) return;
-  if (!client || !room?.active) {
-    notice("Connect to a conversation first.");
+  if (!client) {
+    notice("Connect to a conversation first.", "info");
     return;
   }
+  if (!room?.active) return; // refused: the notice says why
   const id = crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
   addPending({ id, body: { text } });
   client.send(room.conv, { text }, { id }).catch(() => {}); // shown by the "sent" event
@@ -281,15 +315,20 @@ function init() {
   const f = fragment();
   $("node").value = f.node || defaultUrl();
   $("conv").value = f.conv;
-  $("token").value = f.token;
+  $("token").value = f.token || sessionStorage.getItem(TOKEN_KEY) || "";
+  $("disconnect").disabled = true;
   $("connect-form").addEventListener("submit", onConnect);
   $("disconnect").addEventListener("click", async () => {
     await disconnect();
-    showState({ state: "stopped" });
+    notice("");
+    showState({ state: "stopped", reason: "disconnected" });
   });
   $("send-form").addEventListener("submit", onSend);
   $("text").addEventListener("input", onInput);
-  if (f.conv && f.token) connect($("node").value, f.conv, f.token);
+  if (f.conv && $("token").value) connect($("node").value, f.conv, $("token").value);
+  else
+    notice("Paste a client token and a conversation, then Connect. A token for alice in room1: " +
+      "build/converger token --sub alice --convs room1 (in the repository, where the node runs).", "info");
 }
 
 init();

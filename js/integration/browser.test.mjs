@@ -174,7 +174,8 @@ test("a conversation the token does not cover is shown as refused", async () => 
   const page = await browser.newPage();
   await page.goto(`${n.url}/#conv=${conv}&token=${mintToken("mallory", ["elsewhere"])}`);
   await page.waitForSelector("#state.bad", { timeout: 10000 });
-  assert.match(await page.textContent("#state"), /refused: forbidden/);
+  assert.match(await page.textContent("#state"), /not allowed in this conversation/);
+  assert.match(await page.textContent("#notice"), /refused \(forbidden\)/);
   assert.match(await page.textContent("#notice"), /does not cover this conversation/);
   await page.close();
 });

@@ -172,7 +172,7 @@ export interface Stats {
   resets: number;
   refreshes: number;
   rateLimited: number;
-  /** ms without a welcomed connection since start, the current stretch included */
+  /** ms without a welcomed connection after one was lost (the first connect not counted), the current stretch included */
   offlineMs: number;
   /** the node of the connection in use, or "" */
   node: string;
@@ -471,7 +471,6 @@ export class Core {
 
   start(now: number): void {
     if (this.state !== "idle") return;
-    this.offlineSince = now;
     if (!this.token) {
       this.askToken("start");
       this.setState("connecting", { reason: "getting a token" });
@@ -644,9 +643,13 @@ export class Core {
       // after the backoff if that is before the node closes what is left.
       const delay = this.backoff.next(this.hintMs);
       this.hintMs = 0;
+      const old = this.activeTransport()!;
       if (this.moveDeadline >= 0 && now + delay < this.moveDeadline) {
         this.moveAt = now + delay;
         this.moveTo = null;
+        this.setState("connected", { node: old.node, delayMs: delay, reason: `drain: moving (the last try failed: ${why})` });
+      } else {
+        this.setState("connected", { node: old.node, reason: `drain: the node closes this connection soon (the move failed: ${why})` });
       }
       return;
     }
@@ -678,6 +681,8 @@ export class Core {
       const to = this.moveTo ?? this.pickUrl();
       this.moveTo = null;
       this.connect(now, to, true);
+      const t = this.activeTransport();
+      this.setState("connected", { ...(t ? { node: t.node } : {}), reason: "drain: connecting to another node" });
     }
     if (this.retryAt >= 0 && now >= this.retryAt) {
       this.retryAt = -1;
