@@ -1,6 +1,7 @@
 # converger: thin wrapper over CMake.
 #   make                build
-#   make run            build and start a node on 127.0.0.1:8080 (SQLite in data/);
+#   make run            build the node, the demo page and the C library, and start a
+#                       node on 127.0.0.1:8080 (SQLite in data/);
 #                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:9090"
 #   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
 #                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help)
@@ -45,7 +46,7 @@ foreground = read -r _ _ _ _ pgrp _ _ tpgid _ </proc/$$$$/stat; \
 
 # The node exits 0 on Ctrl-C (SIGINT: 1001 to every socket) and on SIGTERM.
 run: setup $(BUILD_DIR)/CMakeCache.txt
-	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger converger_web -- --no-print-directory
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target converger converger_web converger_client converger_client_static -- --no-print-directory
 	@echo $(BUILD_DIR)/converger serve $(ARGS)
 	@$(call foreground,$(BUILD_DIR)/converger serve $(ARGS))
 

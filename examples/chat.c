@@ -3,7 +3,10 @@
  * it arrives and exits once its own message has come back.
  *
  *   cc chat.c $(pkg-config --cflags --libs converger) -o chat
- *   ./chat ws://127.0.0.1:8080/v1/ws "$TOKEN" room1 'hello'
+ *   ./chat ws://127.0.0.1:8080/v1/ws "$TOKEN" room1 ['hello']
+ *
+ * TEXT is optional ("hello"). Exit status: 0 once its message came back,
+ * 1 when the client failed (a refused token, say), 2 for bad arguments.
  */
 #include <converger/client.h>
 #include <stdio.h>
@@ -56,11 +59,15 @@ static void on_message(void *ud, const cvg_message_t *m) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: %s WS_URL TOKEN CONV TEXT\n", argv[0]);
+  if (argc < 4 || argc > 5) {
+    fprintf(stderr,
+            "usage: %s WS_URL TOKEN CONV [TEXT]\n"
+            "  prints CONV's messages, sends TEXT (default \"hello\") and exits once it came back\n"
+            "  e.g. %s ws://127.0.0.1:8080/v1/ws \"$(converger token --sub me --convs room1)\" room1\n",
+            argv[0], argv[0]);
     return 2;
   }
-  chat_t chat = {.conv = argv[3], .text = argv[4]};
+  chat_t chat = {.conv = argv[3], .text = argc == 5 ? argv[4] : "hello"};
   const char *urls[] = {argv[1]};
   cvg_sub_t sub = {argv[3], 0}; /* watermark 0: the whole history */
   cvg_options_t o;

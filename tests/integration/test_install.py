@@ -1,7 +1,9 @@
 """libconverger-client as a user gets it: `cmake --install` into a temporary
-prefix, the README's example (examples/chat.c) compiled with nothing but
-`pkg-config --cflags --libs converger`, and run against a real node: it
-prints the history in order, sends, and sees its own message come back."""
+prefix, the README's example and examples/chat.c compiled with nothing but
+`pkg-config --cflags --libs converger` (no rpath or LD_LIBRARY_PATH of the
+test's own: the .pc's flags give the programs a RUNPATH), and run against a
+real node: they print the history in order, send, and see their own
+message come back; without arguments they print their usage."""
 
 import os
 import re
@@ -53,16 +55,21 @@ class Install(NodeCase):
 
         exe = os.path.join(self.prefix, "chat")
         p = subprocess.run(["cc", "-std=gnu17", "-Wall", "-Werror", os.path.join(SOURCE_DIR, "examples", "chat.c"),
-                            "-o", exe, "-Wl,-rpath," + libdir] + self.sanitizer_flags() + flags,
+                            "-o", exe] + self.sanitizer_flags() + flags,
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
+
+        # found through its RUNPATH, with no LD_LIBRARY_PATH in the environment
+        dyn = subprocess.run(["readelf", "-d", exe], capture_output=True, text=True, timeout=30).stdout
+        self.assertRegex(dyn, r"\(RUNPATH\).*\[%s\]" % re.escape(libdir), dyn)
+        self.env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
 
         n = self.node_start()
         conv = n.new_conv()
         n.send(conv, {"text": "first"}, sender="ann")
         n.send(conv, {"text": "second"}, sender="bob")
-        p = subprocess.run([exe, n.ws_url, mint_token("me", [conv]), conv, "hello"],
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run([exe, n.ws_url, mint_token("me", [conv]), conv],  # TEXT: "hello" by default
+                           capture_output=True, text=True, timeout=30, env=self.env)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         lines = p.stdout.splitlines()
         self.assertIn("sent as seq 3", p.stdout)
@@ -71,9 +78,10 @@ class Install(NodeCase):
                                    conv + ' #2 bob: {"text":"second"}',
                                    conv + ' #3 me: {"text":"hello"}'])
         self.assertIn("[connected]", p.stderr)
-        p = subprocess.run([exe], capture_output=True, text=True, timeout=10)
+        p = subprocess.run([exe], capture_output=True, text=True, timeout=10, env=self.env)
         self.assertEqual(p.returncode, 2)
         self.assertIn("usage:", p.stderr)
+        self.assertIn("WS_URL TOKEN CONV [TEXT]", p.stderr)
 
         # The README's program: the first C block of README.md.
         with open(os.path.join(SOURCE_DIR, "README.md")) as f:
@@ -82,12 +90,14 @@ class Install(NodeCase):
         with open(src, "w") as f:
             f.write(block)
         readme_exe = os.path.join(self.prefix, "readme")
-        p = subprocess.run(["cc", "-std=gnu17", "-Wall", "-Werror", src, "-o", readme_exe,
-                            "-Wl,-rpath," + libdir] + self.sanitizer_flags() + flags,
+        p = subprocess.run(["cc", "-std=gnu17", "-Wall", "-Werror", src, "-o", readme_exe]
+                           + self.sanitizer_flags() + flags,
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
+        p = subprocess.run([readme_exe], capture_output=True, text=True, timeout=10, env=self.env)
+        self.assertEqual((p.returncode, p.stderr.startswith("usage: ")), (2, True), p.stderr)
         proc = subprocess.Popen([readme_exe, n.ws_url, mint_token("me", [conv]), conv],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
         try:
             out, err = proc.communicate(timeout=3)  # it runs until stopped
         except subprocess.TimeoutExpired:
@@ -96,6 +106,21 @@ class Install(NodeCase):
         self.assertIn(conv + ' #1 ann: {"text":"first"}', out, err)
         self.assertIn(conv + ' #4 me: {"text":"hello"}', out, err)
         self.assertIn("sent: seq 4", out, err)
+
+
+    def test_make_run_builds_what_cmake_install_installs(self):
+        """`make run` then `cmake --install build` (the README's order): the
+        targets make run builds include every target the install copies."""
+        with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as f:
+            installed = set()
+            for m in re.finditer(r"install\(TARGETS ([^)]*?)\s+(?:LIBRARY|ARCHIVE|RUNTIME|DESTINATION)", f.read()):
+                installed.update(m.group(1).split())
+        self.assertIn("converger_client", installed)
+        p = subprocess.run(["make", "-n", "run"], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        built = re.search(r"--target ([^-\n]*?) --", p.stdout)
+        self.assertIsNotNone(built, p.stdout)
+        self.assertEqual(installed - set(built.group(1).split()), set(), p.stdout)
 
 
 if __name__ == "__main__":
