@@ -262,6 +262,8 @@ int serve_main(int argc, char **argv) {
                 : strcmp(cfg.log_level, "warn") == 0  ? LOG_WARN
                 : strcmp(cfg.log_level, "error") == 0 ? LOG_ERROR
                                                       : LOG_INFO);
+  log_set_format(strcmp(cfg.log_format, "json") == 0 ? LOG_JSON : LOG_TEXT, cfg.node_id);
+  log_set_access(cfg.access_log);
   signal(SIGPIPE, SIG_IGN);
   int key_from_file = 0;
   if (config_load_secrets(&cfg, 1, &key_from_file) != 0) {

@@ -21,7 +21,6 @@
 #include "core/log.h"
 #include "common/util.h"
 
-
 typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL, K_WSURL } kind_t;
 
 typedef struct {
@@ -167,6 +166,11 @@ static const setting_t settings[] = {
       "directory of the demo page served at /"),
     S("CONVERGER_LOG_LEVEL", "log-level", K_ENUM, log_level, "info", 0, 0, "debug|info|warn|error",
       "lowest log level printed: debug, info, warn or error"),
+    S("CONVERGER_LOG_FORMAT", "log-format", K_ENUM, log_format, "text", 0, 0, "text|json",
+      "log lines as text, or one JSON object per line (time, level, node, event, message)"),
+    S("CONVERGER_ACCESS_LOG", "access-log", K_INT, access_log, "0", 0, 1, NULL,
+      "1: a log line per REST request and WebSocket upgrade (method, path without the query, "
+      "status, duration, bytes)"),
 };
 
 void config_usage(FILE *out) {
@@ -225,7 +229,8 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     errno = 0;
     long n = strtol(v, &end, 10);
     if (errno || *v == '\0' || *end || n < s->min || n > s->max) {
-      fprintf(stderr, "converger: invalid %s \"%s\": want an integer in [%ld, %ld]\n", who, v, s->min, s->max);
+      fprintf(stderr, "converger: invalid %s \"%s\": want an integer in [%ld, %ld]\n", who, v,
+              s->min, s->max);
       return -CV_EINVAL;
     }
     *(int *)((char *)cfg + s->offset) = (int)n;
@@ -233,8 +238,7 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
   }
   case K_ENUM:
     if (!words_has(s->words, v)) {
-      fprintf(stderr, "converger: invalid %s \"%s\": want one of %s\n", who, v,
-              s->words);
+      fprintf(stderr, "converger: invalid %s \"%s\": want one of %s\n", who, v, s->words);
       return -CV_EINVAL;
     }
     break;
@@ -258,13 +262,11 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
   case K_WSURL:
     if ((strncmp(v, "ws://", 5) != 0 || v[5] == '\0') &&
         (strncmp(v, "wss://", 6) != 0 || v[6] == '\0')) {
-      fprintf(stderr, "converger: invalid %s \"%s\": want ws://HOST... or wss://HOST...\n",
-              who, v);
+      fprintf(stderr, "converger: invalid %s \"%s\": want ws://HOST... or wss://HOST...\n", who, v);
       return -CV_EINVAL;
     }
     if (strlen(v) > CONFIG_URL_MAX) {
-      fprintf(stderr, "converger: invalid %s: longer than %d bytes\n", who,
-              CONFIG_URL_MAX);
+      fprintf(stderr, "converger: invalid %s: longer than %d bytes\n", who, CONFIG_URL_MAX);
       return -CV_EINVAL;
     }
     break;

@@ -31,6 +31,8 @@ typedef struct {
   char *web_dir;             /* demo page directory */
   char *sqlite_sync;         /* off | normal | full */
   char *log_level;           /* debug | info | warn | error */
+  char *log_format;          /* text | json */
+  int access_log;            /* 1: a line per REST request and upgrade */
   int pool_size;             /* worker threads = database connections */
   int max_message_bytes;     /* largest WebSocket message accepted, bytes */
   int heartbeat_ms;          /* ping interval, ms */

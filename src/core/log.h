@@ -1,7 +1,12 @@
 /*
- * log: one line per event on stderr, "2026-11-29T21:40:00.123Z level message".
- * Any thread may call; each line is written with one write(2) so lines from
- * the loop and the pool threads do not interleave.
+ * log: one line per event on stderr: text, "2026-11-29T21:40:00.123Z level
+ * message", or (CONVERGER_LOG_FORMAT=json) one JSON object per line,
+ * {"time", "level", "node", "event", "message"} (the event is the message's
+ * "word: " prefix, or "log"), and access lines with their fields instead
+ * of a message. Any thread may call; each line is written with one
+ * write(2) so lines from the loop and the pool threads do not interleave.
+ * No caller passes a secret (the API key, a token, a database password:
+ * core/dburl.h redacts URLs); tests read the logs for them.
  *
  * Process-wide on purpose: the level (log_set_level) is the one piece of
  * the node's configuration that is not in node_t, and the node's one
@@ -15,11 +20,29 @@
 #ifndef CONVERGER_CORE_LOG_H
 #define CONVERGER_CORE_LOG_H
 
+#include <stddef.h>
+
 typedef enum { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR } log_level_t;
+typedef enum { LOG_TEXT = 0, LOG_JSON } log_format_t;
 
 /* Lines below `level` are dropped. Default LOG_INFO; call before threads
  * start. */
 void log_set_level(log_level_t level);
+
+/* Text (default) or JSON lines, and the node id JSON lines carry (copied,
+ * at most 127 bytes; NULL or "" none). Call before threads start. */
+void log_set_format(log_format_t format, const char *node_id);
+
+/* Access lines on (1) or off (0, the default): CONVERGER_ACCESS_LOG. Call
+ * before threads start. */
+void log_set_access(int on);
+int log_access_enabled(void);
+
+/* One access line, at level info, when access lines are on: a REST
+ * request's or an upgrade's method, path (without the query string: it
+ * may carry a token), status, duration from the request's first byte (ms)
+ * and body bytes sent. Loop thread (any thread is safe). */
+void log_access(const char *method, const char *path, int status, double duration_ms, size_t bytes);
 
 void log_write(log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -96,6 +96,7 @@ static int count_header(http_t *h, size_t len) {
 static int on_message_begin(llhttp_t *p) {
   http_t *h = from_parser(p);
   req_reset(&h->req);
+  h->req.started_ns = uv_hrtime();
   str_reset(&h->url);
   str_reset(&h->body);
   h->header_bytes = 0;
@@ -413,10 +414,18 @@ const char *http_reason(int status) {
   }
 }
 
-static void count_request(conn_t *c, const char *route, int status) {
+void http_access(conn_t *c, int status, size_t bytes) {
+  if (!log_access_enabled() || !c->http) return;
+  const http_request_t *r = &c->http->req;
+  double ms = r->started_ns ? (double)(uv_hrtime() - r->started_ns) / 1e6 : 0;
+  log_access(r->method_name, r->path, status, ms, bytes);
+}
+
+static void count_request(conn_t *c, const char *route, int status, size_t bytes) {
   char labels[160];
   snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route ? route : "unmatched", status);
   metrics_add(c->net->metrics, "converger_http_requests_total", labels, 1);
+  http_access(c, status, bytes);
 }
 
 static void write_response(conn_t *c, int status, const char *content_type, const char *body,
@@ -445,7 +454,7 @@ void http_respond(conn_t *c, int status, const char *content_type, const char *b
   http_t *h = c->http;
   if (!h || !h->busy || c->closing) return;
   int keep_alive = h->req.keep_alive && !c->net->stopping;
-  count_request(c, h->req.route, status);
+  count_request(c, h->req.route, status, status == 204 ? 0 : len);
   write_response(c, status, content_type, body, len, extra_headers, keep_alive);
   h->busy = 0;
   req_reset(&h->req);
@@ -499,7 +508,8 @@ void http_fail(conn_t *c, int status, const char *code, const char *message) {
   json_t *body = error_body(code, message, 0);
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
-  count_request(c, c->http && c->http->req.route ? c->http->req.route : "unmatched", status);
+  count_request(c, c->http && c->http->req.route ? c->http->req.route : "unmatched", status,
+                text ? strlen(text) : 0);
   if (text) write_response(c, status, "application/json", text, strlen(text), NULL, 0);
   free(text);
   if (c->http) c->http->busy = 0;

@@ -35,6 +35,7 @@ typedef struct http_request_s {
   size_t body_len;
   int keep_alive;
   int http_major, http_minor; /* the request line's HTTP version */
+  uint64_t started_ns;        /* uv_hrtime() at the request's first byte (the access log) */
 } http_request_t;
 
 /* Allocate the HTTP state of a new connection. NULL on OOM. */
@@ -44,6 +45,11 @@ void http_free(http_t *h);
 /* Parse `len` bytes read from the socket. Complete requests are passed to
  * rest_handle(); bytes after an upgrade go to ws_feed(). */
 void http_feed(conn_t *c, const char *data, size_t len);
+
+/* The access log's line for the current request of `c` (core/log.h,
+ * CONVERGER_ACCESS_LOG): `status` and `bytes` of body sent. Nothing when
+ * access lines are off or `c` has no request. Loop thread. */
+void http_access(conn_t *c, int status, size_t bytes);
 
 /* The request being answered, or NULL. */
 http_request_t *http_current(conn_t *c);

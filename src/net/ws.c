@@ -43,8 +43,9 @@ struct ws_s {
   /* Server-Sent Events (ws_start_sse): the same message connection, its
    * frames written as events instead of WebSocket frames */
   int sse;
-  int sse_started;   /* the 200 and its headers went out (at the welcome) */
-  long sse_retry_ms; /* the first event's retry: field */
+  int sse_started;         /* the 200 and its headers went out (at the welcome) */
+  long sse_retry_ms;       /* the first event's retry: field */
+  uint64_t sse_started_ns; /* the request's first byte, for its access line */
 };
 
 static int key_valid(const char *key) {
@@ -215,6 +216,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
   }
   ws->conn = c;
   metrics_add(c->net->metrics, "converger_http_requests_total", "route=\"/v1/ws\",code=\"101\"", 1);
+  http_access(c, 101, 0);
   if (conn_write(c, head, (size_t)n) != 0) {
     free(ws);
     return -1;
@@ -348,6 +350,8 @@ int ws_start_sse(conn_t *c, long retry_ms) {
   ws->conn = c;
   ws->sse = 1;
   ws->sse_retry_ms = retry_ms;
+  http_request_t *req = http_current(c);
+  ws->sse_started_ns = req ? req->started_ns : uv_hrtime();
   /* A stream's client sends nothing, so no heartbeat answer tells that it
    * is gone; the kernel does, once the pings it is sent go unacknowledged
    * for two heartbeats (as long as a WebSocket's heartbeat timeout). */
@@ -364,6 +368,9 @@ static void sse_count(conn_t *c, int status) {
   char labels[64];
   snprintf(labels, sizeof labels, "route=\"/v1/sse\",code=\"%d\"", status);
   metrics_add(c->net->metrics, "converger_http_requests_total", labels, 1);
+  /* the answer comes after the request has gone (at the welcome, or the
+   * hello's refusal): the stream's own start time */
+  log_access("GET", "/v1/sse", status, (double)(uv_hrtime() - c->ws->sse_started_ns) / 1e6, 0);
 }
 
 /* Nothing more goes out: the stream (or the answer) ends once flushed. */

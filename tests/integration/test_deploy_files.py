@@ -43,7 +43,8 @@ PER_POD = {"CONVERGER_PUBLIC_URL", "CONVERGER_NODE_ID"}
 # ConfigMap values that differ from the defaults, on purpose (each has a
 # comment in configmap.yaml saying why).
 OVERRIDES = {"CONVERGER_LISTEN", "CONVERGER_DATABASE_URL", "CONVERGER_WEB_DIR",
-             "CONVERGER_DRAIN_SHUTDOWN_MS", "CONVERGER_CAPACITY_CONNECTIONS"}
+             "CONVERGER_DRAIN_SHUTDOWN_MS", "CONVERGER_CAPACITY_CONNECTIONS",
+             "CONVERGER_LOG_FORMAT", "CONVERGER_ACCESS_LOG"}
 # How long the node waits for in-flight store jobs when it exits, if
 # src/serve.c does not say (STOP_GRACE_MS).
 STOP_GRACE_FALLBACK_MS = 10000
