@@ -13,6 +13,13 @@
  * token bucket holding at most one timer period's worth: closes are spread
  * evenly, and a stalled loop does not make up for lost time in a burst.
  *
+ * A drain with no ready peer to move to (a single node, or every peer
+ * draining, as the last successful read of the nodes says) sends no
+ * frames: the clients would come back to this node or to none. Its
+ * connections go to the close queue at once, closed with 1012 and a
+ * jittered retry hint at close_rate per second, and the node stops as soon
+ * as none is left (at once with none).
+ *
  * reconnectTo is spread.h's water-filling: when a batch's frames go, the
  * peers read last (ready, not this node: L_i), the connections of the other
  * nodes in state "draining" and the batch's own connections (C; so D = C +
@@ -51,6 +58,7 @@ typedef struct {
   int told;          /* connections sent a frame */
   int moved;         /* of those, closed by themselves (the log's counts) */
   int closed;        /* closed with 1012 by the pacer */
+  int no_peer;       /* the drain found no ready peer: closes, no frames */
 } batch_t;
 
 typedef struct {
@@ -82,6 +90,7 @@ struct drain_s {
   uint64_t every;     /* the timer's period, ms */
   peer_t *peers;      /* ready peers from the last read (reconnectTo) */
   size_t npeers;
+  int peers_read;          /* a read of the nodes has succeeded: npeers is known */
   int64_t others_draining; /* connections of the other draining nodes, last read */
   spread_t spread;         /* the current batch's reconnectTo picks (n 0: none) */
 };
@@ -213,7 +222,23 @@ static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   b->told++;
 }
 
+/* The drain with no ready peer: every connection to the close queue now
+ * (1012 with a retry hint, paced), no frames. */
+static void close_without_peer(drain_t *d, batch_t *b) {
+  b->framing = 0;
+  b->no_peer = 1;
+  b->deadline = UINT64_MAX; /* queued now, once: drain_tick has no deadline to keep */
+  size_t n = enqueue_batch(d, 0);
+  log_info("drain: no ready peer to move to: closing %zu connection(s) with 1012 and a retry "
+           "hint at %d/s; exit when none is left",
+           n, d->env.cfg->drain_close_rate);
+}
+
 static void send_frames(drain_t *d, batch_t *b) {
+  if (b->id == BATCH_DRAIN && d->peers_read && d->npeers == 0) {
+    close_without_peer(d, b);
+    return;
+  }
   b->framing = 0;
   spread_build(d, b);
   for (conn_t *c = d->env.net->conns; c; c = c->next) {
@@ -254,6 +279,7 @@ static void peers_done(pool_job_t *job) {
     d->peers = peers;
     d->npeers = np;
     d->others_draining = others;
+    d->peers_read = 1;
   } else if (!job->canceled) {
     log_warn("drain: cannot read the cluster's nodes (%s); reconnectTo from the last read (%zu)",
              job->dropped ? "pool overloaded" : cv_strerror(j->status), d->npeers);
@@ -461,6 +487,7 @@ void drain_welcomed(drain_t *d, conn_t *c) {
   batch_t *b = batch_of(d, c);
   drain_mark_t *m = mark(d, c);
   if (!b || !m || b->framing || m->told || d->stopped) return; /* the batch's frames tell it */
+  if (b->no_peer) return; /* queued for its 1012 with the others */
   uint64_t now = util_mono_ms();
   if (now >= b->deadline) return; /* it is queued for its 1012 anyway */
   int64_t left = (int64_t)(b->deadline - now) - DRAIN_GRACE_MS;

@@ -11,7 +11,11 @@
  * below the level the fleet will reach once every draining node is empty
  * (connections + admission waiters; gate/spread.h), so that a restarted,
  * empty node gets most of the moves; two random choices once that share
- * is used up; null when no peer is ready.
+ * is used up. With no ready peer (a single node, or every peer draining,
+ * as the last successful read of the nodes says) no frame is sent: it
+ * would send the clients back here. The connections are closed with 1012
+ * and a jittered retry hint at once, paced, and the node stops as soon as
+ * none is left (at once with none); the window does not apply.
  * Clients that move close with 1000 (make-before-break). deadlineMs is the
  * window plus DRAIN_GRACE_MS, the time a client that drew an afterMs near
  * the end needs to open its new connection and be welcomed before the old

@@ -228,6 +228,24 @@ class Node:
         env.update({k: str(v) for k, v in self.overrides.items()})
         return env
 
+    def fake_peer(self, url=None, state="ready", connections=0):
+        """A heartbeat row of a peer that does not exist, in this (SQLite)
+        node's membership table, fresh for MEMBERSHIP_MAX_AGE_MS: a drain
+        then has a ready peer to send its clients to, as in a cluster (with
+        none, it closes them with 1012 instead: gate/drain.c). `url` (the
+        drain frames' reconnectTo) is this node's own by default, so that
+        clients that follow it come back here."""
+        import sqlite3
+        db = sqlite3.connect(os.path.join(self.tmpdir, "converger.db"), timeout=10)
+        try:
+            db.execute("INSERT OR REPLACE INTO nodes (id, public_url, state, connections, waiters,"
+                       " updated_ms, capacity) VALUES (?, ?, ?, ?, 0, ?, 0)",
+                       ("peer-of-" + self.node_id, url or self.ws_url, state, connections,
+                        int(time.time() * 1000)))
+            db.commit()
+        finally:
+            db.close()
+
     # -- lifecycle --------------------------------------------------------
     def _start_with_retries(self):
         last = None

@@ -1,11 +1,15 @@
-"""Drain and shed on one node (gate/drain.h): SIGTERM makes /readyz 503 at
-once and refuses new upgrades; every connection gets exactly one `drain`
+"""Drain and shed on one node (gate/drain.h). With a ready peer (a heartbeat
+row the test writes, as a cluster's other node would): SIGTERM makes
+/readyz 503 at once and refuses new upgrades; every connection gets exactly one `drain`
 frame whose afterMs values fill the window evenly; clients that ignore it are
 closed with 1012 after the window at no more than the configured rate (+10 %),
 each with a parsable retryAfterMs; the node exits 0 before its shutdown
 deadline. POST /admin/shed moves a random share of a node that stays ready
 and leaves the rest untouched; POST /admin/drain, a second SIGTERM (ignored)
-and SIGINT during a drain."""
+and SIGINT during a drain. With no ready peer (a single node, or every
+peer draining): no drain frame, every connection closed with 1012 and a
+retry hint at the paced rate, and the exit as soon as none is left (at
+once with none), long before the window ends."""
 
 import asyncio
 import http.client
@@ -111,12 +115,15 @@ GRACE_MS = _drain_grace_ms()
 class Drain(NodeCase):
     WINDOW_MS, RATE, SHUTDOWN_MS = 2000, 50, 9000
 
-    def sigterm_and_wait(self, n, clients):
+    def sigterm_and_wait(self, n, clients, peer=True):
         """Connect `clients`, SIGTERM the node, wait for every client to end
-        and the node to exit: (exit code, time of the SIGTERM, seconds to the exit)."""
+        and the node to exit: (exit code, time of the SIGTERM, seconds to the exit).
+        `peer`: with a ready peer for the drain frames' reconnectTo."""
         async def go():
             tasks = await connect_all(clients)
             t0 = time.monotonic()
+            if peer:
+                n.fake_peer()  # a ready peer: the drain tells the clients to move
             os.kill(n.proc.pid, signal.SIGTERM)
             await asyncio.wait_for(asyncio.gather(*tasks), 20)
             rc = await asyncio.to_thread(n.proc.wait, 20)
@@ -138,6 +145,7 @@ class Drain(NodeCase):
         async def go():
             tasks = await connect_all(clients)
             t0 = time.monotonic()
+            n.fake_peer()  # a ready peer: the drain tells the clients to move
             os.kill(n.proc.pid, signal.SIGTERM)
             # /readyz answers 503 at once
             first_503 = None  # when the request that saw it was sent
@@ -170,7 +178,7 @@ class Drain(NodeCase):
             self.assertEqual(len(c.drains), 1, c.drains)
             d = c.drains[0][1]
             self.assertEqual(set(d), {"type", "afterMs", "reconnectTo", "deadlineMs"})
-            self.assertIsNone(d["reconnectTo"])  # a node alone has no peer
+            self.assertEqual(d["reconnectTo"], n.ws_url)  # the ready peer's URL (here: its own)
             self.assertEqual(d["deadlineMs"], self.WINDOW_MS + GRACE_MS)
             self.assertTrue(0 <= d["afterMs"] < self.WINDOW_MS, d)
         # the afterMs values fill the window: no tenth of it holds over 20 %
@@ -200,6 +208,29 @@ class Drain(NodeCase):
         log = n.log_text()
         self.assertIn("SIGTERM: draining", log)
         self.assertIn("drain complete", log)
+
+    def test_no_ready_peer_closes_with_1012_and_exits_when_none_is_left(self):
+        n = self.node_start({"CONVERGER_DRAIN_WINDOW_MS": "30000", "CONVERGER_DRAIN_CLOSE_RATE": "100",
+                             "CONVERGER_DRAIN_SHUTDOWN_MS": "60000"})
+        conv = n.new_conv()
+        n.fake_peer(state="draining")  # the only peer drains too
+        clients = [Client(n, conv, obey=True) for _ in range(40)]
+        rc, _, took = self.sigterm_and_wait(n, clients, peer=False)
+        self.assertEqual(rc, 0)
+        self.assertLess(took, 5.0, "exited %.2fs after SIGTERM: it waited for the window" % took)
+        for c in clients:
+            self.assertEqual(c.drains, [], "a drain frame with no ready peer to move to")
+            self.assertEqual(c.code, 1012)
+            self.assertGreater(json.loads(c.reason)["retryAfterMs"], 0)
+        log = n.log_text()
+        self.assertIn("no ready peer to move to: closing 40 connection(s) with 1012", log)
+        self.assertNotIn("0 ready peer(s)", log)
+        # with no connection at all: at once
+        n2 = self.node_start({"CONVERGER_DRAIN_WINDOW_MS": "30000", "CONVERGER_DRAIN_SHUTDOWN_MS": "60000"})
+        t0 = time.monotonic()
+        os.kill(n2.proc.pid, signal.SIGTERM)
+        self.assertEqual(n2.proc.wait(10), 0)
+        self.assertLess(time.monotonic() - t0, 1.0)
 
     def test_shed_a_quarter_of_400_node_stays_ready(self):
         n = self.drain_node()
@@ -322,6 +353,7 @@ class Drain(NodeCase):
         for key in (None, "wrong"):
             st, _, js = n.request("POST", "/admin/drain", key=key)
             self.assertEqual(st, 401, js)
+        n.fake_peer()  # a ready peer: the drain tells the clients to move
         st, _, js = n.request("POST", "/admin/drain")
         self.assertEqual(st, 202, js)
         self.assertEqual(js["state"], "draining")
@@ -333,7 +365,8 @@ class Drain(NodeCase):
         st, _, js = n.request("GET", "/admin/status")
         self.assertEqual((js["state"], js["drain"]), ("draining", "draining"))
         deadline = time.monotonic() + 2  # the drain beats at once; the write takes a moment
-        while n.request("GET", "/admin/cluster")[2]["nodes"][0]["state"] != "draining":
+        while next(x for x in n.request("GET", "/admin/cluster")[2]["nodes"]
+                   if x["id"] == n.node_id)["state"] != "draining":
             self.assertLess(time.monotonic(), deadline, "membership still says ready")
             time.sleep(0.05)
         os.kill(n.proc.pid, signal.SIGTERM)
@@ -371,6 +404,7 @@ class Drain(NodeCase):
         n = self.drain_node()
         conv = n.new_conv()
         ws = harness.RawWs(n.port)  # upgraded, no hello yet
+        n.fake_peer()  # a ready peer: the drain tells the clients to move
         st, _, js = n.request("POST", "/admin/drain")
         self.assertEqual(st, 202, js)
         time.sleep(0.3)
@@ -399,6 +433,7 @@ class Drain(NodeCase):
         for ws in clients:
             m, _ = ws.recv_until(lambda f: f.get("type") == "drain")
             self.assertEqual(m["deadlineMs"], 600000 + GRACE_MS)
+        n.fake_peer()  # a ready peer: the drain tells the clients to move
         st, _, js = n.request("POST", "/admin/drain")
         self.assertEqual(st, 202, js)
         for ws in clients:

@@ -195,7 +195,8 @@ class SseOneNode(NodeCase):
             n.send(conv, {"i": i})
         _, seen = s.until(lambda e: e["event"] == "msg" and e["data"]["seq"] == 10)
         got = seqs(seen, conv)
-        # SIGTERM: the drain event carries the jittered delay as retry:
+        # SIGTERM with a ready peer: the drain event carries the jittered delay as retry:
+        n.fake_peer()
         t = threading.Thread(target=n.stop)
         t.start()
         ev, _ = s.until(lambda e: e["event"] == "drain")
@@ -248,6 +249,7 @@ class SseOneNode(NodeCase):
         ws = harness.RawWs(n.port)
         ws.hello(tok, [{"conv": conv, "watermark": None}])
         ws.recv_until(lambda m: m.get("type") == "synced")
+        n.fake_peer()  # a ready peer: the drain tells the streams to move
         st, _, js = n.request("POST", "/admin/drain", {})
         self.assertIn(st, (200, 202), js)
         r = Sse(n.port, q(conv=conv, token=tok))
@@ -397,6 +399,7 @@ class SseChromium(NodeCase):
                     for i in range(20):
                         n.send(conv, {"i": i})
                     await wait("window.converger.got.length >= 20")
+                    n.fake_peer()  # a ready peer: a drain event, not a 1012 close
                     n.restart()  # SIGTERM: drain event, retry: under 1000 ms; then a new process
                     for i in range(20, 40):
                         n.send(conv, {"i": i})

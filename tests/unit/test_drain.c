@@ -108,19 +108,19 @@ static void test_drain_moves_everyone_then_stops(void **state) {
   fx_free(&fx);
 }
 
-/* No ready peer: reconnectTo null. After the window and the grace, the
- * connections still here are closed with 1012 at drain_close_rate per
- * second (2/s: one at once, then one every 500 ms), each with a retry
- * hint. */
+/* After the window and the grace, the connections still here are closed
+ * with 1012 at drain_close_rate per second (2/s: one at once, then one
+ * every 500 ms), each with a retry hint. */
 static void test_paced_closes_after_the_deadline(void **state) {
   fx_t fx;
   setup_fx(&fx, 1000, 2, 60000);
+  beat(&fx, "p2", "ready", 0);
   beat(&fx, "p3", "draining", 0);
   fx_peer_t *p[4];
   for (int i = 0; i < 4; i++) p[i] = live(&fx);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
   assert_true(fx_step(&fx));
-  for (int i = 0; i < 4; i++) assert_null(expect_drain(p[i], 1000));
+  for (int i = 0; i < 4; i++) free(expect_drain(p[i], 1000));
   fx_advance(&fx, 1000 + DRAIN_GRACE_MS - 1);
   for (int i = 0; i < 4; i++) fx_expect_nothing(p[i]);
   int closed = 0;
@@ -156,6 +156,7 @@ static void test_paced_closes_after_the_deadline(void **state) {
 static void test_shutdown_deadline_stops(void **state) {
   fx_t fx;
   setup_fx(&fx, 1000, 1, 5000);
+  beat(&fx, "p1", "ready", 0);
   fx_peer_t *p[3];
   for (int i = 0; i < 3; i++) p[i] = live(&fx);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
@@ -179,6 +180,7 @@ static void test_shutdown_deadline_stops(void **state) {
 static void test_late_welcome_is_told(void **state) {
   fx_t fx;
   setup_fx(&fx, 10000, 100, 60000);
+  beat(&fx, "p1", "ready", 0);
   fx_peer_t *a = live(&fx);
   fx_peer_t *b = fx_connect(&fx);
   fx_hello(b, "c1", -1);          /* its job waits in the pool */
@@ -204,6 +206,48 @@ static void test_late_welcome_is_told(void **state) {
   fx_peer_free(a);
   fx_peer_free(b);
   fx_peer_free(c);
+  fx_free(&fx);
+}
+
+/* No ready peer (a single node, or every peer draining): no frames, which
+ * would send the clients back here; the connections are closed with 1012
+ * and a retry hint at once, paced (2/s), and the stop comes as soon as
+ * none is left. With no connection at all, the stop comes at once. */
+static void test_no_ready_peer_closes_at_once_and_stops_when_none_is_left(void **state) {
+  fx_t fx;
+  setup_fx(&fx, 30000, 2, 60000);
+  beat(&fx, "p3", "draining", 0);
+  fx_peer_t *p[3];
+  for (int i = 0; i < 3; i++) p[i] = live(&fx);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  assert_true(fx_step(&fx)); /* the peers' read: none ready */
+  int closed = 0;
+  for (int step = 0; step < 3; step++) {
+    fx_advance(&fx, step == 0 ? 1 : 500);
+    int now_closed = 0;
+    for (int i = 0; i < 3; i++) {
+      if (!p[i]->closed) assert_null(fx_recv(p[i])); /* no drain frame: a close */
+      if (p[i]->closed) {
+        assert_int_equal(p[i]->close_code, WS_CLOSE_SERVICE_RESTART);
+        assert_non_null(strstr(p[i]->close_reason, "retryAfterMs"));
+        now_closed++;
+      }
+    }
+    assert_int_equal(now_closed, closed + 1); /* one per 500 ms, not after the 30 s window */
+    closed = now_closed;
+  }
+  assert_int_equal(fx.stops, 0);
+  for (int i = 0; i < 3; i++) fx_peer_free(p[i]);
+  fx_advance(&fx, 20);
+  assert_int_equal(fx.stops, 1); /* none left: long before the window's end */
+  assert_non_null(strstr(fx.stop_why, "drain complete"));
+  assert_non_null(strstr(fx.stop_why, "3 closed with 1012"));
+  fx_free(&fx);
+
+  setup_fx(&fx, 30000, 2, 60000);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  fx_advance(&fx, 1);
+  assert_int_equal(fx.stops, 1); /* no connection: at once */
   fx_free(&fx);
 }
 
@@ -250,6 +294,7 @@ int main(void) {
       cmocka_unit_test(test_paced_closes_after_the_deadline),
       cmocka_unit_test(test_shutdown_deadline_stops),
       cmocka_unit_test(test_late_welcome_is_told),
+      cmocka_unit_test(test_no_ready_peer_closes_at_once_and_stops_when_none_is_left),
       cmocka_unit_test(test_shed_a_fraction),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
