@@ -117,6 +117,7 @@ static void tick_cb(uv_timer_t *t) {
   watch_keys(node);
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
+  if (node->net.admin_on) listener_tick(&node->net.admin_listener, now);
   session_flush_metrics(&node->sessions);
   session_presence_tick(&node->sessions, now);
   conn_flush_all(&node->net);
@@ -417,6 +418,10 @@ int serve_main(int argc, char **argv) {
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
            CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,
            cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
+  if (cfg.admin_host)
+    log_info("admin: /metrics, /admin/*, /livez and /readyz on http://%s (the client port keeps "
+             "/readyz)",
+             cfg.admin_listen);
   /* Where the key is, never the key: logs are read by more people and
    * kept longer than a 0600 file. */
   if (key_from_file)

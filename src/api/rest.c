@@ -1097,9 +1097,26 @@ out:
   free(lei);
 }
 
+/* The operator's routes: with an admin listener (CONVERGER_ADMIN_LISTEN)
+ * served there only; /readyz on both, for load balancers that can probe
+ * only the port they send to. */
+static int admin_path(const char *path) {
+  return strcmp(path, "/metrics") == 0 || strcmp(path, "/livez") == 0 ||
+         strncmp(path, "/admin/", 7) == 0;
+}
+
 void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
   const char *path = req->path;
   char seg[5][STORE_ID_MAX + 1];
+  if (api->cfg->admin_host && strcmp(path, "/readyz") != 0 && admin_path(path) != c->admin) {
+    req->route = c->admin ? "admin:other" : "admin";
+    return http_respond_error(c, 404, "not_found",
+                              c->admin ? "the admin listener serves /metrics, /admin/*, /livez and "
+                                         "/readyz only; the rest is on the client port"
+                                       : "served on the admin listener (CONVERGER_ADMIN_LISTEN), "
+                                         "not on the client port",
+                              0);
+  }
   if (strcmp(path, "/v1/ws") == 0) {
     req->route = "/v1/ws";
     const char *why;

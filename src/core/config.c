@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "common/util.h"
 
-typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_DBURL, K_WSURL } kind_t;
+typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_ADMIN, K_DBURL, K_WSURL } kind_t;
 
 typedef struct {
   const char *env;
@@ -40,6 +40,10 @@ typedef struct {
 static const setting_t settings[] = {
     S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
       "address and port for HTTP, WebSocket, health and metrics"),
+    S("CONVERGER_ADMIN_LISTEN", "admin-listen", K_ADMIN, admin_listen, "", 0, 0, NULL,
+      "host:port of a second, private listener for /metrics, /admin/*, /livez and /readyz, "
+      "which the client port then no longer serves (it keeps /readyz); empty: none, everything "
+      "on the client port"),
     S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url, "sqlite:data/converger.db",
       0, 0, NULL,
       "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"
@@ -197,23 +201,28 @@ static int words_has(const char *words, const char *v) {
   return 0;
 }
 
-static int parse_listen(config_t *cfg, const char *v) {
+/* "host:port" or "[v6]:port" into *host (heap, replacing it) and *port. */
+static int parse_hostport(const char *v, char **host, int *port) {
   const char *colon = strrchr(v, ':');
   if (!colon || colon == v) return -1;
   char *end;
   errno = 0;
-  long port = strtol(colon + 1, &end, 10);
-  if (errno || *end || end == colon + 1 || port < 0 || port > 65535) return -1;
-  free(cfg->listen_host);
+  long p = strtol(colon + 1, &end, 10);
+  if (errno || *end || end == colon + 1 || p < 0 || p > 65535) return -1;
+  free(*host);
   const char *h = v;
   size_t hl = (size_t)(colon - v);
   if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
     h++;
     hl -= 2;
   }
-  cfg->listen_host = strndup(h, hl);
-  cfg->listen_port = (int)port;
+  *host = strndup(h, hl);
+  *port = (int)p;
   return 0;
+}
+
+static int parse_listen(config_t *cfg, const char *v) {
+  return parse_hostport(v, &cfg->listen_host, &cfg->listen_port);
 }
 
 static int apply(config_t *cfg, const setting_t *s, const char *v, const char *src) {
@@ -245,6 +254,14 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
   case K_LISTEN:
     if (parse_listen(cfg, v) != 0) {
       fprintf(stderr, "converger: invalid %s \"%s\": want host:port\n", who, v);
+      return -CV_EINVAL;
+    }
+    break;
+  case K_ADMIN:
+    free(cfg->admin_host);
+    cfg->admin_host = NULL;
+    if (v[0] && parse_hostport(v, &cfg->admin_host, &cfg->admin_port) != 0) {
+      fprintf(stderr, "converger: invalid %s \"%s\": want host:port, or empty for none\n", who, v);
       return -CV_EINVAL;
     }
     break;
@@ -453,6 +470,7 @@ void config_free(config_t *cfg) {
     *p = NULL;
   }
   free(cfg->listen_host);
+  free(cfg->admin_host);
   free(cfg->data_dir);
-  cfg->listen_host = cfg->data_dir = NULL;
+  cfg->listen_host = cfg->admin_host = cfg->data_dir = NULL;
 }

@@ -16,34 +16,38 @@
 /* The shortest token secret accepted (bytes): HS256's key is as strong as
  * its hash is long (RFC 7518, section 3.2). */
 #define CONFIG_SECRET_MIN 32
-#define CONFIG_URL_MAX    512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
+#define CONFIG_URL_MAX                                                                             \
+  512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
 
 typedef struct {
-  char *listen;              /* "host:port" */
-  char *listen_host;         /* derived from listen */
-  int listen_port;           /* derived from listen */
-  char *database_url;        /* "sqlite:PATH", "postgres://..." or libpq keywords */
-  char *data_dir;            /* secrets: the SQLite file's directory; PostgreSQL: "data" */
-  char *api_key;             /* NULL: generated/stored by config_load_secrets */
-  char *token_secret;        /* NULL: generated/stored by config_load_secrets */
-  char *node_id;             /* default hostname:port */
-  char *public_url;          /* ws URL for clients (default ws://LISTEN/v1/ws) */
-  char *web_dir;             /* demo page directory */
-  char *sqlite_sync;         /* off | normal | full */
-  char *log_level;           /* debug | info | warn | error */
-  char *log_format;          /* text | json */
-  int access_log;            /* 1: a line per REST request and upgrade */
-  int pool_size;             /* worker threads = database connections */
-  int max_message_bytes;     /* largest WebSocket message accepted, bytes */
-  int heartbeat_ms;          /* ping interval, ms */
-  int hello_timeout_ms;      /* time allowed for the first frame, ms */
-  int header_timeout_ms;     /* time allowed for an HTTP header block, ms */
-  int max_subs;              /* subscriptions per connection */
-  int token_leeway_ms;       /* skew allowed past a token's exp, ms */
-  char *token_public_keys;   /* RS256 / ES256 key files (gate/keys.h); NULL: none */
-  char *token_issuer;        /* required iss; NULL: not checked */
-  char *token_audience;      /* required aud; NULL: not checked */
-  int rate_send, rate_send_burst;           /* send frames per second per connection; 0: off */
+  char *listen;                   /* "host:port" */
+  char *listen_host;              /* derived from listen */
+  int listen_port;                /* derived from listen */
+  char *admin_listen;             /* host:port of the admin listener; "" none (all on listen) */
+  char *admin_host;               /* derived from admin_listen; NULL: none */
+  int admin_port;                 /* derived from admin_listen */
+  char *database_url;             /* "sqlite:PATH", "postgres://..." or libpq keywords */
+  char *data_dir;                 /* secrets: the SQLite file's directory; PostgreSQL: "data" */
+  char *api_key;                  /* NULL: generated/stored by config_load_secrets */
+  char *token_secret;             /* NULL: generated/stored by config_load_secrets */
+  char *node_id;                  /* default hostname:port */
+  char *public_url;               /* ws URL for clients (default ws://LISTEN/v1/ws) */
+  char *web_dir;                  /* demo page directory */
+  char *sqlite_sync;              /* off | normal | full */
+  char *log_level;                /* debug | info | warn | error */
+  char *log_format;               /* text | json */
+  int access_log;                 /* 1: a line per REST request and upgrade */
+  int pool_size;                  /* worker threads = database connections */
+  int max_message_bytes;          /* largest WebSocket message accepted, bytes */
+  int heartbeat_ms;               /* ping interval, ms */
+  int hello_timeout_ms;           /* time allowed for the first frame, ms */
+  int header_timeout_ms;          /* time allowed for an HTTP header block, ms */
+  int max_subs;                   /* subscriptions per connection */
+  int token_leeway_ms;            /* skew allowed past a token's exp, ms */
+  char *token_public_keys;        /* RS256 / ES256 key files (gate/keys.h); NULL: none */
+  char *token_issuer;             /* required iss; NULL: not checked */
+  char *token_audience;           /* required aud; NULL: not checked */
+  int rate_send, rate_send_burst; /* send frames per second per connection; 0: off */
   int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
   int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */
   int rate_signal, rate_signal_burst;       /* signal frames, per connection */
@@ -53,8 +57,8 @@ typedef struct {
   int rate_abuse_ms;              /* ... every second for this long: close 1008 rate_limited */
   int max_conns_per_user;         /* WebSocket connections per token sub on the node; 0: no limit */
   int rest_rate, rest_rate_burst; /* REST appends per second for the API key; 0: off */
-  int revocation_refresh_ms; /* revocation cache refresh period, ms */
-  int retry_after_min_ms;    /* retry hint range, ms */
+  int revocation_refresh_ms;      /* revocation cache refresh period, ms */
+  int retry_after_min_ms;         /* retry hint range, ms */
   int retry_after_max_ms;
   int handshake_concurrency;  /* admission slots; 0: half the pool (gate/admission.h) */
   int handshake_queue_ms;     /* longest admission wait, ms */

@@ -190,6 +190,11 @@ conn_t *conn_adopt(net_t *net, int fd) {
 
 static void accept_cb(listener_t *l, int fd) { conn_adopt(container_of(l, net_t, listener), fd); }
 
+static void accept_admin_cb(listener_t *l, int fd) {
+  conn_t *c = conn_adopt(container_of(l, net_t, admin_listener), fd);
+  if (c) c->admin = 1;
+}
+
 void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler,
                    metrics_t *metrics) {
   memset(net, 0, sizeof *net);
@@ -203,38 +208,59 @@ void conn_net_free(net_t *net) { ws_encoder_free(net); }
 
 static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, net_t, listener)); }
 
-int conn_listen(net_t *net) {
-  config_t *cfg = net->cfg;
+static int reclaim_admin_cb(listener_t *l) {
+  return conn_reclaim(container_of(l, net_t, admin_listener));
+}
+
+/* Listen on host:port with `l`; with port 0, *text ("host:port") and *port
+ * get the port chosen. `what` names it in the log. */
+static int listen_on(net_t *net, listener_t *l, const char *what, const char *host, int *port,
+                     char **text, listener_conn_cb on_conn, listener_reclaim_cb reclaim) {
   struct sockaddr_storage addr;
-  int r = uv_ip4_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in *)&addr);
-  if (r != 0) r = uv_ip6_addr(cfg->listen_host, cfg->listen_port, (struct sockaddr_in6 *)&addr);
+  int r = uv_ip4_addr(host, *port, (struct sockaddr_in *)&addr);
+  if (r != 0) r = uv_ip6_addr(host, *port, (struct sockaddr_in6 *)&addr);
   if (r != 0) {
-    log_error("listen: %s is not an IP address", cfg->listen_host);
+    log_error("%s: %s is not an IP address", what, host);
     return r;
   }
-  r = listener_start(&net->listener, net->loop, (struct sockaddr *)&addr, 4096, accept_cb,
-                     reclaim_cb, net->metrics, net);
+  r = listener_start(l, net->loop, (struct sockaddr *)&addr, 4096, on_conn, reclaim, net->metrics,
+                     net);
   if (r != 0) {
-    log_error("listen on %s: %s", cfg->listen, strerror(-r));
+    log_error("%s on %s: %s", what, *text, strerror(-r));
     return r;
   }
-  if (cfg->listen_port == 0) { /* an ephemeral port: say which one */
-    int port = listener_port(&net->listener);
+  if (*port == 0) { /* an ephemeral port: say which one */
+    int chosen = listener_port(l);
     char buf[128];
-    if (port > 0) {
-      snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", cfg->listen_host,
-               port);
-      free(cfg->listen);
-      cfg->listen = strdup(buf);
-      cfg->listen_port = port;
+    if (chosen > 0) {
+      snprintf(buf, sizeof buf, addr.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, chosen);
+      free(*text);
+      *text = strdup(buf);
+      *port = chosen;
     }
   }
+  return 0;
+}
+
+int conn_listen(net_t *net) {
+  config_t *cfg = net->cfg;
+  int r = listen_on(net, &net->listener, "listen", cfg->listen_host, &cfg->listen_port,
+                    &cfg->listen, accept_cb, reclaim_cb);
+  if (r != 0 || !cfg->admin_host) return r;
+  r = listen_on(net, &net->admin_listener, "admin listen", cfg->admin_host, &cfg->admin_port,
+                &cfg->admin_listen, accept_admin_cb, reclaim_admin_cb);
+  if (r != 0) {
+    listener_stop(&net->listener);
+    return r;
+  }
+  net->admin_on = 1;
   return 0;
 }
 
 void conn_stop_listening(net_t *net) {
   net->stopping = 1;
   listener_stop(&net->listener);
+  if (net->admin_on) listener_stop(&net->admin_listener);
 }
 
 int conn_write(conn_t *c, const void *data, size_t len) {

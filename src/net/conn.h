@@ -48,18 +48,20 @@ typedef struct net_s {
   uv_loop_t *loop;
   config_t
       *cfg; /* borrowed: listen address (conn_listen writes a chosen port back), times, sizes */
-  conn_handler_t handler; /* what the transport calls up (net/handler.h) */
-  metrics_t *metrics;     /* borrowed: the node's registry (core/metrics.h); NULL: none */
-  listener_t listener;    /* accepts connections (net/listener.h) */
-  conn_t *conns;          /* every connection (doubly linked) */
-  conn_t *dirty;          /* connections with queued output */
-  int nconns;             /* all TCP connections */
-  int nws;                /* WebSocket connections */
+  conn_handler_t handler;    /* what the transport calls up (net/handler.h) */
+  metrics_t *metrics;        /* borrowed: the node's registry (core/metrics.h); NULL: none */
+  listener_t listener;       /* accepts connections (net/listener.h) */
+  listener_t admin_listener; /* CONVERGER_ADMIN_LISTEN's, when set: its connections are c->admin */
+  int admin_on;              /* admin_listener started */
+  conn_t *conns;             /* every connection (doubly linked) */
+  conn_t *dirty;             /* connections with queued output */
+  int nconns;                /* all TCP connections */
+  int nws;                   /* WebSocket connections */
   /* connections holding a descriptor for nothing owed, oldest first */
   conn_t *reclaim_head, *reclaim_tail;
   int nreclaimable;
-  int stopping;         /* conn_stop_listening ran: answers close their connection */
-  char read_buf[65536]; /* shared by every read: libuv reads one socket at a time */
+  int stopping;          /* conn_stop_listening ran: answers close their connection */
+  char read_buf[65536];  /* shared by every read: libuv reads one socket at a time */
   ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
 } net_t;
 
@@ -89,6 +91,7 @@ struct conn_s {
   unsigned shut : 1;                 /* uv_shutdown issued */
   unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
   unsigned reclaimable : 1;          /* on net->reclaim_head's list */
+  unsigned admin : 1;                /* accepted on the admin listener (api/rest.c routes by it) */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
@@ -108,8 +111,10 @@ struct conn_s {
   session_t *session; /* protocol session; NULL before upgrade */
 };
 
-/* Start listening on cfg->listen_host:listen_port (net/listener.h); with
- * port 0, cfg->listen and listen_port get the port chosen. Returns 0 or a
+/* Start listening on cfg->listen_host:listen_port (net/listener.h), and
+ * on cfg->admin_host:admin_port when it is set (its connections are marked
+ * admin); with port 0, cfg->listen and listen_port (admin_listen and
+ * admin_port) get the port chosen. Returns 0 or a
  * negative errno after logging it. */
 int conn_listen(net_t *net);
 

@@ -392,11 +392,24 @@ class Node:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     # -- HTTP -------------------------------------------------------------
-    def request(self, method, path, body=None, headers=None, key=API_KEY, raw_body=None, timeout=5.0):
-        """One request on a fresh connection. body: JSON-encoded if not None;
-        raw_body: bytes sent as is. Returns (status, headers(lowercase dict),
-        json_or_None)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    @property
+    def admin_port(self):
+        """The admin listener's port (CONVERGER_ADMIN_LISTEN), or None."""
+        v = self.overrides.get("CONVERGER_ADMIN_LISTEN", "")
+        return int(v.rsplit(":", 1)[1]) if v and not v.endswith(":0") else None
+
+    def port_for(self, path):
+        """The port that serves `path`: the admin listener's for /metrics,
+        /admin/* and /livez when the node has one, else the client port."""
+        admin = path.startswith("/admin/") or path.split("?")[0] in ("/metrics", "/livez")
+        return self.admin_port if admin and self.admin_port else self.port
+
+    def request(self, method, path, body=None, headers=None, key=API_KEY, raw_body=None, timeout=5.0,
+                port=None):
+        """One request on a fresh connection (to `port`, or the one that
+        serves `path`). body: JSON-encoded if not None; raw_body: bytes sent
+        as is. Returns (status, headers(lowercase dict), json_or_None)."""
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.port_for(path), timeout=timeout)
         try:
             return _do_request(conn, method, path, body, headers, key, raw_body)
         finally:
@@ -405,8 +418,8 @@ class Node:
     def get(self, path, key=None, timeout=5.0, headers=None):
         return self.request("GET", path, key=key, timeout=timeout, headers=headers)
 
-    def get_text(self, path, timeout=5.0):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def get_text(self, path, timeout=5.0, port=None):
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.port_for(path), timeout=timeout)
         try:
             conn.request("GET", path)
             r = conn.getresponse()

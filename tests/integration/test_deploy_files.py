@@ -44,7 +44,7 @@ PER_POD = {"CONVERGER_PUBLIC_URL", "CONVERGER_NODE_ID"}
 # comment in configmap.yaml saying why).
 OVERRIDES = {"CONVERGER_LISTEN", "CONVERGER_DATABASE_URL", "CONVERGER_WEB_DIR",
              "CONVERGER_DRAIN_SHUTDOWN_MS", "CONVERGER_CAPACITY_CONNECTIONS",
-             "CONVERGER_LOG_FORMAT", "CONVERGER_ACCESS_LOG"}
+             "CONVERGER_LOG_FORMAT", "CONVERGER_ACCESS_LOG", "CONVERGER_ADMIN_LISTEN"}
 # How long the node waits for in-flight store jobs when it exits, if
 # src/serve.c does not say (STOP_GRACE_MS).
 STOP_GRACE_FALLBACK_MS = 10000
@@ -236,13 +236,19 @@ class DeployFiles(unittest.TestCase):
         c = self.container()
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         listen_port = int(self.configmap()["CONVERGER_LISTEN"].rsplit(":", 1)[1])
+        admin_port = int(self.configmap()["CONVERGER_ADMIN_LISTEN"].rsplit(":", 1)[1])
         self.assertTrue(self.configmap()["CONVERGER_LISTEN"].startswith("0.0.0.0:"))
+        self.assertTrue(self.configmap()["CONVERGER_ADMIN_LISTEN"].startswith("0.0.0.0:"))
+        # the probes on the admin listener, which serves /livez (and /readyz)
         for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
             get = c[probe]["httpGet"]
             self.assertEqual(get["path"], path)
-            self.assertEqual(ports.get(get["port"], get["port"]), listen_port)
+            self.assertEqual(ports.get(get["port"], get["port"]), admin_port)
+        annotations = self.docs["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(int(annotations["prometheus.io/port"]), admin_port)
+        # the Service: the client port only
         svc = self.docs["Service"]["spec"]
-        self.assertEqual(ports.get(svc["ports"][0]["targetPort"]), listen_port)
+        self.assertEqual([ports.get(p["targetPort"], p["targetPort"]) for p in svc["ports"]], [listen_port])
         labels = self.docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
         for sel in (svc["selector"],
                     self.docs["Deployment"]["spec"]["selector"]["matchLabels"],
