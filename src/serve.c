@@ -400,7 +400,7 @@ int serve_main(int argc, char **argv) {
     pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
   }
   set_max_connections(node);
-  if (conn_listen(&node->net) != 0) goto out;
+  if (conn_listen(&node->net) != 0 || config_admin_url(&cfg) != 0) goto out;
   uv_check_init(node->loop, &node->flush_check);
   node->flush_check.data = node;
   uv_check_start(&node->flush_check, check_cb);

@@ -102,9 +102,13 @@ static json_t *msg_json(const char *conv, const store_msg_t *m) {
 static json_t *node_json(const store_node_t *nd) {
   char ts[25];
   util_format_ts(nd->updated_ms, ts);
-  return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s}", "id", nd->id, "publicUrl", nd->public_url,
-                   "state", nd->state, "connections", (json_int_t)nd->connections, "waiters",
-                   (json_int_t)nd->waiters, "capacity", (json_int_t)nd->capacity, "updatedAt", ts);
+  json_t *v =
+      json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s}", "id", nd->id, "publicUrl", nd->public_url,
+                "state", nd->state, "connections", (json_int_t)nd->connections, "waiters",
+                (json_int_t)nd->waiters, "capacity", (json_int_t)nd->capacity, "updatedAt", ts);
+  /* where its admin routes are, when not on the client port (CONVERGER_ADMIN_LISTEN) */
+  if (v && nd->admin_url[0]) json_object_set_new(v, "adminUrl", json_string(nd->admin_url));
+  return v;
 }
 
 static void set_error(rest_job_t *j, int r) {

@@ -68,8 +68,13 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
   json_array_foreach(nodes, i, nd) {
     const char *id = json_string_value(json_object_get(nd, "id"));
     const char *pub = json_string_value(json_object_get(nd, "publicUrl"));
+    const char *adm = json_string_value(json_object_get(nd, "adminUrl"));
     if (!id || !pub) continue;
-    /* ws://host:port/prefix/v1/ws -> http://host:port/prefix */
+    if (adm && adm[0]) { /* its admin listener (CONVERGER_ADMIN_LISTEN) */
+      if ((r = add(f, id, adm, err, len)) != 0) break;
+      continue;
+    }
+    /* no admin listener: ws://host:port/prefix/v1/ws -> http://host:port/prefix */
     char base[600];
     if (strncmp(pub, "ws://", 5) != 0) {
       snprintf(err, len, "node %s: publicUrl %s is not ws:// (use --nodes with its admin URL)", id,

@@ -43,10 +43,10 @@ typedef struct {
   volatile sig_atomic_t *interrupted; /* the caller's SIGINT flag, or NULL */
 } fleet_t;
 
-/* The live nodes of the cluster that `url` (http://host:port of any node)
- * belongs to, from its GET /admin/cluster: each node's admin URL is its
- * publicUrl's host and port over http. Returns 0, or -1 with a one-line
- * reason in err[len]. */
+/* The live nodes of the cluster that `url` (the admin URL, http://host:port,
+ * of any node) belongs to, from its GET /admin/cluster: each node's admin
+ * URL is its adminUrl (its admin listener), or else its publicUrl's host
+ * and port over http. Returns 0, or -1 with a one-line reason in err[len]. */
 int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len);
 
 /* The nodes at `csv` ("http://a:8080,http://b:8080"), their ids read from

@@ -17,7 +17,7 @@
 typedef struct {
   pool_job_t job;
   membership_t *m;
-  const char *id, *public_url, *state; /* cfg strings, a static string */
+  const char *id, *public_url, *admin_url, *state; /* cfg strings, a static string */
   int64_t connections, waiters, capacity;
   int64_t presence_max_age_ms; /* > 0: sweep presence rows of nodes gone that long */
   int status;
@@ -25,8 +25,8 @@ typedef struct {
 
 static void beat_work(pool_job_t *job, store_t *db) {
   beat_job_t *b = container_of(job, beat_job_t, job);
-  b->status = store_node_beat(db, b->id, b->public_url, b->state, b->connections, b->waiters,
-                              b->capacity, util_now_ms());
+  b->status = store_node_beat(db, b->id, b->public_url, b->admin_url, b->state, b->connections,
+                              b->waiters, b->capacity, util_now_ms());
   if (b->status == 0 && b->presence_max_age_ms > 0) {
     int64_t removed = 0;
     int r = store_presence_sweep(db, util_now_ms(), b->presence_max_age_ms, &removed);
@@ -72,6 +72,7 @@ static void beat(membership_t *m) {
   b->m = m;
   b->id = m->cfg->node_id;
   b->public_url = m->cfg->public_url;
+  b->admin_url = m->cfg->admin_url ? m->cfg->admin_url : "";
   b->state = row.draining ? "draining" : "ready";
   b->connections = row.connections;
   b->waiters = row.waiters;

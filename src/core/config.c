@@ -386,6 +386,34 @@ int config_parse(config_t *cfg, int argc, char **argv) {
   return 0;
 }
 
+int config_admin_url(config_t *cfg) {
+  free(cfg->admin_url);
+  cfg->admin_url = NULL;
+  char buf[600] = "";
+  if (cfg->admin_host) {
+    const char *host = cfg->admin_host;
+    char from_public[300] = "";
+    int any = host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+    if (any && cfg->public_url) { /* ws://HOST:PORT/... or wss://...: its HOST */
+      const char *p = strstr(cfg->public_url, "://");
+      p = p ? p + 3 : cfg->public_url;
+      size_t n = strcspn(p, "/");
+      const char *end = p[0] == '[' ? memchr(p, ']', n) : NULL; /* [v6]:port */
+      const char *colon = memrchr(p, ':', n);
+      if (end)
+        n = (size_t)(end - p) + 1;
+      else if (colon)
+        n = (size_t)(colon - p);
+      snprintf(from_public, sizeof from_public, "%.*s", (int)n, p);
+      host = from_public;
+    }
+    int v6 = strchr(host, ':') && host[0] != '[';
+    snprintf(buf, sizeof buf, v6 ? "http://[%s]:%d" : "http://%s:%d", host, cfg->admin_port);
+  }
+  cfg->admin_url = strdup(buf);
+  return cfg->admin_url ? 0 : -CV_ENOMEM;
+}
+
 static int mkdir_p(const char *dir) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s", dir);
@@ -471,6 +499,7 @@ void config_free(config_t *cfg) {
   }
   free(cfg->listen_host);
   free(cfg->admin_host);
+  free(cfg->admin_url);
   free(cfg->data_dir);
-  cfg->listen_host = cfg->admin_host = cfg->data_dir = NULL;
+  cfg->listen_host = cfg->admin_host = cfg->admin_url = cfg->data_dir = NULL;
 }

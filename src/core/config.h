@@ -20,34 +20,35 @@
   512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
 
 typedef struct {
-  char *listen;                   /* "host:port" */
-  char *listen_host;              /* derived from listen */
-  int listen_port;                /* derived from listen */
-  char *admin_listen;             /* host:port of the admin listener; "" none (all on listen) */
-  char *admin_host;               /* derived from admin_listen; NULL: none */
-  int admin_port;                 /* derived from admin_listen */
-  char *database_url;             /* "sqlite:PATH", "postgres://..." or libpq keywords */
-  char *data_dir;                 /* secrets: the SQLite file's directory; PostgreSQL: "data" */
-  char *api_key;                  /* NULL: generated/stored by config_load_secrets */
-  char *token_secret;             /* NULL: generated/stored by config_load_secrets */
-  char *node_id;                  /* default hostname:port */
-  char *public_url;               /* ws URL for clients (default ws://LISTEN/v1/ws) */
-  char *web_dir;                  /* demo page directory */
-  char *sqlite_sync;              /* off | normal | full */
-  char *log_level;                /* debug | info | warn | error */
-  char *log_format;               /* text | json */
-  int access_log;                 /* 1: a line per REST request and upgrade */
-  int pool_size;                  /* worker threads = database connections */
-  int max_message_bytes;          /* largest WebSocket message accepted, bytes */
-  int heartbeat_ms;               /* ping interval, ms */
-  int hello_timeout_ms;           /* time allowed for the first frame, ms */
-  int header_timeout_ms;          /* time allowed for an HTTP header block, ms */
-  int max_subs;                   /* subscriptions per connection */
-  int token_leeway_ms;            /* skew allowed past a token's exp, ms */
-  char *token_public_keys;        /* RS256 / ES256 key files (gate/keys.h); NULL: none */
-  char *token_issuer;             /* required iss; NULL: not checked */
-  char *token_audience;           /* required aud; NULL: not checked */
-  int rate_send, rate_send_burst; /* send frames per second per connection; 0: off */
+  char *listen;          /* "host:port" */
+  char *listen_host;     /* derived from listen */
+  int listen_port;       /* derived from listen */
+  char *admin_listen;    /* host:port of the admin listener; "" none (all on listen) */
+  char *admin_host;      /* derived from admin_listen; NULL: none */
+  int admin_port;        /* derived from admin_listen */
+  char *admin_url;       /* http://HOST:PORT of the admin listener for others (config_admin_url) */
+  char *database_url;    /* "sqlite:PATH", "postgres://..." or libpq keywords */
+  char *data_dir;        /* secrets: the SQLite file's directory; PostgreSQL: "data" */
+  char *api_key;         /* NULL: generated/stored by config_load_secrets */
+  char *token_secret;    /* NULL: generated/stored by config_load_secrets */
+  char *node_id;         /* default hostname:port */
+  char *public_url;      /* ws URL for clients (default ws://LISTEN/v1/ws) */
+  char *web_dir;         /* demo page directory */
+  char *sqlite_sync;     /* off | normal | full */
+  char *log_level;       /* debug | info | warn | error */
+  char *log_format;      /* text | json */
+  int access_log;        /* 1: a line per REST request and upgrade */
+  int pool_size;         /* worker threads = database connections */
+  int max_message_bytes; /* largest WebSocket message accepted, bytes */
+  int heartbeat_ms;      /* ping interval, ms */
+  int hello_timeout_ms;  /* time allowed for the first frame, ms */
+  int header_timeout_ms; /* time allowed for an HTTP header block, ms */
+  int max_subs;          /* subscriptions per connection */
+  int token_leeway_ms;   /* skew allowed past a token's exp, ms */
+  char *token_public_keys;                  /* RS256 / ES256 key files (gate/keys.h); NULL: none */
+  char *token_issuer;                       /* required iss; NULL: not checked */
+  char *token_audience;                     /* required aud; NULL: not checked */
+  int rate_send, rate_send_burst;           /* send frames per second per connection; 0: off */
   int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
   int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */
   int rate_signal, rate_signal_burst;       /* signal frames, per connection */
@@ -96,6 +97,13 @@ int config_parse(config_t *cfg, int argc, char **argv);
  * data directory (so the caller can say where it is). Returns 0 or a negative
  * errno after logging why. */
 int config_load_secrets(config_t *cfg, int create, int *key_from_file);
+
+/* Set cfg->admin_url, the URL other hosts (converger roll) reach the admin
+ * listener at, once it listens (its port may have been chosen):
+ * http://HOST:admin_port with HOST the listener's address, or the host of
+ * public_url when it listens on every address (0.0.0.0, ::); "" without an
+ * admin listener. Returns 0 or -CV_ENOMEM. Loop thread, at start. */
+int config_admin_url(config_t *cfg);
 
 void config_free(config_t *cfg);
 

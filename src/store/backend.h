@@ -65,8 +65,9 @@ struct store_ops_s {
   /* *jtis NULL, *n 0. */
   int (*revocations)(store_t *s, int64_t now_s, char ***jtis, size_t *n);
   /* Lengths and `state` checked; `since_ms` = now_ms - max_age_ms. */
-  int (*node_beat)(store_t *s, const char *id, const char *public_url, const char *state,
-                   int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms);
+  int (*node_beat)(store_t *s, const char *id, const char *public_url, const char *admin_url,
+                   const char *state, int64_t connections, int64_t waiters, int64_t capacity,
+                   int64_t now_ms);
   /* *out NULL, *n 0. */
   int (*nodes_live)(store_t *s, int64_t since_ms, store_node_t **out, size_t *n);
   /* Optional (NULL: no other node listens): send `payload` to every node. */

@@ -82,11 +82,11 @@ typedef struct {
   char origin[STORE_ID_MAX + 1];   /* USER_*: the node the request came to */
   char user[STORE_ID_MAX +
             1]; /* USER_*, PRESENCE_*: the token sub; USER_UNSUBSCRIBE's conv is `conv` */
-  char client[STORE_ID_MAX + 1];   /* PRESENCE_*: the client instance */
-  int edge;                        /* PRESENCE_*: the user's first (join) or last (leave) client */
-  int code;                        /* USER_DISCONNECT: the close code */
-  int64_t retry_ms;                /* USER_DISCONNECT: the hint, 0 none */
-  const char *reason;              /* USER_DISCONNECT: into the payload ("" none) */
+  char client[STORE_ID_MAX + 1]; /* PRESENCE_*: the client instance */
+  int edge;                      /* PRESENCE_*: the user's first (join) or last (leave) client */
+  int code;                      /* USER_DISCONNECT: the close code */
+  int64_t retry_ms;              /* USER_DISCONNECT: the hint, 0 none */
+  const char *reason;            /* USER_DISCONNECT: into the payload ("" none) */
 } notify_t;
 
 /* The fields of a user disconnect, as POST /admin/users/{user}/disconnect

@@ -152,6 +152,11 @@ static const char *const migrations[] = {
     " since_ms BIGINT NOT NULL,"
     " PRIMARY KEY (conv, user_id, client, node_id));"
     "CREATE INDEX presence_node ON presence (node_id);",
+    /* 6: the http URL of a node's admin listener (CONVERGER_ADMIN_LISTEN),
+     * where converger roll reaches its admin routes; '' for none, which is
+     * what rows of nodes from before it say (a node of an older version
+     * writes rows without it: the default). */
+    "ALTER TABLE nodes ADD COLUMN admin_url TEXT NOT NULL DEFAULT '';",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -237,13 +242,14 @@ static const char *const migrations[] = {
   " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"
 #define SQL_REVOCATIONS "SELECT jti FROM revocations WHERE exp_s >= $1 ORDER BY jti"
 #define SQL_NODE_BEAT                                                                              \
-  "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms, capacity)"          \
-  " VALUES ($1, $2, $3, $4, $5, $6, $7)"                                                           \
+  "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms, capacity,"          \
+  " admin_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"                                            \
   " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url, state = excluded.state,"      \
   " connections = excluded.connections, waiters = excluded.waiters,"                               \
-  " updated_ms = excluded.updated_ms, capacity = excluded.capacity"
+  " updated_ms = excluded.updated_ms, capacity = excluded.capacity, admin_url = "                  \
+  "excluded.admin_url"
 #define SQL_NODES_LIVE                                                                             \
-  "SELECT id, public_url, state, connections, waiters, updated_ms, capacity"                       \
+  "SELECT id, public_url, state, connections, waiters, updated_ms, capacity, admin_url"            \
   " FROM nodes WHERE updated_ms >= $1 ORDER BY id"
 
 typedef struct {
@@ -973,17 +979,18 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
 
 /* ---- membership ------------------------------------------------------- */
 
-static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
-                        int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
+static int op_node_beat(store_t *base, const char *id, const char *public_url,
+                        const char *admin_url, const char *state, int64_t connections,
+                        int64_t waiters, int64_t capacity, int64_t now_ms) {
   pg_t *s = pg(base);
   char c[24], w[24], t[24], k[24];
-  const char *const p[] = {id, public_url, state, c, w, t, k};
+  const char *const p[] = {id, public_url, state, c, w, t, k, admin_url};
   fmt_i64(c, connections);
   fmt_i64(w, waiters);
   fmt_i64(t, now_ms);
   fmt_i64(k, capacity);
   int err = conn_ready(s);
-  return err ? err : run(s, "node beat", SQL_NODE_BEAT, 7, p, NULL);
+  return err ? err : run(s, "node beat", SQL_NODE_BEAT, 8, p, NULL);
 }
 
 static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, size_t *n) {
@@ -1010,6 +1017,7 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
     v[i].waiters = get_i64(r, row, 4);
     v[i].updated_ms = get_i64(r, row, 5);
     v[i].capacity = get_i64(r, row, 6);
+    store_copy_str(v[i].admin_url, sizeof v[i].admin_url, PQgetvalue(r, row, 7));
   }
   PQclear(r);
   *out = v;

@@ -99,6 +99,10 @@ static const char *const migrations[] = {
     /* 5: whether a channel's conversations carry signals (docs/protocol.md
      * 4.10); channels from before it do not. */
     "ALTER TABLE channels ADD COLUMN signals INTEGER NOT NULL DEFAULT 0 CHECK (signals IN (0, 1));",
+    /* 6: the http URL of a node's admin listener (CONVERGER_ADMIN_LISTEN),
+     * where converger roll reaches its admin routes; "" for none, which is
+     * what rows of nodes from before it say. */
+    "ALTER TABLE nodes ADD COLUMN admin_url TEXT NOT NULL DEFAULT '';",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -169,13 +173,13 @@ static const char *const stmt_sql[ST_COUNT_] = {
                   " SET exp_s = max(exp_s, excluded.exp_s)",
     [ST_REVOCATIONS] = "SELECT jti FROM revocations WHERE exp_s >= ?1 ORDER BY jti",
     [ST_NODE_BEAT] = "INSERT INTO nodes (id, public_url, state, connections, waiters, updated_ms,"
-                     " capacity) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                     " capacity, admin_url) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
                      " ON CONFLICT (id) DO UPDATE SET public_url = excluded.public_url,"
                      " state = excluded.state, connections = excluded.connections,"
                      " waiters = excluded.waiters, updated_ms = excluded.updated_ms,"
-                     " capacity = excluded.capacity",
-    [ST_NODES_LIVE] = "SELECT id, public_url, state, connections, waiters, updated_ms, capacity"
-                      " FROM nodes WHERE updated_ms >= ?1 ORDER BY id",
+                     " capacity = excluded.capacity, admin_url = excluded.admin_url",
+    [ST_NODES_LIVE] = "SELECT id, public_url, state, connections, waiters, updated_ms, capacity,"
+                      " admin_url FROM nodes WHERE updated_ms >= ?1 ORDER BY id",
 };
 
 typedef struct {
@@ -928,8 +932,9 @@ static int op_revocations(store_t *base, int64_t now_s, char ***jtis, size_t *n)
 
 /* ---- membership ------------------------------------------------------- */
 
-static int op_node_beat(store_t *base, const char *id, const char *public_url, const char *state,
-                        int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
+static int op_node_beat(store_t *base, const char *id, const char *public_url,
+                        const char *admin_url, const char *state, int64_t connections,
+                        int64_t waiters, int64_t capacity, int64_t now_ms) {
   sq_t *s = sq(base);
   sqlite3_stmt *st = NULL;
   int err = stmt_get(s, ST_NODE_BEAT, &st);
@@ -941,6 +946,7 @@ static int op_node_beat(store_t *base, const char *id, const char *public_url, c
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 5, waiters);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 6, now_ms);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 7, capacity);
+  if (rc == SQLITE_OK) rc = bind_text(st, 8, admin_url);
   if (rc == SQLITE_OK) rc = sqlite3_step(st);
   if (rc != SQLITE_DONE) err = db_error(s, rc, "node beat");
   stmt_done(st);
@@ -976,6 +982,7 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
     r->waiters = sqlite3_column_int64(st, 4);
     r->updated_ms = sqlite3_column_int64(st, 5);
     r->capacity = sqlite3_column_int64(st, 6);
+    col_copy(st, 7, r->admin_url, sizeof r->admin_url);
   }
   if (!err && rc != SQLITE_DONE) err = db_error(s, rc, "nodes live");
   stmt_done(st);

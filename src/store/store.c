@@ -24,7 +24,8 @@
 
 #define BUSY_TIMEOUT_DEFAULT_MS 5000
 
-_Static_assert(STORE_URL_MAX == CONFIG_URL_MAX, "a public URL the config accepts fits the membership row");
+_Static_assert(STORE_URL_MAX == CONFIG_URL_MAX,
+               "a public URL the config accepts fits the membership row");
 
 /* ---- dispatch ---------------------------------------------------------- */
 
@@ -146,14 +147,17 @@ static int node_state_valid(const char *state) {
   return state != NULL && (strcmp(state, "ready") == 0 || strcmp(state, "draining") == 0);
 }
 
-int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
-                    int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms) {
+int store_node_beat(store_t *s, const char *id, const char *public_url, const char *admin_url,
+                    const char *state, int64_t connections, int64_t waiters, int64_t capacity,
+                    int64_t now_ms) {
   if (s == NULL || id == NULL || id[0] == '\0' || strnlen(id, STORE_ID_MAX + 1) > STORE_ID_MAX ||
       public_url == NULL || public_url[0] == '\0' ||
-      strnlen(public_url, STORE_URL_MAX + 1) > STORE_URL_MAX || !node_state_valid(state) ||
+      strnlen(public_url, STORE_URL_MAX + 1) > STORE_URL_MAX || admin_url == NULL ||
+      strnlen(admin_url, STORE_URL_MAX + 1) > STORE_URL_MAX || !node_state_valid(state) ||
       connections < 0 || waiters < 0 || capacity < 0)
     return -CV_EINVAL;
-  return s->ops->node_beat(s, id, public_url, state, connections, waiters, capacity, now_ms);
+  return s->ops->node_beat(s, id, public_url, admin_url, state, connections, waiters, capacity,
+                           now_ms);
 }
 
 int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out,

@@ -47,7 +47,6 @@ typedef enum {
   STORE_SYNC_FULL = 2,
 } store_sync_t;
 
-
 typedef struct {
   char id[STORE_ID_MAX + 1];
   char name[STORE_NAME_MAX + 1];
@@ -82,7 +81,7 @@ typedef struct {
   char id[STORE_ID_MAX + 1];
   char *sender;
   char *body;
-  int64_t ts_ms; /* commit time, ms since the Unix epoch, UTC */
+  int64_t ts_ms;                   /* commit time, ms since the Unix epoch, UTC */
   char epoch[STORE_EPOCH_MAX + 1]; /* its conversation's epoch when it was read or appended */
 } store_msg_t;
 
@@ -105,10 +104,10 @@ typedef struct {
 } store_shared_t;
 
 typedef struct {
-  store_sync_t sync;   /* SQLite PRAGMA synchronous (PostgreSQL: ignored) */
-  int busy_timeout_ms; /* how long to wait for a lock (SQLite busy timeout,
-                          PostgreSQL lock_timeout); 0 = 5000 */
-  int notify;          /* PostgreSQL: NOTIFY as above (SQLite: ignored) */
+  store_sync_t sync;      /* SQLite PRAGMA synchronous (PostgreSQL: ignored) */
+  int busy_timeout_ms;    /* how long to wait for a lock (SQLite busy timeout,
+                             PostgreSQL lock_timeout); 0 = 5000 */
+  int notify;             /* PostgreSQL: NOTIFY as above (SQLite: ignored) */
   store_shared_t *shared; /* borrowed; NULL: the connection keeps its own */
 } store_options_t;
 
@@ -116,6 +115,7 @@ typedef struct {
 typedef struct {
   char id[STORE_ID_MAX + 1];
   char public_url[STORE_URL_MAX + 1];   /* the ws URL clients should use for it */
+  char admin_url[STORE_URL_MAX + 1];    /* http URL of its admin listener; "" none (migration 6) */
   char state[STORE_NODE_STATE_MAX + 1]; /* "ready" or "draining" */
   int64_t connections;                  /* its WebSocket connections */
   int64_t waiters;                      /* its admission waiters */
@@ -237,14 +237,16 @@ void store_strings_free(char **v, size_t n);
 
 /* Cluster membership (cluster/membership.h). beat: insert or replace the
  * row of node `id` (1..STORE_ID_MAX bytes, any characters) with the other
- * fields and updated_ms = now_ms; `public_url` 1..STORE_URL_MAX bytes,
+ * fields and updated_ms = now_ms; `public_url` 1..STORE_URL_MAX bytes, `admin_url` 0..STORE_URL_MAX
+ * ("": the node has no admin listener),
  * `state` "ready" or "draining", counts and capacity (0: not set) >= 0
  * (else -CV_EINVAL). live: the
  * rows with updated_ms >= now_ms - max_age_ms (max_age_ms >= 0), ordered by
  * id, as a heap array of *n rows (NULL when 0) freed with store_nodes_free.
  * Rows are never deleted: a node that stopped beating just ages out. */
-int store_node_beat(store_t *s, const char *id, const char *public_url, const char *state,
-                    int64_t connections, int64_t waiters, int64_t capacity, int64_t now_ms);
+int store_node_beat(store_t *s, const char *id, const char *public_url, const char *admin_url,
+                    const char *state, int64_t connections, int64_t waiters, int64_t capacity,
+                    int64_t now_ms);
 int store_nodes_live(store_t *s, int64_t now_ms, int64_t max_age_ms, store_node_t **out, size_t *n);
 void store_nodes_free(store_node_t *v);
 
@@ -256,11 +258,11 @@ int store_announce(store_t *s, const char *payload);
 
 /* ---- Presence across nodes (PostgreSQL) -----------------------------------
  * One row per conversation, user (the token's sub), client instance and
- * node holding a connection of it, with since when (wall ms). Each node writes the rows of its own clients and hears
- * the others' through NOTIFY: with store_options_t.notify, the transaction
- * in which a client appears or goes also announces it ("p j ...",
- * "p l ...": store/notify.h). A single node on SQLite keeps presence in its
- * memory (proto/presence.h) and these return -CV_EINVAL there. */
+ * node holding a connection of it, with since when (wall ms). Each node writes the rows of its own
+ * clients and hears the others' through NOTIFY: with store_options_t.notify, the transaction in
+ * which a client appears or goes also announces it ("p j ...", "p l ...": store/notify.h). A single
+ * node on SQLite keeps presence in its memory (proto/presence.h) and these return -CV_EINVAL there.
+ */
 
 typedef struct {
   char user[STORE_ID_MAX + 1];

@@ -45,7 +45,7 @@ static fx_peer_t *live(fx_t *fx) {
 static void beat(fx_t *fx, const char *id, const char *state, int64_t conns) {
   char url[64];
   snprintf(url, sizeof url, "ws://%s.test/v1/ws", id);
-  assert_int_equal(store_node_beat(fx->db, id, url, state, conns, 0, 0, util_now_ms()), 0);
+  assert_int_equal(store_node_beat(fx->db, id, url, "", state, conns, 0, 0, util_now_ms()), 0);
 }
 
 static void setup_fx(fx_t *fx, int window_ms, int rate, int shutdown_ms) {

@@ -608,10 +608,11 @@ static void test_epochs(void **state) {
 
   /* A database from before epochs (schema version 2): migrating gives
    * every conversation that exists an epoch of its own (and the nodes
-   * their capacity, version 4). */
+   * their capacity, version 4, and admin URL, version 6). */
   raw_t raw = raw_open(f);
   raw_exec(&raw, "ALTER TABLE conversations DROP COLUMN epoch");
   raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN capacity");
+  raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN admin_url");
   raw_exec(&raw, "ALTER TABLE channels DROP COLUMN signals");
   raw_exec(&raw, "DROP TABLE IF EXISTS presence");
   raw_exec(&raw, "DELETE FROM schema_version WHERE version >= 3");
@@ -948,9 +949,10 @@ static void test_membership(void **state) {
   fx_t *f = *state;
   store_t *s = f->s;
   expect_live(s, 10000, 3000, "");
-  assert_int_equal(store_node_beat(s, "node-b", "ws://b:1/v1/ws", "ready", 3, 1, 0, 9000), 0);
-  assert_int_equal(store_node_beat(s, "node-a", "ws://a:1/v1/ws", "ready", 5, 0, 0, 8000), 0);
-  assert_int_equal(store_node_beat(s, "node-c", "ws://c:1/v1/ws", "draining", 0, 0, 0, 6999), 0);
+  assert_int_equal(store_node_beat(s, "node-b", "ws://b:1/v1/ws", "", "ready", 3, 1, 0, 9000), 0);
+  assert_int_equal(store_node_beat(s, "node-a", "ws://a:1/v1/ws", "", "ready", 5, 0, 0, 8000), 0);
+  assert_int_equal(store_node_beat(s, "node-c", "ws://c:1/v1/ws", "", "draining", 0, 0, 0, 6999),
+                   0);
   /* ordered by id; updated_ms >= now - max_age; older rows are not live */
   expect_live(s, 10000, 3000, "node-a/ready/5/0/8000,node-b/ready/3/1/9000");
   expect_live(s, 9999, 3000,
@@ -958,14 +960,16 @@ static void test_membership(void **state) {
   expect_live(s, 20000, 3000, "");
 
   /* upsert replaces every field of the row */
-  assert_int_equal(
-      store_node_beat(s, "node-a", "wss://a.example/v1/ws", "draining", 7, 2, 5000, 19000), 0);
+  assert_int_equal(store_node_beat(s, "node-a", "wss://a.example/v1/ws", "http://a.example:9090",
+                                   "draining", 7, 2, 5000, 19000),
+                   0);
   expect_live(s, 20000, 3000, "node-a/draining/7/2/19000");
   store_node_t *v = NULL;
   size_t n = 0;
   assert_int_equal(store_nodes_live(s, 20000, 3000, &v, &n), 0);
   assert_int_equal(n, 1);
   assert_string_equal(v[0].public_url, "wss://a.example/v1/ws");
+  assert_string_equal(v[0].admin_url, "http://a.example:9090");
   assert_int_equal(v[0].capacity, 5000);
   store_nodes_free(v);
 
@@ -973,7 +977,7 @@ static void test_membership(void **state) {
    * parameters, never SQL */
   store_t *s2 = NULL;
   assert_int_equal(store_open(f->url, &test_opt, &s2), 0);
-  assert_int_equal(store_node_beat(s2, SQL_EVIL, "ws://" SQL_EVIL, "ready", 0, 0, 0, 19500), 0);
+  assert_int_equal(store_node_beat(s2, SQL_EVIL, "ws://" SQL_EVIL, "", "ready", 0, 0, 0, 19500), 0);
   assert_int_equal(store_nodes_live(s2, 20000, 3000, &v, &n), 0);
   assert_int_equal(n, 2);
   assert_string_equal(v[0].id, SQL_EVIL); /* "'" sorts before "n" */
@@ -983,13 +987,13 @@ static void test_membership(void **state) {
   store_close(s2);
 
   /* bad arguments */
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "gone", 0, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", NULL, 0, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "", "ws://x", "ready", 0, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "", "ready", 0, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", -1, 0, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, -1, 0, 1), -CV_EINVAL);
-  assert_int_equal(store_node_beat(s, "x", "ws://x", "ready", 0, 0, -1, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "", "gone", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "", NULL, 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "", "ws://x", "", "ready", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "", "", "ready", 0, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "", "ready", -1, 0, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "", "ready", 0, -1, 0, 1), -CV_EINVAL);
+  assert_int_equal(store_node_beat(s, "x", "ws://x", "", "ready", 0, 0, -1, 1), -CV_EINVAL);
   assert_int_equal(store_nodes_live(s, 1, -1, &v, &n), -CV_EINVAL);
   assert_null(v);
   assert_int_equal(n, 0);
@@ -1621,8 +1625,8 @@ static void test_presence_rows(void **state) {
   assert_int_equal(store_presence_join(s, "c", "k5", "carl", "gone", 500, &joined, &first), 0);
   assert_int_equal(store_presence_join(s, "d", "k6", "bob", "gone", 500, &joined, &first), 0);
   heard(&raw, 3, got, sizeof got);
-  assert_int_equal(store_node_beat(s, "b", "ws://b:1/v1/ws", "ready", 1, 0, 0, 10000), 0);
-  assert_int_equal(store_node_beat(s, "gone", "ws://g:1/v1/ws", "ready", 1, 0, 0, 5000), 0);
+  assert_int_equal(store_node_beat(s, "b", "ws://b:1/v1/ws", "", "ready", 1, 0, 0, 10000), 0);
+  assert_int_equal(store_node_beat(s, "gone", "ws://g:1/v1/ws", "", "ready", 1, 0, 0, 5000), 0);
   /* gone's row is 5000 ms old: within an age of 6000 nothing goes */
   assert_int_equal(store_presence_sweep(s, 10000, 6000, &removed), 0);
   assert_int_equal(removed, 0);
