@@ -84,8 +84,14 @@ export class Node {
     return `ws://127.0.0.1:${this.port}/v1/ws`;
   }
 
+  /** http://127.0.0.1:PORT of its admin listener (/metrics, /admin/*, /livez). */
+  get adminUrl() {
+    return `http://127.0.0.1:${this.adminPort}`;
+  }
+
   async start() {
     if (!this.port) this.port = await freePort();
+    if (!this.adminPort) this.adminPort = await freePort();
     const env = { ...process.env };
     for (const k of Object.keys(env)) if (k.startsWith("CONVERGER_")) delete env[k];
     Object.assign(env, {
@@ -94,6 +100,7 @@ export class Node {
       CONVERGER_API_KEY: API_KEY,
       CONVERGER_TOKEN_SECRET: TOKEN_SECRET,
       CONVERGER_NODE_ID: `test:${this.port}`,
+      CONVERGER_ADMIN_LISTEN: `127.0.0.1:${this.adminPort}`,
       CONVERGER_DRAIN_SHUTDOWN_MS: "0",
       ...this.overrides,
     });
@@ -146,7 +153,8 @@ export class Node {
 
   /** A REST call: { status, body (parsed JSON or null) }. */
   async request(method, path, body, headers = {}) {
-    const r = await fetch(this.url + path, {
+    const admin = path.startsWith("/admin/") || path === "/metrics" || path === "/livez";
+    const r = await fetch((admin ? this.adminUrl : this.url) + path, {
       method,
       headers: { Authorization: `Bearer ${API_KEY}`, "Content-Type": "application/json", ...headers },
       body: body === undefined ? undefined : JSON.stringify(body),

@@ -91,8 +91,8 @@ static void usage(FILE *out, int balance_only) {
                  "/readyz, pauses while a survivor is hot, aborts on the connections-drop alarm,\n"
                  "a survivor hot for too long, a node that does not come back, or Ctrl-C; then\n"
                  "balances the fleet. Prints the plan first.\n\n");
-  fprintf(out, "  --url URL              http://host:port of any node: the fleet is its GET\n"
-               "                         /admin/cluster\n"
+  fprintf(out, "  --url URL              the admin URL (http://host:9090) of any node: the fleet\n"
+               "                         is its GET /admin/cluster, each node at its adminUrl\n"
                "  --nodes URL,...        or the nodes' own http:// admin URLs\n"
                "  --api-key KEY          the nodes' API key (default: $" ROLL_API_KEY_ENV ")\n");
   if (!balance_only)

@@ -40,7 +40,7 @@ typedef struct {
 static const setting_t settings[] = {
     S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
       "address and port for HTTP, WebSocket, health and metrics"),
-    S("CONVERGER_ADMIN_LISTEN", "admin-listen", K_ADMIN, admin_listen, "", 0, 0, NULL,
+    S("CONVERGER_ADMIN_LISTEN", "admin-listen", K_ADMIN, admin_listen, "127.0.0.1:9090", 0, 0, NULL,
       "host:port of a second, private listener for /metrics, /admin/*, /livez and /readyz, "
       "which the client port then no longer serves (it keeps /readyz); empty: none, everything "
       "on the client port"),

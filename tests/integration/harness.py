@@ -194,6 +194,7 @@ class Node:
         self.log_path = os.path.join(self.tmpdir, "node.log")
         self.overrides = dict(env or {})
         self.port = free_port()
+        self._admin_port = free_port()  # CONVERGER_ADMIN_LISTEN's, unless env sets it
         self.proc = None
         self.exit_codes = []
         self.ready_timeout = ready_timeout
@@ -221,6 +222,7 @@ class Node:
             "CONVERGER_API_KEY": API_KEY,
             "CONVERGER_TOKEN_SECRET": TOKEN_SECRET,
             "CONVERGER_NODE_ID": self.node_id,
+            "CONVERGER_ADMIN_LISTEN": "127.0.0.1:%d" % self._admin_port,
             # Tests stop their nodes with SIGTERM and want them gone at once:
             # no drain (1001 to every socket) unless a test asks for one.
             "CONVERGER_DRAIN_SHUTDOWN_MS": "0",
@@ -257,8 +259,9 @@ class Node:
                 last = e
                 log = self.log_text()
                 if "in use" in log.lower() and attempt < 2:
-                    # lost the free-port race with a parallel test: new port
+                    # lost the free-port race with a parallel test: new ports
                     self.port = free_port()
+                    self._admin_port = free_port()
                     continue
                 raise
         raise last
@@ -394,9 +397,15 @@ class Node:
     # -- HTTP -------------------------------------------------------------
     @property
     def admin_port(self):
-        """The admin listener's port (CONVERGER_ADMIN_LISTEN), or None."""
-        v = self.overrides.get("CONVERGER_ADMIN_LISTEN", "")
+        """The admin listener's port (CONVERGER_ADMIN_LISTEN: a free port of
+        its own unless env sets it), or None when env turns it off ("")."""
+        v = self.overrides.get("CONVERGER_ADMIN_LISTEN", "127.0.0.1:%d" % self._admin_port)
         return int(v.rsplit(":", 1)[1]) if v and not v.endswith(":0") else None
+
+    @property
+    def admin_url(self):
+        """http://127.0.0.1:PORT of the admin listener (the client port without one)."""
+        return "http://127.0.0.1:%d" % (self.admin_port or self.port)
 
     def port_for(self, path):
         """The port that serves `path`: the admin listener's for /metrics,

@@ -1,9 +1,10 @@
-"""CONVERGER_ADMIN_LISTEN: a second, private listener for the operator's
-routes. With it set, /metrics, /admin/* and /livez are served there and not
+"""CONVERGER_ADMIN_LISTEN (127.0.0.1:9090 by default): a second, private
+listener for the operator's routes. /metrics, /admin/* and /livez are served there and not
 on the client port (404 with a JSON body that says where); /readyz is on
 both (load balancers probe the port they send to); the client port keeps
 the protocol, REST and the demo page, which the admin port does not serve.
-Without it (the default), everything is on the client port."""
+Set empty, everything is on the client port. The node's membership row
+says where its admin listener is (adminUrl in /admin/cluster)."""
 
 import os
 import re
@@ -57,10 +58,27 @@ class AdminListen(NodeCase):
         self.assertEqual(n.request("GET", "/admin/status")[0], 200)
         self.assertIn("/metrics, /admin/*, /livez and /readyz on http://127.0.0.1:%d" % admin, n.log_text())
 
-    def test_without_it_everything_is_on_the_client_port(self):
-        n = self.node_start()
+    def test_empty_puts_everything_on_the_client_port(self):
+        n = self.node_start({"CONVERGER_ADMIN_LISTEN": ""})
         for path in ("/metrics", "/livez", "/readyz", "/admin/status"):
-            self.assertEqual(n.request("GET", path)[0], 200, path)
+            self.assertEqual(n.request("GET", path, port=n.port)[0], 200, path)
+        st, _, js = n.request("GET", "/admin/cluster", port=n.port)
+        self.assertNotIn("adminUrl", js["nodes"][0])
+
+    def test_the_default_and_the_membership_row(self):
+        p = subprocess.run([harness.binary(), "serve", "--help"], capture_output=True, text=True, timeout=10)
+        self.assertRegex(p.stdout, r"CONVERGER_ADMIN_LISTEN[^\n]*\n?[^\n]*127\.0\.0\.1:9090")
+        n = self.node_start()  # the harness gives it a free admin port
+        st, _, js = n.request("GET", "/admin/cluster")
+        self.assertEqual(st, 200, js)
+        me = next(x for x in js["nodes"] if x["id"] == n.node_id)
+        self.assertEqual(me["adminUrl"], "http://127.0.0.1:%d" % n.admin_port)
+        # listening on every address: the host of the public URL
+        m = self.node_start({"CONVERGER_ADMIN_LISTEN": "0.0.0.0:%d" % harness.free_port(),
+                             "CONVERGER_PUBLIC_URL": "ws://gw-7.example:8080/v1/ws"})
+        st, _, js = m.request("GET", "/admin/cluster")
+        me = next(x for x in js["nodes"] if x["id"] == m.node_id)
+        self.assertEqual(me["adminUrl"], "http://gw-7.example:%d" % m.admin_port)
 
     def test_port_0_and_bad_values(self):
         n = self.node_start({"CONVERGER_ADMIN_LISTEN": "127.0.0.1:0"})

@@ -50,15 +50,16 @@ def port_free(port):
 
 
 def free_ports():
-    """A base with base..base+3 free, and a fifth free port for the stats
-    page; outside the ephemeral range, where outgoing connections and
-    harness.free_port() take theirs."""
+    """A base with base..base+3 and the admin ports base+11..base+13 free,
+    and a free port for the stats page; outside the ephemeral range, where
+    outgoing connections and harness.free_port() take theirs."""
     for _ in range(200):
         base = random.randrange(20000, 31000)
         stats = random.randrange(20000, 31000)
-        if base <= stats <= base + 3:
+        if base <= stats <= base + 13:
             continue
-        if all(port_free(p) for p in (base, base + 1, base + 2, base + 3, stats)):
+        ports = (base, base + 1, base + 2, base + 3, base + 11, base + 12, base + 13, stats)
+        if all(port_free(p) for p in ports):
             return base, stats
     raise RuntimeError("no free ports found")
 
@@ -256,13 +257,20 @@ class ClusterScript(unittest.TestCase):
             self.assertEqual([(m["seq"], m["id"], m["body"]) for m in js["messages"]],
                              [(1, "m-1", {"text": "through haproxy"})])
 
-        # membership: node-1..node-3 with the public URLs the script gave them
-        want = {"node-%d" % n: "ws://127.0.0.1:%d/v1/ws" % (lb + n) for n in (1, 2, 3)}
+        # the operator's routes: not through HAProxy, on each node's admin listener
+        self.assertEqual(self.request(lb, "GET", "/admin/cluster", key=key)[0], 404)
+        self.assertEqual(self.request(lb, "GET", "/metrics")[0], 404)
+        for n in (1, 2, 3):
+            self.assertEqual(state["NODE%d_ADMIN_URL" % n], "http://127.0.0.1:%d" % (lb + 10 + n))
+        self.assertIn("http://127.0.0.1:%d" % (lb + 11), summary)
+        # membership: node-1..node-3 with the public and admin URLs the script gave them
+        want = {"node-%d" % n: ("ws://127.0.0.1:%d/v1/ws" % (lb + n), "http://127.0.0.1:%d" % (lb + 10 + n))
+                for n in (1, 2, 3)}
         deadline = time.monotonic() + 5
         while True:
-            st, js = self.request(lb, "GET", "/admin/cluster", key=key)
+            st, js = self.request(lb + 11, "GET", "/admin/cluster", key=key)
             self.assertEqual(st, 200, js)
-            seen = {n["id"]: n["publicUrl"] for n in js["nodes"]}
+            seen = {n["id"]: (n["publicUrl"], n.get("adminUrl")) for n in js["nodes"]}
             if seen == want:
                 break
             if time.monotonic() > deadline:

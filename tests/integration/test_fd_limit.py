@@ -248,7 +248,7 @@ class FdLimit(Base):
                 self.connect(n.port)
             for path, key in (("/livez", None), ("/readyz", None), ("/metrics", None),
                               ("/admin/status", API_KEY)):
-                st, secs = self.probe(n.port, path, key)
+                st, secs = self.probe(n.port_for(path), path, key)
                 self.assertEqual(st, 200, "%s during the flood (round %d): %r after %.3f s"
                                  % (path, round, st, secs))
                 if secs >= PROBE_BUDGET_S:
@@ -329,7 +329,7 @@ class FdLimit(Base):
             s.close()
         deadline = time.monotonic() + 5
         while True:
-            st, secs = self.probe(n.port, "/metrics")
+            st, secs = self.probe(n.port_for("/metrics"), "/metrics")
             if st == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

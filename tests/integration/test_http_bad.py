@@ -143,17 +143,17 @@ class HttpBad(NodeCase):
         self.assertNotEqual(st, 413, b[:200])
 
     def test_header_block_over_16kib_431(self):
-        data = req("GET", "/livez", headers=[("X-Big", "a" * (17 * 1024))])
+        data = req("GET", "/readyz", headers=[("X-Big", "a" * (17 * 1024))])
         st, h, b, r = self.raw(data)
         self.assertEqual(st, 431, b[:200])
         # many small headers too
-        data = req("GET", "/livez", headers=[("X-H%d" % i, "v" * 60) for i in range(300)])
+        data = req("GET", "/readyz", headers=[("X-H%d" % i, "v" * 60) for i in range(300)])
         st, h, b, r = self.raw(data)
         self.assertEqual(st, 431, b[:200])
         self.assertEqual(self.node.get("/livez")[0], 200)
 
     def test_header_block_under_16kib_ok(self):
-        st, h, b, r = self.raw(req("GET", "/livez", headers=[("X-Big", "a" * (12 * 1024))]))
+        st, h, b, r = self.raw(req("GET", "/readyz", headers=[("X-Big", "a" * (12 * 1024))]))
         self.assertEqual(st, 200)
 
     # ---- routes and methods ---------------------------------------------
@@ -512,7 +512,7 @@ class HttpBad(NodeCase):
             self.assertEqual(st, 201, b)
             self.assertEqual(json.loads(b)["seq"], i + 1)
             self.assertNotEqual(h.get("connection", "").lower(), "close")
-        s.sendall(req("GET", "/livez"))
+        s.sendall(req("GET", "/readyz"))
         self.assertEqual(r.read_response()[0], 200)
         # an error answer keeps the connection too (it is not a protocol error)
         s.sendall(req("GET", "/nope"))
@@ -522,7 +522,7 @@ class HttpBad(NodeCase):
         self.assertEqual(st, 200)
         self.assertEqual(json.loads(b)["head"], 5)
         # Connection: close is honoured
-        s.sendall(req("GET", "/livez", headers=[("Connection", "close")]))
+        s.sendall(req("GET", "/readyz", headers=[("Connection", "close")]))
         self.assertEqual(r.read_response()[0], 200)
         self.assertTrue(r.at_eof(3))
 
@@ -533,7 +533,7 @@ class HttpBad(NodeCase):
             req("GET", "/v1/conversations/%s" % c1),
             req("POST", "/v1/conversations/%s/messages" % c2, body=b'{"sender":"p","body":"first"}'),
             req("GET", "/nope"),
-            req("GET", "/livez"),
+            req("GET", "/readyz"),
             req("POST", "/v1/conversations/%s/messages" % c2, body=b'{"sender":"p","body":"second"}'),
             req("GET", "/v1/conversations/%s" % c2),
             req("POST", "/v1/channels", body=b"{bad json"),
@@ -555,7 +555,7 @@ class HttpBad(NodeCase):
     def test_pipelining_byte_by_byte(self):
         n = self.node
         c1 = n.new_conv()
-        batch = req("GET", "/livez") + req("GET", "/v1/conversations/%s" % c1) + req("GET", "/readyz")
+        batch = req("GET", "/readyz") + req("GET", "/v1/conversations/%s" % c1) + req("GET", "/readyz")
         s = raw_connect(n.port)
         self.addCleanup(s.close)
         for i in range(len(batch)):
@@ -737,7 +737,7 @@ class HeaderTimeout(NodeCase):
         s = raw_connect(self.node.port)
         self.addCleanup(s.close)
         r = HttpReader(s)
-        s.sendall(req("GET", "/livez"))
+        s.sendall(req("GET", "/readyz"))
         self.assertEqual(r.read_response()[0], 200)
         t0 = time.monotonic()
         s.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
@@ -748,7 +748,7 @@ class HeaderTimeout(NodeCase):
         s = raw_connect(self.node.port)
         self.addCleanup(s.close)
         r = HttpReader(s)
-        s.sendall(req("GET", "/livez"))
+        s.sendall(req("GET", "/readyz"))
         self.assertEqual(r.read_response()[0], 200)
         self.assertEqual(self.node.get("/readyz")[0], 200)
 

@@ -219,7 +219,7 @@ class PrometheusMetrics(NodeCase):
     def test_rules_and_dashboard_against_a_real_prometheus(self):
         n = self.node_start()
         self.traffic(n)
-        prom = Prometheus(n.port)
+        prom = Prometheus(n.admin_port)  # it scrapes the admin listener
         self.addCleanup(prom.stop)
         prom.wait(lambda: any(r["value"][1] == "1" for r in
                               prom.query('up{job="converger"}')["data"]["result"]),

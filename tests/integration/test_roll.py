@@ -163,7 +163,7 @@ class Roll(NodeCase):
             time.sleep(0.05)
 
     def roll(self, node, *args, out=None, timeout=180):
-        cmd = [harness.binary(), "roll", "--url", "http://127.0.0.1:%d" % node.port,
+        cmd = [harness.binary(), "roll", "--url", node.admin_url,
                "--api-key", harness.API_KEY, "--settle-s", "1"] + list(args)
         if out:
             cmd += ["--out", out]
@@ -339,7 +339,7 @@ class Roll(NodeCase):
         tails = self.tails(nodes, conv)
         self.wait_connections(nodes, 3 * PER_NODE)
         fourth = self.node_start({"CONVERGER_DATABASE_URL": self.db_url})
-        cmd = [harness.binary(), "balance", "--url", "http://127.0.0.1:%d" % fourth.port,
+        cmd = [harness.binary(), "balance", "--url", fourth.admin_url,
                "--api-key", harness.API_KEY, "--balance-window-ms", "3000",
                "--balance-tolerance", "25"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -115,6 +115,9 @@ static char **node_env(bench_t *b, const char *const *extra) {
   env[k++] = strdup("CONVERGER_HELLO_TIMEOUT_MS=600000"); /* upgraded sockets wait for hello */
   env[k++] = strdup("CONVERGER_NODE_ID=bench");
   env[k++] = strdup("CONVERGER_DRAIN_SHUTDOWN_MS=0"); /* SIGTERM at the end: no drain */
+  /* one port for everything: the bench reads /metrics and /admin/status
+   * where it sends (and several nodes share the machine) */
+  env[k++] = strdup("CONVERGER_ADMIN_LISTEN=");
   /* The bench's own settings that `extra` replaces. Every slot is still
    * non-NULL here unless strdup failed, which the check below catches. */
   size_t kept = base;
