@@ -36,33 +36,33 @@ typedef struct node_s {
   metrics_t *metrics; /* this node's registry (core/metrics.h); every module borrows it */
   pool_t *pool;
   bus_t *bus;
-  pgnotify_t *pgnotify;   /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
+  pgnotify_t *pgnotify; /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
   auth_t *auth;
-  users_t *users;         /* connections per user (gate/users.h) */
+  users_t *users;              /* connections per user (gate/users.h) */
   struct presence_s *presence; /* who is present (proto/presence.h) */
-  admission_t *admission; /* hello and sync store work (gate/admission.h) */
-  limiter_t accept;       /* WebSocket upgrades, when cfg->accept_rate > 0 */
+  admission_t *admission;      /* hello and sync store work (gate/admission.h) */
+  limiter_t accept;            /* WebSocket upgrades, when cfg->accept_rate > 0 */
   jitter_rng_t rng;
 
-  net_t net;              /* the transport: listener, connections (net/conn.h) */
-  uv_check_t flush_check; /* writes queued in one loop turn go out together */
-  uv_timer_t tick;        /* deadlines: header, hello, heartbeat, shutdown */
+  net_t net;                           /* the transport: listener, connections (net/conn.h) */
+  uv_check_t flush_check;              /* writes queued in one loop turn go out together */
+  uv_timer_t tick;                     /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint, sighup; /* SIGHUP: re-read the token keys */
   uint64_t keys_stamp;                 /* keys_stamp of the key files last read (serve.c) */
-  uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
-  membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
-  drain_t *drain;             /* drain and shed (gate/drain.h) */
+  uv_timer_t admission_timer;          /* the oldest admission waiter's deadline */
+  membership_t membership;             /* this node's heartbeat (cluster/membership.h) */
+  drain_t *drain;                      /* drain and shed (gate/drain.h) */
 
-  sessions_t sessions;          /* what the protocol sessions work with (proto/session.h) */
-  api_t api;                    /* what the REST routes work with (api/rest.h) */
-  int max_connections;          /* WebSocket connections allowed (serve.c); more: 503 */
+  sessions_t sessions; /* what the protocol sessions work with (proto/session.h) */
+  api_t api;           /* what the REST routes work with (api/rest.h) */
+  int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
 
-  node_phase_t phase;        /* the one lifecycle state (lifecycle.h) */
+  node_phase_t phase; /* the one lifecycle state (lifecycle.h) */
   /* The loop's utilisation over the last second (serve.c, from libuv's
    * uv_metrics_idle_time): /admin/status, converger_loop_utilisation. */
   double loop_utilisation;
   uint64_t loop_idle_ns, loop_sampled_ns; /* the last sample's idle total and time */
-  uint64_t stop_deadline_ms; /* monotonic: force exit after this */
+  uint64_t stop_deadline_ms;              /* monotonic: force exit after this */
 } node_t;
 
 /* lifecycle.c: ready -> draining, the drain policy (gate/drain.h) started;
@@ -71,8 +71,10 @@ typedef struct node_s {
 int node_drain(node_t *node, const char *why);
 
 /* serve.c: read CONVERGER_TOKEN_PUBLIC_KEYS again (SIGHUP, or a file
- * changed: `why` for the log); on an error the keys in use stay. Loop
- * thread. */
+ * changed: `why` for the log), and on SIGHUP the data directory's api-key
+ * and token-secret files when the keys came from them (a rotation: every
+ * key a file lists is accepted, tokens signed with the first secret); on
+ * an error the keys in use stay. Loop thread. */
 void node_reload_keys(node_t *node, const char *why);
 
 /* lifecycle.c: -> stopping: the listener closes, WebSocket connections get

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include <openssl/crypto.h>
+
 #include "core/dburl.h"
 #include "gate/auth.h"
 #include "core/metrics.h"
@@ -77,10 +79,46 @@ static void sample_loop(node_t *node) {
   node->loop_sampled_ns = now;
 }
 
+/* The API keys and the HS256 secrets that came from the data directory's
+ * files, read again (a rotation without a restart): a file that cannot be
+ * read, or holds a key too short, leaves the ones in use. Never logs a key. */
+static void reload_secret_files(node_t *node, const char *why) {
+  const config_t *cfg = node->cfg;
+  struct {
+    int from_file;
+    const char *name;
+    size_t min;
+    int (*set)(auth_t *, const char *, size_t);
+    size_t (*count)(const auth_t *);
+  } files[] = {{cfg->key_from_file, "api-key", 1, NULL, auth_api_key_count},
+               {cfg->secret_from_file, "token-secret", CONFIG_SECRET_MIN, auth_set_secrets,
+                auth_secret_count}};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    if (!files[i].from_file) continue;
+    char *text = NULL;
+    int r = config_read_secret(cfg->data_dir, files[i].name, files[i].min, &text);
+    if (r == 0)
+      r = files[i].set ? files[i].set(node->auth, text, files[i].min)
+                       : auth_set_api_keys(node->auth, text);
+    if (text) {
+      OPENSSL_cleanse(text, strlen(text));
+      free(text);
+    }
+    if (r != 0)
+      log_error("%s: %s/%s not reloaded (%s); the %zu in use stay", why, cfg->data_dir,
+                files[i].name, cv_strerror(r), files[i].count(node->auth));
+    else
+      log_info("%s: %s/%s reloaded: %zu key(s) in use", why, cfg->data_dir, files[i].name,
+               files[i].count(node->auth));
+  }
+}
+
 void node_reload_keys(node_t *node, const char *why) {
+  if (strcmp(why, "SIGHUP") == 0) reload_secret_files(node, why);
   const char *spec = node->cfg->token_public_keys;
   if (!spec || !*spec) {
-    log_info("%s: no CONVERGER_TOKEN_PUBLIC_KEYS to read", why);
+    if (!node->cfg->key_from_file && !node->cfg->secret_from_file)
+      log_info("%s: no CONVERGER_TOKEN_PUBLIC_KEYS and no secret file to read", why);
     return;
   }
   node->keys_stamp = keys_stamp(spec);

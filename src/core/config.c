@@ -49,11 +49,13 @@ static const setting_t settings[] = {
       "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"
       " (host=... dbname=...)"),
     S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
-      "REST/admin bearer key (unset: generated, stored in the data directory)"),
+      "REST/admin bearer key (unset: generated, stored in the data directory); several, "
+      "separated by commas, are all accepted (a rotation)"),
     S("CONVERGER_TOKEN_SECRET", "token-secret", K_STR, token_secret, NULL, CONFIG_SECRET_MIN, 0,
       NULL,
       "HS256 secret for client tokens, at least 32 bytes (unset: generated, stored in the data "
-      "directory)"),
+      "directory); several, separated by commas: tokens are signed with the first and verified "
+      "with any (a rotation)"),
     S("CONVERGER_NODE_ID", "node-id", K_STR, node_id, NULL, 0, 0, NULL,
       "this node's name in welcome frames and metrics (default hostname:port)"),
     S("CONVERGER_PUBLIC_URL", "public-url", K_WSURL, public_url, NULL, 0, 0, NULL,
@@ -427,31 +429,53 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-/* Read the secret in dir/name, at least min_len bytes, or create it with 32
+/* Whether every key of `text` (separated by commas or line ends, blanks
+ * around them dropped) has at least min_len bytes, and there is one. */
+static int keys_long_enough(const char *text, size_t min_len) {
+  int any = 0;
+  for (const char *p = text; *p;) {
+    size_t len = strcspn(p, ",\r\n");
+    const char *b = p, *e = p + len;
+    while (b < e && (*b == ' ' || *b == '\t')) b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
+    if (e > b) {
+      if ((size_t)(e - b) < min_len) return 0;
+      any = 1;
+    }
+    p += len;
+    if (*p) p++;
+  }
+  return any;
+}
+
+int config_read_secret(const char *dir, const char *name, size_t min_len, char **out) {
+  char path[4096], buf[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -errno;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n < 0) return -errno;
+  buf[n] = '\0';
+  if (!keys_long_enough(buf, min_len)) {
+    log_error("secret file %s is empty or holds a key too short: want at least %zu bytes each; "
+              "remove it to generate a new one",
+              path, min_len);
+    return -EINVAL;
+  }
+  *out = strdup(buf);
+  return *out ? 0 : -ENOMEM;
+}
+
+/* Read the secret in dir/name (config_read_secret), or create it with 32
  * random bytes as hex. */
 static int secret_file(const char *dir, const char *name, size_t min_len, int create, char **out) {
   char path[4096], buf[256];
+  int r = config_read_secret(dir, name, min_len, out);
+  if (r != -ENOENT || !create) return r;
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  int fd = open(path, O_RDONLY);
-  if (fd >= 0) {
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) goto bad;
-    buf[n] = '\0';
-    buf[strcspn(buf, "\r\n")] = '\0';
-    if (buf[0] == '\0') goto bad;
-    if (strlen(buf) < min_len) {
-      log_error("secret file %s holds %zu bytes, want at least %zu bytes; remove it to generate "
-                "a new one",
-                path, strlen(buf), min_len);
-      return -EINVAL;
-    }
-    *out = strdup(buf);
-    return 0;
-  }
-  if (errno != ENOENT || !create) return -errno;
   if (util_random_hex(buf, 32) != 0) return -EIO;
-  fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return -errno;
   size_t len = strlen(buf);
   buf[len] = '\n';
@@ -461,9 +485,6 @@ static int secret_file(const char *dir, const char *name, size_t min_len, int cr
   buf[len] = '\0';
   *out = strdup(buf);
   return 0;
-bad:
-  log_error("secret file %s is empty or unreadable; remove it to generate a new one", path);
-  return -EINVAL;
 }
 
 int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
@@ -481,12 +502,20 @@ int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
     }
     *key_from_file = 1;
   }
-  if (!cfg->token_secret && (r = secret_file(cfg->data_dir, "token-secret", CONFIG_SECRET_MIN,
-                                             create, &cfg->token_secret)) != 0) {
-    log_error("cannot %s %s/token-secret: %s", create ? "read or create" : "read", cfg->data_dir,
-              strerror(-r));
-    return r;
+  if (!cfg->token_secret) {
+    if ((r = secret_file(cfg->data_dir, "token-secret", CONFIG_SECRET_MIN, create,
+                         &cfg->token_secret)) != 0) {
+      log_error("cannot %s %s/token-secret: %s", create ? "read or create" : "read", cfg->data_dir,
+                strerror(-r));
+      return r;
+    }
+    cfg->secret_from_file = 1;
+  } else if (!keys_long_enough(cfg->token_secret, CONFIG_SECRET_MIN)) {
+    /* several, for a rotation: each as long as one alone must be */
+    log_error("CONVERGER_TOKEN_SECRET: every secret must be at least %d bytes", CONFIG_SECRET_MIN);
+    return -EINVAL;
   }
+  cfg->key_from_file = *key_from_file;
   return 0;
 }
 

@@ -27,6 +27,8 @@ typedef struct {
   char *admin_host;      /* derived from admin_listen; NULL: none */
   int admin_port;        /* derived from admin_listen */
   char *admin_url;       /* http://HOST:PORT of the admin listener for others (config_admin_url) */
+  int key_from_file;     /* the API key came from data_dir/api-key (SIGHUP re-reads it) */
+  int secret_from_file;  /* the token secret came from data_dir/token-secret (likewise) */
   char *database_url;    /* "sqlite:PATH", "postgres://..." or libpq keywords */
   char *data_dir;        /* secrets: the SQLite file's directory; PostgreSQL: "data" */
   char *api_key;         /* NULL: generated/stored by config_load_secrets */
@@ -97,6 +99,12 @@ int config_parse(config_t *cfg, int argc, char **argv);
  * data directory (so the caller can say where it is). Returns 0 or a negative
  * errno after logging why. */
 int config_load_secrets(config_t *cfg, int create, int *key_from_file);
+
+/* The text of dir/name: one key, or several separated by commas or line
+ * ends (a rotation), each at least min_len bytes. Heap string in *out.
+ * Returns 0, -ENOENT (no file), -EINVAL (empty, a key too short; logged)
+ * or another negative errno. Any thread. */
+int config_read_secret(const char *dir, const char *name, size_t min_len, char **out);
 
 /* Set cfg->admin_url, the URL other hosts (converger roll) reach the admin
  * listener at, once it listens (its port may have been chosen):

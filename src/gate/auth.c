@@ -17,10 +17,16 @@ typedef struct rev_s {
 
 #define REV_BUCKETS 1024
 
+#define AUTH_KEYS_MAX 8 /* API keys, or token secrets, in use at once (a rotation needs 2) */
+
+typedef struct {
+  char *v[AUTH_KEYS_MAX]; /* v[0]: the one the node signs with (secrets) */
+  size_t n;
+} keylist_t;
+
 struct auth_s {
-  char *api_key;
-  unsigned char *secret;
-  size_t secret_len;
+  keylist_t api_keys;
+  keylist_t secrets;
   keys_t *keys;            /* RS256 / ES256 public keys; NULL: none */
   char *issuer, *audience; /* required iss / aud; NULL: not checked */
   rev_t *revoked[REV_BUCKETS];
@@ -28,18 +34,74 @@ struct auth_s {
 
 void auth_free(auth_t *a);
 
+static void keylist_free(keylist_t *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    OPENSSL_cleanse(l->v[i], strlen(l->v[i]));
+    free(l->v[i]);
+  }
+  l->n = 0;
+}
+
+/* `text`'s keys, separated by commas or line ends (blanks around them
+ * dropped) into `out`. -CV_EINVAL when there is none or more than
+ * AUTH_KEYS_MAX, or one shorter than `min_len`; -CV_ENOMEM. */
+static int keylist_parse(const char *text, size_t min_len, keylist_t *out) {
+  keylist_t l = {.n = 0};
+  for (const char *p = text; p && *p;) {
+    size_t len = strcspn(p, ",\r\n");
+    const char *b = p, *e = p + len;
+    while (b < e && (*b == ' ' || *b == '\t')) b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
+    if (e > b) {
+      if (l.n == AUTH_KEYS_MAX || (size_t)(e - b) < min_len) {
+        keylist_free(&l);
+        return -CV_EINVAL;
+      }
+      if (!(l.v[l.n] = strndup(b, (size_t)(e - b)))) {
+        keylist_free(&l);
+        return -CV_ENOMEM;
+      }
+      l.n++;
+    }
+    p += len;
+    if (*p) p++;
+  }
+  if (l.n == 0) return -CV_EINVAL;
+  *out = l;
+  return 0;
+}
+
 auth_t *auth_new(const char *api_key, const char *secret) {
   auth_t *a = calloc(1, sizeof *a);
   if (!a) return NULL;
-  a->api_key = strdup(api_key);
-  a->secret = (unsigned char *)strdup(secret);
-  a->secret_len = strlen(secret);
-  if (!a->api_key || !a->secret) {
+  if (keylist_parse(api_key, 1, &a->api_keys) != 0 || keylist_parse(secret, 1, &a->secrets) != 0) {
     auth_free(a);
     return NULL;
   }
   return a;
 }
+
+int auth_set_api_keys(auth_t *a, const char *keys) {
+  keylist_t l;
+  int r = keylist_parse(keys, 1, &l);
+  if (r != 0) return r;
+  keylist_free(&a->api_keys);
+  a->api_keys = l;
+  return 0;
+}
+
+int auth_set_secrets(auth_t *a, const char *secrets, size_t min_len) {
+  keylist_t l;
+  int r = keylist_parse(secrets, min_len, &l);
+  if (r != 0) return r;
+  keylist_free(&a->secrets);
+  a->secrets = l;
+  return 0;
+}
+
+size_t auth_api_key_count(const auth_t *a) { return a->api_keys.n; }
+
+size_t auth_secret_count(const auth_t *a) { return a->secrets.n; }
 
 static void clear_revoked(auth_t *a) {
   for (size_t i = 0; i < REV_BUCKETS; i++) {
@@ -59,8 +121,8 @@ void auth_free(auth_t *a) {
   keys_free(a->keys);
   free(a->issuer);
   free(a->audience);
-  free(a->api_key);
-  free(a->secret);
+  keylist_free(&a->api_keys);
+  keylist_free(&a->secrets);
   free(a);
 }
 
@@ -89,9 +151,13 @@ int auth_set_claims(auth_t *a, const char *issuer, const char *audience) {
 int auth_check_api_key(const auth_t *a, const char *authorization) {
   if (!authorization || strncmp(authorization, "Bearer ", 7) != 0) return -CV_EUNAUTHORIZED;
   const char *k = authorization + 7;
-  size_t n = strlen(k), m = strlen(a->api_key);
-  if (n != m || CRYPTO_memcmp(k, a->api_key, n) != 0) return -CV_EUNAUTHORIZED;
-  return 0;
+  size_t n = strlen(k);
+  int ok = 0;
+  for (size_t i = 0; i < a->api_keys.n; i++) { /* every one compared: no early exit */
+    const char *key = a->api_keys.v[i];
+    ok |= strlen(key) == n && CRYPTO_memcmp(k, key, n) == 0;
+  }
+  return ok ? 0 : -CV_EUNAUTHORIZED;
 }
 
 int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, int64_t ttl_s,
@@ -114,7 +180,10 @@ int auth_sign(const auth_t *a, const char *sub, json_t *convs, int64_t now_s, in
   if (strlen(convs_json) > 4000) goto out;
   snprintf(grants, sizeof grants, "{\"convs\":%s}", convs_json);
   if (jwt_add_grants_json(jwt, grants) != 0) goto out;
-  if (jwt_set_alg(jwt, JWT_ALG_HS256, a->secret, (int)a->secret_len) != 0) goto out;
+  /* signed with the first secret; the others still verify (a rotation) */
+  const char *secret = a->secrets.v[0];
+  if (jwt_set_alg(jwt, JWT_ALG_HS256, (const unsigned char *)secret, (int)strlen(secret)) != 0)
+    goto out;
   *token = jwt_encode_str(jwt);
   r = *token ? 0 : -CV_ENOMEM;
 out:
@@ -205,8 +274,8 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
    * with the node's secret only, RS256 and ES256 with a public key of that
    * algorithm only (RFC 8725, section 3.1), so that no public key is ever
    * used as an HMAC secret and "none" is never accepted. */
-  const unsigned char *key = a->secret;
-  size_t key_len = a->secret_len;
+  const unsigned char *key = (const unsigned char *)a->secrets.v[0];
+  size_t key_len = strlen(a->secrets.v[0]);
   jwt_alg_t want = JWT_ALG_HS256;
   if (strcmp(th.alg, "RS256") == 0 || strcmp(th.alg, "ES256") == 0) {
     const token_key_t *k = th.kid_bad ? NULL : keys_find(a->keys, th.kid[0] ? th.kid : NULL);
@@ -229,7 +298,16 @@ int auth_verify(const auth_t *a, const char *token, int64_t now_s, auth_token_t 
     *why = a->keys ? "token alg must be HS256, RS256 or ES256" : "token alg must be HS256";
     return -CV_EUNAUTHORIZED;
   }
-  if (jwt_decode(&jwt, token, key, (int)key_len) != 0 || !jwt || jwt_get_alg(jwt) != want) {
+  int decoded = jwt_decode(&jwt, token, key, (int)key_len) == 0 && jwt;
+  /* HS256: the older secrets of a rotation verify too */
+  for (size_t i = 1; !decoded && want == JWT_ALG_HS256 && i < a->secrets.n; i++) {
+    jwt_free(jwt);
+    jwt = NULL;
+    decoded = jwt_decode(&jwt, token, (const unsigned char *)a->secrets.v[i],
+                         (int)strlen(a->secrets.v[i])) == 0 &&
+              jwt;
+  }
+  if (!decoded || jwt_get_alg(jwt) != want) {
     *why = "bad token signature";
     jwt_free(jwt);
     return -CV_EUNAUTHORIZED;

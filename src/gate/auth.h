@@ -8,8 +8,10 @@
  * (gate/keys.h, CONVERGER_TOKEN_PUBLIC_KEYS); "none" and every other
  * algorithm are refused before libjwt checks the signature. `exp` and `jti`
  * are required, `iss` and `aud` when configured, and the jti must not be in
- * the revocation cache (auth_is_revoked). Loop thread: auth_verify reads
- * the keys auth_set_keys replaces; auth_sign may run anywhere.
+ * the revocation cache (auth_is_revoked). Loop thread: auth_verify and the
+ * node's auth_sign read the keys, API keys and secrets that auth_set_*
+ * replace (another process, such as `converger token`, may sign with its
+ * own auth_t).
  */
 #ifndef CONVERGER_GATE_AUTH_H
 #define CONVERGER_GATE_AUTH_H
@@ -33,12 +35,26 @@ typedef struct {
   int can_write;
 } auth_token_t;
 
-/* New auth state with copies of `api_key` and `secret`. NULL on OOM. */
+/* New auth state with copies of `api_key` and `secret`, each one key or
+ * several separated by commas or line ends (a rotation: every API key is
+ * accepted; tokens are signed with the first secret and verified with
+ * any). NULL on OOM or when either holds no key. */
 auth_t *auth_new(const char *api_key, const char *secret);
+
+/* Replace the API keys, or the HS256 secrets (each at least `min_len`
+ * bytes), with those of `text` (the forms of auth_new), for a rotation
+ * without a restart (SIGHUP re-reads the data directory's files). 0, or
+ * -CV_EINVAL (none, more than 8, one too short: the old ones stay) or
+ * -CV_ENOMEM. Loop thread. */
+int auth_set_api_keys(auth_t *a, const char *text);
+int auth_set_secrets(auth_t *a, const char *text, size_t min_len);
+size_t auth_api_key_count(const auth_t *a);
+size_t auth_secret_count(const auth_t *a);
 void auth_free(auth_t *a);
 
-/* 0 when `authorization` is "Bearer <api key>" (constant-time compare),
- * else -CV_EUNAUTHORIZED. NULL means the header was missing. */
+/* 0 when `authorization` is "Bearer <api key>" for one of the API keys
+ * (constant-time compares, every key compared), else -CV_EUNAUTHORIZED.
+ * NULL means the header was missing. */
 int auth_check_api_key(const auth_t *a, const char *authorization);
 
 /* Use `keys` (taken; NULL: none) for RS256 / ES256 tokens from now on; the

@@ -227,7 +227,9 @@ class Node:
             # no drain (1001 to every socket) unless a test asks for one.
             "CONVERGER_DRAIN_SHUTDOWN_MS": "0",
         })
-        env.update({k: str(v) for k, v in self.overrides.items()})
+        env.update({k: str(v) for k, v in self.overrides.items() if v is not None})
+        for k in [k for k, v in self.overrides.items() if v is None]:
+            env.pop(k, None)  # None: unset, the node's default
         return env
 
     def fake_peer(self, url=None, state="ready", connections=0):

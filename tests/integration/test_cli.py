@@ -128,6 +128,7 @@ class Cli(NodeCase):
         if cwd is None:
             self.addCleanup(shutil.rmtree, d, True)
         e = clean_env(CONVERGER_LISTEN="127.0.0.1:%d" % harness.free_port(),
+                      CONVERGER_ADMIN_LISTEN="127.0.0.1:%d" % harness.free_port(),
                       CONVERGER_DATABASE_URL="sqlite:%s/converger.db" % d, **env)
         p = subprocess.Popen([harness.BINARY, "serve", *args], env=e, cwd=d, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
