@@ -764,7 +764,8 @@ class BadConfig(NodeCase):
         env.update({"CONVERGER_LISTEN": "127.0.0.1:%d" % port,
                     "CONVERGER_DATABASE_URL": "sqlite:%s/c.db" % tmp,
                     "CONVERGER_API_KEY": API_KEY, "CONVERGER_TOKEN_SECRET": TOKEN_SECRET,
-                    "CONVERGER_NODE_ID": "test:%d" % port, name: value})
+                    "CONVERGER_NODE_ID": "test:%d" % port,
+                    "CONVERGER_ADMIN_LISTEN": "127.0.0.1:%d" % free_port(), name: value})
         p = subprocess.Popen([harness.binary(), "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, cwd=tmp)
         harness._register(p)
