@@ -52,6 +52,8 @@
 typedef struct {
   double bytes_per_conn;
   long rss_before_kb, rss_after_kb;
+  double kernel_bytes_per_conn; /* the kernel's, per socket (kmem_read; have_kernel) */
+  int have_kernel;
   double hs_rate[2]; /* [0]: one-message replay, [1]: watermark null */
   double deliveries;
   int have_memory, have_hs[2], have_deliveries;
@@ -117,6 +119,41 @@ static int parse_options(bench_t *b, int argc, char **argv, const cpu_set_t *all
   return 0;
 }
 
+/* ---- the kernel's memory ------------------------------------------------------ */
+
+/* The machine's kernel memory that sockets take: /proc/meminfo's Slab
+ * (kB: socket, inode, dentry and TCP structures live there) and
+ * /proc/net/sockstat's TCP buffer pages ("TCP: ... mem N"). -1 where
+ * unreadable. System-wide: on loopback both ends of every connection
+ * are counted, and so is whatever else the machine does meanwhile. */
+typedef struct {
+  long slab_kb, tcp_pages, tcp_inuse;
+} kmem_t;
+
+static kmem_t kmem_read(void) {
+  kmem_t k = {-1, -1, -1};
+  char line[256];
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "Slab: %ld kB", &k.slab_kb) == 1) break;
+    fclose(f);
+  }
+  f = fopen("/proc/net/sockstat", "r");
+  if (f) {
+    while (fgets(line, sizeof line, f)) {
+      long inuse, orphan, tw, alloc, mem;
+      if (sscanf(line, "TCP: inuse %ld orphan %ld tw %ld alloc %ld mem %ld", &inuse, &orphan, &tw,
+                 &alloc, &mem) == 5) {
+        k.tcp_inuse = inuse;
+        k.tcp_pages = mem;
+      }
+    }
+    fclose(f);
+  }
+  return k;
+}
+
 /* ---- the three phases ---------------------------------------------------------- */
 
 static int phase_memory(bench_t *b, results_t *res) {
@@ -127,6 +164,7 @@ static int phase_memory(bench_t *b, results_t *res) {
     run_fail(b, "cannot read VmRSS of the node (pid %d)", (int)b->pid);
     return -1;
   }
+  kmem_t k0 = kmem_read();
   b->phase = "memory: connecting";
   if (wsc_set_begin(b, n, 1, 0, -1) != 0) return -1;
   b->want_open = b->want_synced = n;
@@ -139,6 +177,7 @@ static int phase_memory(bench_t *b, results_t *res) {
   long ws = 0, http = 0, subs = 0;
   if (bnode_counts(b, &ws, &http, &subs) != 0) return -1;
   long after = bnode_status_kb(b->pid, "VmRSS");
+  kmem_t k1 = kmem_read();
   if (ws != (long)n || subs != (long)n) {
     run_fail(b, "memory: the node counts %ld connections and %ld subscriptions, want %zu", ws, subs,
              n);
@@ -157,6 +196,20 @@ static int phase_memory(bench_t *b, results_t *res) {
   printf("memory: %zu idle connections (welcomed and synced in %.2f s): node VmRSS %.1f MiB -> "
          "%.1f MiB: %.0f bytes per connection (target <= 4096: %s)\n",
          n, open_s, before / 1024.0, after / 1024.0, res->bytes_per_conn, verdict);
+  if (k0.slab_kb >= 0 && k1.slab_kb >= 0 && k0.tcp_pages >= 0 && k1.tcp_pages >= 0) {
+    /* both ends of every connection are on this machine: the node's end
+     * is about half (its socket holds the same structures as the client's) */
+    res->kernel_bytes_per_conn = ((double)(k1.slab_kb - k0.slab_kb) * 1024.0 +
+                                  (double)(k1.tcp_pages - k0.tcp_pages) * 4096.0) /
+                                 (2.0 * (double)n);
+    res->have_kernel = 1;
+    printf("memory: kernel: Slab %+.1f MiB, TCP buffer pages %+ld, TCP sockets in use %ld -> %ld: "
+           "about %.0f bytes per socket (one end; both ends are on this machine), so about %.0f "
+           "bytes per connection with the node's RSS\n",
+           (double)(k1.slab_kb - k0.slab_kb) / 1024.0, k1.tcp_pages - k0.tcp_pages, k0.tcp_inuse,
+           k1.tcp_inuse, res->kernel_bytes_per_conn,
+           res->kernel_bytes_per_conn + res->bytes_per_conn);
+  }
   fflush(stdout);
   wsc_set_end(b);
   return bnode_wait_idle(b);
