@@ -2,7 +2,7 @@
 #   make                build
 #   make run            build the node, the demo page and the C library, and start a
 #                       node on 127.0.0.1:8080 (SQLite in data/);
-#                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:9090"
+#                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:8081"
 #   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
 #                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help)
 #   make test           build and run every test through CTest

@@ -326,6 +326,7 @@ int serve_main(int argc, char **argv) {
   conn_net_init(&node->net, node->loop, &cfg, &net_handler, node->metrics);
   jitter_seed_random(&node->rng);
   node->auth = auth_new(cfg.api_key, cfg.token_secret);
+  if (!node->auth) log_error("cannot set up the API keys and token secrets: out of memory");
   node->users = users_new();
   node->presence = presence_new(cfg.presence_grace_ms);
   bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,

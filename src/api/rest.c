@@ -1105,8 +1105,9 @@ out:
  * served there only; /readyz on both, for load balancers that can probe
  * only the port they send to. */
 static int admin_path(const char *path) {
+  while (path[0] == '/' && path[1] == '/') path++; /* "//admin/..." routes as "/admin/..." */
   return strcmp(path, "/metrics") == 0 || strcmp(path, "/livez") == 0 ||
-         strncmp(path, "/admin/", 7) == 0;
+         strncmp(path, "/admin/", 7) == 0 || strcmp(path, "/admin") == 0;
 }
 
 void rest_handle(api_t *api, conn_t *c, http_request_t *req) {

@@ -92,6 +92,22 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
     snprintf(err, len, "%s/admin/cluster lists no live node", url);
     r = -1;
   }
+  /* Each URL must reach the node its row names: an admin listener on
+   * another host's loopback, say, would not. */
+  for (size_t i = 0; r == 0 && i < f->n; i++) {
+    char why[400];
+    json_t *st = call(f, &f->v[i].url, "GET", "/admin/status", NULL, 200, NULL, why, sizeof why);
+    const char *id = st ? json_string_value(json_object_get(st, "node")) : NULL;
+    if (!id || strcmp(id, f->v[i].id) != 0) {
+      snprintf(err, len,
+               "node %s: %s %s%s (its admin listener must be reachable from here: "
+               "CONVERGER_ADMIN_LISTEN on an address this host reaches, or --nodes)",
+               f->v[i].id, f->v[i].shown,
+               id ? "answers as node " : "does not answer: ", id ? id : why);
+      r = -1;
+    }
+    json_decref(st);
+  }
   return r;
 }
 

@@ -39,7 +39,8 @@ typedef struct {
 
 static const setting_t settings[] = {
     S("CONVERGER_LISTEN", "listen", K_LISTEN, listen, "127.0.0.1:8080", 0, 0, NULL,
-      "address and port for HTTP, WebSocket, health and metrics"),
+      "address and port for the clients: WebSocket, REST, the demo page and /readyz (health, "
+      "metrics and admin too when CONVERGER_ADMIN_LISTEN is empty)"),
     S("CONVERGER_ADMIN_LISTEN", "admin-listen", K_ADMIN, admin_listen, "127.0.0.1:9090", 0, 0, NULL,
       "host:port of a second, private listener for /metrics, /admin/*, /livez and /readyz, "
       "which the client port then no longer serves (it keeps /readyz); empty: none, everything "
@@ -388,29 +389,48 @@ int config_parse(config_t *cfg, int argc, char **argv) {
   return 0;
 }
 
+/* The host of a ws:// or wss:// URL (no user information, no port, no
+ * path, query or fragment; an IPv6 literal keeps its brackets) into
+ * out[len]. */
+static void url_host(const char *url, char *out, size_t len) {
+  const char *p = strstr(url, "://");
+  p = p ? p + 3 : url;
+  size_t n = strcspn(p, "/?#");
+  const char *at = memrchr(p, '@', n); /* user information: dropped */
+  if (at) {
+    n -= (size_t)(at + 1 - p);
+    p = at + 1;
+  }
+  const char *rb = p[0] == '[' ? memchr(p, ']', n) : NULL; /* [v6]:port */
+  const char *colon = memrchr(p, ':', n);
+  if (rb)
+    n = (size_t)(rb - p) + 1;
+  else if (colon)
+    n = (size_t)(colon - p);
+  snprintf(out, len, "%.*s", (int)n, p);
+}
+
+static int loopback_host(const char *h) {
+  return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0 || strcmp(h, "[::1]") == 0 ||
+         strcmp(h, "localhost") == 0;
+}
+
 int config_admin_url(config_t *cfg) {
   free(cfg->admin_url);
   cfg->admin_url = NULL;
-  char buf[600] = "";
+  char buf[600] = "", pub[300] = "";
+  if (cfg->public_url) url_host(cfg->public_url, pub, sizeof pub);
   if (cfg->admin_host) {
     const char *host = cfg->admin_host;
-    char from_public[300] = "";
     int any = host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
-    if (any && cfg->public_url) { /* ws://HOST:PORT/... or wss://...: its HOST */
-      const char *p = strstr(cfg->public_url, "://");
-      p = p ? p + 3 : cfg->public_url;
-      size_t n = strcspn(p, "/");
-      const char *end = p[0] == '[' ? memchr(p, ']', n) : NULL; /* [v6]:port */
-      const char *colon = memrchr(p, ':', n);
-      if (end)
-        n = (size_t)(end - p) + 1;
-      else if (colon)
-        n = (size_t)(colon - p);
-      snprintf(from_public, sizeof from_public, "%.*s", (int)n, p);
-      host = from_public;
+    if (any && pub[0]) host = pub;
+    /* A loopback listener is reachable from this host only: published
+     * when the clients' URL is on loopback too (nodes sharing one machine),
+     * else not at all (converger roll then says where it cannot reach). */
+    if (!loopback_host(host) || loopback_host(pub)) {
+      int v6 = strchr(host, ':') && host[0] != '[';
+      snprintf(buf, sizeof buf, v6 ? "http://[%s]:%d" : "http://%s:%d", host, cfg->admin_port);
     }
-    int v6 = strchr(host, ':') && host[0] != '[';
-    snprintf(buf, sizeof buf, v6 ? "http://[%s]:%d" : "http://%s:%d", host, cfg->admin_port);
   }
   cfg->admin_url = strdup(buf);
   return cfg->admin_url ? 0 : -CV_ENOMEM;
@@ -429,8 +449,8 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-/* Whether every key of `text` (separated by commas or line ends, blanks
- * around them dropped) has at least min_len bytes, and there is one. */
+/* Whether `text` holds 1 to CONFIG_KEYS_MAX keys (separated by commas or
+ * line ends, blanks around them dropped), each at least min_len bytes. */
 static int keys_long_enough(const char *text, size_t min_len) {
   int any = 0;
   for (const char *p = text; *p;) {
@@ -439,13 +459,13 @@ static int keys_long_enough(const char *text, size_t min_len) {
     while (b < e && (*b == ' ' || *b == '\t')) b++;
     while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
     if (e > b) {
-      if ((size_t)(e - b) < min_len) return 0;
-      any = 1;
+      if ((size_t)(e - b) < min_len || any == CONFIG_KEYS_MAX) return 0;
+      any++;
     }
     p += len;
     if (*p) p++;
   }
-  return any;
+  return any > 0;
 }
 
 int config_read_secret(const char *dir, const char *name, size_t min_len, char **out) {
@@ -458,9 +478,8 @@ int config_read_secret(const char *dir, const char *name, size_t min_len, char *
   if (n < 0) return -errno;
   buf[n] = '\0';
   if (!keys_long_enough(buf, min_len)) {
-    log_error("secret file %s is empty or holds a key too short: want at least %zu bytes each; "
-              "remove it to generate a new one",
-              path, min_len);
+    log_error("secret file %s: want 1 to %d keys (one per line), each at least %zu bytes", path,
+              CONFIG_KEYS_MAX, min_len);
     return -EINVAL;
   }
   *out = strdup(buf);
@@ -512,7 +531,13 @@ int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
     cfg->secret_from_file = 1;
   } else if (!keys_long_enough(cfg->token_secret, CONFIG_SECRET_MIN)) {
     /* several, for a rotation: each as long as one alone must be */
-    log_error("CONVERGER_TOKEN_SECRET: every secret must be at least %d bytes", CONFIG_SECRET_MIN);
+    log_error("CONVERGER_TOKEN_SECRET: want 1 to %d secrets (comma-separated), every secret at "
+              "least %d bytes",
+              CONFIG_KEYS_MAX, CONFIG_SECRET_MIN);
+    return -EINVAL;
+  }
+  if (!*key_from_file && !keys_long_enough(cfg->api_key, 1)) {
+    log_error("CONVERGER_API_KEY: want 1 to %d keys (comma-separated)", CONFIG_KEYS_MAX);
     return -EINVAL;
   }
   cfg->key_from_file = *key_from_file;

@@ -16,6 +16,7 @@
 /* The shortest token secret accepted (bytes): HS256's key is as strong as
  * its hash is long (RFC 7518, section 3.2). */
 #define CONFIG_SECRET_MIN 32
+#define CONFIG_KEYS_MAX   8 /* API keys, or token secrets, at once (a rotation needs 2) */
 #define CONFIG_URL_MAX                                                                             \
   512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
 
@@ -110,7 +111,9 @@ int config_read_secret(const char *dir, const char *name, size_t min_len, char *
  * listener at, once it listens (its port may have been chosen):
  * http://HOST:admin_port with HOST the listener's address, or the host of
  * public_url when it listens on every address (0.0.0.0, ::); "" without an
- * admin listener. Returns 0 or -CV_ENOMEM. Loop thread, at start. */
+ * admin listener, and for a loopback listener when public_url is not on
+ * loopback (no other host could reach it). Returns 0 or -CV_ENOMEM. Loop
+ * thread, at start. */
 int config_admin_url(config_t *cfg);
 
 void config_free(config_t *cfg);

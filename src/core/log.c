@@ -42,6 +42,33 @@ static void emit(const char *line, size_t len) {
   (void)w;
 }
 
+/* `in` with every byte that is not part of valid UTF-8 replaced by '?',
+ * into out[len] (cut at a character's end): JSON strings must be UTF-8,
+ * and a request line may hold anything. */
+static const char *utf8_clean(const char *in, char *out, size_t len) {
+  size_t o = 0;
+  const unsigned char *p = (const unsigned char *)in;
+  while (*p && o + 5 < len) {
+    int n = *p < 0x80                           ? 1
+            : (*p & 0xE0) == 0xC0 && *p >= 0xC2 ? 2
+            : (*p & 0xF0) == 0xE0               ? 3
+            : (*p & 0xF8) == 0xF0 && *p <= 0xF4 ? 4
+                                                : 0;
+    for (int i = 1; i < n; i++)
+      if ((p[i] & 0xC0) != 0x80) n = 0;
+    if (n == 0) {
+      out[o++] = '?';
+      p++;
+      continue;
+    }
+    memcpy(out + o, p, (size_t)n);
+    o += (size_t)n;
+    p += n;
+  }
+  out[o] = '\0';
+  return out;
+}
+
 /* The JSON line of `obj` (stolen), with time, level and node added. */
 static void emit_json(log_level_t level, json_t *obj) {
   char t[32];
@@ -50,7 +77,8 @@ static void emit_json(log_level_t level, json_t *obj) {
   json_object_set_new(obj, "time", json_string(t));
   json_object_set_new(obj, "level", json_string(level_names[level]));
   if (node[0]) json_object_set_new(obj, "node", json_string(node));
-  char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
+  char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII |
+                                   JSON_REAL_PRECISION(6));
   json_decref(obj);
   if (!text) return;
   size_t n = strlen(text);
@@ -85,9 +113,10 @@ void log_write(log_level_t level, const char *fmt, ...) {
     int m = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (m < 0) return;
-    char event[40];
+    char event[40], clean[sizeof line + 8];
     event_of(line, event, sizeof event);
-    emit_json(level, json_pack("{s:s, s:s}", "event", event, "message", line));
+    emit_json(level, json_pack("{s:s, s:s}", "event", event, "message",
+                               utf8_clean(line, clean, sizeof clean)));
     return;
   }
   char t[32];
@@ -106,11 +135,11 @@ void log_access(const char *method, const char *path, int status, double duratio
                 size_t bytes) {
   if (!access_on || LOG_INFO < min_level) return;
   if (format == LOG_JSON) {
-    emit_json(LOG_INFO,
-              json_pack("{s:s, s:s, s:s, s:i, s:f, s:I}", "event", "access", "method",
-                        method ? method : "-", "path", path ? path : "-", "status", status,
-                        "durationMs", (double)(long long)(duration_ms * 1000) / 1000, "bytes",
-                        (json_int_t)bytes));
+    char m[32], pth[1024];
+    emit_json(LOG_INFO, json_pack("{s:s, s:s, s:s, s:i, s:f, s:I}", "event", "access", "method",
+                                  utf8_clean(method ? method : "-", m, sizeof m), "path",
+                                  utf8_clean(path ? path : "-", pth, sizeof pth), "status", status,
+                                  "durationMs", duration_ms, "bytes", (json_int_t)bytes));
     return;
   }
   log_write(LOG_INFO, "access: %s %s %d %.3fms %zuB", method ? method : "-", path ? path : "-",

@@ -17,7 +17,7 @@ typedef struct rev_s {
 
 #define REV_BUCKETS 1024
 
-#define AUTH_KEYS_MAX 8 /* API keys, or token secrets, in use at once (a rotation needs 2) */
+#define AUTH_KEYS_MAX 8 /* API keys, or token secrets, in use at once: CONFIG_KEYS_MAX */
 
 typedef struct {
   char *v[AUTH_KEYS_MAX]; /* v[0]: the one the node signs with (secrets) */

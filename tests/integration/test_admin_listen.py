@@ -28,6 +28,10 @@ class AdminListen(NodeCase):
                 self.assertErrorBody(js, "not_found")
                 self.assertIn("CONVERGER_ADMIN_LISTEN", js["error"]["message"])
         self.assertEqual(n.request("POST", "/admin/drain", port=n.port)[0], 404)
+        # not through the client port by another spelling either
+        for path in ("//admin/status", "///metrics", "//livez", "/admin", "//admin/users/u/disconnect"):
+            with self.subTest(port="client", path=path):
+                self.assertEqual(n.request("POST" if "users" in path else "GET", path, port=n.port)[0], 404)
         self.assertEqual(n.request("GET", "/readyz", port=n.port)[0], 200)
         conv = n.new_conv()  # REST on the client port
         st, _, body = n.get_text("/", port=n.port)
@@ -79,6 +83,23 @@ class AdminListen(NodeCase):
         st, _, js = m.request("GET", "/admin/cluster")
         me = next(x for x in js["nodes"] if x["id"] == m.node_id)
         self.assertEqual(me["adminUrl"], "http://gw-7.example:%d" % m.admin_port)
+        # a loopback listener of a node whose clients reach it elsewhere:
+        # no other host could use it, so it is not published
+        o = self.node_start({"CONVERGER_PUBLIC_URL": "ws://user:pw@gw-8.example:8080/v1/ws?x=1"})
+        st, _, js = o.request("GET", "/admin/cluster")
+        me = next(x for x in js["nodes"] if x["id"] == o.node_id)
+        self.assertNotIn("adminUrl", me)
+        # and converger roll refuses a fleet it cannot reach, saying why (here
+        # the row's publicUrl leads to the client port, where /admin/* is not)
+        r = harness.Node(start=False)
+        self._test_nodes.append(r)
+        self.addCleanup(r.ensure_stopped)
+        r.overrides["CONVERGER_PUBLIC_URL"] = "ws://0.0.0.0:%d/v1/ws" % r.port
+        r.start()
+        p = subprocess.run([harness.binary(), "roll", "--url", r.admin_url, "--api-key", harness.API_KEY,
+                            "--dry-run"], capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("its admin listener must be reachable from here", p.stderr)
 
     def test_port_0_and_bad_values(self):
         n = self.node_start({"CONVERGER_ADMIN_LISTEN": "127.0.0.1:0"})

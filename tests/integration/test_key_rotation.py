@@ -141,7 +141,17 @@ class KeyRotation(NodeCase):
         self.addCleanup(p.remove_dir)
         with self.assertRaises(harness.NodeStartError):
             p.start()
-        self.assertIn("every secret must be at least 32 bytes", p.log_text())
+        self.assertIn("every secret at least 32 bytes", p.log_text())
+        # no key, or more than 8: refused with a reason, not a silent exit
+        for env, want in (({"CONVERGER_API_KEY": ","}, "CONVERGER_API_KEY: want 1 to 8 keys"),
+                          ({"CONVERGER_API_KEY": ",".join("k%d" % i for i in range(9))},
+                           "CONVERGER_API_KEY: want 1 to 8 keys"),
+                          ({"CONVERGER_TOKEN_SECRET": ",".join([S1] * 9)}, "want 1 to 8 secrets")):
+            q = harness.Node(env, start=False)
+            self.addCleanup(q.remove_dir)
+            with self.assertRaises(harness.NodeStartError):
+                q.start()
+            self.assertIn(want, q.log_text())
 
 
 if __name__ == "__main__":
