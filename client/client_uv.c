@@ -8,6 +8,13 @@
  *   UPGRADING (the GET with a random Sec-WebSocket-Key is written; the
  *   answer is read with llhttp in response mode) -> OPEN (wslay in client
  *   mode, masks from OpenSSL's CSPRNG) -> closed.
+ * A wss:// transport runs TLS (OpenSSL, TLS 1.2 or later) over memory BIOs
+ * between CONNECTING and UPGRADING: the bytes read go into the SSL's read
+ * BIO and come out of SSL_read as plaintext; plaintext (the upgrade, then
+ * frames) waits in x->out until the handshake is done and goes through
+ * SSL_write; whatever the SSL writes into its write BIO is handed to
+ * libuv. The certificate is verified against the options' CAs (or the
+ * system's), and its name against the URL's host, sent as SNI too.
  * The 101 must carry Upgrade: websocket, Connection: upgrade, the right
  * Sec-WebSocket-Accept (RFC 6455 section 4.1) and the subprotocol
  * converger.v1; anything else fails the attempt. A 503 answer is given to
@@ -28,8 +35,11 @@
  */
 #include <arpa/inet.h>
 #include <llhttp.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +68,7 @@ struct cvg_client_s {
   int pumping;
   int closing;
   int started;
+  SSL_CTX *tls; /* for wss:// URLs; NULL when there is none */
   void (*on_closed)(void *ud);
   void *closed_ud;
 };
@@ -95,6 +106,10 @@ struct xport_s {
   uint8_t close_buf[125];
   size_t close_len;
   int close_after_write;
+  SSL *ssl;     /* wss://: the TLS session over memory BIOs; NULL for ws:// */
+  BIO *rbio;    /* bytes read from the socket, for SSL (owned by ssl) */
+  BIO *wbio;    /* bytes SSL wrote, for the socket (owned by ssl) */
+  int tls_done; /* the handshake is complete: x->out may go through SSL_write */
 };
 
 typedef struct {
@@ -129,6 +144,7 @@ static void free_xport(xport_t *x) {
       break;
     }
   if (x->ws) wslay_event_context_free(x->ws);
+  if (x->ssl) SSL_free(x->ssl);
   free(x->out);
   free(x);
 }
@@ -138,6 +154,7 @@ static void client_maybe_free(cvg_client_t *c) {
   void (*cb)(void *) = c->on_closed;
   void *ud = c->closed_ud;
   cvg_core_free(c->core);
+  if (c->tls) SSL_CTX_free(c->tls);
   free(c);
   if (cb) cb(ud);
 }
@@ -197,23 +214,21 @@ static void on_written(uv_write_t *req, int status) {
   if (x->close_after_write && x->queued == 0 && x->olen == 0) xport_close(x);
 }
 
-/* Hand the bytes gathered in x->out to libuv. */
-static void flush_out(xport_t *x) {
-  if (x->olen == 0 || x->st == X_CLOSING) return;
-  if (x->queued + x->olen > MAX_QUEUED_BYTES) {
-    x->olen = 0;
+/* Hand `len` bytes to libuv, as they go on the wire. 0, or -1 after
+ * losing the transport. */
+static int write_raw(xport_t *x, const char *data, size_t len) {
+  if (x->queued + len > MAX_QUEUED_BYTES) {
     xport_lost(x, CVG_CLOSE_ABORT, "the server does not read: output over 8 MiB");
-    return;
+    return -1;
   }
-  wreq_t *w = malloc(sizeof *w + x->olen);
+  wreq_t *w = malloc(sizeof *w + len);
   if (!w) {
     xport_lost(x, CVG_CLOSE_ABORT, "out of memory");
-    return;
+    return -1;
   }
   w->x = x;
-  w->len = x->olen;
-  memcpy(w->data, x->out, x->olen);
-  x->olen = 0;
+  w->len = len;
+  memcpy(w->data, data, len);
   uv_buf_t b = uv_buf_init(w->data, (unsigned)w->len);
   int rc = uv_write(&w->req, (uv_stream_t *)&x->tcp, &b, 1, on_written);
   if (rc < 0) {
@@ -221,9 +236,45 @@ static void flush_out(xport_t *x) {
     char why[128];
     snprintf(why, sizeof why, "write: %s", uv_strerror(rc));
     xport_lost(x, CVG_CLOSE_ABORT, why);
-    return;
+    return -1;
   }
   x->queued += w->len;
+  return 0;
+}
+
+/* TLS: what the SSL wrote into its write BIO, to the socket. */
+static int tls_drain(xport_t *x) {
+  char buf[16384];
+  int n;
+  while (x->st != X_CLOSING && (n = BIO_read(x->wbio, buf, sizeof buf)) > 0)
+    if (write_raw(x, buf, (size_t)n) != 0) return -1;
+  return x->st == X_CLOSING ? -1 : 0;
+}
+
+/* Hand the bytes gathered in x->out to libuv (through SSL_write for TLS,
+ * once its handshake is done; until then they wait). */
+static void flush_out(xport_t *x) {
+  if (x->olen == 0 || x->st == X_CLOSING) return;
+  if (!x->ssl) {
+    size_t n = x->olen;
+    x->olen = 0;
+    write_raw(x, x->out, n);
+    return;
+  }
+  if (!x->tls_done) return;
+  if (x->queued + x->olen > MAX_QUEUED_BYTES) {
+    x->olen = 0;
+    xport_lost(x, CVG_CLOSE_ABORT, "the server does not read: output over 8 MiB");
+    return;
+  }
+  /* memory BIOs take everything: SSL_write does not block or write part */
+  if (SSL_write(x->ssl, x->out, (int)x->olen) != (int)x->olen) {
+    x->olen = 0;
+    xport_lost(x, CVG_CLOSE_ABORT, "TLS: write failed");
+    return;
+  }
+  x->olen = 0;
+  tls_drain(x);
 }
 
 static int out_append(xport_t *x, const void *data, size_t len) {
@@ -467,6 +518,85 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(rbuf, sizeof rbuf);
 }
 
+/* `len` bytes of the HTTP answer and then WebSocket frames, as the server
+ * sent them (decrypted, for TLS). */
+static void on_plain(xport_t *x, const char *data, size_t len) {
+  if (x->st == X_UPGRADING) {
+    llhttp_errno_t e = llhttp_execute(&x->http, data, len);
+    if (e == HPE_PAUSED_UPGRADE ||
+        (e == HPE_OK && x->headers_done && llhttp_get_status_code(&x->http) != 101)) {
+      size_t used = e == HPE_PAUSED_UPGRADE ? (size_t)(llhttp_get_error_pos(&x->http) - data) : len;
+      upgrade_answer(x, data + used, len - used);
+    } else if (e != HPE_OK) {
+      char why[200];
+      snprintf(why, sizeof why, "bad HTTP answer to the upgrade: %s",
+               llhttp_get_error_reason(&x->http));
+      xport_lost(x, CVG_CLOSE_ABORT, why);
+    }
+    return;
+  }
+  if (x->st != X_OPEN || x->close_seen) return; /* nothing counts after a close */
+  feed(x, data, len);
+}
+
+/* Why the TLS handshake or a TLS read failed, for the close reason. */
+static void tls_why(xport_t *x, const char *what, char *why, size_t len) {
+  long v = SSL_get_verify_result(x->ssl);
+  unsigned long e = ERR_peek_last_error();
+  if (v != X509_V_OK)
+    snprintf(why, len, "TLS: certificate verify failed for %s: %s", x->url.host,
+             X509_verify_cert_error_string(v));
+  else if (e)
+    snprintf(why, len, "TLS: %s with %s:%s failed: %s", what, x->url.host, x->url.port,
+             ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "unknown error");
+  else
+    snprintf(why, len, "TLS: %s with %s:%s failed", what, x->url.host, x->url.port);
+  ERR_clear_error();
+}
+
+/* TLS: `len` bytes from the socket into the SSL; the handshake's next
+ * step, or the plaintext they make to on_plain. */
+static void tls_read(xport_t *x, const char *data, size_t len) {
+  static _Thread_local char plain[65536]; /* consumed by on_plain before the next read */
+  char why[400];
+  if (BIO_write(x->rbio, data, (int)len) != (int)len) {
+    xport_lost(x, CVG_CLOSE_ABORT, "TLS: out of memory");
+    return;
+  }
+  if (!x->tls_done) {
+    int r = SSL_do_handshake(x->ssl);
+    if (tls_drain(x) != 0) return;
+    if (r != 1) {
+      int e = SSL_get_error(x->ssl, r);
+      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) return; /* more to come */
+      tls_why(x, "handshake", why, sizeof why);
+      xport_lost(x, CVG_CLOSE_ABORT, why);
+      return;
+    }
+    x->tls_done = 1;
+    flush_out(x); /* the upgrade request waited for it */
+    if (x->st == X_CLOSING) return;
+  }
+  for (;;) {
+    int n = SSL_read(x->ssl, plain, sizeof plain);
+    if (n > 0) {
+      on_plain(x, plain, (size_t)n);
+      if (x->st == X_CLOSING) return;
+      continue;
+    }
+    int e = SSL_get_error(x->ssl, n);
+    if (e == SSL_ERROR_WANT_READ) break;
+    if (e == SSL_ERROR_ZERO_RETURN) {
+      xport_lost(x, CVG_CLOSE_ABORT, "the server closed the TLS session");
+      return;
+    }
+    tls_why(x, "read", why, sizeof why);
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return;
+  }
+  tls_drain(x); /* what reading made SSL write (a key update) */
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   xport_t *x = s->data;
   if (x->st == X_CLOSING || nread == 0) return;
@@ -477,23 +607,46 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     xport_lost(x, CVG_CLOSE_ABORT, why);
     return;
   }
-  if (x->st == X_UPGRADING) {
-    llhttp_errno_t e = llhttp_execute(&x->http, buf->base, (size_t)nread);
-    if (e == HPE_PAUSED_UPGRADE ||
-        (e == HPE_OK && x->headers_done && llhttp_get_status_code(&x->http) != 101)) {
-      size_t used = e == HPE_PAUSED_UPGRADE ? (size_t)(llhttp_get_error_pos(&x->http) - buf->base)
-                                            : (size_t)nread;
-      upgrade_answer(x, buf->base + used, (size_t)nread - used);
-    } else if (e != HPE_OK) {
-      char why[200];
-      snprintf(why, sizeof why, "bad HTTP answer to the upgrade: %s",
-               llhttp_get_error_reason(&x->http));
-      xport_lost(x, CVG_CLOSE_ABORT, why);
-    }
-    return;
+  if (x->ssl)
+    tls_read(x, buf->base, (size_t)nread);
+  else
+    on_plain(x, buf->base, (size_t)nread);
+}
+
+/* TLS: a session for `x` (SNI and the name to verify: its URL's host),
+ * and the ClientHello on its way. 0, or -1 after losing the transport. */
+static int tls_begin(xport_t *x) {
+  char why[400];
+  x->ssl = SSL_new(x->c->tls);
+  x->rbio = BIO_new(BIO_s_mem());
+  x->wbio = BIO_new(BIO_s_mem());
+  if (!x->ssl || !x->rbio || !x->wbio) {
+    BIO_free(x->rbio);
+    BIO_free(x->wbio);
+    x->rbio = x->wbio = NULL;
+    xport_lost(x, CVG_CLOSE_ABORT, "TLS: out of memory");
+    return -1;
   }
-  if (x->st != X_OPEN || x->close_seen) return; /* nothing counts after a close */
-  feed(x, buf->base, (size_t)nread);
+  SSL_set_bio(x->ssl, x->rbio, x->wbio); /* owned by the SSL from now on */
+  unsigned char ip[16];
+  int literal =
+      inet_pton(AF_INET, x->url.host, ip) == 1 || inet_pton(AF_INET6, x->url.host, ip) == 1;
+  int ok = literal ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(x->ssl), x->url.host) == 1
+                   : SSL_set_tlsext_host_name(x->ssl, x->url.host) == 1 &&
+                         SSL_set1_host(x->ssl, x->url.host) == 1;
+  if (!ok) {
+    snprintf(why, sizeof why, "TLS: cannot verify the name %s", x->url.host);
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return -1;
+  }
+  SSL_set_connect_state(x->ssl);
+  int r = SSL_do_handshake(x->ssl);
+  if (r != 1 && SSL_get_error(x->ssl, r) != SSL_ERROR_WANT_READ) {
+    tls_why(x, "handshake", why, sizeof why);
+    xport_lost(x, CVG_CLOSE_ABORT, why);
+    return -1;
+  }
+  return tls_drain(x);
 }
 
 /* ---- connecting ------------------------------------------------------------------- */
@@ -543,7 +696,8 @@ static void on_connect(uv_connect_t *req, int status) {
     xport_lost(x, CVG_CLOSE_ABORT, uv_strerror(rc));
     return;
   }
-  flush_out(x);
+  if (x->url.tls && tls_begin(x) != 0) return;
+  flush_out(x); /* with TLS: once the handshake is done */
 }
 
 static void start_connect(xport_t *x, const struct sockaddr *addr) {
@@ -695,6 +849,37 @@ static void pump(cvg_client_t *c) {
 
 /* ---- public API ------------------------------------------------------------------- */
 
+/* The TLS context of a client with wss:// URLs: TLS 1.2 or later, the
+ * peer verified against the options' CAs or the system's. */
+static int tls_context(const cvg_options_t *opt, SSL_CTX **out, char *err, size_t errlen) {
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx) {
+    if (err && errlen) snprintf(err, errlen, "TLS: out of memory");
+    return CVG_ENOMEM;
+  }
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  SSL_CTX_set_mode(
+      ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER); /* no partial writes: SSL_write takes all */
+  int ok = opt->tls_ca_file || opt->tls_ca_dir
+               ? SSL_CTX_load_verify_locations(ctx, opt->tls_ca_file, opt->tls_ca_dir) == 1
+               : SSL_CTX_set_default_verify_paths(ctx) == 1;
+  if (!ok) {
+    unsigned long e = ERR_get_error();
+    if (err && errlen)
+      snprintf(err, errlen, "TLS: cannot read the CA certificates %s%s%s: %s",
+               opt->tls_ca_file ? opt->tls_ca_file : "",
+               opt->tls_ca_file && opt->tls_ca_dir ? ", " : "",
+               opt->tls_ca_dir ? opt->tls_ca_dir : (opt->tls_ca_file ? "" : "(the system's)"),
+               ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "unknown error");
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return CVG_EINVAL;
+  }
+  *out = ctx;
+  return 0;
+}
+
 int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out, char *err,
                    size_t errlen) {
   *out = NULL;
@@ -709,6 +894,13 @@ int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out
   }
   int rc = cvg_core_new(opt, &c->core, err, errlen);
   if (rc != 0) {
+    free(c);
+    return rc;
+  }
+  int any_tls = 0;
+  for (size_t i = 0; i < opt->nurls; i++) any_tls |= strncmp(opt->urls[i], "wss://", 6) == 0;
+  if (any_tls && (rc = tls_context(opt, &c->tls, err, errlen)) != 0) {
+    cvg_core_free(c->core);
     free(c);
     return rc;
   }

@@ -16,15 +16,12 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
-  if (!u || strncmp(u, "ws://", 5) != 0) {
-    if (u && strncmp(u, "wss://", 6) == 0)
-      set_err(err, errlen, "URL '%s': wss:// is not supported (terminate TLS in front of the node)",
-              u);
-    else
-      set_err(err, errlen, "URL '%s': must start with ws://", u ? u : "(null)");
+  int tls = u && strncmp(u, "wss://", 6) == 0;
+  if (!u || (!tls && strncmp(u, "ws://", 5) != 0)) {
+    set_err(err, errlen, "URL '%s': must start with ws:// or wss://", u ? u : "(null)");
     return 0;
   }
-  const char *h = u + 5, *end = h + strcspn(h, "/?#"), *port = NULL;
+  const char *h = u + (tls ? 6 : 5), *end = h + strcspn(h, "/?#"), *port = NULL;
   if (strlen(u) > 1024) {
     set_err(err, errlen, "URL is longer than 1024 bytes");
     return 0;
@@ -51,7 +48,7 @@ int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
     set_err(err, errlen, "URL '%s': no host, or a host longer than 255 bytes", u);
     return 0;
   }
-  long v = 80;
+  long v = tls ? 443 : 80;
   if (port) {
     v = 0;
     const char *p = port;
@@ -65,6 +62,7 @@ int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
     snprintf(out->host, sizeof out->host, "%.*s", (int)hl, *h == '[' ? h + 1 : h);
     snprintf(out->port, sizeof out->port, "%ld", v);
     snprintf(out->path, sizeof out->path, "%s", *end == '/' ? end : "/v1/ws");
+    out->tls = tls;
   }
   return 1;
 }

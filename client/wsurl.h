@@ -1,6 +1,6 @@
 /*
  * wsurl: the one parser of the client library's node URLs,
- * ws://host[:port][/path] (IPv6 literals in brackets). The core uses it to
+ * ws://host[:port][/path] and wss://... (TLS; IPv6 literals in brackets). The core uses it to
  * refuse bad URLs when a client is created; the transport uses it to
  * connect. Pure function, any thread. Internal: not exported.
  */
@@ -11,13 +11,14 @@
 
 typedef struct {
   char host[256];  /* without the brackets of an IPv6 literal */
-  char port[8];    /* decimal; "80" when absent */
+  char port[8];    /* decimal; "80" (ws) or "443" (wss) when absent */
+  int tls;         /* wss:// */
   char path[1025]; /* from the first '/', or "/v1/ws" when absent */
 } wsurl_t;
 
 /* Parse `url` into `out` (may be NULL: check only). Returns 1, or 0 with a
- * one-line reason in `err` (may be NULL): not ws:// (wss:// named: no TLS
- * here), longer than 1024 bytes, user information, a bad IPv6 literal, no
+ * one-line reason in `err` (may be NULL): not ws:// or wss://, longer than
+ * 1024 bytes, user information, a bad IPv6 literal, no
  * host or one over 255 bytes, a port outside 1-65535. */
 int wsurl_parse(const char *url, wsurl_t *out, char *err, size_t errlen);
 

@@ -256,6 +256,20 @@ typedef struct {
   void (*on_presence)(void *ud, const char *conv, int join, const char *user, const char *client);
   void (*on_signal)(void *ud, const char *conv, const char *sender, int64_t ts_ms,
                     const char *body);
+  /* TLS for wss:// URLs (OpenSSL; TLS 1.2 or later). The server's
+   * certificate is verified, and its name against the URL's host (or its
+   * IP address for an IP literal), which is also sent as SNI; there is no
+   * way to turn verification off. tls_ca_file (a PEM bundle) and
+   * tls_ca_dir (a hashed directory, c_rehash) name the certificates to
+   * trust; both NULL: the system's (/etc/ssl/certs). A certificate that
+   * does not verify fails the connection with a reason that says why
+   * ("TLS: certificate verify failed for HOST: self-signed certificate"),
+   * which on_state's reason carries; it is retried with backoff like any
+   * failed connection. cvg_client_new fails (CVG_EINVAL, with the reason
+   * in err) when the files cannot be read. Borrowed: read at
+   * cvg_client_new only. */
+  const char *tls_ca_file;
+  const char *tls_ca_dir;
 } cvg_options_t;
 
 enum { CVG_PRESENCE_NONE = 0, CVG_PRESENCE_USERS = 1, CVG_PRESENCE_CLIENTS = 2 };
@@ -263,19 +277,19 @@ enum { CVG_PRESENCE_NONE = 0, CVG_PRESENCE_USERS = 1, CVG_PRESENCE_CLIENTS = 2 }
 /* Counters, readable at any time. */
 typedef struct {
   cvg_state_t state;
-  uint64_t attempts;    /* connections opened */
-  uint64_t welcomes;    /* welcomes received */
-  uint64_t delivered;   /* messages given to on_message */
-  uint64_t duplicates;  /* messages dropped because seq <= watermark */
-  uint64_t gaps;        /* syncs sent because seq > watermark + 1 */
-  uint64_t gaps_filled; /* of those, syncs answered by `synced` */
-  uint64_t unavailable; /* `unavailable` answers (error frame, 1013 close, HTTP 503) */
-  uint64_t bad_frames;  /* server frames ignored: not JSON, unknown type, wrong field */
-  uint64_t migrations;  /* drains completed make-before-break */
-  uint64_t resent;      /* sends sent again after a reconnect */
-  int64_t offline_ms;   /* total time without a welcomed connection since start */
-  char node[64];        /* `node` of the welcomed connection; "" when none */
-  uint64_t resets;      /* on_reset calls (added last: the fields above keep their offsets) */
+  uint64_t attempts;     /* connections opened */
+  uint64_t welcomes;     /* welcomes received */
+  uint64_t delivered;    /* messages given to on_message */
+  uint64_t duplicates;   /* messages dropped because seq <= watermark */
+  uint64_t gaps;         /* syncs sent because seq > watermark + 1 */
+  uint64_t gaps_filled;  /* of those, syncs answered by `synced` */
+  uint64_t unavailable;  /* `unavailable` answers (error frame, 1013 close, HTTP 503) */
+  uint64_t bad_frames;   /* server frames ignored: not JSON, unknown type, wrong field */
+  uint64_t migrations;   /* drains completed make-before-break */
+  uint64_t resent;       /* sends sent again after a reconnect */
+  int64_t offline_ms;    /* total time without a welcomed connection since start */
+  char node[64];         /* `node` of the welcomed connection; "" when none */
+  uint64_t resets;       /* on_reset calls (added last: the fields above keep their offsets) */
   uint64_t rate_limited; /* frames the node refused with rate_limited (each sent again) */
   uint64_t refreshes;    /* tokens the node took in a `refreshed` */
 } cvg_stats_t;

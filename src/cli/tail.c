@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -36,7 +37,8 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: converger tail --url WS_URL [--url WS_URL ...] (--token JWT | --token-cmd CMD)\n"
           "                      [--conv C ...] [--watermark N] [--commands] [--backoff STRATEGY]\n"
-          "                      [--presence-events users|clients] [--max-messages N]\n\n"
+          "                      [--presence-events users|clients] [--max-messages N] [--tls-ca "
+          "PATH]\n\n"
           "Subscribes to the conversations and prints each message once and in order, one JSON\n"
           "line per message (the node's msg frame), on stdout. Reconnects for ever: after a\n"
           "failure to a random other --url, after a backoff (decorrelated jitter, 250 ms to\n"
@@ -44,7 +46,10 @@ static void usage(FILE *out) {
           "to stderr. SIGINT or SIGTERM ends it (exit 0); a refused token ends it (exit 1).\n"
           "When the reader of stdout goes away (a closed pipe) it ends with 0; when a write\n"
           "to stdout fails otherwise (a full disk) it says why and ends with 1.\n\n"
-          "  --url WS_URL        ws://host:port/v1/ws of a node; repeat for several\n"
+          "  --url WS_URL        ws://host:port/v1/ws or wss://host/v1/ws (TLS, the server's\n"
+          "                      certificate and name verified) of a node; repeat for several\n"
+          "  --tls-ca PATH       a PEM file (or a hashed directory) of the CAs to trust for\n"
+          "                      wss:// (default: the system's)\n"
           "  --token JWT         a client token (or the environment variable CONVERGER_TOKEN)\n"
           "  --token-cmd CMD     a shell command that prints a fresh token for the same user;\n"
           "                      run at the start without --token, at about 80 %% of each\n"
@@ -347,6 +352,12 @@ int tail_main(int argc, char **argv) {
       urls[nurls++] = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--client-id", &missing))) {
       o.client_id = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--tls-ca", &missing))) {
+      struct stat st;
+      if (stat(v, &st) == 0 && S_ISDIR(st.st_mode))
+        o.tls_ca_dir = v;
+      else
+        o.tls_ca_file = v;
     } else if ((v = cli_flag_value(argc, argv, &i, "--presence-events", &missing))) {
       if (strcmp(v, "users") == 0)
         o.presence_events = CVG_PRESENCE_USERS;

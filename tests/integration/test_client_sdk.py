@@ -237,8 +237,9 @@ class ClientSdk(NodeCase):
     def test_bad_arguments_exit_2(self):
         url = "ws://127.0.0.1:1/v1/ws"
         cases = [
-            (["--url", "http://127.0.0.1:1/v1/ws", "--token", "t", "--conv", "c"], "must start with ws://"),
-            (["--url", "wss://h/v1/ws", "--token", "t", "--conv", "c"], "wss:// is not supported"),
+            (["--url", "http://127.0.0.1:1/v1/ws", "--token", "t", "--conv", "c"], "must start with ws:// or wss://"),
+            (["--url", "wss://h/v1/ws", "--token", "t", "--conv", "c", "--tls-ca", "/no/such/ca.pem"],
+             "TLS: cannot read the CA certificates /no/such/ca.pem"),
             (["--token", "t", "--conv", "c"], "--url is required"),
             (["--url", url, "--conv", "c"], "--token"),
             (["--url", url, "--token", "t"], "--conv is required"),

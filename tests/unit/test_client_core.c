@@ -262,7 +262,7 @@ static void assert_hello(h_t *h, const char *data, const char *want) {
 static void test_constructor_errors(void **state) {
   cvg_options_t o;
   cvg_sub_t subs[2] = {{"c1", 0}, {"c1", 0}};
-  const char *bad_urls[] = {"http://a/v1/ws", "wss://a/v1/ws", "ws://", "ws://:80/x", NULL};
+  const char *bad_urls[] = {"http://a/v1/ws", "wss://", "ws://", "ws://:80/x", "wss://a:0/x", NULL};
   char err[200];
   cvg_core_t *core;
   for (int i = 0; bad_urls[i]; i++) {
@@ -278,7 +278,7 @@ static void test_constructor_errors(void **state) {
     assert_null(core);
     assert_non_null(strstr(err, "URL"));
   }
-  const char *good[] = {"ws://127.0.0.1:8080/v1/ws"};
+  const char *good[] = {"ws://127.0.0.1:8080/v1/ws", "wss://gw.example/v1/ws"}; /* wss: TLS */
   cvg_options_init(&o);
   o.urls = good;
   o.nurls = 1;
@@ -303,6 +303,9 @@ static void test_constructor_errors(void **state) {
   o.subs = &neg;
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
   o.subs = subs;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
+  cvg_core_free(core);
+  o.nurls = 2; /* a wss:// URL is a URL like the others */
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
   cvg_core_free(core);
 }
