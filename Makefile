@@ -4,7 +4,8 @@
 #                       node on 127.0.0.1:8080 (SQLite in data/);
 #                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:8081"
 #   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
-#                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help)
+#                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help);
+#                       ARGS=--tls: HTTPS and WSS on 127.0.0.1:8443 too
 #   make test           build and run every test through CTest
 #   make test SANITIZE=1  the same under ASan + UBSan
 SANITIZE ?= 0
@@ -52,7 +53,7 @@ run: setup $(BUILD_DIR)/CMakeCache.txt
 
 # build has run scripts/setup (haproxy included): the script only starts things.
 # Ctrl-C (130) and SIGTERM (143) are how it is meant to end: not an error.
-CLUSTER_RUN = scripts/cluster --binary $(BUILD_DIR)/converger; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
+CLUSTER_RUN = scripts/cluster --binary $(BUILD_DIR)/converger $(ARGS); s=$$?; [ $$s -eq 0 ] || [ $$s -eq 130 ] || [ $$s -eq 143 ]
 cluster: build
 	@$(call foreground,$(CLUSTER_RUN))
 

@@ -56,9 +56,9 @@ def free_ports():
     for _ in range(200):
         base = random.randrange(20000, 31000)
         stats = random.randrange(20000, 31000)
-        if base <= stats <= base + 13:
+        if base <= stats <= base + 20:
             continue
-        ports = (base, base + 1, base + 2, base + 3, base + 11, base + 12, base + 13, stats)
+        ports = (base, base + 1, base + 2, base + 3, base + 11, base + 12, base + 13, base + 20, stats)
         if all(port_free(p) for p in ports):
             return base, stats
     raise RuntimeError("no free ports found")
@@ -138,17 +138,21 @@ class ClusterScript(unittest.TestCase):
         finally:
             conn.close()
 
-    def start(self):
-        """Runs the script; returns (lb_port, state) once HAProxy answers
-        /readyz 200. Retried on new ports when one was taken meanwhile."""
+    def start(self, *args):
+        """Runs the script (with `args`); returns (lb_port, state) once
+        HAProxy answers /readyz 200. Retried on new ports when one was taken
+        meanwhile. With --tls, the TLS frontend is on self.tls_port."""
         for attempt in range(3):
             base, stats = free_ports()
             env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
             env.update(CONVERGER_CLUSTER_DIR=self.dir, CONVERGER_CLUSTER_PORT_BASE=str(base),
                        CONVERGER_CLUSTER_STATS_PORT=str(stats))
+            if "--tls" in args:
+                self.tls_port = base + 20  # checked free with the others (free_ports)
+                env["CONVERGER_CLUSTER_TLS_PORT"] = str(self.tls_port)
             self.out = open(os.path.join(self.dir, "script.out"), "w+")
             self.err = open(os.path.join(self.dir, "script.err"), "w+")
-            self.proc = subprocess.Popen([SCRIPT, "--binary", harness.binary()], env=env,
+            self.proc = subprocess.Popen([SCRIPT, "--binary", harness.binary()] + list(args), env=env,
                                          stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -215,6 +219,42 @@ class ClusterScript(unittest.TestCase):
     def test_haproxy_config_is_valid(self):
         r = subprocess.run(["haproxy", "-c", "-f", CONFIG], capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_tls_through_haproxy(self):
+        """--tls: HTTPS and WSS on the TLS port with a CA made for the run;
+        the C library (converger tail) and curl trust it, and verify."""
+        lb, stats, state = self.start("--tls")
+        self.pids = {"haproxy": int(state["HAPROXY_PID"]), "pg": int(state["PG_PID"])}
+        for n in (1, 2, 3):
+            self.pids["node-%d" % n] = int(state["NODE%d_PID" % n])
+        self.pg_dir = state["PG_TMP_DIR"]
+        ca = os.path.join(self.dir, "tls", "ca.pem")
+        self.assertEqual(state["TLS_URL"], "https://localhost:%d" % self.tls_port)
+        self.assertEqual(state["TLS_CA"], ca)
+        self.assertIn("wss://localhost:%d/v1/ws" % self.tls_port, self.stdout())
+        self.assertEqual(os.stat(os.path.join(self.dir, "tls", "ca.key")).st_mode & 0o777, 0o600)
+        with open(os.path.join(self.dir, "api-key")) as f:
+            key = f.read().strip()
+        base = "https://localhost:%d" % self.tls_port
+        r = subprocess.run(["curl", "-sS", "--cacert", ca, "-X", "POST", base + "/v1/channels",
+                            "-H", "Authorization: Bearer " + key, "-d", '{"id":"tls","name":"TLS"}'],
+                           capture_output=True, text=True, timeout=20)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        subprocess.run(["curl", "-sS", "--cacert", ca, "-X", "POST", base + "/v1/conversations",
+                        "-H", "Authorization: Bearer " + key, "-d", '{"id":"secure","channel":"tls"}'],
+                       capture_output=True, text=True, timeout=20, check=True)
+        subprocess.run(["curl", "-sS", "--cacert", ca, "-X", "POST", base + "/v1/conversations/secure/messages",
+                        "-H", "Authorization: Bearer " + key, "-d", '{"sender":"s","body":{"over":"tls"}}'],
+                       capture_output=True, text=True, timeout=20, check=True)
+        tok = harness.mint_token("alice", ["secure"], secret=open(os.path.join(self.dir, "token-secret")).read().strip())
+        for url in ("wss://localhost:%d/v1/ws" % self.tls_port, "wss://127.0.0.1:%d/v1/ws" % self.tls_port):
+            p = subprocess.run([harness.binary(), "tail", "--url", url, "--tls-ca", ca, "--token", tok,
+                                "--conv", "secure", "--watermark", "0", "--max-messages", "1"],
+                               capture_output=True, text=True, timeout=20)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(json.loads(p.stdout)["body"], {"over": "tls"})
+        self.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.proc.wait(30), 143, self.stderr())
 
     def test_cluster_through_haproxy_then_sigterm(self):
         lb, stats, state = self.start()
