@@ -82,6 +82,11 @@ static void sample_loop(node_t *node) {
 /* The API keys and the HS256 secrets that came from the data directory's
  * files, read again (a rotation without a restart): a file that cannot be
  * read, or holds a key too short, leaves the ones in use. Never logs a key. */
+static int set_api_keys(auth_t *a, const char *text, size_t min_len) {
+  (void)min_len; /* any non-empty key */
+  return auth_set_api_keys(a, text);
+}
+
 static void reload_secret_files(node_t *node, const char *why) {
   const config_t *cfg = node->cfg;
   struct {
@@ -90,16 +95,14 @@ static void reload_secret_files(node_t *node, const char *why) {
     size_t min;
     int (*set)(auth_t *, const char *, size_t);
     size_t (*count)(const auth_t *);
-  } files[] = {{cfg->key_from_file, "api-key", 1, NULL, auth_api_key_count},
+  } files[] = {{cfg->key_from_file, "api-key", 1, set_api_keys, auth_api_key_count},
                {cfg->secret_from_file, "token-secret", CONFIG_SECRET_MIN, auth_set_secrets,
                 auth_secret_count}};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     if (!files[i].from_file) continue;
     char *text = NULL;
     int r = config_read_secret(cfg->data_dir, files[i].name, files[i].min, &text);
-    if (r == 0)
-      r = files[i].set ? files[i].set(node->auth, text, files[i].min)
-                       : auth_set_api_keys(node->auth, text);
+    if (r == 0) r = files[i].set(node->auth, text, files[i].min);
     if (text) {
       OPENSSL_cleanse(text, strlen(text));
       free(text);

@@ -38,6 +38,20 @@ function client(urls, options = {}) {
   return c;
 }
 
+/** Send to `conv` one message after another (each awaited, 10 ms apart)
+ * until stop(); `acked` holds the seqs acknowledged so far, in order. */
+function keepSending(writer, conv) {
+  const acked = [];
+  let sending = true;
+  const loop = (async () => {
+    for (let i = 0; sending; i++) {
+      acked.push((await writer.send(conv, { i })).seq);
+      await sleep(10);
+    }
+  })();
+  return { acked, stop: () => ((sending = false), loop) };
+}
+
 /** Send `n` messages one after another, each awaited; returns their seqs. */
 async function sendAll(c, conv, n, from = 0) {
   const seqs = [];
@@ -60,21 +74,14 @@ describe("against one node (SQLite)", () => {
     reader.start();
     writer.start();
     try {
-      const acked = [];
-      let sending = true;
-      const loop = (async () => {
-        for (let i = 0; sending; i++) {
-          acked.push((await writer.send(conv, { i })).seq);
-          await sleep(10);
-        }
-      })();
+      const sender = keepSending(writer, conv);
+      const acked = sender.acked;
       await until(() => acked.length >= 20, 10000, "20 acknowledged sends");
       await n.kill9();
       await sleep(300); // sends pending while the node is down
       await n.start(); // same port, same data
       await until(() => acked.length >= 60, 20000, "60 acknowledged sends after the restart");
-      sending = false;
-      await loop;
+      await sender.stop();
       const top = Math.max(...acked);
       await until(() => got.seqs.length >= top, 10000, `delivery up to ${top}`);
       await sleep(300); // nothing more (no duplicate) comes
@@ -242,22 +249,15 @@ describe("across two PostgreSQL nodes", () => {
     writer.start();
     try {
       await until(() => reader.stats().node === `test:${a.port}`, 5000, "the reader on a");
-      const acked = [];
-      let sending = true;
-      const loop = (async () => {
-        for (let i = 0; sending; i++) {
-          acked.push((await writer.send(conv, { i })).seq);
-          await sleep(10);
-        }
-      })();
+      const sender = keepSending(writer, conv);
+      const acked = sender.acked;
       await until(() => acked.length >= 20, 10000, "20 sends");
       const offline = reader.stats().offlineMs;
       const dr = await a.request("POST", "/admin/drain", {});
       assert.ok([200, 202].includes(dr.status), dr.text);
       await until(() => reader.stats().node === `test:${b.port}`, 10000, "the reader moved to b");
       await until(() => acked.length >= 60, 10000, "60 sends");
-      sending = false;
-      await loop;
+      await sender.stop();
       const top = Math.max(...acked);
       await until(() => got.seqs.length >= top, 10000, `delivery up to ${top}`);
       await sleep(300);

@@ -57,6 +57,19 @@ static int add(fleet_t *f, const char *id, const char *base, char *err, size_t l
   return 0;
 }
 
+/* The id node i says it is (GET /admin/status's "node") into out[outlen];
+ * 0, or -1 with why[whylen] (no answer, or no id in it). */
+static int status_id(fleet_t *f, size_t i, char *out, size_t outlen, char *why, size_t whylen) {
+  json_t *js = call(f, &f->v[i].url, "GET", "/admin/status", NULL, 200, NULL, why, whylen);
+  const char *id = js ? json_string_value(json_object_get(js, "node")) : NULL;
+  if (id)
+    snprintf(out, outlen, "%s", id);
+  else if (js)
+    snprintf(why, whylen, "no node id in /admin/status");
+  json_decref(js);
+  return id ? 0 : -1;
+}
+
 int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
   httpc_url_t u;
   if (httpc_parse_url(url, &u, err, len) != 0) return -1;
@@ -95,18 +108,16 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
   /* Each URL must reach the node its row names: an admin listener on
    * another host's loopback, say, would not. */
   for (size_t i = 0; r == 0 && i < f->n; i++) {
-    char why[400];
-    json_t *st = call(f, &f->v[i].url, "GET", "/admin/status", NULL, 200, NULL, why, sizeof why);
-    const char *id = st ? json_string_value(json_object_get(st, "node")) : NULL;
-    if (!id || strcmp(id, f->v[i].id) != 0) {
+    char why[400], id[FLEET_ID_MAX + 1];
+    int ok = status_id(f, i, id, sizeof id, why, sizeof why) == 0;
+    if (!ok || strcmp(id, f->v[i].id) != 0) {
       snprintf(err, len,
                "node %s: %s %s%s (its admin listener must be reachable from here: "
                "CONVERGER_ADMIN_LISTEN on an address this host reaches, or --nodes)",
                f->v[i].id, f->v[i].shown,
-               id ? "answers as node " : "does not answer: ", id ? id : why);
+               ok ? "answers as node " : "does not answer: ", ok ? id : why);
       r = -1;
     }
-    json_decref(st);
   }
   return r;
 }
@@ -128,15 +139,10 @@ int fleet_from_urls(fleet_t *f, const char *csv, char *err, size_t len) {
   }
   for (size_t i = 0; i < f->n; i++) { /* their ids */
     char why[400];
-    json_t *js = call(f, &f->v[i].url, "GET", "/admin/status", NULL, 200, NULL, why, sizeof why);
-    const char *id = js ? json_string_value(json_object_get(js, "node")) : NULL;
-    if (!id) {
-      snprintf(err, len, "%s: %s", f->v[i].shown, js ? "no node id in /admin/status" : why);
-      json_decref(js);
+    if (status_id(f, i, f->v[i].id, sizeof f->v[i].id, why, sizeof why) != 0) {
+      snprintf(err, len, "%s: %s", f->v[i].shown, why);
       return -1;
     }
-    snprintf(f->v[i].id, sizeof f->v[i].id, "%s", id);
-    json_decref(js);
   }
   return 0;
 }

@@ -449,23 +449,32 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-/* Whether `text` holds 1 to CONFIG_KEYS_MAX keys (separated by commas or
- * line ends, blanks around them dropped), each at least min_len bytes. */
-static int keys_long_enough(const char *text, size_t min_len) {
-  int any = 0;
-  for (const char *p = text; *p;) {
-    size_t len = strcspn(p, ",\r\n");
-    const char *b = p, *e = p + len;
+int config_key_next(const char **p, const char **key, size_t *len) {
+  while (**p) {
+    size_t n = strcspn(*p, ",\r\n");
+    const char *b = *p, *e = *p + n;
+    *p += n;
+    if (**p) (*p)++;
     while (b < e && (*b == ' ' || *b == '\t')) b++;
     while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
     if (e > b) {
-      if ((size_t)(e - b) < min_len || any == CONFIG_KEYS_MAX) return 0;
-      any++;
+      *key = b;
+      *len = (size_t)(e - b);
+      return 1;
     }
-    p += len;
-    if (*p) p++;
   }
-  return any > 0;
+  return 0;
+}
+
+/* Whether `text` holds 1 to CONFIG_KEYS_MAX keys (config_key_next), each
+ * at least min_len bytes. */
+static int keys_long_enough(const char *text, size_t min_len) {
+  int n = 0;
+  const char *key;
+  size_t len;
+  for (const char *p = text; config_key_next(&p, &key, &len);)
+    if (len < min_len || ++n > CONFIG_KEYS_MAX) return 0;
+  return n > 0;
 }
 
 int config_read_secret(const char *dir, const char *name, size_t min_len, char **out) {

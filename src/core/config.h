@@ -107,6 +107,12 @@ int config_load_secrets(config_t *cfg, int create, int *key_from_file);
  * or another negative errno. Any thread. */
 int config_read_secret(const char *dir, const char *name, size_t min_len, char **out);
 
+/* The next key of a key list (API keys, token secrets: separated by commas
+ * or line ends, blanks around each dropped, empty ones skipped) at *p:
+ * 1 with *key, *len (not NUL-terminated) and *p moved past it; 0 at the
+ * end. Any thread. */
+int config_key_next(const char **p, const char **key, size_t *len);
+
 /* Set cfg->admin_url, the URL other hosts (converger roll) reach the admin
  * listener at, once it listens (its port may have been chosen):
  * http://HOST:admin_port with HOST the listener's address, or the host of

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "core/config.h"
 #include "core/errors.h"
 
 typedef struct rev_s {
@@ -17,7 +18,7 @@ typedef struct rev_s {
 
 #define REV_BUCKETS 1024
 
-#define AUTH_KEYS_MAX 8 /* API keys, or token secrets, in use at once: CONFIG_KEYS_MAX */
+#define AUTH_KEYS_MAX CONFIG_KEYS_MAX /* API keys, or token secrets, in use at once */
 
 typedef struct {
   char *v[AUTH_KEYS_MAX]; /* v[0]: the one the node signs with (secrets) */
@@ -47,24 +48,18 @@ static void keylist_free(keylist_t *l) {
  * AUTH_KEYS_MAX, or one shorter than `min_len`; -CV_ENOMEM. */
 static int keylist_parse(const char *text, size_t min_len, keylist_t *out) {
   keylist_t l = {.n = 0};
-  for (const char *p = text; p && *p;) {
-    size_t len = strcspn(p, ",\r\n");
-    const char *b = p, *e = p + len;
-    while (b < e && (*b == ' ' || *b == '\t')) b++;
-    while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
-    if (e > b) {
-      if (l.n == AUTH_KEYS_MAX || (size_t)(e - b) < min_len) {
-        keylist_free(&l);
-        return -CV_EINVAL;
-      }
-      if (!(l.v[l.n] = strndup(b, (size_t)(e - b)))) {
-        keylist_free(&l);
-        return -CV_ENOMEM;
-      }
-      l.n++;
+  const char *key;
+  size_t len;
+  for (const char *p = text ? text : ""; config_key_next(&p, &key, &len);) {
+    if (l.n == AUTH_KEYS_MAX || len < min_len) {
+      keylist_free(&l);
+      return -CV_EINVAL;
     }
-    p += len;
-    if (*p) p++;
+    if (!(l.v[l.n] = strndup(key, len))) {
+      keylist_free(&l);
+      return -CV_ENOMEM;
+    }
+    l.n++;
   }
   if (l.n == 0) return -CV_EINVAL;
   *out = l;

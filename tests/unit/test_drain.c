@@ -108,6 +108,26 @@ static void test_drain_moves_everyone_then_stops(void **state) {
   fx_free(&fx);
 }
 
+/* The n connections of p, each still open and sent nothing, closed one
+ * at a time at 2/s from now: each with 1012 and a retry hint. */
+static void expect_paced_closes(fx_t *fx, fx_peer_t **p, int n) {
+  int closed = 0;
+  for (int step = 0; step < n; step++) {
+    fx_advance(fx, step == 0 ? 1 : 500);
+    int now_closed = 0;
+    for (int i = 0; i < n; i++) {
+      if (!p[i]->closed) assert_null(fx_recv(p[i])); /* no frame: a close */
+      if (p[i]->closed) {
+        assert_int_equal(p[i]->close_code, WS_CLOSE_SERVICE_RESTART);
+        assert_non_null(strstr(p[i]->close_reason, "retryAfterMs"));
+        now_closed++;
+      }
+    }
+    assert_int_equal(now_closed, closed + 1); /* one per 500 ms */
+    closed = now_closed;
+  }
+}
+
 /* After the window and the grace, the connections still here are closed
  * with 1012 at drain_close_rate per second (2/s: one at once, then one
  * every 500 ms), each with a retry hint. */
@@ -123,26 +143,7 @@ static void test_paced_closes_after_the_deadline(void **state) {
   for (int i = 0; i < 4; i++) free(expect_drain(p[i], 1000));
   fx_advance(&fx, 1000 + DRAIN_GRACE_MS - 1);
   for (int i = 0; i < 4; i++) fx_expect_nothing(p[i]);
-  int closed = 0;
-  for (int step = 0; step < 4; step++) {
-    fx_advance(&fx, step == 0 ? 1 : 500);
-    int now_closed = 0;
-    for (int i = 0; i < 4; i++) {
-      if (p[i]->closed) {
-        now_closed++;
-        continue;
-      }
-      json_t *js = fx_recv(p[i]);
-      assert_null(js);
-      if (p[i]->closed) {
-        assert_int_equal(p[i]->close_code, WS_CLOSE_SERVICE_RESTART);
-        assert_non_null(strstr(p[i]->close_reason, "retryAfterMs"));
-        now_closed++;
-      }
-    }
-    assert_int_equal(now_closed, closed + 1); /* one per 500 ms */
-    closed = now_closed;
-  }
+  expect_paced_closes(&fx, p, 4);
   assert_int_equal(fx.stops, 0); /* their sockets are still open */
   for (int i = 0; i < 4; i++) fx_peer_free(p[i]);
   fx_advance(&fx, 1);
@@ -220,22 +221,8 @@ static void test_no_ready_peer_closes_at_once_and_stops_when_none_is_left(void *
   fx_peer_t *p[3];
   for (int i = 0; i < 3; i++) p[i] = live(&fx);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
-  assert_true(fx_step(&fx)); /* the peers' read: none ready */
-  int closed = 0;
-  for (int step = 0; step < 3; step++) {
-    fx_advance(&fx, step == 0 ? 1 : 500);
-    int now_closed = 0;
-    for (int i = 0; i < 3; i++) {
-      if (!p[i]->closed) assert_null(fx_recv(p[i])); /* no drain frame: a close */
-      if (p[i]->closed) {
-        assert_int_equal(p[i]->close_code, WS_CLOSE_SERVICE_RESTART);
-        assert_non_null(strstr(p[i]->close_reason, "retryAfterMs"));
-        now_closed++;
-      }
-    }
-    assert_int_equal(now_closed, closed + 1); /* one per 500 ms, not after the 30 s window */
-    closed = now_closed;
-  }
+  assert_true(fx_step(&fx));      /* the peers' read: none ready */
+  expect_paced_closes(&fx, p, 3); /* at once, not after the 30 s window */
   assert_int_equal(fx.stops, 0);
   for (int i = 0; i < 3; i++) fx_peer_free(p[i]);
   fx_advance(&fx, 20);
