@@ -117,7 +117,10 @@ static void reload_secret_files(node_t *node, const char *why) {
 }
 
 void node_reload_keys(node_t *node, const char *why) {
-  if (strcmp(why, "SIGHUP") == 0) reload_secret_files(node, why);
+  if (strcmp(why, "SIGHUP") == 0) {
+    reload_secret_files(node, why);
+    conn_tls_reload(&node->net, why);
+  }
   const char *spec = node->cfg->token_public_keys;
   if (!spec || !*spec) {
     if (!node->cfg->key_from_file && !node->cfg->secret_from_file)
@@ -456,10 +459,11 @@ int serve_main(int argc, char **argv) {
   membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
   if (shared_store) session_presence_restore(&node->sessions);
   lifecycle_ready(node);
-  log_info("converger %s node %s listening on http://%s (WebSocket ws://%s/v1/ws), store %s, "
+  const char *s = cfg.tls_cert ? "s" : "";
+  log_info("converger %s node %s listening on http%s://%s (WebSocket ws%s://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
-           CONVERGER_VERSION, cfg.node_id, cfg.listen, cfg.listen, db_shown, cfg.pool_size, slots,
-           cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
+           CONVERGER_VERSION, cfg.node_id, s, cfg.listen, s, cfg.listen, db_shown, cfg.pool_size,
+           slots, cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
   if (cfg.admin_host)
     log_info("admin: /metrics, /admin/*, /livez and /readyz on http://%s (the client port keeps "
              "/readyz)",

@@ -45,6 +45,11 @@ static const setting_t settings[] = {
       "host:port of a second, private listener for /metrics, /admin/*, /livez and /readyz, "
       "which the client port then no longer serves (it keeps /readyz); empty: none, everything "
       "on the client port"),
+    S("CONVERGER_TLS_CERT", "tls-cert", K_STR, tls_cert, NULL, 0, 0, NULL,
+      "PEM certificate chain: the client listener then speaks only HTTPS and WSS (TLS 1.2 or "
+      "later), with CONVERGER_TLS_KEY; re-read on SIGHUP"),
+    S("CONVERGER_TLS_KEY", "tls-key", K_STR, tls_key, NULL, 0, 0, NULL,
+      "PEM private key of CONVERGER_TLS_CERT; re-read on SIGHUP"),
     S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url, "sqlite:data/converger.db",
       0, 0, NULL,
       "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"
@@ -61,7 +66,7 @@ static const setting_t settings[] = {
       "this node's name in welcome frames and metrics (default hostname:port)"),
     S("CONVERGER_PUBLIC_URL", "public-url", K_WSURL, public_url, NULL, 0, 0, NULL,
       "ws:// or wss:// URL clients should use for this node, as listed by /admin/cluster"
-      " (default ws://LISTEN/v1/ws)"),
+      " (default ws://LISTEN/v1/ws, wss:// with CONVERGER_TLS_CERT)"),
     S("CONVERGER_POOL_SIZE", "pool-size", K_INT, pool_size, "20", 1, 512, NULL,
       "store worker threads, one database connection each"),
     S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes, "65536", 256,
@@ -358,6 +363,12 @@ int config_parse(config_t *cfg, int argc, char **argv) {
             cfg->retry_after_min_ms, cfg->retry_after_max_ms);
     return -CV_EINVAL;
   }
+  if (!cfg->tls_cert != !cfg->tls_key) {
+    fprintf(stderr, "converger: %s is set without %s: TLS needs both\n",
+            cfg->tls_cert ? "CONVERGER_TLS_CERT" : "CONVERGER_TLS_KEY",
+            cfg->tls_cert ? "CONVERGER_TLS_KEY" : "CONVERGER_TLS_CERT");
+    return -CV_EINVAL;
+  }
   /* The data directory holds the generated secrets: SQLite's is the
    * database file's directory; with PostgreSQL it is data/ under the
    * current directory (nodes started from one directory share it). */
@@ -381,10 +392,10 @@ int config_parse(config_t *cfg, int argc, char **argv) {
     cfg->node_id = strdup(buf);
   }
   if (!cfg->public_url) {
-    size_t len = strlen("ws://") + strlen(cfg->listen) + strlen("/v1/ws") + 1;
+    size_t len = strlen("wss://") + strlen(cfg->listen) + strlen("/v1/ws") + 1;
     cfg->public_url = malloc(len);
     if (!cfg->public_url) return -CV_ENOMEM;
-    snprintf(cfg->public_url, len, "ws://%s/v1/ws", cfg->listen);
+    snprintf(cfg->public_url, len, "%s://%s/v1/ws", cfg->tls_cert ? "wss" : "ws", cfg->listen);
   }
   return 0;
 }

@@ -30,6 +30,8 @@ typedef struct {
   char *admin_url;       /* http://HOST:PORT of the admin listener for others (config_admin_url) */
   int key_from_file;     /* the API key came from data_dir/api-key (SIGHUP re-reads it) */
   int secret_from_file;  /* the token secret came from data_dir/token-secret (likewise) */
+  char *tls_cert;        /* PEM chain for TLS on the client listener; NULL: plain TCP */
+  char *tls_key;         /* PEM private key of tls_cert */
   char *database_url;    /* "sqlite:PATH", "postgres://..." or libpq keywords */
   char *data_dir;        /* secrets: the SQLite file's directory; PostgreSQL: "data" */
   char *api_key;         /* NULL: generated/stored by config_load_secrets */

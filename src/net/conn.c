@@ -40,6 +40,7 @@ static void free_conn(conn_t *c) {
   net->handler.on_free(net->handler.ud, c);
   ws_free(c->ws);
   http_free(c->http);
+  tls_free(c->tls);
   free(c->out);
   free(c->wdata);
   free(c);
@@ -132,6 +133,75 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = sizeof c->net->read_buf;
 }
 
+static void mark_dirty(conn_t *c) {
+  if (c->dirty) return;
+  c->dirty = 1;
+  c->dirty_next = c->net->dirty;
+  c->net->dirty = c;
+}
+
+/* Plaintext arrived: to HTTP, or after an upgrade to WebSocket. */
+static void deliver(conn_t *c, const char *data, size_t len) {
+  if (c->mode == CONN_HTTP)
+    http_feed(c, data, len);
+  else
+    ws_feed(c, data, len);
+}
+
+static int stopped_reading(const conn_t *c) {
+  return c->closing || c->shut || c->shutdown_after_write;
+}
+
+/* converger_tls_handshakes_total{result} and, for one that completed,
+ * converger_tls_handshake_ms (first byte to Finished), once per
+ * connection. */
+static void count_tls_handshake(conn_t *c, const char *result) {
+  if (c->tls_counted) return;
+  c->tls_counted = 1;
+  char labels[32];
+  snprintf(labels, sizeof labels, "result=\"%s\"", result);
+  metrics_add(c->net->metrics, "converger_tls_handshakes_total", labels, 1);
+  if (strcmp(result, "ok") == 0)
+    metrics_observe(c->net->metrics, "converger_tls_handshake_ms",
+                    (double)(util_mono_ms() - c->tls_start_ms));
+}
+
+/* Ciphertext arrived on a TLS connection: run the handshake, deliver the
+ * plaintext, and have whatever TLS wants to send (its handshake, an alert)
+ * written on this loop turn. A first byte that cannot begin a TLS record
+ * but begins an HTTP method is a plain request sent to the TLS port: it is
+ * answered in plain HTTP, 400 with a JSON body that says so. */
+static void tls_input(conn_t *c, const char *data, size_t len) {
+  if (!c->tls_start_ms) {
+    c->tls_start_ms = util_mono_ms();
+    if (data[0] >= 'A' && data[0] <= 'Z') {
+      tls_free(c->tls);
+      c->tls = NULL;
+      count_tls_handshake(c, "plain_http");
+      http_fail(c, 400, "bad_request",
+                "this port speaks TLS only: use https:// or wss:// (CONVERGER_TLS_CERT is set)");
+      return;
+    }
+  }
+  tls_push(c->tls, data, len);
+  while (!stopped_reading(c)) {
+    long n = tls_read(c->tls, c->net->read_buf, sizeof c->net->read_buf);
+    if (tls_established(c->tls)) count_tls_handshake(c, "ok");
+    if (n > 0) {
+      deliver(c, c->net->read_buf, (size_t)n);
+      continue;
+    }
+    if (n == TLS_AGAIN) break;
+    if (n == TLS_FAILED) {
+      if (!tls_established(c->tls)) count_tls_handshake(c, "failed");
+      log_debug("tls: closing a connection: %s", tls_error(c->tls));
+    }
+    conn_shutdown(c); /* close_notify or failed: the alert, if any, then FIN */
+    break;
+  }
+  if (!c->closing && c->tls && tls_pending(c->tls)) mark_dirty(c);
+}
+
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
   if (nread == 0) return;
@@ -140,11 +210,11 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   c->last_rx_ms = util_mono_ms();
-  if (c->shut || c->shutdown_after_write) return; /* closing: discard */
-  if (c->mode == CONN_HTTP)
-    http_feed(c, buf->base, (size_t)nread);
+  if (stopped_reading(c)) return; /* closing: discard */
+  if (c->tls)
+    tls_input(c, buf->base, (size_t)nread);
   else
-    ws_feed(c, buf->base, (size_t)nread);
+    deliver(c, buf->base, (size_t)nread);
 }
 
 void conn_pause_reading(conn_t *c) {
@@ -188,7 +258,13 @@ conn_t *conn_adopt(net_t *net, int fd) {
   return c;
 }
 
-static void accept_cb(listener_t *l, int fd) { conn_adopt(container_of(l, net_t, listener), fd); }
+static void accept_cb(listener_t *l, int fd) {
+  net_t *net = container_of(l, net_t, listener);
+  conn_t *c = conn_adopt(net, fd);
+  if (!c || !net->tls_ctx) return;
+  c->tls = tls_new(net->tls_ctx);
+  if (!c->tls) conn_close(c);
+}
 
 static void accept_admin_cb(listener_t *l, int fd) {
   conn_t *c = conn_adopt(container_of(l, net_t, admin_listener), fd);
@@ -204,7 +280,31 @@ void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handle
   net->metrics = metrics;
 }
 
-void conn_net_free(net_t *net) { ws_encoder_free(net); }
+void conn_net_free(net_t *net) {
+  ws_encoder_free(net);
+  tls_ctx_free(net->tls_ctx);
+  net->tls_ctx = NULL;
+}
+
+int conn_tls_reload(net_t *net, const char *why) {
+  const config_t *cfg = net->cfg;
+  if (!cfg->tls_cert) return 0;
+  char err[512];
+  tls_ctx_t *ctx = tls_ctx_load(cfg->tls_cert, cfg->tls_key, err, sizeof err);
+  if (!ctx) {
+    log_error("%s: TLS certificate not loaded: %s%s", why, err,
+              net->tls_ctx ? "; the one in use stays" : "");
+    metrics_add(net->metrics, "converger_tls_reloads_total", "result=\"error\"", 1);
+    return -1;
+  }
+  char what[400];
+  tls_ctx_describe(ctx, what, sizeof what);
+  log_info("%s: TLS on %s with %s (%s)", why, cfg->listen, cfg->tls_cert, what);
+  tls_ctx_free(net->tls_ctx);
+  net->tls_ctx = ctx;
+  metrics_add(net->metrics, "converger_tls_reloads_total", "result=\"ok\"", 1);
+  return 0;
+}
 
 static int reclaim_cb(listener_t *l) { return conn_reclaim(container_of(l, net_t, listener)); }
 
@@ -244,6 +344,7 @@ static int listen_on(net_t *net, listener_t *l, const char *what, const char *ho
 
 int conn_listen(net_t *net) {
   config_t *cfg = net->cfg;
+  if (!net->tls_ctx && conn_tls_reload(net, "start") != 0) return -EINVAL;
   int r = listen_on(net, &net->listener, "listen", cfg->listen_host, &cfg->listen_port,
                     &cfg->listen, accept_cb, reclaim_cb);
   if (r != 0 || !cfg->admin_host) return r;
@@ -283,11 +384,7 @@ int conn_write(conn_t *c, const void *data, size_t len) {
   }
   memcpy(c->out + c->out_len, data, len);
   c->out_len += len;
-  if (!c->dirty) {
-    c->dirty = 1;
-    c->dirty_next = c->net->dirty;
-    c->net->dirty = c;
-  }
+  mark_dirty(c);
   return 0;
 }
 
@@ -302,6 +399,16 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
 
 static void maybe_shutdown(conn_t *c) {
   if (!c->shutdown_after_write || c->shut || c->closing || c->out_len || c->writing) return;
+  if (c->tls) {
+    if (!c->tls_notified) {
+      c->tls_notified = 1;
+      tls_close_notify(c->tls);
+    }
+    if (tls_pending(c->tls)) { /* the close_notify (or an alert) goes before the FIN */
+      flush(c);
+      return;
+    }
+  }
   c->shut = 1;
   conn_set_reclaimable(c, 1); /* answered: the linger below is a courtesy */
   c->deadline_ms = util_mono_ms() + SHUTDOWN_LINGER_MS;
@@ -341,8 +448,35 @@ static void write_cb(uv_write_t *req, int status) {
   writable(c);
 }
 
+/* TLS: turn the plaintext queued in c->out into records, and c->out into
+ * every ciphertext byte waiting (handshake and alerts included, in order).
+ * Returns 0, or -1 when TLS refused (the connection is then closed). */
+static int seal(conn_t *c) {
+  if (c->out_len && tls_seal(c->tls, c->out, c->out_len) != 0) {
+    log_debug("tls: closing a connection: %s", tls_error(c->tls));
+    conn_close(c);
+    return -1;
+  }
+  c->out_len = 0;
+  size_t n = tls_pending(c->tls);
+  if (n == 0) return 0;
+  if (n > c->out_cap) {
+    char *p = realloc(c->out, n);
+    if (!p) {
+      conn_close(c);
+      return -1;
+    }
+    c->out = p;
+    c->out_cap = n;
+  }
+  c->out_len = tls_take(c->tls, c->out, n);
+  return 0;
+}
+
 static void flush(conn_t *c) {
-  if (c->closing || c->writing || c->out_len == 0) return;
+  if (c->closing || c->writing) return;
+  if (c->tls && seal(c) != 0) return;
+  if (c->out_len == 0) return;
   uv_buf_t buf = uv_buf_init(c->out, (unsigned)c->out_len);
   int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
   if (n == (int)c->out_len) {

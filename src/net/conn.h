@@ -17,6 +17,12 @@
  * became so. When the process runs out of descriptors, the listener
  * (net/listener.h) closes the oldest of them to accept new connections:
  * a flood of silent sockets then cannot lock health checks out.
+ *
+ * TLS (net/tls.h), on the client listener when CONVERGER_TLS_CERT is set:
+ * ciphertext read is decrypted before HTTP and WebSocket see it, and the
+ * plaintext they queue in `out` is sealed into records once per flush, so
+ * a fan-out still costs one write per socket per turn. Before the FIN, a
+ * TLS connection sends close_notify.
  */
 #ifndef CONVERGER_NET_CONN_H
 #define CONVERGER_NET_CONN_H
@@ -29,6 +35,7 @@
 #include "core/metrics.h"
 #include "net/handler.h"
 #include "net/listener.h"
+#include "net/tls.h"
 
 #define CONN_MAX_QUEUED       (8u << 20)   /* bytes of unsent output before dropping */
 #define CONN_CLOSE_TIMEOUT_MS 5000         /* longest wait for output after a close */
@@ -63,6 +70,7 @@ typedef struct net_s {
   int stopping;          /* conn_stop_listening ran: answers close their connection */
   char read_buf[65536];  /* shared by every read: libuv reads one socket at a time */
   ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
+  tls_ctx_t *tls_ctx;    /* the client listener's certificate (net/tls.h); NULL: plain TCP */
 } net_t;
 
 /* Set up `net` on `loop` with `cfg` (borrowed), `handler` (copied; every
@@ -70,6 +78,13 @@ typedef struct net_s {
  * recorded; it must outlive the net). Nothing listens before conn_listen. */
 void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handler_t *handler,
                    metrics_t *metrics);
+
+/* Load cfg->tls_cert and cfg->tls_key (when set) as the certificate new
+ * client connections are served with; connections already open keep
+ * theirs. Called by conn_listen, and on SIGHUP by serve.c. Returns 0 (also
+ * when TLS is not configured), or -1 after logging the file and OpenSSL's
+ * reason: the certificate in use, if any, stays. Loop thread. */
+int conn_tls_reload(net_t *net, const char *why);
 
 /* Free what `net` itself holds (the shared WebSocket encoder), once its
  * loop has ended and every connection is freed; `net` may be set up again
@@ -92,11 +107,14 @@ struct conn_s {
   unsigned closed_by_us : 1;         /* the node sent the first close frame (ws_close) */
   unsigned reclaimable : 1;          /* on net->reclaim_head's list */
   unsigned admin : 1;                /* accepted on the admin listener (api/rest.c routes by it) */
+  unsigned tls_notified : 1;         /* close_notify queued before the FIN */
+  unsigned tls_counted : 1;          /* its handshake is in converger_tls_handshakes_total */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */
   uint64_t next_ping_ms;             /* WebSocket heartbeat */
   uint64_t close_deadline_ms;        /* monotonic ms: closed by then, flushed or not */
+  uint64_t tls_start_ms;             /* monotonic ms of the first TLS bytes; 0 before */
   conn_t *reclaim_prev, *reclaim_next; /* net->reclaim_head */
 
   char *out; /* queued output */
@@ -109,6 +127,7 @@ struct conn_s {
   http_t *http;       /* HTTP phase state; NULL after upgrade */
   ws_t *ws;           /* WebSocket state; NULL before upgrade */
   session_t *session; /* protocol session; NULL before upgrade */
+  tls_t *tls;         /* TLS state on a TLS listener; NULL: plain TCP. out holds plaintext */
 };
 
 /* Start listening on cfg->listen_host:listen_port (net/listener.h), and

@@ -300,7 +300,10 @@ class Node:
                 raise NodeStartError("converger serve exited with %s before ready; log:\n%s"
                                      % (rc, self.log_tail()))
             try:
-                st, _, _ = self.get("/readyz", timeout=1.0)
+                # a client port that speaks TLS: probed on the admin listener
+                tls = self.overrides.get("CONVERGER_TLS_CERT") and self.admin_port
+                st, _, _ = self.request("GET", "/readyz", key=None, timeout=1.0,
+                                        port=self.admin_port if tls else None)
                 if st == 200:
                     return
                 last = "status %d" % st

@@ -39,16 +39,24 @@ def openssl(*args, cwd):
         raise AssertionError("openssl %s: %s" % (" ".join(args), r.stderr))
 
 
-def make_certs(d):
-    """ca.pem, and server.pem (certificate and key) for DNS:localhost, signed by it."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=converger test CA", cwd=d)
-    openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost", cwd=d)
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def sign_server_cert(d, name):
+    """NAME.pem and NAME.key: a certificate for DNS:localhost signed by d's CA."""
+    openssl("req", *EC, "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=localhost", cwd=d)
     with open(os.path.join(d, "ext.cnf"), "w") as f:
         f.write("subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)
+    openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", name + ".pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)
+
+
+def make_certs(d):
+    """ca.pem; srv.pem and srv.key for DNS:localhost, signed by it; and
+    server.pem (both in one file, as HAProxy takes them)."""
+    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=converger test CA", cwd=d)
+    sign_server_cert(d, "srv")
     with open(os.path.join(d, "server.pem"), "w") as out:
         for name in ("srv.pem", "srv.key"):
             with open(os.path.join(d, name)) as f:
@@ -164,6 +172,200 @@ class Tls(NodeCase):
         rc, out, err = self.tail("ws://localhost:%d/v1/ws" % self.tls_port, conv, seconds=3)
         self.assertEqual(out, "")
         self.assertTrue("upgrade" in err or "closed" in err, err)
+
+
+class NodeTls(NodeCase):
+    """TLS in the node itself: CONVERGER_TLS_CERT and CONVERGER_TLS_KEY."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="converger-nodetls-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        make_certs(self.dir)
+        self.ca = os.path.join(self.dir, "ca.pem")
+        self.cert = os.path.join(self.dir, "srv.pem")
+        self.key = os.path.join(self.dir, "srv.key")
+        self.node = self.node_start(env={"CONVERGER_TLS_CERT": self.cert, "CONVERGER_TLS_KEY": self.key,
+                                         "CONVERGER_DRAIN_SHUTDOWN_MS": "20000"})
+        self.url = "wss://localhost:%d/v1/ws" % self.node.port
+
+    def https(self, path, method="GET", body=None):
+        ctx = ssl.create_default_context(cafile=self.ca)
+        req = urllib.request.Request("https://localhost:%d%s" % (self.node.port, path), method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": "Bearer " + harness.API_KEY})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def send(self, conv, n):
+        st, js = self.https("/v1/conversations/%s/messages" % conv, "POST", {"sender": "bot", "body": {"n": n}})
+        self.assertEqual(st, 201, js)
+
+    def new_conv(self):
+        st, js = self.https("/v1/channels", "POST", {"id": harness.uid("ch"), "name": "tls"})
+        self.assertEqual(st, 201, js)
+        st, js = self.https("/v1/conversations", "POST", {"channel": js["id"]})
+        self.assertEqual(st, 201, js)
+        return js["id"]
+
+    def tls_counts(self):
+        text = self.node.get_text("/metrics")[2]
+        counts = {}
+        for line in text.splitlines():
+            if line.startswith("converger_tls_handshakes_total{"):
+                counts[line.split('"')[1]] = int(float(line.split()[-1]))
+        return counts
+
+    def peer_serial(self):
+        ctx = ssl.create_default_context(cafile=self.ca)
+        import socket
+        with socket.create_connection(("127.0.0.1", self.node.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                return s.getpeercert()["serialNumber"], s.version()
+
+    def test_https_and_wss_served_by_the_node(self):
+        conv = self.new_conv()
+        self.send(conv, 1)  # REST over HTTPS
+        self.assertEqual(self.https("/readyz"), (200, {"status": "ready"}))
+
+        async def python_client():
+            import websockets
+            ctx = ssl.create_default_context(cafile=self.ca)
+            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
+                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
+                                          "subs": [{"conv": conv, "watermark": 0}]}))
+                frames = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(3)]
+                return [f["type"] for f in frames]
+        self.assertEqual(self.arun(python_client()), ["welcome", "msg", "synced"])
+
+        import threading
+        threading.Timer(1.0, lambda: self.send(conv, 2)).start()
+        rc, out, err = Tls.tail(self, self.url, conv, "--tls-ca", self.ca, "--max-messages", "2")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([json.loads(l)["body"] for l in out.splitlines()], [{"n": 1}, {"n": 2}])
+        # the node says where clients reach it: wss://
+        self.assertIn("public URL wss://127.0.0.1:%d/v1/ws" % self.node.port, self.node.log_text())
+        self.assertIn("listening on https://", self.node.log_text())
+        # every handshake counted: curl-free REST (3), python, tail (at least one each)
+        self.assertGreaterEqual(self.tls_counts().get("ok", 0), 5)
+        text = self.node.get_text("/metrics")[2]
+        self.assertRegex(text, r"converger_tls_handshake_ms_count [1-9]")
+        self.assertEqual(self.peer_serial()[1] in ("TLSv1.2", "TLSv1.3"), True)
+
+    def test_plain_http_and_old_tls_are_refused_clearly(self):
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", self.node.port, timeout=5)
+        conn.request("GET", "/readyz")
+        r = conn.getresponse()
+        self.assertEqual(r.status, 400)
+        self.assertIn("this port speaks TLS only", json.loads(r.read())["error"]["message"])
+        conn.close()
+        # TLS 1.1: the client offers it (security level 0), the node refuses
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(self.ca)
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_1
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+        import socket
+        with socket.create_connection(("127.0.0.1", self.node.port), timeout=5) as raw:
+            with self.assertRaises(ssl.SSLError):
+                ctx.wrap_socket(raw, server_hostname="localhost")
+        # garbage after a TLS record header: a failed handshake, no crash
+        with socket.create_connection(("127.0.0.1", self.node.port), timeout=5) as raw:
+            raw.sendall(b"\x16\x03\x01\x00\x05hello" + os.urandom(64))
+            raw.settimeout(5)
+            try:
+                while raw.recv(4096):
+                    pass  # an alert, then the close
+            except ConnectionResetError:
+                pass
+        counts = self.tls_counts()
+        self.assertEqual(counts.get("plain_http"), 1, counts)
+        self.assertEqual(counts.get("failed"), 2, counts)
+        self.assertTrue(self.node.running())
+        self.assertEqual(self.https("/readyz")[0], 200)
+
+    def test_sighup_reloads_the_certificate_and_open_connections_stay(self):
+        conv = self.new_conv()
+        old_serial = self.peer_serial()[0]
+        frames = []
+
+        async def scenario():
+            import websockets
+            ctx = ssl.create_default_context(cafile=self.ca)
+            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
+                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
+                                          "subs": [{"conv": conv, "watermark": 0}]}))
+                for _ in range(2):
+                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
+                # a broken key first: refused, the certificate in use stays
+                with open(self.key, "w") as f:
+                    f.write("not a key\n")
+                os.kill(self.node.proc.pid, signal.SIGHUP)
+                await asyncio.sleep(0.5)
+                self.assertEqual(self.peer_serial()[0], old_serial)
+                # then a new certificate and key
+                sign_server_cert(self.dir, "new")
+                shutil.copy(os.path.join(self.dir, "new.pem"), self.cert)
+                shutil.copy(os.path.join(self.dir, "new.key"), self.key)
+                os.kill(self.node.proc.pid, signal.SIGHUP)
+                await asyncio.sleep(0.5)
+                # the connection made before both reloads still delivers
+                await asyncio.get_running_loop().run_in_executor(None, self.send, conv, 1)
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
+        self.arun(scenario())
+        self.assertEqual([f["type"] for f in frames], ["welcome", "synced", "msg"])
+        self.assertEqual(frames[2]["seq"], 1)
+        new_serial = self.peer_serial()[0]
+        self.assertNotEqual(new_serial, old_serial)
+        log = self.node.log_text()
+        self.assertIn("SIGHUP: TLS certificate not loaded", log)
+        self.assertIn("the one in use stays", log)
+        self.assertIn("SIGHUP: TLS on", log)
+
+    def test_bad_tls_settings_stop_the_start_with_a_reason(self):
+        def serve(env):
+            e = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+            e.update(CONVERGER_LISTEN="127.0.0.1:%d" % harness.free_port(), CONVERGER_ADMIN_LISTEN="",
+                     CONVERGER_DATABASE_URL="sqlite:%s/x.db" % self.dir, **env)
+            r = subprocess.run([harness.binary(), "serve"], env=e, capture_output=True, text=True, timeout=20)
+            return r.returncode, r.stderr
+        rc, err = serve({"CONVERGER_TLS_CERT": self.cert})
+        self.assertEqual(rc, 2)
+        self.assertIn("CONVERGER_TLS_CERT is set without CONVERGER_TLS_KEY", err)
+        rc, err = serve({"CONVERGER_TLS_CERT": self.cert, "CONVERGER_TLS_KEY": self.cert})
+        self.assertNotEqual(rc, 0)
+        self.assertIn("TLS certificate not loaded: %s" % self.cert, err)
+        sign_server_cert(self.dir, "other")
+        rc, err = serve({"CONVERGER_TLS_CERT": self.cert, "CONVERGER_TLS_KEY": os.path.join(self.dir, "other.key")})
+        self.assertNotEqual(rc, 0)
+        self.assertIn("is not the private key of the certificate in %s" % self.cert, err)
+
+    def test_a_stopping_node_closes_tls_clients_with_a_hint(self):
+        """The drain is unchanged under TLS: a single node with no ready peer
+        closes its clients with 1012 and a retry hint, then exits."""
+        conv = self.new_conv()
+
+        async def scenario():
+            import websockets
+            ctx = ssl.create_default_context(cafile=self.ca)
+            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
+                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
+                                          "subs": [{"conv": conv, "watermark": 0}]}))
+                for _ in range(2):
+                    await asyncio.wait_for(ws.recv(), 5)
+                os.kill(self.node.proc.pid, signal.SIGTERM)
+                try:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), 10)
+                except websockets.ConnectionClosed as e:
+                    return e.rcvd.code if e.rcvd else None, json.loads(e.rcvd.reason) if e.rcvd else None
+        code, reason = self.arun(scenario())
+        self.assertEqual(code, 1012)
+        self.assertGreater(reason["retryAfterMs"], 0)
+        self.assertEqual(self.node.proc.wait(10), 0)
 
 
 if __name__ == "__main__":
