@@ -21,7 +21,8 @@ static json_t *call(const fleet_t *f, const httpc_url_t *url, const char *method
                          .headers = headers,
                          .body = body,
                          .timeout_ms = f->timeout_ms > 0 ? f->timeout_ms : 2000,
-                         .interrupted = f->interrupted};
+                         .interrupted = f->interrupted,
+                         .tls = url->tls};
   httpc_response_t resp;
   int st = httpc_request(&req, &resp, err, len);
   if (status) *status = st;

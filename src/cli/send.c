@@ -37,19 +37,21 @@
 #define SEND_SHOWN_BODY_MAX     2000                /* bytes of an error answer shown on stderr */
 
 typedef struct {
-  const char *url, *api_key, *conv, *sender, *key, *body;
+  const char *url, *api_key, *conv, *sender, *key, *body, *tls_ca;
   long long retries, timeout_ms;
 } opts_t;
 
 static void usage(FILE *out) {
   fprintf(out,
           "usage: converger send --url HTTP_URL --api-key KEY --conv CONV --sender USER\n"
-          "                      [--idempotency-key KEY] [--retries N] [--timeout-ms MS] "
-          "BODY_JSON\n\n"
+          "                      [--idempotency-key KEY] [--retries N] [--timeout-ms MS]\n"
+          "                      [--tls-ca FILE] BODY_JSON\n\n"
           "Appends one message to a conversation (POST {url}/v1/conversations/CONV/messages)\n"
           "and prints the answer, {\"seq\":N,\"id\":\"...\"}, on stdout.\n\n"
-          "  --url              http://host[:port][/prefix] of a node; no https (put a\n"
-          "                     TLS-terminating proxy in front of the node)\n"
+          "  --url              http[s]://host[:port][/prefix] of a node, or of a proxy in\n"
+          "                     front of it; https verifies the certificate and the host\n"
+          "  --tls-ca           PEM file of the CA certificates to trust for https instead\n"
+          "                     of the system's\n"
           "  --api-key          the node's API key; default: $" SEND_API_KEY_ENV "\n"
           "  --conv             the conversation id\n"
           "  --sender           the sender id stored with the message\n"
@@ -100,6 +102,8 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       o->key = v;
     else if ((v = cli_flag_value(argc, argv, &i, "--retries", &missing)))
       retries = v;
+    else if ((v = cli_flag_value(argc, argv, &i, "--tls-ca", &missing)))
+      o->tls_ca = v;
     else if ((v = cli_flag_value(argc, argv, &i, "--timeout-ms", &missing)))
       timeout = v;
     else if (!missing)
@@ -251,6 +255,10 @@ int send_main(int argc, char **argv) {
     fprintf(stderr, "converger send: bad --url: %s\n", err);
     return 2;
   }
+  if (o.tls_ca && !url.tls) {
+    fprintf(stderr, "converger send: --tls-ca is for an https:// --url\n");
+    return 2;
+  }
   json_error_t jerr;
   json_t *body = json_loads(o.body, JSON_DECODE_ANY, &jerr);
   if (!body) {
@@ -271,8 +279,8 @@ int send_main(int argc, char **argv) {
   char *path = str_printf("%s/v1/conversations/%s/messages", url.prefix, o.conv);
   char *headers =
       str_printf("Authorization: Bearer %s\r\nIdempotency-Key: %s\r\n", o.api_key, o.key);
-  char *target = str_printf("POST http://%s%s%s:%d%s", v6 ? "[" : "", url.host, v6 ? "]" : "",
-                            url.port, path ? path : "");
+  char *target = str_printf("POST http%s://%s%s%s:%d%s", url.tls ? "s" : "", v6 ? "[" : "",
+                            url.host, v6 ? "]" : "", url.port, path ? path : "");
   int status = 1;
   if (!msg_text || !path || !headers || !target) {
     fprintf(stderr, "converger send: out of memory\n");
@@ -283,7 +291,9 @@ int send_main(int argc, char **argv) {
                            .path = path,
                            .headers = headers,
                            .body = msg_text,
-                           .timeout_ms = (int)o.timeout_ms};
+                           .timeout_ms = (int)o.timeout_ms,
+                           .tls = url.tls,
+                           .tls_ca_file = o.tls_ca};
     status = send_with_retries(&o, &req, target);
   }
   free(target);

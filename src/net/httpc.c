@@ -7,6 +7,12 @@
  * HTTP_RESPONSE mode; the parser pauses at the end of the first final
  * (non-1xx) answer. The llhttp settings live on the stack of each call:
  * nothing is shared between calls or threads.
+ *
+ * https: OpenSSL on the same non-blocking socket (SSL_set_fd), each
+ * SSL_ERROR_WANT_READ / _WRITE waited for with poll() under the deadline.
+ * The socket BIO writes with write(2), which raises SIGPIPE on a closed
+ * peer: SIGPIPE is blocked in the calling thread for the request and one
+ * that became pending is taken before it is unblocked.
  */
 #include "net/httpc.h"
 
@@ -14,7 +20,11 @@
 #include <errno.h>
 #include <llhttp.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +130,121 @@ static int connect_host(const httpc_request_t *req, uint64_t deadline, char *err
     return fail(err, err_len, e, "connect to %s: no answer within %d ms", hp, req->timeout_ms);
   if (e == -EINTR) return fail(err, err_len, e, "connect to %s: interrupted", hp);
   return fail(err, err_len, e, "connect to %s: %s", hp, strerror(-e));
+}
+
+/* ---- the link: a socket, or TLS on it --------------------------------------------- */
+
+typedef struct {
+  int fd;
+  SSL_CTX *ctx; /* NULL: plain TCP */
+  SSL *ssl;
+  char why[200]; /* the last TLS failure, for the error line */
+} link_t;
+
+/* errno of a failed SSL call; `want` gets what to wait for on EAGAIN. */
+static int tls_errno(link_t *l, int r, short *want) {
+  int e = SSL_get_error(l->ssl, r);
+  switch (e) {
+  case SSL_ERROR_WANT_READ:
+    *want = POLLIN;
+    return EAGAIN;
+  case SSL_ERROR_WANT_WRITE:
+    *want = POLLOUT;
+    return EAGAIN;
+  case SSL_ERROR_ZERO_RETURN:
+    return 0; /* close_notify: the end of the stream */
+  case SSL_ERROR_SYSCALL:
+    ERR_clear_error();
+    return errno ? errno : EPIPE; /* 0: an EOF that broke the protocol */
+  default: {
+    unsigned long code = ERR_peek_last_error();
+    long v = SSL_get_verify_result(l->ssl);
+    if (ERR_GET_REASON(code) == SSL_R_CERTIFICATE_VERIFY_FAILED && v != X509_V_OK)
+      snprintf(l->why, sizeof l->why, "certificate verify failed: %s",
+               X509_verify_cert_error_string(v));
+    else if (ERR_GET_REASON(code) == SSL_R_WRONG_VERSION_NUMBER)
+      snprintf(l->why, sizeof l->why, "the server does not speak TLS (an http:// port?)");
+    else if (code)
+      ERR_error_string_n(code, l->why, sizeof l->why);
+    else
+      snprintf(l->why, sizeof l->why, "TLS failed");
+    ERR_clear_error();
+    return EPROTO;
+  }
+  }
+}
+
+/* Like send(2) with MSG_NOSIGNAL: bytes sent, or -1 with errno (EAGAIN:
+ * wait for *want). */
+static ssize_t link_send(link_t *l, const char *buf, size_t len, short *want) {
+  *want = POLLOUT;
+  if (!l->ssl) return send(l->fd, buf, len, MSG_NOSIGNAL);
+  int r = SSL_write(l->ssl, buf, len > INT32_MAX ? INT32_MAX : (int)len);
+  if (r > 0) return r;
+  errno = tls_errno(l, r, want);
+  return -1;
+}
+
+/* Like recv(2): bytes read, 0 at the end, or -1 with errno. */
+static ssize_t link_recv(link_t *l, char *buf, size_t len, short *want) {
+  *want = POLLIN;
+  if (!l->ssl) return recv(l->fd, buf, len, 0);
+  int r = SSL_read(l->ssl, buf, len > INT32_MAX ? INT32_MAX : (int)len);
+  if (r > 0) return r;
+  int e = tls_errno(l, r, want);
+  if (e == 0) return 0;
+  errno = e;
+  return -1;
+}
+
+/* TLS 1.2 or later on l->fd, verifying the certificate chain (the CA file
+ * or directory of the request, else the system's) and that it names
+ * req->host (RFC 6125; an IP address against its IP SANs), with SNI for a
+ * name. 0, or a negative errno with the reason in err. */
+static int tls_connect(link_t *l, const httpc_request_t *req, uint64_t deadline, char *err,
+                       size_t err_len) {
+  l->ctx = SSL_CTX_new(TLS_client_method());
+  if (!l->ctx) return fail(err, err_len, -ENOMEM, "TLS: out of memory");
+  SSL_CTX_set_min_proto_version(l->ctx, TLS1_2_VERSION);
+  SSL_CTX_set_verify(l->ctx, SSL_VERIFY_PEER, NULL);
+  int ok = req->tls_ca_file || req->tls_ca_dir
+               ? SSL_CTX_load_verify_locations(l->ctx, req->tls_ca_file, req->tls_ca_dir) == 1
+               : SSL_CTX_set_default_verify_paths(l->ctx) == 1;
+  if (!ok) {
+    ERR_clear_error();
+    return fail(err, err_len, -EINVAL, "TLS: cannot load the CA certificates from %s",
+                req->tls_ca_file ? req->tls_ca_file : req->tls_ca_dir);
+  }
+  l->ssl = SSL_new(l->ctx);
+  if (!l->ssl || SSL_set_fd(l->ssl, l->fd) != 1)
+    return fail(err, err_len, -ENOMEM, "TLS: out of memory");
+  struct in6_addr a;
+  int literal = inet_pton(AF_INET, req->host, &a) == 1 || inet_pton(AF_INET6, req->host, &a) == 1;
+  ok = literal ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(l->ssl), req->host) == 1
+               : SSL_set_tlsext_host_name(l->ssl, req->host) == 1 &&
+                     SSL_set1_host(l->ssl, req->host) == 1;
+  if (!ok) return fail(err, err_len, -EINVAL, "TLS: cannot verify the host \"%s\"", req->host);
+  for (;;) {
+    int r = SSL_connect(l->ssl);
+    if (r == 1) return 0;
+    short want = POLLIN;
+    int e = -tls_errno(l, r, &want);
+    if (e == -EAGAIN) e = wait_fd(l->fd, want, deadline, req->interrupted);
+    if (e == 0) continue;
+    if (e == -ETIMEDOUT)
+      return fail(err, err_len, e, "TLS: no handshake within %d ms", req->timeout_ms);
+    if (e == -EINTR) return fail(err, err_len, e, "interrupted");
+    if (e == -EPROTO) return fail(err, err_len, e, "TLS: %s for %s", l->why, req->host);
+    return fail(err, err_len, e, "TLS handshake with %s: %s", req->host,
+                e == -EPIPE ? "the server closed the connection (does it speak TLS?)"
+                            : strerror(-e));
+  }
+}
+
+static void link_close(link_t *l) {
+  if (l->ssl) SSL_free(l->ssl);
+  if (l->ctx) SSL_CTX_free(l->ctx);
+  if (l->fd >= 0) close(l->fd);
 }
 
 /* ---- reading the answer ----------------------------------------------------------- */
@@ -246,7 +371,7 @@ static int feed(llhttp_t *p, reader_t *r, const char *buf, size_t len, char *err
   return 0;
 }
 
-static int read_answer(int fd, const httpc_request_t *req, uint64_t deadline,
+static int read_answer(link_t *l, const httpc_request_t *req, uint64_t deadline,
                        httpc_response_t *resp, char *err, size_t err_len) {
   llhttp_settings_t settings;
   llhttp_settings_init(&settings);
@@ -265,11 +390,12 @@ static int read_answer(int fd, const httpc_request_t *req, uint64_t deadline,
   parser.data = &r;
   char buf[16384];
   while (!r.done) {
-    ssize_t k = recv(fd, buf, sizeof buf, 0);
+    short want;
+    ssize_t k = link_recv(l, buf, sizeof buf, &want);
     if (k < 0) {
       int e = -errno;
       if (e == -EAGAIN || e == -EWOULDBLOCK)
-        e = wait_fd(fd, POLLIN, deadline, req->interrupted);
+        e = wait_fd(l->fd, want, deadline, req->interrupted);
       else if (e == -EINTR && !(req->interrupted && *req->interrupted))
         e = 0;
       if (e == 0) continue;
@@ -277,6 +403,7 @@ static int read_answer(int fd, const httpc_request_t *req, uint64_t deadline,
         return fail(err, err_len, e, "no complete answer within %d ms", req->timeout_ms);
       if (e == -ECONNRESET) return fail(err, err_len, e, "connection reset by the server");
       if (e == -EINTR) return fail(err, err_len, e, "interrupted");
+      if (e == -EPROTO) return fail(err, err_len, e, "TLS: %s", l->why);
       return fail(err, err_len, e, "recv: %s", strerror(-e));
     }
     int e = feed(&parser, &r, buf, (size_t)k, err, err_len); /* k == 0: end of stream */
@@ -330,17 +457,18 @@ static int validate(const httpc_request_t *req, char *err, size_t err_len) {
 }
 
 /* Write all of buf. 0 or a negative errno (err set). */
-static int send_all(int fd, const char *buf, size_t len, const httpc_request_t *req,
+static int send_all(link_t *l, const char *buf, size_t len, const httpc_request_t *req,
                     uint64_t deadline, char *err, size_t err_len) {
   for (size_t off = 0; off < len;) {
-    ssize_t k = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+    short want;
+    ssize_t k = link_send(l, buf + off, len - off, &want);
     if (k >= 0) {
       off += (size_t)k;
       continue;
     }
     int e = -errno;
     if (e == -EAGAIN || e == -EWOULDBLOCK)
-      e = wait_fd(fd, POLLOUT, deadline, req->interrupted);
+      e = wait_fd(l->fd, want, deadline, req->interrupted);
     else if (e == -EINTR && !(req->interrupted && *req->interrupted))
       e = 0;
     if (e == 0) continue;
@@ -350,12 +478,13 @@ static int send_all(int fd, const char *buf, size_t len, const httpc_request_t *
     if (e == -ECONNRESET) return fail(err, err_len, e, "connection reset by the server");
     if (e == -EPIPE)
       return fail(err, err_len, e, "the server closed the connection during the request");
+    if (e == -EPROTO) return fail(err, err_len, e, "TLS: %s", l->why);
     return fail(err, err_len, e, "send: %s", strerror(-e));
   }
   return 0;
 }
 
-int httpc_request(const httpc_request_t *req, httpc_response_t *resp, char *err, size_t err_len) {
+static int request(const httpc_request_t *req, httpc_response_t *resp, char *err, size_t err_len) {
   *resp = (httpc_response_t){.status = 0, .body = NULL, .body_len = 0, .retry_after_s = -1};
   if (err && err_len) err[0] = '\0';
   int e = validate(req, err, err_len);
@@ -375,32 +504,56 @@ int httpc_request(const httpc_request_t *req, httpc_response_t *resp, char *err,
   snprintf(msg, (size_t)hlen + 1, fmt, req->method, req->path, hp, extra, ctype, blen);
   if (blen) memcpy(msg + hlen, req->body, blen);
 
-  int fd = connect_host(req, deadline, err, err_len);
-  if (fd < 0) {
+  link_t l = {.fd = connect_host(req, deadline, err, err_len)};
+  if (l.fd < 0) {
     free(msg);
-    return fd;
+    return l.fd;
+  }
+  e = req->tls ? tls_connect(&l, req, deadline, err, err_len) : 0;
+  if (e != 0) {
+    free(msg);
+    link_close(&l);
+    return e;
   }
   /* After a failed send the server may still have answered (an early 413,
    * say): read what is there, and report the send error if there is none. */
-  char send_err[160] = "";
-  e = send_all(fd, msg, (size_t)hlen + blen, req, deadline, send_err, sizeof send_err);
+  char send_err[260] = "";
+  e = send_all(&l, msg, (size_t)hlen + blen, req, deadline, send_err, sizeof send_err);
   free(msg);
   if (e == 0) {
-    e = read_answer(fd, req, deadline, resp, err, err_len);
+    e = read_answer(&l, req, deadline, resp, err, err_len);
   } else {
-    int st = e == -EPIPE || e == -ECONNRESET ? read_answer(fd, req, deadline, resp, NULL, 0) : e;
+    int st = e == -EPIPE || e == -ECONNRESET ? read_answer(&l, req, deadline, resp, NULL, 0) : e;
     if (st >= 0)
       e = st;
     else
       fail(err, err_len, e, "%s", send_err);
   }
-  close(fd);
+  link_close(&l);
   if (e < 0) {
     httpc_response_free(resp);
     resp->status = 0;
     resp->retry_after_s = -1;
   }
   return e;
+}
+
+int httpc_request(const httpc_request_t *req, httpc_response_t *resp, char *err, size_t err_len) {
+  if (!req->tls) return request(req, resp, err, err_len);
+  /* OpenSSL's socket BIO write(2)s: keep a closed peer's SIGPIPE from
+   * killing the process, and take one that came before unblocking. */
+  sigset_t pipe, old;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &old);
+  int r = request(req, resp, err, err_len);
+  sigset_t pending;
+  if (!sigismember(&old, SIGPIPE) && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+    struct timespec zero = {0, 0};
+    sigtimedwait(&pipe, NULL, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return r;
 }
 
 void httpc_response_free(httpc_response_t *resp) {
@@ -430,7 +583,7 @@ int httpc_retryable(int e) {
 
 /* ---- URLs ------------------------------------------------------------------------- */
 
-#define URL_SHAPE "want http://host:port[/prefix]"
+#define URL_SHAPE "want http://host:port[/prefix] or https://..."
 
 static int path_char_ok(int c) {
   /* RFC 3986 pchar (unreserved, sub-delims, ':', '@', pct-encoded) and '/' */
@@ -447,11 +600,8 @@ int httpc_parse_url(const char *url, httpc_url_t *out, char *err, size_t err_len
   const char *sep = strstr(url, "://");
   if (!sep) return fail(err, err_len, -EINVAL, "\"%s\" is not a URL: " URL_SHAPE, url);
   size_t slen = (size_t)(sep - url);
-  if (slen == 5 && strncasecmp(url, "https", 5) == 0)
-    return fail(err, err_len, -EINVAL,
-                "https is not supported (no TLS here): use http:// and put a TLS-terminating "
-                "proxy in front of the node");
-  if (slen != 4 || strncasecmp(url, "http", 4) != 0)
+  out->tls = slen == 5 && strncasecmp(url, "https", 5) == 0;
+  if (!out->tls && (slen != 4 || strncasecmp(url, "http", 4) != 0))
     return fail(err, err_len, -EINVAL, "unsupported URL scheme \"%.*s\": " URL_SHAPE, (int)slen,
                 url);
 
@@ -496,7 +646,7 @@ int httpc_parse_url(const char *url, httpc_url_t *out, char *err, size_t err_len
   memcpy(out->host, host, hlen);
   out->host[hlen] = '\0';
 
-  out->port = HTTPC_DEFAULT_PORT;
+  out->port = out->tls ? HTTPC_DEFAULT_TLS_PORT : HTTPC_DEFAULT_PORT;
   const char *end = auth + alen;
   if (after < end) {
     if (*after != ':')

@@ -5,8 +5,12 @@
  * One request per fresh connection (Connection: close): resolve the host
  * with getaddrinfo (names, IPv4 and IPv6 literals), connect, write the
  * request, read the answer with llhttp (HTTP_RESPONSE), close. Every step
- * runs under one total deadline (timeout_ms): connect + send + receive.
- * No TLS, no redirects, no keep-alive, no proxies.
+ * runs under one total deadline (timeout_ms): connect + send + receive
+ * (+ the TLS handshake). https through OpenSSL: TLS 1.2 or later, the
+ * certificate chain and the host name verified (the request's CA file or
+ * directory, else the system's, which OpenSSL's SSL_CERT_FILE and
+ * SSL_CERT_DIR variables can point elsewhere). No redirects, no keep-alive,
+ * no proxies.
  *
  * Errors: one channel. httpc_request returns the HTTP status (100..999), or
  * a negative errno with a one-line reason in the caller's error buffer;
@@ -21,10 +25,11 @@
 #include <signal.h>
 #include <stddef.h>
 
-#define HTTPC_MAX_BODY_BYTES (1024 * 1024) /* default bound of an answer's body */
-#define HTTPC_HOST_MAX       253           /* longest DNS name */
-#define HTTPC_PREFIX_MAX     512           /* longest path prefix of a URL */
-#define HTTPC_DEFAULT_PORT   80
+#define HTTPC_MAX_BODY_BYTES   (1024 * 1024) /* default bound of an answer's body */
+#define HTTPC_HOST_MAX         253           /* longest DNS name */
+#define HTTPC_PREFIX_MAX       512           /* longest path prefix of a URL */
+#define HTTPC_DEFAULT_PORT     80
+#define HTTPC_DEFAULT_TLS_PORT 443
 
 /* One request. Pointers are borrowed for the duration of the call only. */
 typedef struct {
@@ -40,6 +45,9 @@ typedef struct {
    * interrupted (EINTR) while *interrupted != 0 ends the request with
    * -EINTR; otherwise interrupted calls are restarted. */
   volatile sig_atomic_t *interrupted;
+  int tls;                 /* 1: https (httpc_url_t.tls) */
+  const char *tls_ca_file; /* NULL, or PEM CA certificates trusted instead of the system's */
+  const char *tls_ca_dir;  /* NULL, or a hashed directory of them (c_rehash) */
 } httpc_request_t;
 
 /* The answer. */
@@ -61,6 +69,9 @@ typedef struct {
  *   -ENOENT       the host name does not resolve (-EAGAIN: temporary
  *                 resolver failure)
  *   -ECONNREFUSED nothing listens there (or another connect() errno)
+ *   -EPROTO       TLS failed: the certificate does not verify (the reason
+ *                 says why: "TLS: certificate verify failed: ... for HOST"),
+ *                 or the server does not speak TLS 1.2 or later
  *   -ETIMEDOUT    the deadline passed (connect, send or receive)
  *   -ECONNRESET   the peer reset the connection
  *   -EPIPE        the peer closed the connection before a complete answer
@@ -84,18 +95,18 @@ void httpc_response_free(httpc_response_t *resp);
  * out of memory, interrupted). */
 int httpc_retryable(int e);
 
-/* A parsed "http://host[:port][/prefix]" URL. */
+/* A parsed "http[s]://host[:port][/prefix]" URL. */
 typedef struct {
+  int tls;                           /* 1: https */
   char host[HTTPC_HOST_MAX + 1];     /* without the brackets of an IPv6 literal */
-  int port;                          /* 1..65535; HTTPC_DEFAULT_PORT when absent */
+  int port;                          /* 1..65535; 80 (443 for https) when absent */
   char prefix[HTTPC_PREFIX_MAX + 1]; /* "" or "/a/b": path to prepend, no trailing '/' */
 } httpc_url_t;
 
-/* Parse `url`: scheme http (any case), a host (a DNS name, a dotted IPv4
+/* Parse `url`: scheme http or https (any case), a host (a DNS name, a dotted IPv4
  * address or a bracketed IPv6 literal "[::1]"), an optional port and an
  * optional path prefix (trailing slashes dropped). Rejects anything else,
- * with a one-line reason in err[err_len]: https (no TLS here: put a
- * TLS-terminating proxy in front of the node), other schemes, user info,
+ * with a one-line reason in err[err_len]: other schemes, user info,
  * query strings, fragments, empty or malformed hosts, ports outside
  * 1..65535, spaces or control characters. Returns 0 and fills `out`, or
  * -EINVAL (`out` then undefined). Any thread. */

@@ -109,7 +109,7 @@ class SendCli(NodeCase):
             "bad timeout": self.send_args(conv, "--timeout-ms", "0", "{}"),
             "bad conv id": self.send_args("a/b", "{}"),
             "bad key": self.send_args(conv, "--idempotency-key", "a b", "{}"),
-            "https": self.send_args(conv, "{}", url="https://127.0.0.1:%d" % self.node.port),
+            "--tls-ca for http": self.send_args(conv, "--tls-ca", "ca.pem", "{}"),
             "not a URL": self.send_args(conv, "{}", url="127.0.0.1:%d" % self.node.port),
         }
         for name, args in cases.items():
@@ -124,7 +124,9 @@ class SendCli(NodeCase):
         self.assertIn("not valid JSON", r.stderr)
         r = self.run_send("--url", self.url, "--sender", "a", "--api-key", "k", "{}")
         self.assertIn("--conv is required", r.stderr)
-        r = self.run_send(*self.send_args(conv, "{}", url="https://h:443"))
+        # https to a port that speaks plain HTTP: a failure that says so, not a hang
+        r = self.run_send(*self.send_args(conv, "--retries", "0", "{}", url="https://127.0.0.1:%d" % self.node.port))
+        self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("TLS", r.stderr)
         self.assertEqual(self.node.all_messages(conv)[1], 0, "nothing was sent")
 

@@ -254,6 +254,34 @@ class NodeTls(NodeCase):
         self.assertRegex(text, r"converger_tls_handshake_ms_count [1-9]")
         self.assertEqual(self.peer_serial()[1] in ("TLSv1.2", "TLSv1.3"), True)
 
+    def converger_send(self, url, *extra):
+        return subprocess.run([harness.binary(), "send", "--url", url, "--api-key", harness.API_KEY, "--conv",
+                               self.conv, "--sender", "cli", "--retries", "0"] + list(extra) + ['{"via":"https"}'],
+                              capture_output=True, text=True, timeout=30)
+
+    def test_converger_send_over_https_verifies_the_node(self):
+        self.conv = self.new_conv()
+        https = "https://localhost:%d" % self.node.port
+        r = self.converger_send(https, "--tls-ca", self.ca)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["seq"], 1)
+        r = self.converger_send(https)  # the system's CAs do not know the test's
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("TLS: certificate verify failed: unable to get local issuer certificate for localhost",
+                      r.stderr)
+        r = self.converger_send("https://127.0.0.1:%d" % self.node.port, "--tls-ca", self.ca)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("IP address mismatch for 127.0.0.1", r.stderr)
+        r = self.converger_send("https://127.0.0.1:%d" % self.node.admin_port)  # plain HTTP there
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("the server does not speak TLS", r.stderr)
+        # OpenSSL's SSL_CERT_FILE reaches converger roll and fleet's calls too
+        r = subprocess.run([harness.binary(), "send", "--url", https, "--api-key", harness.API_KEY, "--conv",
+                            self.conv, "--sender", "cli", '{"n":2}'], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, SSL_CERT_FILE=self.ca))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["seq"], 2)
+
     def test_plain_http_and_old_tls_are_refused_clearly(self):
         import http.client
         conn = http.client.HTTPConnection("127.0.0.1", self.node.port, timeout=5)

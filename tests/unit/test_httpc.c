@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 
@@ -34,6 +35,7 @@ static void expect_url(const char *url, const char *host, int port, const char *
   assert_string_equal(u.host, host);
   assert_int_equal(u.port, port);
   assert_string_equal(u.prefix, prefix);
+  assert_int_equal(u.tls, strncasecmp(url, "https", 5) == 0);
 }
 
 static void test_url_good(void **state) {
@@ -48,6 +50,8 @@ static void test_url_good(void **state) {
   expect_url("http://[2001:db8::7]:8080/converger", "2001:db8::7", 8080, "/converger");
   expect_url("http://[::ffff:127.0.0.1]/", "::ffff:127.0.0.1", 80, "");
   expect_url("http://h:0080/%7Euser/x:y@z", "h", 80, "/%7Euser/x:y@z");
+  expect_url("https://example.com", "example.com", 443, "");
+  expect_url("HTTPS://[::1]:8443/gw/", "::1", 8443, "/gw");
 }
 
 /* Refused with -EINVAL and a message containing `want` (NULL: any). */
@@ -64,8 +68,8 @@ static void expect_bad(const char *url, const char *want) {
 static void test_url_bad(void **state) {
   expect_bad(NULL, "empty");
   expect_bad("", "empty");
-  expect_bad("https://example.com:443", "TLS");
-  expect_bad("HTTPS://example.com", "proxy");
+  expect_bad("httpss://example.com:443", "scheme");
+  expect_bad("https://user@example.com", "user info");
   expect_bad("ws://127.0.0.1:8080/v1/ws", "scheme");
   expect_bad("ftp://h:21", "scheme");
   expect_bad("127.0.0.1:8080", "http://");
