@@ -47,6 +47,7 @@
 
 typedef struct {
   long long clients, pool, ops, runs, timeout_s;
+  int tls; /* --transport wss */
 } options_t;
 
 /* ---- options -------------------------------------------------------------------- */
@@ -69,18 +70,39 @@ static void usage(FILE *out) {
                "                max(N, 5) times\n"
                "  --timeout S   a burst ends after S seconds even if clients are left\n"
                "                unwelcomed (they count as not welcomed) [60]\n"
+               "  --transport T ws, or wss: each node serves TLS (CONVERGER_TLS_CERT, a\n"
+               "                certificate the bench makes) and every client verifies it;\n"
+               "                the TLS handshakes are in the first-welcome times [ws]\n"
                "  --help        this text\n");
 }
 
 /* Returns 0, 1 after --help, or -1 after printing why (exit status 2). */
 static int parse_options(options_t *o, int argc, char **argv) {
+  static const char *cmd = "converger bench admission";
+  const char *transport = "ws";
+  static const char *const names[] = {"--transport"};
+  const char **const dest[] = {&transport};
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0;
+  if (!rest) return -1;
+  if (run_split_string_options(cmd, argc, argv, names, dest, 1, rest, &nrest) != 0) {
+    free(rest);
+    return -1;
+  }
   const run_int_opt_t opts[] = {
       {"clients", &o->clients, 1, 1000000},   {"pool", &o->pool, 1, 512},
       {"ops", &o->ops, 1000, 100000000000LL}, {"runs", &o->runs, 1, 100},
       {"timeout", &o->timeout_s, 1, 86400},
   };
-  return run_parse_int_options("converger bench admission", argc, argv, opts, CV_ARRAY_SIZE(opts),
-                               usage);
+  int r = run_parse_int_options(cmd, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
+  free(rest);
+  if (r != 0) return r;
+  if (strcmp(transport, "ws") != 0 && strcmp(transport, "wss") != 0) {
+    fprintf(stderr, "%s: invalid --transport \"%s\": want ws or wss\n", cmd, transport);
+    return -1;
+  }
+  o->tls = strcmp(transport, "wss") == 0;
+  return 0;
 }
 
 /* ---- medians -------------------------------------------------------------------- */
@@ -220,7 +242,14 @@ static void print_run(int run, int on, const burst_result_t *r) {
   fmt_ms(r->max_ms, mx);
   fmt_bucket(r->pool_wait_peak_lo, r->pool_wait_peak_ms, pool);
   fmt_bucket(r->adm_wait_peak_lo, r->adm_wait_peak_ms, adm);
-  char over[64] = "";
+  char over[64] = "", tls[160] = "";
+  if (r->tls_ok > 0 || r->tls_failed > 0) {
+    char peak[32];
+    fmt_bucket(r->tls_peak_lo, r->tls_peak_ms, peak);
+    snprintf(tls, sizeof tls,
+             "; TLS handshakes ok %.0f (mean %.1f ms, peak bucket %s), failed %.0f", r->tls_ok,
+             r->tls_mean_ms, peak, r->tls_failed);
+  }
   if (r->adm_overloaded > 0)
     snprintf(over, sizeof over, " (mean wait %.0f ms%s)", r->adm_over_mean_ms,
              r->adm_over_mean_ms < 1 ? ": the queue was full" : "");
@@ -229,19 +258,19 @@ static void print_run(int run, int on, const burst_result_t *r) {
          "welcome p50 %s, p95 %s, max %s; pool: %.0f jobs, wait mean %.1f ms, peak bucket %s, "
          "%.0f dropped; admission waits: %.0f ok (mean %.1f ms, peak bucket %s), %.0f "
          "overloaded%s; handshakes ok %.0f, overloaded "
-         "%.0f, unavailable %.0f; %s\n",
+         "%.0f, unavailable %.0f%s; %s\n",
          run, on ? "on" : "off", r->node_line[0] ? r->node_line : "?", r->welcomed, r->clients,
          r->start_ms, r->refused, (unsigned long long)r->unavailable,
          (unsigned long long)r->attempts, p50, p95, mx, r->pool_jobs, r->pool_wait_mean_ms, pool,
          r->pool_dropped, r->adm_ok, r->adm_wait_mean_ms, adm, r->adm_overloaded, over, r->hs_ok,
-         r->hs_overloaded, r->hs_unavailable, r->cpu_text);
+         r->hs_overloaded, r->hs_unavailable, tls, r->cpu_text);
   fflush(stdout);
 }
 
 /* The medians of one mode over its runs, field by field. */
 typedef struct {
   double welcomed, refused, unavailable, attempts, p50, p95, max, pool_peak, pool_peak_lo,
-      pool_mean, dropped, adm_ok, adm_over, adm_mean, adm_peak, adm_peak_lo, node_cpu;
+      pool_mean, dropped, adm_ok, adm_over, adm_mean, adm_peak, adm_peak_lo, node_cpu, tls_mean;
 } medians_t;
 
 static void medians(const burst_result_t *r, int n, medians_t *m) {
@@ -269,6 +298,7 @@ static void medians(const burst_result_t *r, int n, medians_t *m) {
   MEDF(adm_peak, r[i].adm_wait_peak_ms, median_bound);
   MEDF(adm_peak_lo, r[i].adm_wait_peak_lo, median_bound);
   MED(node_cpu, r[i].node_cpu_s);
+  MED(tls_mean, r[i].tls_mean_ms);
 #undef MED
 #undef MEDF
 }
@@ -282,9 +312,9 @@ static void ratio(double on, double off, char out[32]) {
 
 static void print_table(const options_t *o, const medians_t *on, const medians_t *off, int runs) {
   char a[32], b[32], q[32];
-  printf("\nmedians of %d runs per mode, %lld clients, pool %lld:\n\n"
+  printf("\nmedians of %d runs per mode, %lld clients (%s), pool %lld:\n\n"
          "| | admission on | admission off | on / off |\n| --- | ---: | ---: | ---: |\n",
-         runs, o->clients, o->pool);
+         runs, o->clients, o->tls ? "wss://, TLS verified" : "ws://", o->pool);
 #define ROW(label, fa, fb, fmt)                                                                    \
   do {                                                                                             \
     snprintf(a, sizeof a, fmt, fa);                                                                \
@@ -319,6 +349,7 @@ static void print_table(const options_t *o, const medians_t *on, const medians_t
   fmt_bucket(off->adm_peak_lo, off->adm_peak, b);
   printf("| admission wait peak, ok | %s | %s | - |\n", a, b);
   ROW("node CPU during the burst (s)", on->node_cpu, off->node_cpu, "%.2f");
+  if (o->tls) ROW("TLS handshake mean (ms)", on->tls_mean, off->tls_mean, "%.1f");
 #undef ROW
   fflush(stdout);
 }
@@ -337,7 +368,8 @@ static int part_bursts(const options_t *o, int node_cpu) {
                             .pool = (int)o->pool,
                             .node_cpu = node_cpu,
                             .timeout_s = (int)o->timeout_s,
-                            .admission_on = on};
+                            .admission_on = on,
+                            .tls = o->tls};
       char err[512];
       if (run_interrupted) { /* start no node that would only be stopped again */
         fprintf(stderr, "converger bench admission: FAILED: interrupted by signal %d\n",

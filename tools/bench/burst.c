@@ -105,6 +105,9 @@ static void metrics_delta(const char *before, const char *after, burst_result_t 
   r->hs_ok = value_delta(before, after, hs, ok);
   r->hs_overloaded = value_delta(before, after, hs, over);
   r->hs_unavailable = value_delta(before, after, hs, "result=\"unavailable\"");
+  hist_delta(before, after, "converger_tls_handshake_ms", NULL, &r->tls_ok, &r->tls_mean_ms,
+             &r->tls_peak_lo, &r->tls_peak_ms);
+  r->tls_failed = value_delta(before, after, "converger_tls_handshakes_total", "result=\"failed\"");
 }
 
 /* The node's start-up line from node.log, from its "pool" settings on. */
@@ -233,7 +236,7 @@ static void close_all(burst_t *bu) {
 static int burst_clients(burst_t *bu, const burst_config_t *cfg, burst_result_t *r) {
   bench_t *b = bu->b;
   char url[64], err[256];
-  snprintf(url, sizeof url, "ws://127.0.0.1:%d/v1/ws", b->port);
+  snprintf(url, sizeof url, "%s://127.0.0.1:%d/v1/ws", cfg->tls ? "wss" : "ws", b->port);
   const char *urls[1] = {url};
   char convs[RUN_CONVS][32];
   for (int i = 0; i < RUN_CONVS; i++) run_conv_name(i, convs[i]);
@@ -247,6 +250,7 @@ static int burst_clients(burst_t *bu, const burst_config_t *cfg, burst_result_t 
     o.subs = &sub;
     o.nsubs = 1;
     o.client_name = "bench-admission";
+    o.tls_ca_file = cfg->tls ? b->tls_cert : NULL;
     o.cb.on_state = on_state;
     o.userdata = &bu->cl[i];
     bu->cl[i].bu = bu;
@@ -303,6 +307,7 @@ int burst_run(const burst_config_t *cfg, burst_result_t *out, char *err, size_t 
   b->client_cpu = -1;
   b->timeout_s = cfg->timeout_s;
   b->phase = "burst";
+  b->tls = cfg->tls;
   char pool[48], conc[48];
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%d", cfg->pool);
   snprintf(conc, sizeof conc, "WS_HANDSHAKE_CONCURRENCY=%d",

@@ -36,6 +36,7 @@ typedef struct {
   int node_cpu;     /* CPU the node is pinned to; -1: not pinned */
   int timeout_s;    /* the burst ends after this many seconds at most */
   int admission_on; /* 1: node defaults; 0: WS_HANDSHAKE_CONCURRENCY=100000 */
+  int tls;          /* 1: the node serves TLS and the clients connect with wss:// */
 } burst_config_t;
 
 /* The figures of one burst. Times are in ms from the moment the first
@@ -68,6 +69,8 @@ typedef struct {
   double adm_over_mean_ms; /* of result="overloaded": 0 when every refusal found the queue full
                               (queue_max waiting), >= WS_HANDSHAKE_QUEUE_MS when they expired */
   double hs_ok, hs_overloaded, hs_unavailable; /* converger_handshakes_total by result */
+  double tls_ok, tls_failed, tls_mean_ms;      /* converger_tls_handshake(s) by result, mean */
+  double tls_peak_ms, tls_peak_lo; /* the highest non-empty bucket, as pool_wait_peak_ms */
 } burst_result_t;
 
 /* Run one burst as described above and fill `out`. Progress goes to

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bench/restc.h"
+#include "bench/tlscert.h"
 #include "common/util.h"
 
 #define READY_WAIT_MS 30000
@@ -118,6 +119,10 @@ static char **node_env(bench_t *b, const char *const *extra) {
   /* one port for everything: the bench reads /metrics and /admin/status
    * where it sends (and several nodes share the machine) */
   env[k++] = strdup("CONVERGER_ADMIN_LISTEN=");
+  if (b->tls) {
+    env[k++] = run_str_printf("CONVERGER_TLS_CERT=%s", b->tls_cert);
+    env[k++] = run_str_printf("CONVERGER_TLS_KEY=%s", b->tls_key);
+  }
   /* The bench's own settings that `extra` replaces. Every slot is still
    * non-NULL here unless strdup failed, which the check below catches. */
   size_t kept = base;
@@ -161,6 +166,16 @@ int bnode_start_env(bench_t *b, const char *const *extra_env) {
     run_fail(b, "cannot create a temporary directory %s: %s", b->dir, strerror(errno));
     b->dir[0] = '\0';
     return -1;
+  }
+  b->tls_cert[0] = b->tls_key[0] = '\0';
+  if (b->tls) {
+    char why[256];
+    snprintf(b->tls_cert, sizeof b->tls_cert, "%s/tls.pem", b->dir);
+    snprintf(b->tls_key, sizeof b->tls_key, "%s/tls.key", b->dir);
+    if (tlscert_make(b->tls_cert, b->tls_key, why, sizeof why) != 0) {
+      run_fail(b, "%s", why);
+      return -1;
+    }
   }
   if (!(b->keep_port && b->port > 0) && (b->port = bnode_free_port()) < 0) {
     run_fail(b, "cannot find a free loopback port: %s", strerror(errno));

@@ -37,7 +37,9 @@ int restc_call(bench_t *b, const char *method, const char *path, const char *bod
                          .headers = headers,
                          .body = body,
                          .timeout_ms = RESTC_TIMEOUT_MS,
-                         .interrupted = &run_interrupted};
+                         .interrupted = &run_interrupted,
+                         .tls = b->tls,
+                         .tls_ca_file = b->tls ? b->tls_cert : NULL};
   httpc_response_t resp;
   int st = httpc_request(&req, &resp, b->http_err, sizeof b->http_err);
   free(headers);

@@ -56,6 +56,10 @@ struct bench_s {
   char api_key[65], secret[65];
   char *token;
   char http_err[160]; /* why the last blocking HTTP call failed */
+  /* 1: the node serves TLS with a certificate bnode_start makes in dir
+   * (bench/tlscert.h), the blocking REST calls use https and trust it */
+  int tls;
+  char tls_cert[300], tls_key[300]; /* its files; "" without tls */
 
   /* the loop and the current phase */
   uv_loop_t loop;
