@@ -278,10 +278,11 @@ class Node:
         preexec = None
         if self.nofile is not None:
             import resource
-            limit = int(self.nofile)
+            # N: soft and hard limit N; (soft, hard) to set them apart
+            limits = tuple(self.nofile) if isinstance(self.nofile, tuple) else (int(self.nofile),) * 2
 
             def preexec():
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
         self.proc = subprocess.Popen([binary(), "serve"], env=self.environment(),
                                      stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                      cwd=self.tmpdir, preexec_fn=preexec)

@@ -159,6 +159,18 @@ class MaxConnections(Base):
                       % (NOFILE - RESERVE, NOFILE, RESERVE), n.log_text())
 
 
+    def test_the_soft_limit_is_raised_to_the_hard_one(self):
+        """A soft limit under the hard one (a container's 1024 under a million): the node
+        raises its own soft limit, as nginx and Go do, and sizes itself by it."""
+        n = self.node_start(NODE_ENV, nofile=(200, NOFILE))
+        st, _, js = n.request("GET", "/admin/status")
+        self.assertEqual((st, js.get("maxConnections")), (200, NOFILE - RESERVE), js)
+        self.assertIn("raised the open-file limit from 200 to %d (the hard limit)" % NOFILE, n.log_text())
+        with open("/proc/%d/limits" % n.proc.pid) as f:
+            line = [l for l in f if l.startswith("Max open files")][0]
+        self.assertEqual(line.split()[3:5], [str(NOFILE), str(NOFILE)])
+
+
 class FdLimit(Base):
     def setUp(self):
         raise_own_nofile()

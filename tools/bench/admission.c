@@ -270,7 +270,8 @@ static void print_run(int run, int on, const burst_result_t *r) {
 /* The medians of one mode over its runs, field by field. */
 typedef struct {
   double welcomed, refused, unavailable, attempts, p50, p95, max, pool_peak, pool_peak_lo,
-      pool_mean, dropped, adm_ok, adm_over, adm_mean, adm_peak, adm_peak_lo, node_cpu, tls_mean;
+      pool_mean, dropped, adm_ok, adm_over, adm_mean, adm_peak, adm_peak_lo, node_cpu, tls_mean,
+      rss;
 } medians_t;
 
 static void medians(const burst_result_t *r, int n, medians_t *m) {
@@ -299,6 +300,7 @@ static void medians(const burst_result_t *r, int n, medians_t *m) {
   MEDF(adm_peak_lo, r[i].adm_wait_peak_lo, median_bound);
   MED(node_cpu, r[i].node_cpu_s);
   MED(tls_mean, r[i].tls_mean_ms);
+  MED(rss, r[i].rss_per_client);
 #undef MED
 #undef MEDF
 }
@@ -349,6 +351,7 @@ static void print_table(const options_t *o, const medians_t *on, const medians_t
   fmt_bucket(off->adm_peak_lo, off->adm_peak, b);
   printf("| admission wait peak, ok | %s | %s | - |\n", a, b);
   ROW("node CPU during the burst (s)", on->node_cpu, off->node_cpu, "%.2f");
+  ROW("node RSS growth per connected client (bytes)", on->rss, off->rss, "%.0f");
   if (o->tls) ROW("TLS handshake mean (ms)", on->tls_mean, off->tls_mean, "%.1f");
 #undef ROW
   fflush(stdout);

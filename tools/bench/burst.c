@@ -265,6 +265,7 @@ static int burst_clients(burst_t *bu, const burst_config_t *cfg, burst_result_t 
   if (!before) return -1;
   bnode_cpu_snap_t c0, c1;
   bnode_cpu_snap(b, &c0);
+  long rss0 = bnode_status_kb(b->pid, "VmRSS");
   bu->t0 = bu->last_progress_ns = run_now_ns();
   bu->timeout_ns = (uint64_t)cfg->timeout_s * (uint64_t)RUN_NS;
   bu->deadline_ns = bu->t0 + bu->timeout_ns;
@@ -284,6 +285,10 @@ static int burst_clients(burst_t *bu, const burst_config_t *cfg, burst_result_t 
   }
   r->node_cpu_s = bnode_cpu_text(&c0, &c1, r->cpu_text, sizeof r->cpu_text);
   collect(bu, r);
+  long rss1 = bnode_status_kb(b->pid, "VmRSS");
+  r->rss_per_client = rss0 > 0 && rss1 > 0 && r->welcomed > 0
+                          ? (double)(rss1 - rss0) * 1024.0 / (double)r->welcomed
+                          : 0;
   char *after = metrics_get(b);
   if (after) metrics_delta(before, after, r);
   free(before);

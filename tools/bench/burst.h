@@ -70,6 +70,8 @@ typedef struct {
                               (queue_max waiting), >= WS_HANDSHAKE_QUEUE_MS when they expired */
   double hs_ok, hs_overloaded, hs_unavailable; /* converger_handshakes_total by result */
   double tls_ok, tls_failed, tls_mean_ms;      /* converger_tls_handshake(s) by result, mean */
+  double rss_per_client; /* the node's RSS growth over the burst / clients welcomed (bytes),
+                            every client still connected; 0: unreadable */
   double tls_peak_ms, tls_peak_lo; /* the highest non-empty bucket, as pool_wait_peak_ms */
 } burst_result_t;
 
