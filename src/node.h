@@ -49,9 +49,10 @@ typedef struct node_s {
   uv_timer_t tick;                     /* deadlines: header, hello, heartbeat, shutdown */
   uv_signal_t sigterm, sigint, sighup; /* SIGHUP: re-read the token keys */
   uint64_t keys_stamp;                 /* keys_stamp of the key files last read (serve.c) */
-  uv_timer_t admission_timer;          /* the oldest admission waiter's deadline */
-  membership_t membership;             /* this node's heartbeat (cluster/membership.h) */
-  drain_t *drain;                      /* drain and shed (gate/drain.h) */
+  uint64_t tls_stamp; /* keys_stamp of CONVERGER_TLS_CERT and _KEY when last loaded (serve.c) */
+  uv_timer_t admission_timer; /* the oldest admission waiter's deadline */
+  membership_t membership;    /* this node's heartbeat (cluster/membership.h) */
+  drain_t *drain;             /* drain and shed (gate/drain.h) */
 
   sessions_t sessions; /* what the protocol sessions work with (proto/session.h) */
   api_t api;           /* what the REST routes work with (api/rest.h) */

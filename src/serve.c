@@ -116,10 +116,25 @@ static void reload_secret_files(node_t *node, const char *why) {
   }
 }
 
+/* "cert,key": the TLS files as a keys_stamp list. */
+static uint64_t tls_stamp(const config_t *cfg) {
+  char spec[2 * PATH_MAX + 2];
+  snprintf(spec, sizeof spec, "%s,%s", cfg->tls_cert, cfg->tls_key);
+  return keys_stamp(spec);
+}
+
+/* Load the TLS certificate and key again (conn_tls_reload), noting the
+ * files' stamp first so that a change is loaded once. */
+static void reload_tls(node_t *node, const char *why) {
+  if (!node->cfg->tls_cert) return;
+  node->tls_stamp = tls_stamp(node->cfg);
+  conn_tls_reload(&node->net, why);
+}
+
 void node_reload_keys(node_t *node, const char *why) {
   if (strcmp(why, "SIGHUP") == 0) {
     reload_secret_files(node, why);
-    conn_tls_reload(&node->net, why);
+    reload_tls(node, why);
   }
   const char *spec = node->cfg->token_public_keys;
   if (!spec || !*spec) {
@@ -152,6 +167,10 @@ static void watch_keys(node_t *node) {
   const char *spec = node->cfg->token_public_keys;
   if (spec && *spec && keys_stamp(spec) != node->keys_stamp)
     node_reload_keys(node, "a key file changed");
+  /* the TLS files likewise: cert-manager and a Secret volume replace them
+   * without a signal */
+  if (node->cfg->tls_cert && tls_stamp(node->cfg) != node->tls_stamp)
+    reload_tls(node, "a TLS file changed");
 }
 
 static void tick_cb(uv_timer_t *t) {
@@ -467,6 +486,7 @@ int serve_main(int argc, char **argv) {
     pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
   }
   set_max_connections(node);
+  if (cfg.tls_cert) node->tls_stamp = tls_stamp(&cfg); /* conn_listen loads them */
   if (conn_listen(&node->net) != 0 || config_admin_url(&cfg) != 0) goto out;
   uv_check_init(node->loop, &node->flush_check);
   node->flush_check.data = node;

@@ -47,9 +47,9 @@ static const setting_t settings[] = {
       "on the client port"),
     S("CONVERGER_TLS_CERT", "tls-cert", K_STR, tls_cert, NULL, 0, 0, NULL,
       "PEM certificate chain: the client listener then speaks only HTTPS and WSS (TLS 1.2 or "
-      "later), with CONVERGER_TLS_KEY; re-read on SIGHUP"),
+      "later), with CONVERGER_TLS_KEY; re-read on SIGHUP or when a file changes"),
     S("CONVERGER_TLS_KEY", "tls-key", K_STR, tls_key, NULL, 0, 0, NULL,
-      "PEM private key of CONVERGER_TLS_CERT; re-read on SIGHUP"),
+      "PEM private key of CONVERGER_TLS_CERT; re-read with it"),
     S("CONVERGER_DATABASE_URL", "database-url", K_DBURL, database_url, "sqlite:data/converger.db",
       0, 0, NULL,
       "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"

@@ -81,7 +81,8 @@ void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handle
 
 /* Load cfg->tls_cert and cfg->tls_key (when set) as the certificate new
  * client connections are served with; connections already open keep
- * theirs. Called by conn_listen, and on SIGHUP by serve.c. Returns 0 (also
+ * theirs. Called by conn_listen, and by serve.c on SIGHUP and when either
+ * file changes (the stamp of gate/keys.h, checked every tick). Returns 0 (also
  * when TLS is not configured), or -1 after logging the file and OpenSSL's
  * reason: the certificate in use, if any, stays. Loop thread. */
 int conn_tls_reload(net_t *net, const char *why);

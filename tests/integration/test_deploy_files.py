@@ -29,6 +29,8 @@ UNIT = os.path.join(ROOT, "deploy", "systemd", "converger.service")
 ENV_FILE = os.path.join(ROOT, "deploy", "systemd", "converger.env")
 HAPROXY_CFG = os.path.join(ROOT, "deploy", "haproxy", "converger.cfg")
 OPERATIONS = os.path.join(ROOT, "docs", "operations.md")
+STATEFULSET = os.path.join(K8S, "statefulset", "converger.yaml")
+CONTAINERFILE = os.path.join(ROOT, "Containerfile")
 
 # The drain settings of issue 6 and their defaults. Until the drain is
 # merged they are not in `serve --help` or the README yet; once they are,
@@ -256,6 +258,32 @@ class DeployFiles(unittest.TestCase):
             self.assertTrue(sel.items() <= labels.items(), sel)
         self.assertEqual(self.docs["PodDisruptionBudget"]["spec"]["maxUnavailable"], 1)
 
+    # -- the image and what the pod may do -------------------------------------------
+
+    def test_the_pod_runs_the_image_unprivileged(self):
+        c, pod = self.container(), self.pod()
+        # the image scripts/image tags first: localhost/converger:VERSION
+        version = re.search(r"project\(converger VERSION (\S+)", read(os.path.join(ROOT, "CMakeLists.txt"))).group(1)
+        self.assertIn('tags=("localhost/converger:$version"', read(os.path.join(ROOT, "scripts", "image")))
+        self.assertEqual(c["image"], "localhost/converger:%s" % version)
+        # its entry point is `converger serve`: no args, or "serve" twice
+        self.assertNotIn("args", c)
+        self.assertIn('ENTRYPOINT ["/usr/local/bin/converger", "serve"]', read(CONTAINERFILE))
+        uid = int(re.search(r"useradd .*--uid (\d+)", read(CONTAINERFILE)).group(1))
+        sc = pod["securityContext"]
+        self.assertEqual((sc["runAsNonRoot"], sc["runAsUser"], sc["fsGroup"]), (True, uid, uid))
+        csc = c["securityContext"]
+        self.assertEqual(csc["capabilities"]["drop"], ["ALL"])
+        self.assertNotIn("add", csc["capabilities"])
+        self.assertIs(csc["allowPrivilegeEscalation"], False)
+        self.assertIs(csc["readOnlyRootFilesystem"], True)
+        # the only place it writes is a volume
+        self.assertEqual([m["mountPath"] for m in c["volumeMounts"]], [c["workingDir"]])
+        res = c["resources"]
+        self.assertIn("memory", res["requests"])
+        self.assertIn("memory", res["limits"])
+        self.assertNotIn("cpu", res["limits"], "a CPU limit throttles the loop thread")
+
     # -- the drain's arithmetic ----------------------------------------------------
 
     def test_capacity_is_the_planned_connections(self):
@@ -325,6 +353,50 @@ class DeployFiles(unittest.TestCase):
                 d = self.readme[name] if name in self.readme else self.default_of(name)
                 if d is not None:
                     self.assertIn("`%s`" % d, row.group(0))
+
+    # -- the StatefulSet example ----------------------------------------------------
+
+    def statefulset(self):
+        with open(STATEFULSET) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        return {d["kind"]: d for d in docs}, docs
+
+    def test_statefulset_example_gives_each_pod_its_url(self):
+        kinds, docs = self.statefulset()
+        self.assertEqual(sorted(d["kind"] for d in docs), ["Service", "StatefulSet"])
+        svc, sts = kinds["Service"], kinds["StatefulSet"]
+        self.assertEqual(svc["spec"]["clusterIP"], "None")  # headless: a DNS name per pod
+        self.assertEqual(sts["spec"]["serviceName"], svc["metadata"]["name"])
+        self.assertNotEqual(svc["metadata"]["name"], self.docs["Service"]["metadata"]["name"])
+        tpl = sts["spec"]["template"]
+        self.assertTrue(svc["spec"]["selector"].items() <= tpl["metadata"]["labels"].items())
+        env = {e["name"]: e for e in tpl["spec"]["containers"][0]["env"]}
+        names = [e["name"] for e in tpl["spec"]["containers"][0]["env"]]
+        self.assertEqual(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
+        self.assertEqual(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace")
+        self.assertLess(max(names.index("POD_NAME"), names.index("POD_NAMESPACE")),
+                        names.index("CONVERGER_PUBLIC_URL"))
+        port = self.configmap()["CONVERGER_LISTEN"].rsplit(":", 1)[1]
+        self.assertEqual(env["CONVERGER_PUBLIC_URL"]["value"],
+                         "ws://$(POD_NAME).%s.$(POD_NAMESPACE).svc.cluster.local:%s/v1/ws"
+                         % (svc["metadata"]["name"], port))
+
+    def test_statefulset_pod_is_the_deployments(self):
+        """Everything but the per-pod URL is the Deployment's, so that the two
+        examples do not drift apart (grace period, probes, image, limits)."""
+        kinds, _ = self.statefulset()
+        sts = kinds["StatefulSet"]
+        a, b = dict(self.pod()), dict(sts["spec"]["template"]["spec"])
+        ca, cb = dict(a.pop("containers")[0]), dict(b.pop("containers")[0])
+        self.assertEqual(a, b)
+        strip = {"POD_IP", "POD_NAME", "POD_NAMESPACE", "CONVERGER_PUBLIC_URL"}
+        ea = [e for e in ca.pop("env") if e["name"] not in strip]
+        eb = [e for e in cb.pop("env") if e["name"] not in strip]
+        self.assertEqual(ea, eb)
+        self.assertEqual(ca, cb)
+        self.assertEqual(sts["spec"]["template"]["metadata"], self.docs["Deployment"]["spec"]["template"]["metadata"])
+        self.assertEqual(sts["spec"]["minReadySeconds"], self.docs["Deployment"]["spec"]["minReadySeconds"])
+        self.assertEqual(sts["metadata"]["annotations"], self.docs["Deployment"]["metadata"]["annotations"])
 
     # -- the tools' own checks, where installed --------------------------------------
 

@@ -353,6 +353,20 @@ class NodeTls(NodeCase):
         self.assertIn("the one in use stays", log)
         self.assertIn("SIGHUP: TLS on", log)
 
+    def test_replaced_files_are_loaded_without_a_signal(self):
+        """As a Kubernetes Secret volume or cert-manager replaces them: the
+        new pair is served within a few ticks, no SIGHUP."""
+        old_serial = self.peer_serial()[0]
+        sign_server_cert(self.dir, "next")
+        os.replace(os.path.join(self.dir, "next.key"), self.key)  # key first: a mismatch for a moment
+        os.replace(os.path.join(self.dir, "next.pem"), self.cert)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and self.peer_serial()[0] == old_serial:
+            time.sleep(0.1)
+        self.assertNotEqual(self.peer_serial()[0], old_serial)
+        self.assertIn("a TLS file changed: TLS on", self.node.log_text())
+        self.assertGreaterEqual(self.tls_counts().get("ok", 0), 2)
+
     def test_bad_tls_settings_stop_the_start_with_a_reason(self):
         def serve(env):
             e = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
