@@ -441,7 +441,7 @@ static void write_cb(uv_write_t *req, int status) {
     conn_close(c);
     return;
   }
-  if (c->out_len)
+  if (c->out_len || (c->tls && tls_pending(c->tls))) /* TLS: records made while writing */
     flush(c);
   else
     maybe_shutdown(c);
