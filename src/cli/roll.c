@@ -229,8 +229,13 @@ static void abort_with(roll_t *r, const char *why) {
   size_t n = strlen(r->why);
   if (!r->aborted || n == 0)
     snprintf(r->why, sizeof r->why, "%s", why);
-  else if (n + 8 < sizeof r->why)
-    snprintf(r->why + n, sizeof r->why - n, "; then %s", why);
+  else if (n + 8 < sizeof r->why) { /* "; then " and as much of `why` as fits */
+    memcpy(r->why + n, "; then ", 7);
+    n += 7;
+    size_t len = strlen(why), room = sizeof r->why - n - 1;
+    memmove(r->why + n, why, len < room ? len : room);
+    r->why[n + (len < room ? len : room)] = '\0';
+  }
   r->aborted = 1;
 }
 
