@@ -88,15 +88,17 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
       if ((r = add(f, id, adm, err, len)) != 0) break;
       continue;
     }
-    /* no admin listener: ws://host:port/prefix/v1/ws -> http://host:port/prefix */
+    /* no admin listener: ws[s]://host:port/prefix/v1/ws -> http[s]://host:port/prefix */
     char base[600];
-    if (strncmp(pub, "ws://", 5) != 0) {
-      snprintf(err, len, "node %s: publicUrl %s is not ws:// (use --nodes with its admin URL)", id,
+    int tls = strncmp(pub, "wss://", 6) == 0;
+    if (!tls && strncmp(pub, "ws://", 5) != 0) {
+      snprintf(err, len,
+               "node %s: publicUrl %s is not ws:// or wss:// (use --nodes with its admin URL)", id,
                pub);
       r = -1;
       break;
     }
-    snprintf(base, sizeof base, "http://%s", pub + 5);
+    snprintf(base, sizeof base, "http%s://%s", tls ? "s" : "", pub + (tls ? 6 : 5));
     size_t bl = strlen(base);
     if (bl > 6 && strcmp(base + bl - 6, "/v1/ws") == 0) base[bl - 6] = '\0';
     if ((r = add(f, id, base, err, len)) != 0) break;
