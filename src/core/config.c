@@ -296,6 +296,11 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     }
     break;
   case K_STR:
+    if (*v == '\0' && !s->def) { /* empty: unset, as a ConfigMap writes it */
+      free(*strp);
+      *strp = NULL;
+      return 0;
+    }
     if (*v == '\0') {
       fprintf(stderr, "converger: invalid %s: empty\n", who);
       return -CV_EINVAL;

@@ -120,12 +120,13 @@ static const family_t families[] = {
     {"converger_hello_latency_ms", M_HISTOGRAM,
      "From a hello to its welcome (ms), admission wait included."},
     {"converger_tls_handshakes_total", M_COUNTER,
-     "TLS handshakes on the client listener, by result (ok, failed, plain_http: an HTTP "
-     "request sent to the TLS port)."},
+     "TLS handshakes on the client listener, by result (ok, failed, abandoned: the connection "
+     "ended first, plain_http: an HTTP request sent to the TLS port)."},
     {"converger_tls_handshake_ms", M_HISTOGRAM,
      "From a TLS connection's first bytes to its completed handshake (ms)."},
     {"converger_tls_reloads_total", M_COUNTER,
-     "Loads of CONVERGER_TLS_CERT and CONVERGER_TLS_KEY (at start and on SIGHUP), by result."},
+     "Loads of CONVERGER_TLS_CERT and CONVERGER_TLS_KEY (at start, on SIGHUP and when a file "
+     "changes), by result."},
     {"converger_loop_utilisation", M_GAUGE,
      "Share of the last second the event loop was busy (1 - idle time; libuv's "
      "uv_metrics_idle_time)."},

@@ -107,10 +107,13 @@ int conn_reclaim(net_t *net) {
   return closed;
 }
 
+static void count_tls_handshake(conn_t *c, const char *result);
+
 void conn_close(conn_t *c) {
   if (c->closing) return;
   conn_set_reclaimable(c, 0);
   c->closing = 1;
+  if (c->tls && c->tls_start_ms) count_tls_handshake(c, "abandoned"); /* once: no-op if counted */
   c->net->handler.on_close(c->net->handler.ud, c);
   /* The session leaves the bus now so no more frames are queued for it. */
   uv_close((uv_handle_t *)&c->tcp, close_cb);
@@ -183,7 +186,11 @@ static void tls_input(conn_t *c, const char *data, size_t len) {
       return;
     }
   }
-  tls_push(c->tls, data, len);
+  /* all of it first: the plaintext below lands in the same read_buf */
+  if (tls_push(c->tls, data, len) != 0) {
+    conn_close(c);
+    return;
+  }
   while (!stopped_reading(c)) {
     long n = tls_read(c->tls, c->net->read_buf, sizeof c->net->read_buf);
     if (tls_established(c->tls)) count_tls_handshake(c, "ok");
@@ -449,27 +456,46 @@ static void write_cb(uv_write_t *req, int status) {
 }
 
 /* TLS: turn the plaintext queued in c->out into records, and c->out into
- * every ciphertext byte waiting (handshake and alerts included, in order).
- * Returns 0, or -1 when TLS refused (the connection is then closed). */
+ * every ciphertext byte waiting (handshake and alerts included, in order),
+ * TLS_CHUNK of plaintext at a time. Returns 0, or -1 when TLS refused or
+ * memory ran out (the connection is then closed). */
 static int seal(conn_t *c) {
-  if (c->out_len && tls_seal(c->tls, c->out, c->out_len) != 0) {
-    log_debug("tls: closing a connection: %s", tls_error(c->tls));
+  size_t plen = c->out_len, waiting = tls_pending(c->tls);
+  if (plen == 0 && waiting == 0) return 0;
+  /* records add 22 bytes (TLS 1.3, AES-GCM) to each 16 KiB and less */
+  size_t cap = waiting + plen + (plen / TLS_CHUNK + 1) * 64, clen = 0;
+  char *cipher = malloc(cap);
+  if (!cipher) {
     conn_close(c);
     return -1;
   }
-  c->out_len = 0;
-  size_t n = tls_pending(c->tls);
-  if (n == 0) return 0;
-  if (n > c->out_cap) {
-    char *p = realloc(c->out, n);
-    if (!p) {
+  size_t off = 0;
+  do {
+    size_t k = plen - off > TLS_CHUNK ? TLS_CHUNK : plen - off;
+    if (k && tls_seal(c->tls, c->out + off, k) != 0) {
+      log_debug("tls: closing a connection: %s", tls_error(c->tls));
+      free(cipher);
       conn_close(c);
       return -1;
     }
-    c->out = p;
-    c->out_cap = n;
-  }
-  c->out_len = tls_take(c->tls, c->out, n);
+    off += k;
+    size_t n = tls_pending(c->tls);
+    if (clen + n > cap) {
+      char *p = realloc(cipher, clen + n);
+      if (!p) {
+        free(cipher);
+        conn_close(c);
+        return -1;
+      }
+      cipher = p;
+      cap = clen + n;
+    }
+    clen += tls_take(c->tls, cipher + clen, n);
+  } while (off < plen);
+  free(c->out);
+  c->out = cipher;
+  c->out_len = clen;
+  c->out_cap = cap;
   return 0;
 }
 

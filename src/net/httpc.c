@@ -164,7 +164,10 @@ static int tls_errno(link_t *l, int r, short *want) {
                X509_verify_cert_error_string(v));
     else if (ERR_GET_REASON(code) == SSL_R_WRONG_VERSION_NUMBER)
       snprintf(l->why, sizeof l->why, "the server does not speak TLS (an http:// port?)");
-    else if (code)
+    else if (ERR_GET_REASON(code) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+      ERR_clear_error(); /* a peer gone without close_notify: as a reset, worth a retry */
+      return EPIPE;
+    } else if (code)
       ERR_error_string_n(code, l->why, sizeof l->why);
     else
       snprintf(l->why, sizeof l->why, "TLS failed");
@@ -229,6 +232,7 @@ static int tls_connect(link_t *l, const httpc_request_t *req, uint64_t deadline,
     if (r == 1) return 0;
     short want = POLLIN;
     int e = -tls_errno(l, r, &want);
+    if (e == 0) e = -EPIPE; /* close_notify before the handshake ended */
     if (e == -EAGAIN) e = wait_fd(l->fd, want, deadline, req->interrupted);
     if (e == 0) continue;
     if (e == -ETIMEDOUT)

@@ -4,6 +4,7 @@
 #include "net/tls.h"
 
 #include <openssl/bio.h>
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -29,6 +30,10 @@ static void last_error(char *out, size_t len, const char *fallback) {
   ERR_clear_error();
 }
 
+/* No passphrase prompt: OpenSSL's default asks on the terminal, which would
+ * block the loop on a reload. An encrypted key fails to load instead. */
+static int no_passphrase(char *buf, int size, int rwflag, void *u) { return -1; }
+
 tls_ctx_t *tls_ctx_load(const char *cert_path, const char *key_path, char *err, size_t errlen) {
   char why[256];
   SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
@@ -41,6 +46,7 @@ tls_ctx_t *tls_ctx_load(const char *cert_path, const char *key_path, char *err, 
   /* memory BIOs take everything: SSL_write never writes part of a buffer */
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
   const char *file = cert_path;
   int ok = SSL_CTX_use_certificate_chain_file(ctx, cert_path) == 1;
   if (ok) {
@@ -52,6 +58,15 @@ tls_ctx_t *tls_ctx_load(const char *cert_path, const char *key_path, char *err, 
   if (mismatch || (ok && SSL_CTX_check_private_key(ctx) != 1)) {
     snprintf(err, errlen, "%s is not the private key of the certificate in %s", key_path,
              cert_path);
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return NULL;
+  }
+  if (!ok && file == key_path && ERR_GET_REASON(ERR_peek_last_error()) == PEM_R_BAD_PASSWORD_READ) {
+    snprintf(err, errlen,
+             "%s is an encrypted key: give the key without a passphrase "
+             "(openssl pkey -in KEY -out KEY.plain), readable by the node's user only",
+             key_path);
     ERR_clear_error();
     SSL_CTX_free(ctx);
     return NULL;
@@ -109,16 +124,40 @@ void tls_free(tls_t *t) {
   free(t);
 }
 
-void tls_push(tls_t *t, const void *data, size_t len) {
-  /* a memory BIO grows as needed: it takes all or fails on no memory,
-   * which the next SSL_read then reports */
+/* The buffer capacity of a memory BIO. */
+static size_t bio_capacity(BIO *b) {
+  BUF_MEM *bm = NULL;
+  BIO_get_mem_ptr(b, &bm);
+  return bm ? bm->max : 0;
+}
+
+/* `*b` is empty: when its buffer grew past TLS_CHUNK, give it back by
+ * putting a new BIO in its place (SSL_set0_rbio / _wbio free the old). */
+static void shrink(tls_t *t, int read_side) {
+  BIO **b = read_side ? &t->rbio : &t->wbio;
+  if (BIO_ctrl_pending(*b) != 0 || bio_capacity(*b) <= TLS_CHUNK) return;
+  BIO *fresh = BIO_new(BIO_s_mem());
+  if (!fresh) return; /* keep the big one */
+  if (read_side)
+    SSL_set0_rbio(t->ssl, fresh);
+  else
+    SSL_set0_wbio(t->ssl, fresh);
+  *b = fresh;
+}
+
+int tls_push(tls_t *t, const void *data, size_t len) {
   while (len > 0) {
     int chunk = len > (1u << 30) ? 1 << 30 : (int)len;
-    int n = BIO_write(t->rbio, data, chunk);
-    if (n <= 0) return;
+    int n = BIO_write(t->rbio, data, chunk); /* grows as needed: all, or out of memory */
+    if (n <= 0) {
+      ERR_clear_error();
+      snprintf(t->error, sizeof t->error, "out of memory");
+      return -1;
+    }
     data = (const char *)data + n;
     len -= (size_t)n;
   }
+  return 0;
 }
 
 long tls_read(tls_t *t, void *buf, size_t cap) {
@@ -127,6 +166,7 @@ long tls_read(tls_t *t, void *buf, size_t cap) {
   int e = SSL_get_error(t->ssl, n);
   if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
     ERR_clear_error();
+    shrink(t, 1);
     return TLS_AGAIN;
   }
   if (e == SSL_ERROR_ZERO_RETURN) return TLS_CLOSED;
@@ -140,7 +180,7 @@ const char *tls_error(const tls_t *t) { return t->error; }
 
 int tls_seal(tls_t *t, const void *data, size_t len) {
   while (len > 0) {
-    int chunk = len > (1u << 30) ? 1 << 30 : (int)len;
+    int chunk = len > TLS_CHUNK ? TLS_CHUNK : (int)len;
     int n = SSL_write(t->ssl, data, chunk);
     if (n <= 0) {
       last_error(t->error, sizeof t->error, "TLS write refused");
@@ -161,5 +201,6 @@ size_t tls_pending(const tls_t *t) { return BIO_ctrl_pending(t->wbio); }
 
 size_t tls_take(tls_t *t, void *buf, size_t cap) {
   int n = BIO_read(t->wbio, buf, cap > (1u << 30) ? 1 << 30 : (int)cap);
+  shrink(t, 0);
   return n > 0 ? (size_t)n : 0;
 }

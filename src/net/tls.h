@@ -12,7 +12,9 @@
  *
  * Protocol versions: TLS 1.2 and 1.3 (SSL_CTX_set_min_proto_version; the
  * RFC 8996 deprecation of 1.0 and 1.1). No client certificate is asked for.
- * Idle connections drop their record buffers (SSL_MODE_RELEASE_BUFFERS); an
+ * Idle connections drop their record buffers (SSL_MODE_RELEASE_BUFFERS), and
+ * a memory BIO that grew past 16 KiB is replaced by an empty one once
+ * drained (a memory BIO's buffer never shrinks); an
  * open TLS connection still holds OpenSSL's state, about 17 KB more than a
  * plain one, and a handshake costs the node about 0.8 ms of CPU more than
  * a plain upgrade (docs/benchmarks/tls.md).
@@ -26,6 +28,13 @@
 #include <stdint.h>
 
 typedef struct ssl_ctx_st tls_ctx_t; /* OpenSSL's SSL_CTX */
+
+/* Plaintext sealed at a time (conn.c's flush takes the records after each
+ * piece), and the buffer a BIO may keep once drained: a memory BIO's
+ * buffer never shrinks, so a replay or a large read would otherwise leave
+ * a connection holding its largest flush for good. One TLS record's
+ * plaintext. */
+#define TLS_CHUNK 16384
 typedef struct tls_s tls_t;
 
 /* Load the PEM certificate chain at `cert_path` and the PEM private key at
@@ -48,8 +57,10 @@ tls_t *tls_new(tls_ctx_t *ctx);
 /* Free `t`. NULL is allowed. */
 void tls_free(tls_t *t);
 
-/* Hand `len` bytes read from the socket to TLS (copied). */
-void tls_push(tls_t *t, const void *data, size_t len);
+/* Hand `len` bytes read from the socket to TLS (copied; the read BIO gives
+ * back a buffer grown past TLS_CHUNK once tls_read has drained it).
+ * Returns 0, or -1 when out of memory. */
+int tls_push(tls_t *t, const void *data, size_t len);
 
 /* Results of tls_read. */
 #define TLS_AGAIN  0  /* no plaintext until more ciphertext arrives */
@@ -67,8 +78,9 @@ int tls_established(const tls_t *t);
 /* Why the last tls_read failed (OpenSSL's reason), for the debug log. */
 const char *tls_error(const tls_t *t);
 
-/* Encrypt `len` bytes of plaintext into records waiting for tls_take.
- * Returns 0, or -1 when TLS refuses (no handshake yet, or failed). */
+/* Encrypt `len` bytes of plaintext into records waiting for tls_take
+ * (callers seal at most 16 KiB before taking, so the write BIO stays
+ * small). Returns 0, or -1 when TLS refuses (no handshake yet, or failed). */
 int tls_seal(tls_t *t, const void *data, size_t len);
 
 /* Queue close_notify (only after a handshake). */

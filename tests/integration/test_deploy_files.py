@@ -5,7 +5,8 @@ downward API); the Kubernetes grace period and the systemd TimeoutStopSec
 cover the drain computed from the ConfigMap's and the env file's drain
 settings; probes point at /readyz and /livez on the port the node listens
 on; docs/operations.md lists every setting with its default; systemd and
-HAProxy accept their files when they are installed. No node is started."""
+HAProxy accept their files when they are installed; and a node starts with
+the ConfigMap's values (empty ones included) as its environment."""
 
 import os
 import re
@@ -428,6 +429,24 @@ class DeployFiles(unittest.TestCase):
         # what docs/operations.md says about it during a drain
         self.assertIn("uri /readyz", cfg)
         self.assertNotRegex(cfg, r"(?m)^\s*[^#\s].*shutdown-sessions")
+
+
+class ConfigMapStartsANode(harness.NodeCase):
+    def test_a_node_starts_with_the_configmaps_values(self):
+        """Every value of configmap.yaml as the environment, as a pod gets
+        it (an empty one is unset), but for what points outside this
+        machine: the listeners (loopback ports of the test's), the store (a
+        SQLite file of the test's) and the page's folder (the build's)."""
+        with open(os.path.join(K8S, "configmap.yaml")) as f:
+            cm = yaml.safe_load(f)["data"]
+        local = {"CONVERGER_LISTEN", "CONVERGER_ADMIN_LISTEN", "CONVERGER_DATABASE_URL", "CONVERGER_WEB_DIR"}
+        self.assertTrue(any(v == "" for v in cm.values()), "the ConfigMap has empty values to check")
+        n = self.node_start({k: v for k, v in cm.items() if k not in local})
+        st, _, js = n.request("GET", "/admin/status")
+        self.assertEqual(st, 200, js)
+        self.assertEqual(js["capacity"], int(cm["CONVERGER_CAPACITY_CONNECTIONS"]))
+        self.assertTrue(js["ready"])
+        self.assertIn('"level":"info"', n.log_text())  # CONVERGER_LOG_FORMAT=json
 
 
 if __name__ == "__main__":

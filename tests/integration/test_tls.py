@@ -309,9 +309,16 @@ class NodeTls(NodeCase):
                     pass  # an alert, then the close
             except ConnectionResetError:
                 pass
+        # a ClientHello begun and never finished: abandoned when it closes
+        with socket.create_connection(("127.0.0.1", self.node.port), timeout=5) as raw:
+            raw.sendall(b"\x16\x03\x01")
+        end = time.monotonic() + 5
+        while time.monotonic() < end and "abandoned" not in self.tls_counts():
+            time.sleep(0.05)
         counts = self.tls_counts()
         self.assertEqual(counts.get("plain_http"), 1, counts)
         self.assertEqual(counts.get("failed"), 2, counts)
+        self.assertEqual(counts.get("abandoned"), 1, counts)
         self.assertTrue(self.node.running())
         self.assertEqual(self.https("/readyz")[0], 200)
 
@@ -352,6 +359,31 @@ class NodeTls(NodeCase):
         self.assertIn("SIGHUP: TLS certificate not loaded", log)
         self.assertIn("the one in use stays", log)
         self.assertIn("SIGHUP: TLS on", log)
+
+    def test_a_large_replay_arrives_whole(self):
+        """A replay far larger than one record or one flush: sealed piece by
+        piece, every message arrives in order."""
+        conv = self.new_conv()
+        body = {"text": "x" * 20000}
+        for i in range(60):
+            self.send(conv, i)
+            st, js = self.https("/v1/conversations/%s/messages" % conv, "POST", {"sender": "bot", "body": body})
+            self.assertEqual(st, 201, js)
+
+        async def replay():
+            import websockets
+            ctx = ssl.create_default_context(cafile=self.ca)
+            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"], max_size=None) as ws:
+                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
+                                          "subs": [{"conv": conv, "watermark": 0}]}))
+                seqs = []
+                while True:
+                    f = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                    if f["type"] == "synced":
+                        return seqs
+                    if f["type"] == "msg":
+                        seqs.append(f["seq"])
+        self.assertEqual(self.arun(replay()), list(range(1, 121)))
 
     def test_replaced_files_are_loaded_without_a_signal(self):
         """As a Kubernetes Secret volume or cert-manager replaces them: the

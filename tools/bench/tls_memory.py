@@ -151,6 +151,13 @@ def main():
     a = ap.parse_args()
     if a.conns < 1 or a.rounds < 1:
         ap.error("--conns and --rounds must be at least 1")
+    # two descriptors per connection (the node's and ours) over loopback:
+    # the soft limit as high as the hard one allows
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < a.conns + 256:
+        ap.error("--conns %d needs %d open files; the hard limit is %d" % (a.conns, a.conns + 256, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     d = tempfile.mkdtemp(prefix="converger-tls-memory-")
     try:
         make_certs(d)
