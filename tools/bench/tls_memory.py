@@ -16,7 +16,11 @@ The certificate is made here with openssl (a CA and a server certificate
 for localhost, EC P-256); python3-websockets is the client. Everything is
 stopped by its pid and removed before the script exits.
 
-Usage: tools/bench/tls_memory.py [--binary build/converger] [--conns 3000] [--rounds 3]
+With --replay N, the conversation first holds N messages of 20 000 bytes
+and every connection subscribes from watermark 0, so each one replays them
+all before the next connects: what a connection keeps after a large flush.
+
+Usage: tools/bench/tls_memory.py [--binary build/converger] [--conns 3000] [--rounds 3] [--replay N]
 """
 
 import argparse
@@ -80,7 +84,7 @@ def rss_kb(pid):
     raise RuntimeError("no VmRSS for %d" % pid)
 
 
-def one_round(binary, d, tls, n):
+def one_round(binary, d, tls, n, replay):
     port = free_port()
     db = os.path.join(d, "round.db")
     for suffix in ("", "-wal", "-shm"):
@@ -110,23 +114,34 @@ def one_round(binary, d, tls, n):
                 time.sleep(0.05)
         post("/v1/channels", {"id": "bench", "name": "bench"})
         post("/v1/conversations", {"id": "room", "channel": "bench"})
+        for i in range(replay):
+            post("/v1/conversations/room/messages", {"sender": "bench", "body": {"i": i, "pad": "x" * 20000}})
 
         async def connect_all():
             import websockets
             url = ("wss://localhost:%d/v1/ws" if tls else "ws://127.0.0.1:%d/v1/ws") % port
             hello = json.dumps({"type": "hello", "token": token("u", ["room"]),
-                                "subs": [{"conv": "room", "watermark": None}]})
+                                "subs": [{"conv": "room", "watermark": 0 if replay else None}]})
             before, conns = rss_kb(node.pid), []
             try:
                 for _ in range(n):
                     ws = await websockets.connect(url, ssl=ctx, subprotocols=["converger.v1"], ping_interval=None,
-                                                  open_timeout=10)
+                                                  open_timeout=10, max_size=None)
                     conns.append(ws)
                     await ws.send(hello)
-                    for want in ("welcome", "synced"):
-                        frame = await asyncio.wait_for(ws.recv(), 10)
-                        if json.loads(frame)["type"] != want:
-                            raise RuntimeError("expected %s, got %s" % (want, frame))
+                    frame = await asyncio.wait_for(ws.recv(), 10)
+                    if json.loads(frame)["type"] != "welcome":
+                        raise RuntimeError("expected welcome, got %s" % frame)
+                    msgs = 0
+                    while True:
+                        f = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                        if f["type"] == "synced":
+                            break
+                        if f["type"] != "msg":
+                            raise RuntimeError("expected msg or synced, got %s" % f)
+                        msgs += 1
+                    if msgs != replay:
+                        raise RuntimeError("replayed %d messages of %d" % (msgs, replay))
                 await asyncio.sleep(1.0)
                 return (rss_kb(node.pid) - before) * 1024.0 / n
             finally:
@@ -148,9 +163,10 @@ def main():
     ap.add_argument("--binary", default="build/converger")
     ap.add_argument("--conns", type=int, default=3000, help="connections per round [3000]")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each transport [3]")
+    ap.add_argument("--replay", type=int, default=0, help="20 000-byte messages each connection replays [0]")
     a = ap.parse_args()
-    if a.conns < 1 or a.rounds < 1:
-        ap.error("--conns and --rounds must be at least 1")
+    if a.conns < 1 or a.rounds < 1 or a.replay < 0:
+        ap.error("--conns and --rounds must be at least 1, --replay at least 0")
     # two descriptors per connection (the node's and ours) over loopback:
     # the soft limit as high as the hard one allows
     import resource
@@ -164,10 +180,11 @@ def main():
         got = {"ws": [], "wss": []}
         for r in range(a.rounds):
             for name in ("ws", "wss"):
-                b = one_round(os.path.abspath(a.binary), d, name == "wss", a.conns)
+                b = one_round(os.path.abspath(a.binary), d, name == "wss", a.conns, a.replay)
                 got[name].append(b)
-                print("round %d, %s: %d connections, node RSS growth %.0f bytes per connection"
-                      % (r + 1, name, a.conns, b), flush=True)
+                print("round %d, %s: %d connections%s, node RSS growth %.0f bytes per connection"
+                      % (r + 1, name, a.conns, ", each after a replay of %d messages" % a.replay if a.replay else "",
+                         b), flush=True)
         ws, wss = statistics.median(got["ws"]), statistics.median(got["wss"])
         print("\n| transport | node RSS per connection (median of %d) |\n| --- | ---: |\n"
               "| ws:// | %.0f bytes |\n| wss:// | %.0f bytes |\n| wss - ws | %.0f bytes |"
