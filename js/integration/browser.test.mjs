@@ -9,19 +9,22 @@
 //    node was down survives a reload (sessionStorage) and is stored once;
 //  - presence and a typing indicator from another client (Node, ws);
 //  - a conversation the token does not cover is shown as refused;
-//  - web/example.html, the README's browser example, works as written.
+//  - web/example.html, the README's browser example, works as written;
+//  - both from a node that serves TLS itself (CONVERGER_TLS_CERT): the
+//    page over https:// connects with wss:// on its own.
 //
 // A screenshot of the page is saved as a test artefact
 // (CONVERGER_ARTEFACT_DIR, by default tmp/ of the repository).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import WebSocket from "ws";
 import { chromium } from "playwright-core";
 import { Client } from "../dist/index.js";
-import { ROOT, mintToken, sleep, startNode, until } from "./support.mjs";
+import { ROOT, makeCerts, mintToken, sleep, startNode, until } from "./support.mjs";
 
 const ARTEFACTS = process.env.CONVERGER_ARTEFACT_DIR || join(ROOT, "tmp");
 
@@ -190,4 +193,41 @@ test("web/example.html, the README's browser example, works as written", async (
   await post("room1", "hello example");
   await page.waitForFunction(() => document.querySelector("#log").textContent.includes("server: hello example"), null, { timeout: 5000 });
   await page.close();
+});
+
+test("the demo page and web/example.html over https:// from a node that serves TLS use wss://", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "converger-js-tls-"));
+  const certs = makeCerts(dir);
+  const t = await startNode({ CONVERGER_TLS_CERT: certs.cert, CONVERGER_TLS_KEY: certs.key }, { ca: certs.ca });
+  // Chromium does not know the test's CA: it is told to accept the
+  // certificate; the REST calls here verify it.
+  const ctx = await browser.newContext({ ignoreHTTPSErrors: true });
+  try {
+    const conv = await t.newConv();
+    const page = await ctx.newPage();
+    const sockets = [];
+    page.on("websocket", (ws) => sockets.push(ws.url()));
+    await page.goto(`${t.url}/#conv=${conv}&token=${mintToken("alice", [conv])}`);
+    await page.waitForSelector("#state.ok", { timeout: 10000 });
+    await t.must("POST", `/v1/conversations/${conv}/messages`, { sender: "server", body: { text: "over TLS" } });
+    await page.fill("#text", "from the page over TLS");
+    await page.press("#text", "Enter");
+    await shows(page, [1, 2], "one from REST over https, one from the page over wss");
+    assert.deepEqual(sockets, [`${t.wsUrl}`]);
+    assert.deepEqual((await t.messages(conv)).map((m) => m.body.text), ["over TLS", "from the page over TLS"]);
+
+    await t.must("POST", "/v1/channels", { id: "tlsex", name: "tlsex" });
+    await t.must("POST", "/v1/conversations", { id: "room1", channel: "tlsex" });
+    const ex = await ctx.newPage();
+    await ex.goto(`${t.url}/example.html#${mintToken("alice", ["room1"])}`);
+    await ex.waitForFunction(() => document.title === "connected", null, { timeout: 10000 });
+    await t.must("POST", "/v1/conversations/room1/messages", { sender: "server", body: { text: "hello example" } });
+    await ex.waitForFunction(() => document.querySelector("#log").textContent.includes("server: hello example"), null, { timeout: 5000 });
+    const metrics = await t.request("GET", "/metrics");
+    assert.match(metrics.text, /converger_tls_handshakes_total\{result="ok"\} [1-9]/);
+  } finally {
+    await ctx.close();
+    await t.finish();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -5,9 +5,10 @@
 //
 // Every process started here is stopped by its pid: by the test (stop,
 // kill9) and, as a last resort, when this process exits.
-import { spawn, spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { createHmac, randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync, openSync, readFileSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, openSync, readFileSync, existsSync, writeFileSync } from "node:fs";
+import { request as httpsRequest } from "node:https";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -68,20 +69,38 @@ export async function until(pred, ms, what = "the condition") {
 }
 
 /** One `converger serve` on 127.0.0.1:<a free port>. */
+/** A CA (ca.pem) and a certificate for localhost signed by it (srv.pem,
+ * srv.key) in `dir`, made with openssl; returns their paths. */
+export function makeCerts(dir) {
+  const openssl = (...args) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" });
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+  openssl("req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=converger test CA");
+  openssl("req", ...ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost");
+  writeFileSync(join(dir, "ext.cnf"), "subjectAltName=DNS:localhost\n");
+  openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+    "-out", "srv.pem", "-days", "1", "-extfile", "ext.cnf");
+  return { ca: join(dir, "ca.pem"), cert: join(dir, "srv.pem"), key: join(dir, "srv.key") };
+}
+
 export class Node {
-  constructor(env = {}) {
+  /** `env` overrides the node's environment; with CONVERGER_TLS_CERT in it,
+   * the client port speaks TLS: url and wsUrl are https:// and wss://
+   * localhost, REST calls trust `tls.ca`, readiness is asked of the admin
+   * listener. */
+  constructor(env = {}, tls = {}) {
     this.dir = mkdtempSync(join(tmpdir(), "converger-js-it-"));
     this.logPath = join(this.dir, "node.log");
     this.overrides = env;
+    this.tls = env.CONVERGER_TLS_CERT ? tls : null;
     this.proc = null;
   }
 
   get url() {
-    return `http://127.0.0.1:${this.port}`;
+    return this.tls ? `https://localhost:${this.port}` : `http://127.0.0.1:${this.port}`;
   }
 
   get wsUrl() {
-    return `ws://127.0.0.1:${this.port}/v1/ws`;
+    return this.tls ? `wss://localhost:${this.port}/v1/ws` : `ws://127.0.0.1:${this.port}/v1/ws`;
   }
 
   /** http://127.0.0.1:PORT of its admin listener (/metrics, /admin/*, /livez). */
@@ -116,7 +135,7 @@ export class Node {
     while (Date.now() < end) {
       if (proc.exitCode !== null) throw new Error(`converger serve exited before ready:\n${this.log()}`);
       try {
-        const r = await fetch(`${this.url}/readyz`);
+        const r = await fetch(`${this.tls ? this.adminUrl : this.url}/readyz`);
         if (r.status === 200) return this;
       } catch {}
       await sleep(50);
@@ -154,11 +173,13 @@ export class Node {
   /** A REST call: { status, body (parsed JSON or null) }. */
   async request(method, path, body, headers = {}) {
     const admin = path.startsWith("/admin/") || path === "/metrics" || path === "/livez";
-    const r = await fetch((admin ? this.adminUrl : this.url) + path, {
+    const init = {
       method,
       headers: { Authorization: `Bearer ${API_KEY}`, "Content-Type": "application/json", ...headers },
       body: body === undefined ? undefined : JSON.stringify(body),
-    });
+    };
+    const r = this.tls && !admin ? await httpsFetch(this.url + path, init, this.tls.ca)
+      : await fetch((admin ? this.adminUrl : this.url) + path, init);
     const text = await r.text();
     let js = null;
     try {
@@ -195,8 +216,25 @@ export class Node {
   }
 }
 
-export async function startNode(env) {
-  return new Node(env).start();
+/** fetch's shape over node:https, trusting the CA file `ca` (fetch takes no CA). */
+function httpsFetch(url, init, ca) {
+  return new Promise((res, rej) => {
+    const req = httpsRequest(url, { method: init.method, headers: init.headers, ca: readFileSync(ca) }, (r) => {
+      const chunks = [];
+      r.on("data", (c) => chunks.push(c));
+      r.on("end", () => {
+        const text = Buffer.concat(chunks).toString("utf8");
+        res({ status: r.statusCode, text: async () => text });
+      });
+    });
+    req.on("error", rej);
+    if (init.body !== undefined) req.write(init.body);
+    req.end();
+  });
+}
+
+export async function startNode(env, tls) {
+  return new Node(env, tls).start();
 }
 
 /** A throwaway PostgreSQL server (scripts/pg-tmp), stopped by its watchdog if this process dies. */
