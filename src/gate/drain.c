@@ -430,8 +430,9 @@ int drain_start(drain_t *d, const char *why) {
       m->told = 0;
     }
   }
-  log_info("%s: draining: not ready; %d WebSocket connection(s) told to move within %d ms, the "
-           "rest closed at %d/s after it; exit when none is left or after %d ms",
+  log_info("%s: draining: not ready; %d WebSocket connection(s) to move to a ready peer within "
+           "%d ms (with none, closed with 1012 now), the rest closed at %d/s after it; exit when "
+           "none is left or after %d ms",
            why, d->env.net->nws, d->env.cfg->drain_window_ms, d->env.cfg->drain_close_rate,
            d->env.cfg->drain_shutdown_ms);
   set_state_metric(d);

@@ -96,7 +96,13 @@ void tls_ctx_describe(tls_ctx_t *ctx, char *out, size_t len) {
   char expires[32] = "?";
   if (ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1)
     strftime(expires, sizeof expires, "%Y-%m-%d %H:%M UTC", &tm);
-  snprintf(out, len, "%s, expires %s", subject, expires);
+  char serial[80] = "?";
+  BIGNUM *bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL);
+  char *hex = bn ? BN_bn2hex(bn) : NULL;
+  if (hex) snprintf(serial, sizeof serial, "%s", hex);
+  OPENSSL_free(hex);
+  BN_free(bn);
+  snprintf(out, len, "%s, serial %s, expires %s", subject, serial, expires);
 }
 
 tls_t *tls_new(tls_ctx_t *ctx) {
