@@ -47,6 +47,7 @@
 #include <wslay/wslay.h>
 
 #include "converger/client.h"
+#include "common/tlsclient.h"
 #include "common/wskey.h"
 #include "wsurl.h"
 
@@ -628,13 +629,7 @@ static int tls_begin(xport_t *x) {
     return -1;
   }
   SSL_set_bio(x->ssl, x->rbio, x->wbio); /* owned by the SSL from now on */
-  unsigned char ip[16];
-  int literal =
-      inet_pton(AF_INET, x->url.host, ip) == 1 || inet_pton(AF_INET6, x->url.host, ip) == 1;
-  int ok = literal ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(x->ssl), x->url.host) == 1
-                   : SSL_set_tlsext_host_name(x->ssl, x->url.host) == 1 &&
-                         SSL_set1_host(x->ssl, x->url.host) == 1;
-  if (!ok) {
+  if (!tlsclient_expect_host(x->ssl, x->url.host)) {
     snprintf(why, sizeof why, "TLS: cannot verify the name %s", x->url.host);
     xport_lost(x, CVG_CLOSE_ABORT, why);
     return -1;
@@ -852,19 +847,8 @@ static void pump(cvg_client_t *c) {
 /* The TLS context of a client with wss:// URLs: TLS 1.2 or later, the
  * peer verified against the options' CAs or the system's. */
 static int tls_context(const cvg_options_t *opt, SSL_CTX **out, char *err, size_t errlen) {
-  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX *ctx = tlsclient_ctx(opt->tls_ca_file, opt->tls_ca_dir);
   if (!ctx) {
-    if (err && errlen) snprintf(err, errlen, "TLS: out of memory");
-    return CVG_ENOMEM;
-  }
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-  SSL_CTX_set_mode(
-      ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER); /* no partial writes: SSL_write takes all */
-  int ok = opt->tls_ca_file || opt->tls_ca_dir
-               ? SSL_CTX_load_verify_locations(ctx, opt->tls_ca_file, opt->tls_ca_dir) == 1
-               : SSL_CTX_set_default_verify_paths(ctx) == 1;
-  if (!ok) {
     unsigned long e = ERR_get_error();
     if (err && errlen)
       snprintf(err, errlen, "TLS: cannot read the CA certificates %s%s%s: %s",
@@ -873,9 +857,10 @@ static int tls_context(const cvg_options_t *opt, SSL_CTX **out, char *err, size_
                opt->tls_ca_dir ? opt->tls_ca_dir : (opt->tls_ca_file ? "" : "(the system's)"),
                ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "unknown error");
     ERR_clear_error();
-    SSL_CTX_free(ctx);
-    return CVG_EINVAL;
+    return e ? CVG_EINVAL : CVG_ENOMEM;
   }
+  SSL_CTX_set_mode(
+      ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER); /* no partial writes: SSL_write takes all */
   *out = ctx;
   return 0;
 }

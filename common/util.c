@@ -4,6 +4,7 @@
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 int64_t util_now_ms(void) {
@@ -73,4 +74,28 @@ int util_random_hex(char *out, size_t n) {
   }
   out[2 * n] = '\0';
   return 0;
+}
+
+static uint64_t rlim_u64(rlim_t v) { return v == RLIM_INFINITY ? UINT64_MAX : (uint64_t)v; }
+
+int util_raise_nofile(uint64_t *before, uint64_t *after) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    if (before) *before = 0;
+    if (after) *after = 0;
+    return 0;
+  }
+  if (before) *before = rlim_u64(rl.rlim_cur);
+  rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > UTIL_NOFILE_CEILING
+                    ? UTIL_NOFILE_CEILING
+                    : rl.rlim_max;
+  int raised = 0;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = want;
+    raised = setrlimit(RLIMIT_NOFILE, &rl) == 0;
+    if (!raised) rl.rlim_cur = was;
+  }
+  if (after) *after = rlim_u64(rl.rlim_cur);
+  return raised;
 }

@@ -38,4 +38,18 @@ void util_uuid(char out[37]);
  * hex. Returns 0, or -EIO when the RNG fails. */
 int util_random_hex(char *out, size_t n);
 
+/* The most util_raise_nofile raises the soft open-file limit to. */
+#define UTIL_NOFILE_CEILING 1048576
+
+/* Raise RLIMIT_NOFILE's soft limit to the hard one, at most
+ * UTIL_NOFILE_CEILING, as nginx's worker_rlimit_nofile and Go's runtime do:
+ * containers and login sessions often start with a soft 1024 under a hard
+ * limit of a million, and a gateway (or a load client) holds one
+ * descriptor per connection. The hard limit stays the operator's.
+ * *before and *after (either may be NULL) get the soft limit before and in
+ * force afterwards (UINT64_MAX: unlimited). Returns 1 when it was raised,
+ * else 0. Children inherit the limit. Call it before other threads open
+ * files. */
+int util_raise_nofile(uint64_t *before, uint64_t *after);
+
 #endif

@@ -272,27 +272,6 @@ static uint64_t tick_interval(const config_t *cfg) {
   return (uint64_t)m;
 }
 
-/* Raise the soft open-file limit to the hard one (at most NOFILE_CEILING),
- * as nginx's worker_rlimit_nofile and Go's runtime do: containers and
- * login sessions often start with a soft 1024 under a hard limit of a
- * million, and a gateway holds one descriptor per connection. The hard
- * limit stays the operator's (LimitNOFILE=, --ulimit, the runtime's
- * default). */
-#define NOFILE_CEILING 1048576
-static void raise_nofile(void) {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  rlim_t want =
-      rl.rlim_max == RLIM_INFINITY || rl.rlim_max > NOFILE_CEILING ? NOFILE_CEILING : rl.rlim_max;
-  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
-  rlim_t was = rl.rlim_cur;
-  rl.rlim_cur = want;
-  if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-    log_info("connections: raised the open-file limit from %llu to %llu (the hard limit%s)",
-             (unsigned long long)was, (unsigned long long)want,
-             want == NOFILE_CEILING && rl.rlim_max != NOFILE_CEILING ? ", capped" : "");
-}
-
 /* node->max_connections: CONVERGER_MAX_CONNECTIONS, or (0) the open-file
  * limit minus the reserve, so that upgrades are refused with a 503 while
  * descriptors remain for health checks and the store. */
@@ -300,7 +279,11 @@ static void set_max_connections(node_t *node) {
   const config_t *cfg = node->cfg;
   struct rlimit rl;
   long limit = INT_MAX;
-  raise_nofile();
+  uint64_t was, now;
+  if (util_raise_nofile(&was, &now)) /* LimitNOFILE=, --ulimit, the runtime's stay the ceiling */
+    log_info("connections: raised the open-file limit from %llu to %llu (the hard limit%s)",
+             (unsigned long long)was, (unsigned long long)now,
+             getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != now ? ", capped" : "");
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < INT_MAX)
     limit = (long)rl.rlim_cur;
   long reserve = FD_RESERVE_BASE + FD_RESERVE_PER_POOL * (long)cfg->pool_size;

@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/tlsclient.h"
 #include "common/util.h"
 
 #define FIELD_MAX 16 /* longest header name we look at ("Retry-After") */
@@ -206,27 +207,19 @@ static ssize_t link_recv(link_t *l, char *buf, size_t len, short *want) {
  * name. 0, or a negative errno with the reason in err. */
 static int tls_connect(link_t *l, const httpc_request_t *req, uint64_t deadline, char *err,
                        size_t err_len) {
-  l->ctx = SSL_CTX_new(TLS_client_method());
-  if (!l->ctx) return fail(err, err_len, -ENOMEM, "TLS: out of memory");
-  SSL_CTX_set_min_proto_version(l->ctx, TLS1_2_VERSION);
-  SSL_CTX_set_verify(l->ctx, SSL_VERIFY_PEER, NULL);
-  int ok = req->tls_ca_file || req->tls_ca_dir
-               ? SSL_CTX_load_verify_locations(l->ctx, req->tls_ca_file, req->tls_ca_dir) == 1
-               : SSL_CTX_set_default_verify_paths(l->ctx) == 1;
-  if (!ok) {
+  l->ctx = tlsclient_ctx(req->tls_ca_file, req->tls_ca_dir);
+  if (!l->ctx) {
     ERR_clear_error();
+    if (!req->tls_ca_file && !req->tls_ca_dir)
+      return fail(err, err_len, -EINVAL, "TLS: cannot load the system's CA certificates");
     return fail(err, err_len, -EINVAL, "TLS: cannot load the CA certificates from %s",
                 req->tls_ca_file ? req->tls_ca_file : req->tls_ca_dir);
   }
   l->ssl = SSL_new(l->ctx);
   if (!l->ssl || SSL_set_fd(l->ssl, l->fd) != 1)
     return fail(err, err_len, -ENOMEM, "TLS: out of memory");
-  struct in6_addr a;
-  int literal = inet_pton(AF_INET, req->host, &a) == 1 || inet_pton(AF_INET6, req->host, &a) == 1;
-  ok = literal ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(l->ssl), req->host) == 1
-               : SSL_set_tlsext_host_name(l->ssl, req->host) == 1 &&
-                     SSL_set1_host(l->ssl, req->host) == 1;
-  if (!ok) return fail(err, err_len, -EINVAL, "TLS: cannot verify the host \"%s\"", req->host);
+  if (!tlsclient_expect_host(l->ssl, req->host))
+    return fail(err, err_len, -EINVAL, "TLS: cannot verify the host \"%s\"", req->host);
   for (;;) {
     int r = SSL_connect(l->ssl);
     if (r == 1) return 0;

@@ -14,6 +14,7 @@ a CA made here) in front of a real node, and through it:
 HAProxy and the node are started here and stopped by their pids."""
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -199,6 +200,17 @@ class NodeTls(NodeCase):
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
+    @contextlib.asynccontextmanager
+    async def hello_over_tls(self, conv, **connect_options):
+        """A python3-websockets client of the node over TLS, trusting the
+        test's CA, its hello for `conv` (bob, from watermark 0) sent."""
+        import websockets
+        ctx = ssl.create_default_context(cafile=self.ca)
+        async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"], **connect_options) as ws:
+            await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
+                                      "subs": [{"conv": conv, "watermark": 0}]}))
+            yield ws
+
     def send(self, conv, n):
         st, js = self.https("/v1/conversations/%s/messages" % conv, "POST", {"sender": "bot", "body": {"n": n}})
         self.assertEqual(st, 201, js)
@@ -231,11 +243,7 @@ class NodeTls(NodeCase):
         self.assertEqual(self.https("/readyz"), (200, {"status": "ready"}))
 
         async def python_client():
-            import websockets
-            ctx = ssl.create_default_context(cafile=self.ca)
-            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
-                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
-                                          "subs": [{"conv": conv, "watermark": 0}]}))
+            async with self.hello_over_tls(conv) as ws:
                 frames = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(3)]
                 return [f["type"] for f in frames]
         self.assertEqual(self.arun(python_client()), ["welcome", "msg", "synced"])
@@ -328,11 +336,7 @@ class NodeTls(NodeCase):
         frames = []
 
         async def scenario():
-            import websockets
-            ctx = ssl.create_default_context(cafile=self.ca)
-            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
-                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
-                                          "subs": [{"conv": conv, "watermark": 0}]}))
+            async with self.hello_over_tls(conv) as ws:
                 for _ in range(2):
                     frames.append(json.loads(await asyncio.wait_for(ws.recv(), 5)))
                 # a broken key first: refused, the certificate in use stays
@@ -371,11 +375,7 @@ class NodeTls(NodeCase):
             self.assertEqual(st, 201, js)
 
         async def replay():
-            import websockets
-            ctx = ssl.create_default_context(cafile=self.ca)
-            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"], max_size=None) as ws:
-                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
-                                          "subs": [{"conv": conv, "watermark": 0}]}))
+            async with self.hello_over_tls(conv, max_size=None) as ws:
                 seqs = []
                 while True:
                     f = json.loads(await asyncio.wait_for(ws.recv(), 10))
@@ -424,10 +424,7 @@ class NodeTls(NodeCase):
 
         async def scenario():
             import websockets
-            ctx = ssl.create_default_context(cafile=self.ca)
-            async with websockets.connect(self.url, ssl=ctx, subprotocols=["converger.v1"]) as ws:
-                await ws.send(json.dumps({"type": "hello", "token": mint_token("bob", [conv]),
-                                          "subs": [{"conv": conv, "watermark": 0}]}))
+            async with self.hello_over_tls(conv) as ws:
                 for _ in range(2):
                     await asyncio.wait_for(ws.recv(), 5)
                 os.kill(self.node.proc.pid, signal.SIGTERM)

@@ -297,11 +297,9 @@ int run_stop_child(pid_t pid, int wait_ms, int *killed) {
 }
 
 unsigned long long run_raise_nofile(void) {
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
-  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
-  return (unsigned long long)rl.rlim_cur;
+  uint64_t now;
+  util_raise_nofile(NULL, &now);
+  return (unsigned long long)now;
 }
 
 void run_signals_restore(const run_signals_t *saved) {

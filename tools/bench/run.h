@@ -172,8 +172,8 @@ pid_t run_spawn(char *const argv[], const run_spawn_opts_t *o);
  * NULL) set to 1 when SIGKILL was needed. Main thread. */
 int run_stop_child(pid_t pid, int wait_ms, int *killed);
 
-/* Raise RLIMIT_NOFILE's soft limit to the hard one (1 048 576 when that is
- * unlimited) and return the soft limit in force afterwards; child
+/* Raise RLIMIT_NOFILE's soft limit to the hard one (util_raise_nofile: at
+ * most 1 048 576) and return the soft limit in force afterwards; child
  * processes inherit it. Main thread. */
 unsigned long long run_raise_nofile(void);
 
