@@ -58,7 +58,8 @@ typedef enum {
 } job_kind_t;
 
 typedef struct {
-  pool_job_t job;
+  pool_job_t job;          /* every kind but J_MSG_APPEND */
+  bus_append_job_t append; /* J_MSG_APPEND: the group commit's job */
   conn_t *conn;
   api_t *api;
   job_kind_t kind;
@@ -182,17 +183,8 @@ static void job_work(pool_job_t *job, store_t *db) {
     }
     break;
   }
-  case J_MSG_APPEND: {
-    store_msg_t m = {0};
-    int created = 0;
-    r = bus_append(j->api->bus, db, j->id, j->key, j->other, j->name, util_now_ms(), &m, &created);
-    if (r == 0) {
-      j->status = created ? 201 : 200;
-      j->answer = json_pack("{s:I, s:s}", "seq", (json_int_t)m.seq, "id", m.id);
-      store_msg_clear(&m);
-    }
+  case J_MSG_APPEND: /* append_done */
     break;
-  }
   case J_MSG_LIST: {
     store_conv_t cv;
     store_msg_t *msgs = NULL;
@@ -269,8 +261,8 @@ static void job_work(pool_job_t *job, store_t *db) {
   if (r != 0) set_error(j, r);
 }
 
-static void job_done(pool_job_t *job) {
-  rest_job_t *j = container_of(job, rest_job_t, job);
+/* The end of every job: `job` is j->job, or j->append.job for an append. */
+static void job_finish(rest_job_t *j, pool_job_t *job) {
   api_t *api = j->api;
   if (job->canceled) set_error(j, -CV_ECANCELED); /* 503: the node is stopping */
   if (job->dropped) /* 503: the pool is overloaded, or the deadline passed in its queue */
@@ -327,6 +319,24 @@ static void job_done(pool_job_t *job) {
   free(j);
 }
 
+static void job_done(pool_job_t *job) { job_finish(container_of(job, rest_job_t, job), job); }
+
+/* A J_MSG_APPEND committed with the others of its group, or not run. */
+static void append_done(pool_job_t *job) {
+  rest_job_t *j = container_of(job, rest_job_t, append.job);
+  store_append_t *a = &j->append.a;
+  if (!pool_job_unrun(job)) {
+    if (a->status == 0) {
+      j->status = a->created ? 201 : 200;
+      j->answer = json_pack("{s:I, s:s}", "seq", (json_int_t)a->msg.seq, "id", a->msg.id);
+    } else {
+      set_error(j, a->status);
+    }
+  }
+  store_msg_clear(&a->msg);
+  job_finish(j, job);
+}
+
 static rest_job_t *job_new(api_t *api, conn_t *c, job_kind_t kind) {
   rest_job_t *j = calloc(1, sizeof *j);
   if (!j) {
@@ -342,6 +352,15 @@ static rest_job_t *job_new(api_t *api, conn_t *c, job_kind_t kind) {
 
 static void job_submit(rest_job_t *j) {
   conn_ref(j->conn);
+  if (j->kind == J_MSG_APPEND) {
+    /* conversation, idempotency key, sender and body: the job's own fields */
+    j->append.a =
+        (store_append_t){.conv = j->id, .id = j->key, .sender = j->other, .body = j->name};
+    j->append.job.kind = "rest";
+    j->append.job.deadline_ms = config_store_deadline(j->api->cfg);
+    bus_append_submit(j->api->bus, *j->api->pool, &j->append, append_done);
+    return;
+  }
   j->job.kind = "rest";
   j->job.deadline_ms = config_store_deadline(j->api->cfg);
   pool_submit(*j->api->pool, &j->job, job_work, job_done);

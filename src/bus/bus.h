@@ -19,6 +19,7 @@
 
 #include "core/metrics.h"
 #include "store/notify.h"
+#include "store/pool.h"
 #include "store/store.h"
 
 typedef struct bus_s bus_t;
@@ -61,8 +62,8 @@ typedef struct bus_msg_s {
   int64_t seq;
   char conv[STORE_ID_MAX + 1];
   char epoch[STORE_EPOCH_MAX + 1]; /* its conversation's epoch when committed; "" unknown */
-  char *json;  /* msg frame JSON (built on the worker) */
-  char *frame; /* encoded WebSocket frame, built once on the loop */
+  char *json;                      /* msg frame JSON (built on the worker) */
+  char *frame;                     /* encoded WebSocket frame, built once on the loop */
   size_t frame_len;
   int64_t ts_ms; /* wall ms of its commit (converger_delivery_latency_ms); 0: unknown */
   int remote; /* heard through PostgreSQL's NOTIFY (bus/pgnotify.h): this node's commit or another's
@@ -132,6 +133,28 @@ size_t bus_count(const bus_t *bus);
  * results as store_append. */
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
                const char *body, int64_t ts_ms, store_msg_t *out, int *created);
+
+/* Worker thread: bus_append for `n` appends at once, committed together
+ * (store_append_batch, a group commit), and the new ones queued for
+ * fan-out in commit order. Returns as store_append_batch; each item's
+ * status is its own. */
+int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size_t n);
+
+/* An append on its way through the group commit: embed it in the job of
+ * its owner (a REST request, a `send` frame), fill `a`'s conv, id, sender
+ * and body (borrowed: they must live until `done`), and submit it with
+ * bus_append_submit. Its timestamp is the batch's time on the worker. */
+typedef struct {
+  pool_job_t job;
+  bus_t *bus;
+  store_append_t a; /* in `done`: a.status, a.created, a.msg (the owner clears it) */
+} bus_append_job_t;
+
+/* Queue `j` on `pool` for the group commit (pool_submit_batch): the appends
+ * queued together are committed in one transaction by bus_append_batch,
+ * then `done` runs for each on the loop, where pool_job_unrun(&j->job)
+ * says whether it ran at all. Loop thread. */
+void bus_append_submit(bus_t *bus, pool_t *pool, bus_append_job_t *j, pool_done_cb done);
 
 /* The msg frame JSON of `m` (the handler's msg_json): heap, NULL on OOM.
  * Any thread. */

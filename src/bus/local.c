@@ -197,44 +197,74 @@ oom:
   return -CV_ENOMEM;
 }
 
+/* Queue the new message of `a` for fan-out on the loop. Under append_mu. */
+static void queue_new(bus_t *bus, const store_append_t *a) {
+  bus_msg_t *m = bus_msg_new(a->conv, a->msg.seq, bus->h.msg_json(bus->h.ud, a->conv, &a->msg));
+  if (m) {
+    snprintf(m->epoch, sizeof m->epoch, "%s", a->msg.epoch);
+    m->ts_ms = a->msg.ts_ms;
+  }
+  if (m && m->json) {
+    uv_mutex_lock(&bus->queue_mu);
+    if (bus->tail)
+      bus->tail->next = m;
+    else
+      bus->head = m;
+    bus->tail = m;
+    uv_mutex_unlock(&bus->queue_mu);
+  } else {
+    /* Subscribers find the message through their next gap fill. */
+    log_error("bus: out of memory queueing %s seq %lld", a->conv, (long long)a->msg.seq);
+    if (m) bus_msg_unref(m);
+  }
+}
+
+int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size_t n) {
+  /* Across nodes the append transaction notifies every node, this one
+   * included: no local queue, and no mutex (the database orders the
+   * commits). In process the mutex makes commit order the queue's order. */
+  if (!bus->remote) uv_mutex_lock(&bus->append_mu);
+  int r = store_append_batch(db, items, n);
+  uint64_t created = 0;
+  for (size_t i = 0; i < n; i++)
+    if (items[i]->status == 0 && items[i]->created) {
+      created++;
+      if (!bus->remote) queue_new(bus, items[i]);
+    }
+  if (!bus->remote) uv_mutex_unlock(&bus->append_mu);
+  if (created) {
+    atomic_fetch_add(&bus->appended, created);
+    uv_async_send(&bus->async);
+  }
+  return r;
+}
+
 int bus_append(bus_t *bus, store_t *db, const char *conv, const char *id, const char *sender,
                const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
-  if (bus->remote) {
-    /* The append transaction notifies every node, this one included: no
-     * local queue, and no mutex (the database orders the commits). */
-    int r = store_append(db, conv, id, sender, body, ts_ms, out, created);
-    if (r == 0 && *created) {
-      atomic_fetch_add(&bus->appended, 1);
-      uv_async_send(&bus->async);
-    }
-    return r;
+  store_append_t a = {.conv = conv, .id = id, .sender = sender, .body = body, .ts_ms = ts_ms};
+  store_append_t *items[] = {&a};
+  int r = bus_append_batch(bus, db, items, 1);
+  *out = a.msg;
+  *created = a.created;
+  return r ? r : a.status;
+}
+
+/* The group commit of bus_append_submit's jobs, on a worker. */
+static void append_batch_cb(pool_job_t **jobs, size_t n, store_t *db) {
+  store_append_t *items[POOL_BATCH_MAX];
+  int64_t now = util_now_ms();
+  for (size_t i = 0; i < n; i++) {
+    bus_append_job_t *j = container_of(jobs[i], bus_append_job_t, job);
+    j->a.ts_ms = now;
+    items[i] = &j->a;
   }
-  uv_mutex_lock(&bus->append_mu);
-  int r = store_append(db, conv, id, sender, body, ts_ms, out, created);
-  if (r == 0 && *created) {
-    atomic_fetch_add(&bus->appended, 1);
-    bus_msg_t *m = bus_msg_new(conv, out->seq, bus->h.msg_json(bus->h.ud, conv, out));
-    if (m) {
-      snprintf(m->epoch, sizeof m->epoch, "%s", out->epoch);
-      m->ts_ms = out->ts_ms;
-    }
-    if (m && m->json) {
-      uv_mutex_lock(&bus->queue_mu);
-      if (bus->tail)
-        bus->tail->next = m;
-      else
-        bus->head = m;
-      bus->tail = m;
-      uv_mutex_unlock(&bus->queue_mu);
-    } else {
-      /* Subscribers find the message through their next gap fill. */
-      log_error("bus: out of memory queueing %s seq %lld", conv, (long long)out->seq);
-      if (m) bus_msg_unref(m);
-    }
-  }
-  uv_mutex_unlock(&bus->append_mu);
-  if (r == 0 && *created) uv_async_send(&bus->async);
-  return r;
+  bus_append_job_t *first = container_of(jobs[0], bus_append_job_t, job);
+  (void)bus_append_batch(first->bus, db, items, n);
+}
+
+void bus_append_submit(bus_t *bus, pool_t *pool, bus_append_job_t *j, pool_done_cb done) {
+  j->bus = bus;
+  pool_submit_batch(pool, &j->job, append_batch_cb, done);
 }
 
 void bus_channel_changed(bus_t *bus, const char *channel, int active) {

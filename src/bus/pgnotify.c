@@ -53,10 +53,10 @@ struct pgnotify_s {
   uv_timer_t timer;
   int timer_closed;
   struct connect_req_s *connecting; /* on the thread pool */
-  uint64_t retry_at;    /* IDLE: monotonic ms of the next attempt */
-  uint64_t deadline;    /* LISTEN_SENT, or a keepalive query in flight */
-  uint64_t ping_due;    /* LISTENING: next keepalive query */
-  int ping_out;         /* a keepalive query is in flight */
+  uint64_t retry_at;                /* IDLE: monotonic ms of the next attempt */
+  uint64_t deadline;                /* LISTEN_SENT, or a keepalive query in flight */
+  uint64_t ping_due;                /* LISTENING: next keepalive query */
+  int ping_out;                     /* a keepalive query is in flight */
   int lost;             /* listened before and lost it (for the log: every LISTEN resyncs) */
   int failures;         /* connection attempts failed in a row */
   uint64_t resync_due;  /* monotonic ms: a check of the subscriptions is due; 0: none */
@@ -102,7 +102,8 @@ static void drop_conn(pgnotify_t *l) {
 /* The connection failed (or an attempt did): close it and try again later. */
 static void fail(pgnotify_t *l, const char *why) {
   char line[512];
-  const char *msg = why ? why : pgconn_one_line(l->conn ? PQerrorMessage(l->conn) : "", line, sizeof line);
+  const char *msg =
+      why ? why : pgconn_one_line(l->conn ? PQerrorMessage(l->conn) : "", line, sizeof line);
   if (l->state == PN_LISTENING) {
     log_warn("bus: LISTEN connection to %s lost (%s); not ready until it is back", l->shown, msg);
     l->lost = 1;
@@ -208,6 +209,17 @@ static void listening(pgnotify_t *l) {
 
 static void heard(pgnotify_t *l, const char *payload) {
   notify_t n;
+  if (notify_is_batch(payload)) {
+    /* a group commit's messages, in commit order (store/notify.h) */
+    char buf[STORE_NOTIFY_PAYLOAD_MAX + 1];
+    const char *p = payload + 2;
+    int r;
+    while ((r = notify_batch_next(&p, buf, sizeof buf)) == 1)
+      if (!notify_is_batch(buf)) heard(l, buf);
+    if (r < 0)
+      log_warn("bus: a malformed group payload; its subscribers read the rest from the store");
+    return;
+  }
   switch (notify_decode(payload, &n)) {
   case NOTIFY_CHANNEL:
     bus_channel_changed(l->bus, n.conv, n.active);
@@ -309,8 +321,10 @@ static void tick_cb(uv_timer_t *t) {
         fail(l, "no answer to a keepalive query in time");
     } else if (!l->ping_out && now >= l->ping_due) {
       l->ping_due = now + PGNOTIFY_PING_EVERY_MS;
-      if (send_query(l, "SELECT 1") != 0) fail(l, NULL);
-      else l->ping_out = 1;
+      if (send_query(l, "SELECT 1") != 0)
+        fail(l, NULL);
+      else
+        l->ping_out = 1;
     }
     break;
   }

@@ -69,6 +69,9 @@ static const setting_t settings[] = {
       " (default ws://LISTEN/v1/ws, wss:// with CONVERGER_TLS_CERT)"),
     S("CONVERGER_POOL_SIZE", "pool-size", K_INT, pool_size, "20", 1, 512, NULL,
       "store worker threads, one database connection each"),
+    S("CONVERGER_APPEND_BATCH", "append-batch", K_INT, append_batch, "256", 1, 1024, NULL,
+      "appends committed together in one store transaction at most (group commit); 1: one "
+      "transaction each"),
     S("CONVERGER_MAX_MESSAGE_BYTES", "max-message-bytes", K_INT, max_message_bytes, "65536", 256,
       16777216, NULL, "largest WebSocket message accepted (bytes); larger: close 1009"),
     S("CONVERGER_HEARTBEAT_MS", "heartbeat-ms", K_INT, heartbeat_ms, "25000", 50, 3600000, NULL,

@@ -44,6 +44,7 @@ typedef struct {
   char *log_format;      /* text | json */
   int access_log;        /* 1: a line per REST request and upgrade */
   int pool_size;         /* worker threads = database connections */
+  int append_batch;      /* appends per group commit at most (store/pool.h); 1: one each */
   int max_message_bytes; /* largest WebSocket message accepted, bytes */
   int heartbeat_ms;      /* ping interval, ms */
   int hello_timeout_ms;  /* time allowed for the first frame, ms */

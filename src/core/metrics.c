@@ -53,6 +53,8 @@ static const family_t families[] = {
     {"converger_admission_waiting", M_GAUGE, "Hellos and syncs waiting for an admission slot."},
     {"converger_pool_dropped_total", M_COUNTER,
      "Store jobs dropped by the pool's queue-delay rule, by kind."},
+    {"converger_store_batch_jobs", M_HISTOGRAM,
+     "Appends committed together by one store transaction (group commit, CONVERGER_APPEND_BATCH)."},
     {"converger_store_timeouts_total", M_COUNTER,
      "Store jobs whose deadline (CONVERGER_STORE_TIMEOUT_MS) passed, queued or running, by kind."},
     {"converger_accept_refused_total", M_COUNTER,

@@ -16,34 +16,25 @@
 /* ---- send ------------------------------------------------------------------- */
 
 typedef struct {
-  pool_job_t job;
+  bus_append_job_t append; /* the group commit's job (bus.h); a.* point at the fields below */
   conn_t *conn;
   char conv[STORE_ID_MAX + 1];
   char id[STORE_ID_MAX + 1];
   char sender[STORE_ID_MAX + 1];
   char *body;
   int status;
-  int created;
-  bus_t *bus; /* the appends fan out through it (the node outlives every job) */
-  store_msg_t msg;
 } send_job_t;
 
-static void send_work(pool_job_t *job, store_t *db) {
-  send_job_t *j = container_of(job, send_job_t, job);
-  j->status = bus_append(j->bus, db, j->conv, j->id, j->sender, j->body, util_now_ms(), &j->msg,
-                         &j->created);
-}
-
 static void send_done(pool_job_t *job) {
-  send_job_t *j = container_of(job, send_job_t, job);
-  if (pool_job_unrun(job)) j->status = pool_job_unrun(job);
+  send_job_t *j = container_of(job, send_job_t, append.job);
+  j->status = pool_job_unrun(job) ? pool_job_unrun(job) : j->append.a.status;
   if (conn_unref(j->conn)) {
     conn_t *c = j->conn;
     json_t *details = json_pack("{s:s}", "id", j->id);
     switch (j->status) {
     case 0:
       json_decref(details);
-      session_send_owned(c, frame_sent(j->conv, j->msg.id, j->msg.seq));
+      session_send_owned(c, frame_sent(j->conv, j->append.a.msg.id, j->append.a.msg.seq));
       break;
     case -CV_ENOTFOUND:
     case -CV_EINACTIVE:
@@ -57,7 +48,7 @@ static void send_done(pool_job_t *job) {
       break;
     }
   }
-  store_msg_clear(&j->msg);
+  store_msg_clear(&j->append.a.msg);
   free(j->body);
   free(j);
 }
@@ -78,12 +69,13 @@ void session_handle_send(session_t *s, frame_client_t *f) {
     return;
   }
   j->conn = c;
-  j->bus = s->ss->bus;
   strcpy(j->conv, f->conv);
   strcpy(j->id, f->id);
   strcpy(j->sender, s->token.sub);
-  j->job.kind = "ws_send";
-  j->job.deadline_ms = config_store_deadline(s->ss->cfg);
+  j->append.a =
+      (store_append_t){.conv = j->conv, .id = j->id, .sender = j->sender, .body = j->body};
+  j->append.job.kind = "ws_send";
+  j->append.job.deadline_ms = config_store_deadline(s->ss->cfg);
   conn_ref(c);
-  pool_submit(*s->ss->pool, &j->job, send_work, send_done);
+  bus_append_submit(s->ss->bus, *s->ss->pool, &j->append, send_done);
 }

@@ -56,6 +56,10 @@ struct store_ops_s {
   /* `out` and `created` non-NULL, zeroed. */
   int (*append)(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
                 int64_t ts_ms, store_msg_t *out, int *created);
+  /* Optional (NULL: store.c runs `append` once per item). Items checked
+   * (ids valid, strings non-NULL), their results zeroed; n >= 1. Returns
+   * as store_append_batch. */
+  int (*append_batch)(store_t *s, store_append_t *const *items, size_t n);
   /* `limit` in 1..STORE_REPLAY_PAGE_MAX, `upto` >= 0; *msgs NULL, *n 0. */
   int (*replay)(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
                 size_t max_bytes, store_msg_t **msgs, size_t *n);
@@ -91,5 +95,12 @@ extern const store_ops_t store_postgres_ops;
 /* Copy `src` into `dst` (`cap` bytes), truncated and NUL-terminated: the
  * backends' row copies into fixed fields. */
 void store_copy_str(char *dst, size_t cap, const char *src);
+
+/* store_append_batch one item at a time, each in its own transaction with
+ * the backend's `append`: what a backend falls back to when its group
+ * failed as a whole (rolled back). Clears each item's results first. Stops
+ * at the deadline (the rest get -CV_ETIMEDOUT too, and so does the return);
+ * else 0. Thread: the store's owner. */
+int store_append_each(store_t *s, store_append_t *const *items, size_t n);
 
 #endif

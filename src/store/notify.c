@@ -10,12 +10,14 @@
 char *notify_message_template(const char *conv, const char *epoch, const char *id,
                               const char *sender, const char *body, int64_t ts_ms) {
   char *out = NULL;
-  /* the mark stands for up to 20 digits once the seq is in */
-  size_t full = 2 + 20 + 1 + strlen(conv) + 1 + strlen(epoch) + 1 + 20 + 1 + strlen(id) + 1 +
-                strlen(sender) + 1 + strlen(body);
+  char mark[2] = {NOTIFY_EPOCH_MARK, '\0'};
+  /* the marks stand for up to 20 digits and STORE_EPOCH_MAX bytes once filled in */
+  size_t full = 2 + 20 + 1 + strlen(conv) + 1 + (epoch ? strlen(epoch) : STORE_EPOCH_MAX) + 1 + 20 +
+                1 + strlen(id) + 1 + strlen(sender) + 1 + strlen(body);
   /* the fields are ids (the store takes any sender: one that is not goes as a hint) */
-  int ids =
-      util_id_valid(conv) && util_id_valid(epoch) && util_id_valid(id) && util_id_valid(sender);
+  int ids = util_id_valid(conv) && (!epoch || util_id_valid(epoch)) && util_id_valid(id) &&
+            util_id_valid(sender);
+  if (!epoch) epoch = mark;
   if (ids && full <= STORE_NOTIFY_PAYLOAD_MAX &&
       asprintf(&out, "m %c %s %s %lld %s %s\n%s", NOTIFY_SEQ_MARK, conv, epoch, (long long)ts_ms,
                id, sender, body) < 0)
@@ -181,4 +183,21 @@ notify_kind_t notify_decode(const char *payload, notify_t *out) {
     return NOTIFY_BAD;
   out->body = p;
   return out->kind = NOTIFY_MESSAGE;
+}
+
+int notify_is_batch(const char *payload) { return payload[0] == 'b' && payload[1] == '\n'; }
+
+int notify_batch_next(const char **p, char *buf, size_t cap) {
+  const char *s = *p;
+  if (*s == '\0') return 0;
+  size_t len = 0;
+  int digits = 0;
+  for (; *s >= '0' && *s <= '9' && digits < 6; s++, digits++) len = len * 10 + (size_t)(*s - '0');
+  if (digits == 0 || *s != ' ' || len == 0 || len >= cap) return -1;
+  s++;
+  if (strnlen(s, len) < len) return -1;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  *p = s + len;
+  return 1;
 }

@@ -47,10 +47,14 @@
 /* The seq placeholder of a template: the append statement replaces every
  * one with the seq it assigns (chr(1) cannot occur in ids or JSON text). */
 #define NOTIFY_SEQ_MARK '\x01'
+/* The epoch placeholder, for a template made before the epoch is read
+ * (the group commit's function replaces it, chr(2)). */
+#define NOTIFY_EPOCH_MARK '\x02'
 
 /* The payload of a new message with NOTIFY_SEQ_MARK for its seq (a hint
- * when the whole message would not fit). Heap string the caller frees;
- * NULL when out of memory. */
+ * when the whole message would not fit), and NOTIFY_EPOCH_MARK for its
+ * epoch when `epoch` is NULL (room is kept for STORE_EPOCH_MAX bytes).
+ * Heap string the caller frees; NULL when out of memory. */
 char *notify_message_template(const char *conv, const char *epoch, const char *id,
                               const char *sender, const char *body, int64_t ts_ms);
 
@@ -113,5 +117,19 @@ char *notify_signal(const char *conv, int64_t ts_ms, const char *sender, const c
 /* Decode `payload` (NUL-terminated) into `out`; returns out->kind
  * (NOTIFY_BAD for anything that is not one of the forms above). */
 notify_kind_t notify_decode(const char *payload, notify_t *out);
+
+/* A group commit's payload (store_append_batch: several new messages in
+ * one NOTIFY):
+ *   "b\nLEN PAYLOAD[LEN PAYLOAD]..."
+ * where each PAYLOAD is a message payload of the forms above (an "m"),
+ * LEN its length in bytes, in decimal. A group of one message is sent as
+ * its own payload, without the frame, as a single append sends it.
+ * notify_batch_next takes the next PAYLOAD from *p (which starts right
+ * after "b\n" for the first call) into `buf` (`cap` bytes, NUL-terminated)
+ * and advances *p: 1, or 0 at the end, or -1 when the rest is malformed
+ * (the reader stops there). 1 when `payload` is such a batch. Pure, any
+ * thread. */
+int notify_is_batch(const char *payload);
+int notify_batch_next(const char **p, char *buf, size_t cap);
 
 #endif

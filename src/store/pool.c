@@ -53,6 +53,10 @@ struct pool_s {
   uint64_t interval_jobs; /* jobs taken in it, run or dropped */
   int slow;               /* the last interval had no wait under the target */
   int test_delay_ms;
+  /* pool_submit_batch (under mu) */
+  int batch_max;     /* jobs per batch */
+  int batch_lanes;   /* workers that may run batches at once */
+  int batch_running; /* workers running one now */
 };
 
 typedef struct {
@@ -167,33 +171,92 @@ static void sweep_cb(uv_timer_t *t) {
   if (dropped) uv_async_send(&pool->async);
 }
 
-/* Take the oldest queued job for running now, with the queue-delay rule
- * and its deadline applied (job->dropped, job->timed_out). Under mu; the
- * queue is not empty. */
-static pool_job_t *take(pool_t *pool) {
-  pool_job_t *job = pool->todo_head;
-  pool->todo_head = job->next;
-  if (!pool->todo_head) pool->todo_tail = NULL;
-  uint64_t now = util_mono_ms();
+/* The oldest queued job a worker may take now: any job, except a batched
+ * one while every batch lane is busy. Its predecessor into *prev (NULL at
+ * the head). NULL when there is none. Under mu. */
+static pool_job_t *eligible(pool_t *pool, pool_job_t **prev) {
+  *prev = NULL;
+  for (pool_job_t *j = pool->todo_head; j; *prev = j, j = j->next)
+    if (!j->batch || pool->batch_running < pool->batch_lanes) return j;
+  return NULL;
+}
+
+/* Take `job` (after `prev`) out of the queue for running now, with the
+ * queue-delay rule and its deadline applied (job->dropped,
+ * job->timed_out). Under mu. */
+static void take_one(pool_t *pool, pool_job_t *prev, pool_job_t *job, uint64_t now) {
+  if (prev)
+    prev->next = job->next;
+  else
+    pool->todo_head = job->next;
+  if (pool->todo_tail == job) pool->todo_tail = prev;
+  job->next = NULL;
   job->wait_ms = now - job->submit_ms;
   job->timed_out = job->deadline_ms != 0 && now >= job->deadline_ms;
   job->dropped = should_drop(pool, job, now, job->wait_ms) || job->timed_out;
+}
+
+/* Take the oldest job a worker may run (eligible), and for a batched one
+ * the jobs queued behind it with the same callback, chained through
+ * `next`, and take a batch lane. NULL when none may run now. Under mu. */
+static pool_job_t *take(pool_t *pool) {
+  pool_job_t *prev;
+  pool_job_t *job = eligible(pool, &prev);
+  if (!job) return NULL;
+  uint64_t now = util_mono_ms();
+  take_one(pool, prev, job, now);
+  if (!job->batch) return job;
+  pool->batch_running++;
+  pool_job_t *last = job;
+  int n = 1;
+  for (pool_job_t *p = NULL, *j = pool->todo_head; j && n < pool->batch_max;) {
+    pool_job_t *next = j->next;
+    if (j->batch == job->batch) {
+      take_one(pool, p, j, now);
+      last->next = j;
+      last = j;
+      n++;
+    } else {
+      p = j;
+    }
+    j = next;
+  }
   return job;
 }
 
-/* Run a job taken by `take` with `db` (not under mu), then queue it for
- * its `done` on the loop. */
+/* Run what `take` took with `db` (not under mu), then queue it for `done`
+ * on the loop: one job's `work`, or a batch's one `batch` call for the
+ * jobs of the chain that were not dropped. */
 static void run(pool_t *pool, pool_job_t *job, store_t *db) {
-  metrics_observe(pool->metrics, "converger_pool_wait_ms", (double)job->wait_ms);
-  if (!job->dropped) {
+  pool_job_t *v[POOL_BATCH_MAX];
+  size_t n = 0;
+  uint64_t deadline = 0;
+  for (pool_job_t *j = job; j; j = j->next) {
+    metrics_observe(pool->metrics, "converger_pool_wait_ms", (double)j->wait_ms);
+    if (j->dropped) continue;
+    v[n++] = j;
+    if (j->deadline_ms != 0 && (deadline == 0 || j->deadline_ms < deadline))
+      deadline = j->deadline_ms;
+  }
+  if (n > 0) {
     if (pool->test_delay_ms > 0) uv_sleep((unsigned)pool->test_delay_ms);
-    store_set_deadline(db, job->deadline_ms);
-    job->work(job, db);
-    job->timed_out = store_deadline_hit(db);
+    store_set_deadline(db, deadline);
+    if (job->batch)
+      job->batch(v, n, db);
+    else
+      job->work(job, db);
+    int hit = store_deadline_hit(db);
+    for (size_t i = 0; i < n; i++) v[i]->timed_out = hit;
     store_set_deadline(db, 0);
   }
+  if (job->batch) metrics_observe(pool->metrics, "converger_store_batch_jobs", (double)n);
   uv_mutex_lock(&pool->mu);
-  push(&pool->done_head, &pool->done_tail, job);
+  if (job->batch) pool->batch_running--;
+  for (pool_job_t *j = job; j;) {
+    pool_job_t *next = j->next;
+    push(&pool->done_head, &pool->done_tail, j);
+    j = next;
+  }
   uv_mutex_unlock(&pool->mu);
   uv_async_send(&pool->async);
 }
@@ -205,17 +268,16 @@ static void worker_main(void *arg) {
   free(wa);
   for (;;) {
     uv_mutex_lock(&pool->mu);
-    while (!pool->todo_head && !pool->stopping) {
+    pool_job_t *job;
+    /* batched jobs that wait for a lane are taken by the worker that
+     * frees it, as its next batch */
+    while (!(job = take(pool)) && !pool->stopping) {
       pool->idle++;
       uv_cond_wait(&pool->cond, &pool->mu);
       pool->idle--;
     }
-    if (!pool->todo_head) { /* stopping and nothing left */
-      uv_mutex_unlock(&pool->mu);
-      return;
-    }
-    pool_job_t *job = take(pool);
     uv_mutex_unlock(&pool->mu);
+    if (!job) return; /* stopping and nothing left */
     run(pool, job, db);
   }
 }
@@ -299,6 +361,8 @@ static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, i
   pool->size = size;
   pool->target_ms = 50;
   pool->interval_ms = 1000;
+  pool->batch_max = 256;
+  pool->batch_lanes = 1;
   pool->interval_min = UINT64_MAX;
   pool->threads = calloc((size_t)size, sizeof *pool->threads);
   pool->stores = calloc((size_t)size, sizeof *pool->stores);
@@ -359,15 +423,17 @@ int pool_start_inline(uv_loop_t *loop, const char *url, const store_options_t *o
 
 int pool_step(pool_t *pool) {
   uv_mutex_lock(&pool->mu);
-  pool_job_t *job = pool->todo_head ? take(pool) : NULL;
+  pool_job_t *job = take(pool);
   uv_mutex_unlock(&pool->mu);
   if (job) run(pool, job, pool->stores[0]);
   async_cb(&pool->async); /* every done waiting, this one's included */
   return job != NULL;
 }
 
-void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done) {
+static void submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_batch_cb batch,
+                   pool_done_cb done) {
   job->work = work;
+  job->batch = batch;
   job->done = done;
   job->canceled = 0;
   job->dropped = 0; /* (no_drop, kind and deadline_ms are the caller's, set before) */
@@ -382,6 +448,21 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
     push(&pool->todo_head, &pool->todo_tail, job);
     pool->unsignaled++; /* kick_cb wakes a worker before the loop blocks */
   }
+  uv_mutex_unlock(&pool->mu);
+}
+
+void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb done) {
+  submit(pool, job, work, NULL, done);
+}
+
+void pool_submit_batch(pool_t *pool, pool_job_t *job, pool_batch_cb batch, pool_done_cb done) {
+  submit(pool, job, NULL, batch, done);
+}
+
+void pool_set_batch(pool_t *pool, int max_jobs, int lanes) {
+  uv_mutex_lock(&pool->mu);
+  pool->batch_max = max_jobs < 1 ? 1 : max_jobs > POOL_BATCH_MAX ? POOL_BATCH_MAX : max_jobs;
+  pool->batch_lanes = lanes < 1 ? 1 : lanes > pool->size ? pool->size : lanes;
   uv_mutex_unlock(&pool->mu);
 }
 

@@ -53,9 +53,14 @@ typedef struct pool_job_s pool_job_t;
 typedef void (*pool_work_cb)(pool_job_t *job, store_t *db);
 /* Runs on the loop thread after work returned. */
 typedef void (*pool_done_cb)(pool_job_t *job);
+/* Runs on a worker thread with that worker's store, for `n` jobs (1 or
+ * more, in submission order) submitted with this callback: a group commit
+ * (pool_submit_batch). Must not touch loop state. */
+typedef void (*pool_batch_cb)(pool_job_t **jobs, size_t n, store_t *db);
 
 struct pool_job_s {
-  pool_work_cb work;
+  pool_work_cb work;   /* NULL for a batched job */
+  pool_batch_cb batch; /* NULL for a job of its own */
   pool_done_cb done;
   const char *kind;   /* label of converger_pool_dropped_total (static string); NULL: "other" */
   uint64_t submit_ms; /* monotonic ms, set by pool_submit */
@@ -125,6 +130,25 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
 int pool_cancel(pool_t *pool, pool_job_t *job);
 
 /* Jobs submitted whose `done` has not run yet. Loop thread. */
+/* As pool_submit, for work that is cheaper done together: when a worker
+ * takes `job`, it also takes every job queued behind it with the same
+ * `batch` callback (at most the pool's batch size), and runs them in one
+ * call, `batch`, with the earliest deadline among them; each still gets
+ * its own `done`. At most `lanes` workers (pool_set_batch) run batches at
+ * once, so while they run, the next jobs gather into the next batch
+ * instead of spreading over the workers one each: a group commit, like
+ * PostgreSQL's own commit_delay without the delay. A lone job runs at
+ * once. Each job of a batch is checked against its own deadline and the
+ * queue-delay rule when it is taken. Loop thread. */
+void pool_submit_batch(pool_t *pool, pool_job_t *job, pool_batch_cb batch, pool_done_cb done);
+
+/* The batches of pool_submit_batch: at most `max_jobs` jobs each
+ * (1..POOL_BATCH_MAX; 1: every job alone), run by at most `lanes` workers
+ * at once (1..the pool's size). Defaults 256 and 1. Loop thread, before
+ * jobs are submitted. */
+#define POOL_BATCH_MAX STORE_BATCH_MAX
+void pool_set_batch(pool_t *pool, int max_jobs, int lanes);
+
 int pool_in_flight(const pool_t *pool);
 
 /* Stop: jobs not started yet are canceled (their `done` runs with

@@ -157,9 +157,81 @@ static const char *const migrations[] = {
      * what rows of nodes from before it say (a node of an older version
      * writes rows without it: the default). */
     "ALTER TABLE nodes ADD COLUMN admin_url TEXT NOT NULL DEFAULT '';",
+    /* 7 (PostgreSQL's own; SQLite has no number 7): the group commit
+     * (store_append_batch) in one call, so one round trip, set by set and
+     * with plans that cannot go wrong with the planner's estimates (every
+     * table is reached by its key: a LATERAL probe or = ANY, never a join
+     * it could turn into a scan). It locks every conversation of the
+     * group in id order (two groups never wait for each other in a
+     * circle), then classifies every item in a snapshot taken after the
+     * lock (READ COMMITTED): 2 the conversation is missing; 1 a message is
+     * stored under (conv, id), answered with it; 3 the channel is
+     * inactive; 4 an earlier item of the group has the same (conv, id)
+     * (the caller answers it with that item's message); 0 new, numbered
+     * head + 1, head + 2, ... per conversation in array order. The new ones
+     * are inserted and their heads moved, and their payloads (notes:
+     * templates with chr(1) for the seq and chr(2) for the epoch; NULL: no
+     * NOTIFY) go out packed into as few NOTIFYs as fit (store/notify.h:
+     * "b"), a lone one as it is. */
+    "CREATE OR REPLACE FUNCTION converger_append_batch(p_convs text[], p_ids text[],"
+    " p_senders text[], p_bodies text[], p_ts bigint[], p_notes text[])"
+    " RETURNS TABLE (o_k integer, o_status integer, o_seq bigint, o_epoch text, o_sender text,"
+    " o_body text, o_ts bigint) LANGUAGE plpgsql AS $f$"
+    " DECLARE r_st integer[]; r_seq bigint[]; r_ep text[]; r_snd text[]; r_body text[];"
+    "  r_ts bigint[]; nc text[]; nt bigint[]; recs text[]; one text; piece text;"
+    "  payload text := ''; cnt integer := 0; r text;"
+    " BEGIN"
+    "  PERFORM 1 FROM conversations v JOIN channels c ON c.id = v.channel"
+    "   WHERE v.id = ANY (p_convs) ORDER BY v.id FOR NO KEY UPDATE OF v FOR SHARE OF c;"
+    "  WITH it AS (SELECT * FROM unnest(p_convs, p_ids) WITH ORDINALITY AS i (conv, id, k)),"
+    "   st AS (SELECT it.k, it.conv, v.active, v.epoch, v.head, m.seq AS f_seq,"
+    "    m.sender AS f_sender, m.body AS f_body, m.ts_ms AS f_ts,"
+    "    CASE WHEN v.epoch IS NULL THEN 2 WHEN m.seq IS NOT NULL THEN 1 WHEN v.active = 0 THEN 3"
+    "     WHEN row_number() OVER (PARTITION BY it.conv, it.id ORDER BY it.k) > 1 THEN 4"
+    "     ELSE 0 END AS status"
+    "    FROM it LEFT JOIN LATERAL (SELECT c.active, cv.epoch, cv.head FROM conversations cv"
+    "     JOIN channels c ON c.id = cv.channel WHERE cv.id = it.conv OFFSET 0) v ON true"
+    "    LEFT JOIN LATERAL (SELECT mm.seq, mm.sender, mm.body, mm.ts_ms FROM messages mm"
+    "     WHERE mm.conv = it.conv AND mm.id = it.id OFFSET 0) m ON true),"
+    "   num AS (SELECT st.*, CASE WHEN status = 0 THEN head + row_number() OVER"
+    "    (PARTITION BY conv, status = 0 ORDER BY k) END AS nseq FROM st)"
+    "  SELECT array_agg(status ORDER BY k), array_agg(coalesce(f_seq, nseq) ORDER BY k),"
+    "   array_agg(epoch ORDER BY k), array_agg(f_sender ORDER BY k), array_agg(f_body ORDER BY k),"
+    "   array_agg(f_ts ORDER BY k)"
+    "   INTO r_st, r_seq, r_ep, r_snd, r_body, r_ts FROM num;"
+    "  INSERT INTO messages (conv, seq, id, sender, body, ts_ms)"
+    "   SELECT u.c, u.s, u.i, u.snd, u.b, u.t"
+    "   FROM unnest(p_convs, r_seq, p_ids, p_senders, p_bodies, p_ts, r_st)"
+    "   AS u (c, s, i, snd, b, t, st) WHERE u.st = 0;"
+    "  SELECT array_agg(c), array_agg(top) INTO nc, nt FROM (SELECT u.c, max(u.s) AS top"
+    "   FROM unnest(p_convs, r_seq, r_st) AS u (c, s, st) WHERE u.st = 0 GROUP BY u.c) x;"
+    "  IF nc IS NOT NULL THEN"
+    "   UPDATE conversations SET head = nt[array_position(nc, id)] WHERE id = ANY (nc);"
+    "  END IF;"
+    "  SELECT array_agg(replace(replace(u.n, chr(1), u.s::text), chr(2), u.e) ORDER BY u.k)"
+    "   INTO recs FROM unnest(p_notes, r_seq, r_ep, r_st) WITH ORDINALITY AS u (n, s, e, st, k)"
+    "   WHERE u.st = 0 AND u.n IS NOT NULL;"
+    "  FOREACH r IN ARRAY coalesce(recs, '{}') LOOP"
+    "   piece := octet_length(r)::text || ' ' || r;"
+    "   IF cnt > 0 AND 2 + octet_length(payload) + octet_length(piece) > 7999 THEN"
+    "    PERFORM pg_notify('" STORE_NOTIFY_CHANNEL "',"
+    "     CASE WHEN cnt = 1 THEN one ELSE 'b' || chr(10) || payload END);"
+    "    payload := ''; cnt := 0;"
+    "   END IF;"
+    "   payload := payload || piece; one := r; cnt := cnt + 1;"
+    "  END LOOP;"
+    "  IF cnt > 0 THEN"
+    "   PERFORM pg_notify('" STORE_NOTIFY_CHANNEL "',"
+    "    CASE WHEN cnt = 1 THEN one ELSE 'b' || chr(10) || payload END);"
+    "  END IF;"
+    "  RETURN QUERY SELECT u.k::integer, u.st, u.s, u.e, u.snd, u.b, u.t"
+    "   FROM unnest(r_st, r_seq, r_ep, r_snd, r_body, r_ts) WITH ORDINALITY"
+    "   AS u (st, s, e, snd, b, t, k);"
+    " END $f$;",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
+_Static_assert(STORE_NOTIFY_PAYLOAD_MAX == 7999, "migration 7 packs payloads to 7999 bytes");
 
 /* Parameters in SELECT lists and INSERT ... SELECT have no type to infer
  * from their context: those carry explicit casts. */
@@ -481,7 +553,10 @@ static int connect_db(pg_t *s) {
   int err = run(s, "session settings",
                 "SELECT set_config('lock_timeout', $1, false),"
                 " set_config('statement_timeout', $2, false),"
-                " set_config('idle_in_transaction_session_timeout', $3, false)",
+                " set_config('idle_in_transaction_session_timeout', $3, false),"
+                /* the group commit is one statement outside BEGIN: READ
+                 * COMMITTED, like every append, whatever the database says */
+                " set_config('default_transaction_isolation', 'read committed', false)",
                 3, params, NULL);
   if (err) drop_conn(s);
   return err;
@@ -892,6 +967,140 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
   return 0;
 }
 
+/* A text[] literal of `n` strings ({"a","b\\"c"}), every element quoted
+ * with its backslashes and double quotes escaped; a NULL string is NULL.
+ * Heap string, NULL when out of memory. */
+static char *array_literal(const char *const *v, size_t n) {
+  size_t cap = 3;
+  for (size_t i = 0; i < n; i++) cap += v[i] ? 2 * strlen(v[i]) + 3 : 5;
+  char *out = malloc(cap), *o = out;
+  if (!out) return NULL;
+  *o++ = '{';
+  for (size_t i = 0; i < n; i++) {
+    if (i) *o++ = ',';
+    if (!v[i]) {
+      memcpy(o, "NULL", 4);
+      o += 4;
+      continue;
+    }
+    *o++ = '"';
+    for (const char *c = v[i]; *c; c++) {
+      if (*c == '"' || *c == '\\') *o++ = '\\';
+      *o++ = *c;
+    }
+    *o++ = '"';
+  }
+  *o++ = '}';
+  *o = '\0';
+  return out;
+}
+
+#define SQL_APPEND_BATCH                                                                           \
+  "SELECT o_k, o_status, o_seq, o_epoch, o_sender, o_body, o_ts FROM converger_append_batch("      \
+  "$1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[])"
+
+/* Group commit (store.h): SQL_APPEND_BATCH, one statement and so one
+ * round trip, in its own transaction (READ COMMITTED: connect_db). Its
+ * rows are the items in order. A failure of the statement rolls the whole
+ * group back; then a lock or deadline failure is every item's, and the
+ * others are tried one transaction each (op_append). */
+static int op_append_batch(store_t *base, store_append_t *const *items, size_t n) {
+  pg_t *s = pg(base);
+  int err = conn_ready(s);
+  if (!err && PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
+    log_error("store: append batch: a transaction is already open");
+    err = -CV_ESTORE;
+  }
+  if (err) {
+    for (size_t i = 0; i < n; i++) items[i]->status = err;
+    return err;
+  }
+  const char **col[5];
+  char(*ts)[24] = calloc(n, sizeof *ts);
+  for (int c = 0; c < 5; c++) col[c] = calloc(n, sizeof(char *));
+  char *lit[6] = {0};
+  err = ts && col[0] && col[1] && col[2] && col[3] && col[4] ? 0 : -CV_ENOMEM;
+  for (size_t i = 0; !err && i < n; i++) {
+    col[0][i] = items[i]->conv;
+    col[1][i] = items[i]->id;
+    col[2][i] = items[i]->sender;
+    col[3][i] = items[i]->body;
+    fmt_i64(ts[i], items[i]->ts_ms);
+    col[4][i] = ts[i];
+  }
+  char **notes = s->notify && !err ? calloc(n, sizeof *notes) : NULL;
+  if (s->notify && !notes) err = -CV_ENOMEM;
+  for (size_t i = 0; notes && !err && i < n; i++)
+    if (!(notes[i] = notify_message_template(items[i]->conv, NULL, items[i]->id, items[i]->sender,
+                                             items[i]->body, items[i]->ts_ms)))
+      err = -CV_ENOMEM;
+  for (int c = 0; !err && c < 5; c++)
+    if (!(lit[c] = array_literal(col[c], n))) err = -CV_ENOMEM;
+  if (!err && notes && !(lit[5] = array_literal((const char *const *)notes, n))) err = -CV_ENOMEM;
+  PGresult *r = NULL;
+  if (!err) err = run(s, "append batch", SQL_APPEND_BATCH, 6, (const char *const *)lit, &r);
+  for (size_t i = 0; notes && i < n; i++) free(notes[i]);
+  free(notes);
+  for (int c = 0; c < 6; c++) free(lit[c]);
+  for (int c = 0; c < 5; c++) free(col[c]);
+  free(ts);
+  if (!err && (size_t)PQntuples(r) != n) {
+    log_error("store: append batch: %d rows for %zu items", PQntuples(r), n);
+    err = -CV_ESTORE; /* committed or not: the retries below find out by id */
+  }
+  for (size_t i = 0; !err && i < n; i++) {
+    store_append_t *a = items[i];
+    int st = (int)get_i64(r, (int)i, 1);
+    store_copy_str(a->msg.epoch, sizeof a->msg.epoch, PQgetvalue(r, (int)i, 3));
+    if (st == 2 || st == 3) {
+      a->status = st == 2 ? -CV_ENOTFOUND : -CV_EINACTIVE;
+      continue;
+    }
+    if (st == 4) { /* the answer of the earlier item with this (conv, id) */
+      size_t j = 0;
+      while (j < i && (strcmp(items[j]->conv, a->conv) != 0 || strcmp(items[j]->id, a->id) != 0))
+        j++;
+      if (j == i || items[j]->status != 0 || !items[j]->msg.body) {
+        log_error("store: append batch: no earlier item for a repeated id");
+        err = -CV_ESTORE;
+        break;
+      }
+      a->msg.seq = items[j]->msg.seq;
+      a->msg.ts_ms = items[j]->msg.ts_ms;
+      store_copy_str(a->msg.id, sizeof a->msg.id, a->id);
+      a->msg.sender = strdup(items[j]->msg.sender);
+      a->msg.body = strdup(items[j]->msg.body);
+      if (!a->msg.sender || !a->msg.body) {
+        store_msg_clear(&a->msg);
+        a->status = -CV_ENOMEM;
+      }
+      continue;
+    }
+    a->msg.seq = get_i64(r, (int)i, 2);
+    store_copy_str(a->msg.id, sizeof a->msg.id, a->id);
+    a->msg.sender = strdup(st == 1 ? PQgetvalue(r, (int)i, 4) : a->sender);
+    a->msg.body = strdup(st == 1 ? PQgetvalue(r, (int)i, 5) : a->body);
+    a->msg.ts_ms = st == 1 ? get_i64(r, (int)i, 6) : a->ts_ms;
+    a->created = st == 0;
+    if (!a->msg.sender || !a->msg.body) {
+      /* committed: the caller's retry with this id gets the message */
+      store_msg_clear(&a->msg);
+      a->created = 0;
+      a->status = -CV_ENOMEM;
+    }
+  }
+  PQclear(r);
+  if (!err) return 0;
+  for (size_t i = 0; i < n; i++) {
+    store_msg_clear(&items[i]->msg);
+    memset(&items[i]->msg, 0, sizeof items[i]->msg);
+    items[i]->created = 0;
+    items[i]->status = err;
+  }
+  if (err == -CV_EBUSY || err == -CV_ETIMEDOUT) return err;
+  return store_append_each(base, items, n);
+}
+
 static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upto, int limit,
                      size_t max_bytes, store_msg_t **msgs, size_t *n) {
   pg_t *s = pg(base);
@@ -1259,6 +1468,7 @@ const store_ops_t store_postgres_ops = {
     .conv_create = op_conv_create,
     .conv_get = op_conv_get,
     .append = op_append,
+    .append_batch = op_append_batch,
     .replay = op_replay,
     .epoch_rotate = op_epoch_rotate,
     .revoke = op_revoke,

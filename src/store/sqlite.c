@@ -755,28 +755,23 @@ static int append_insert(sq_t *s, const char *conv, int64_t seq, const char *id,
   return err;
 }
 
-static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
-                     const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
-  sq_t *s = sq(base);
-  int64_t seq = 0;
-  int err = tx_begin(s);
-  if (err) return err;
+/* One append inside the open write transaction (SQL as in op_append's
+ * comment below). 0: *out is the message, new (*created 1) or the first
+ * with this id (a retry: unchanged, even if the channel has been
+ * deactivated since). -CV_ENOTFOUND or -CV_EINACTIVE: nothing was written,
+ * the transaction can go on. Any other error: the transaction must be
+ * rolled back. *out may hold copies on any return: the caller clears it on
+ * failure. */
+static int append_in_tx(sq_t *s, const char *conv, const char *id, const char *sender,
+                        const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
   int found = append_find(s, conv, id, out);
-  if (found < 0) return tx_rollback(s, found);
+  if (found < 0) return found;
   if (found == 1) {
-    /* A retry: the first message with this id, unchanged (even if the
-     * channel has been deactivated since). */
-    err = append_check_conv(s, conv, out->epoch);
-    if (err == -CV_EINACTIVE) err = 0;
-    if (!err) err = tx_commit(s);
-    if (err) {
-      store_msg_clear(out);
-      return tx_rollback(s, err);
-    }
-    return 0;
+    int err = append_check_conv(s, conv, out->epoch);
+    return err == -CV_EINACTIVE ? 0 : err;
   }
-
-  err = append_check_conv(s, conv, out->epoch);
+  int64_t seq = 0;
+  int err = append_check_conv(s, conv, out->epoch);
   if (!err) err = append_bump_head(s, conv, &seq);
   if (!err) err = append_insert(s, conv, seq, id, sender, body, ts_ms);
   /* Copy before the commit, so running out of memory is still a rollback
@@ -786,16 +781,62 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
     out->body = strdup(body);
     if (out->sender == NULL || out->body == NULL) err = -CV_ENOMEM;
   }
-  if (!err) err = tx_commit(s);
-  if (err) {
-    store_msg_clear(out);
-    return tx_rollback(s, err);
-  }
+  if (err) return err;
   out->seq = seq;
   store_copy_str(out->id, sizeof out->id, id);
   out->ts_ms = ts_ms;
   *created = 1;
   return 0;
+}
+
+/* The failures after which a transaction goes on without the item. */
+static int item_only(int err) { return err == -CV_ENOTFOUND || err == -CV_EINACTIVE; }
+
+static void append_undo(store_msg_t *out, int *created) {
+  store_msg_clear(out);
+  memset(out, 0, sizeof *out);
+  *created = 0;
+}
+
+/* One transaction (BEGIN IMMEDIATE: the database's write lock first): the
+ * message already stored under (conv, id), else the conversation's check,
+ * head + 1 and the insert, then COMMIT. */
+static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
+                     const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
+  sq_t *s = sq(base);
+  int err = tx_begin(s);
+  if (err) return err;
+  err = append_in_tx(s, conv, id, sender, body, ts_ms, out, created);
+  if (!err) err = tx_commit(s);
+  if (err) {
+    append_undo(out, created);
+    return tx_rollback(s, err);
+  }
+  return 0;
+}
+
+/* Group commit (store.h): the items of op_append in one transaction, so
+ * one fsync for all of them. A missing or inactive conversation skips its
+ * item; any other failure rolls the group back, and then a lock or
+ * deadline failure is every item's, while the rest are tried one
+ * transaction each. */
+static int op_append_batch(store_t *base, store_append_t *const *items, size_t n) {
+  sq_t *s = sq(base);
+  int err = tx_begin(s);
+  for (size_t i = 0; !err && i < n; i++) {
+    store_append_t *a = items[i];
+    a->status = append_in_tx(s, a->conv, a->id, a->sender, a->body, a->ts_ms, &a->msg, &a->created);
+    if (a->status && !item_only(a->status)) err = a->status;
+  }
+  if (!err) err = tx_commit(s);
+  if (!err) return 0;
+  (void)tx_rollback(s, err);
+  for (size_t i = 0; i < n; i++) {
+    append_undo(&items[i]->msg, &items[i]->created);
+    items[i]->status = err;
+  }
+  if (err == -CV_EBUSY || err == -CV_ETIMEDOUT) return err;
+  return store_append_each(base, items, n);
 }
 
 static int conv_exists(sq_t *s, const char *conv) {
@@ -1011,6 +1052,7 @@ const store_ops_t store_sqlite_ops = {
     .conv_create = op_conv_create,
     .conv_get = op_conv_get,
     .append = op_append,
+    .append_batch = op_append_batch,
     .replay = op_replay,
     .epoch_rotate = op_epoch_rotate,
     .revoke = op_revoke,

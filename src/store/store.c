@@ -106,6 +106,48 @@ int store_append(store_t *s, const char *conv, const char *id, const char *sende
   return s->ops->append(s, conv, id, sender, body, ts_ms, out, created);
 }
 
+/* Each item in its own transaction: the fallback of a backend without a
+ * group commit, and of a group that failed as a whole. */
+int store_append_each(store_t *s, store_append_t *const *items, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    store_append_t *a = items[i];
+    store_msg_clear(&a->msg);
+    a->created = 0;
+    a->status =
+        s->ops->append(s, a->conv, a->id, a->sender, a->body, a->ts_ms, &a->msg, &a->created);
+    /* past the deadline the rest would fail the same way, one by one */
+    if (a->status == -CV_ETIMEDOUT)
+      for (size_t k = i + 1; k < n; k++) items[k]->status = -CV_ETIMEDOUT;
+    if (a->status == -CV_ETIMEDOUT) return -CV_ETIMEDOUT;
+  }
+  return 0;
+}
+
+int store_append_batch(store_t *s, store_append_t *const *items, size_t n) {
+  if (s == NULL || items == NULL || n == 0 || n > STORE_BATCH_MAX) return -CV_EINVAL;
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    store_append_t *a = items[i];
+    memset(&a->msg, 0, sizeof a->msg);
+    a->created = 0;
+    a->status = 0;
+    if (!util_id_valid(a->conv) || !util_id_valid(a->id) || a->sender == NULL || a->body == NULL)
+      a->status = -CV_EINVAL, bad = 1;
+  }
+  if (bad) {
+    /* the valid ones go on their own; the invalid ones keep -CV_EINVAL */
+    for (size_t i = 0; i < n; i++) {
+      store_append_t *a = items[i];
+      if (a->status == 0)
+        a->status =
+            s->ops->append(s, a->conv, a->id, a->sender, a->body, a->ts_ms, &a->msg, &a->created);
+    }
+    return 0;
+  }
+  if (s->ops->append_batch == NULL || n == 1) return store_append_each(s, items, n);
+  return s->ops->append_batch(s, items, n);
+}
+
 int store_replay(store_t *s, const char *conv, int64_t after, int64_t upto, int limit,
                  size_t max_bytes, store_msg_t **msgs, size_t *n) {
   if (msgs != NULL) *msgs = NULL;

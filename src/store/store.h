@@ -206,6 +206,36 @@ int store_conv_get(store_t *s, const char *id, store_conv_t *out);
 int store_append(store_t *s, const char *conv, const char *id, const char *sender, const char *body,
                  int64_t ts_ms, store_msg_t *out, int *created);
 
+/* One append of a group commit (store_append_batch): the arguments of
+ * store_append, borrowed from the caller for the call, and its results. */
+typedef struct {
+  const char *conv, *id, *sender, *body; /* as store_append's */
+  int64_t ts_ms;
+  int status;      /* 0, or what store_append would have returned */
+  int created;     /* as store_append's *created */
+  store_msg_t msg; /* as store_append's *out: cleared by the caller (store_msg_clear) */
+} store_append_t;
+
+/* Group commit: append `n` messages (1..STORE_BATCH_MAX) in one
+ * transaction, in array order, with exactly the semantics of n
+ * store_append calls made one after the other: per conversation seqs stay
+ * gapless and in array order, and a repeated (conv, id), in the database
+ * or earlier in the array, answers with the first message.
+ * A conversation that is missing or inactive fails only its own items
+ * (-CV_ENOTFOUND, -CV_EINACTIVE in items[i]->status); the others commit.
+ * When the group itself fails for another reason (a constraint, a lost
+ * connection, out of memory), it is rolled back and the items are
+ * appended one transaction each, so that each item fails only when it
+ * must; only the deadline (store_set_deadline) or -CV_EBUSY fails them all
+ * together, each with that status. PostgreSQL: one round trip (the
+ * function converger_append_batch, migration 7) and, with
+ * store_options_t.notify, one NOTIFY per STORE_NOTIFY_PAYLOAD_MAX bytes of
+ * new messages (store/notify.h, the "b" payload). Returns 0 when every
+ * item has its own status, or the error all of them got. Thread: the
+ * store's owner. */
+#define STORE_BATCH_MAX 1024
+int store_append_batch(store_t *s, store_append_t *const *items, size_t n);
+
 /* Replay: messages with after < seq <= upto (upto < 0: no upper bound), in
  * ascending seq, at most `limit` (1..STORE_REPLAY_PAGE_MAX; larger values are
  * clamped) and, when max_bytes > 0, no more once the page holds max_bytes

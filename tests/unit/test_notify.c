@@ -310,6 +310,43 @@ static void test_signal_malformed(void **state) {
   }
 }
 
+/* A group commit's payload: records split by their lengths, each an
+ * ordinary message payload; a template without an epoch has the epoch
+ * mark; a malformed frame stops the reader without reading past it. */
+static void test_batch_payloads(void **state) {
+  (void)state;
+  char *tpl = notify_message_template("c1", NULL, "m1", "alice", "{\"t\":\"a b\\nc\"}", 7);
+  assert_non_null(strchr(tpl, NOTIFY_EPOCH_MARK));
+  free(tpl);
+  const char *r1 = "m 4 c1 ab12cd34 7 m1 alice\n{\"t\":\"a b\\nc\"}";
+  const char *r2 = "m 9 c2 ab12cd34";
+  char payload[256], buf[STORE_NOTIFY_PAYLOAD_MAX + 1];
+  snprintf(payload, sizeof payload, "b\n%zu %s%zu %s", strlen(r1), r1, strlen(r2), r2);
+  assert_true(notify_is_batch(payload));
+  assert_false(notify_is_batch(r1));
+  const char *p = payload + 2;
+  notify_t n;
+  assert_int_equal(notify_batch_next(&p, buf, sizeof buf), 1);
+  assert_string_equal(buf, r1);
+  assert_int_equal(notify_decode(buf, &n), NOTIFY_MESSAGE);
+  assert_int_equal(n.seq, 4);
+  assert_string_equal(n.body, "{\"t\":\"a b\\nc\"}");
+  assert_int_equal(notify_batch_next(&p, buf, sizeof buf), 1);
+  assert_int_equal(notify_decode(buf, &n), NOTIFY_HINT);
+  assert_int_equal(n.seq, 9);
+  assert_string_equal(n.conv, "c2");
+  assert_int_equal(notify_batch_next(&p, buf, sizeof buf), 0);
+
+  const char *bad[] = {"x", "5", "5 ab", "0 ", "-1 m", "1234567 m", "3m 1 c"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    p = bad[i];
+    assert_int_equal(notify_batch_next(&p, buf, sizeof buf), -1);
+    assert_ptr_equal(p, bad[i]);
+  }
+  p = "3 abc";
+  assert_int_equal(notify_batch_next(&p, buf, 3), -1); /* does not fit the buffer */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_round_trip),
@@ -321,6 +358,7 @@ int main(void) {
       cmocka_unit_test(test_presence_malformed),
       cmocka_unit_test(test_signal_payloads),
       cmocka_unit_test(test_signal_malformed),
+      cmocka_unit_test(test_batch_payloads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

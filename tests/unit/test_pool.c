@@ -4,7 +4,8 @@
  * callbacks while closing; the queue-delay rule drops the jobs of a slow
  * pool and nothing else (on an inline pool with a fake clock); a job whose deadline passes in the
  * queue comes back at its deadline, not run, while its worker is still busy; a running job's store
- * calls stop at its deadline, and the next job's do not; the loop ends with no handle left open. */
+ * calls stop at its deadline, and the next job's do not; batched jobs gather into one call, one
+ * batch at a time per lane, the others untouched; the loop ends with no handle left open. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -376,6 +377,130 @@ static void test_store_calls_stop_at_the_job_deadline(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* ---- batches (pool_submit_batch) ----------------------------------------- */
+
+static int batch_calls, batch_sizes[64], batch_now, batch_most;
+static uv_mutex_t batch_mu;
+
+static void batch_cb(pool_job_t **jobs, size_t n, store_t *db) {
+  uv_mutex_lock(&batch_mu);
+  int running = ++batch_now;
+  if (running > batch_most) batch_most = running;
+  if (batch_calls < 64) batch_sizes[batch_calls] = (int)n;
+  batch_calls++;
+  uv_mutex_unlock(&batch_mu);
+  for (size_t i = 0; i < n; i++) work_cb(jobs[i], db);
+  usleep(20 * 1000); /* a commit */
+  uv_mutex_lock(&batch_mu);
+  batch_now--;
+  uv_mutex_unlock(&batch_mu);
+}
+
+static void other_batch_cb(pool_job_t **jobs, size_t n, store_t *db) {
+  for (size_t i = 0; i < n; i++) work_cb(jobs[i], db);
+}
+
+/* On an inline pool: a batched job takes every queued job of its callback
+ * with it (not another callback's, not a plain job), in submission order,
+ * at most the batch size; a job past its deadline is not in the batch but
+ * comes back dropped. */
+static void test_batch_gathers_its_jobs(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  uv_mutex_init(&batch_mu);
+  batch_calls = batch_now = batch_most = 0;
+  assert_int_equal(pool_start_inline(&loop, url, NULL, NULL, &pool), 0);
+  pool_set_batch(pool, 3, 1);
+  job_t jobs[8];
+  memset(jobs, 0, sizeof jobs);
+  int order[8], ndone = 0;
+  for (int i = 0; i < 8; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+  }
+  jobs[3].job.deadline_ms = 1; /* long past */
+  pool_submit_batch(pool, &jobs[0].job, batch_cb, done_cb);
+  pool_submit(pool, &jobs[1].job, work_cb, done_cb);
+  pool_submit_batch(pool, &jobs[2].job, other_batch_cb, done_cb);
+  for (int i = 3; i < 8; i++) pool_submit_batch(pool, &jobs[i].job, batch_cb, done_cb);
+  /* 0, 3 (dropped) and 4: 0 and 4 run together */
+  assert_int_equal(pool_step(pool), 1);
+  assert_int_equal(batch_calls, 1);
+  assert_int_equal(batch_sizes[0], 2);
+  assert_int_equal(ndone, 3);
+  assert_int_equal(order[0], 0);
+  assert_int_equal(order[1], 3);
+  assert_int_equal(order[2], 4);
+  assert_true(jobs[3].job.dropped && jobs[3].job.timed_out);
+  assert_int_equal(jobs[3].status, -1);
+  assert_int_equal(jobs[0].status, 0);
+  /* then the plain job, the other callback's, and 5, 6, 7 together */
+  assert_int_equal(pool_step(pool), 1);
+  assert_int_equal(order[3], 1);
+  assert_int_equal(pool_step(pool), 1);
+  assert_int_equal(order[4], 2);
+  assert_int_equal(pool_step(pool), 1);
+  assert_int_equal(batch_calls, 2);
+  assert_int_equal(batch_sizes[1], 3);
+  assert_int_equal(ndone, 8);
+  assert_int_equal(pool_step(pool), 0);
+  for (int i = 0; i < 8; i++) assert_int_equal(jobs[i].status, i == 3 ? -1 : 0);
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  uv_mutex_destroy(&batch_mu);
+}
+
+/* On four workers with one lane: batches never run side by side, the
+ * jobs submitted while one runs gather into the next, and the other
+ * workers keep running plain jobs meanwhile. */
+static void test_batch_lanes_gather_while_busy(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  uv_mutex_init(&batch_mu);
+  batch_calls = batch_now = batch_most = 0;
+  assert_int_equal(pool_start(&loop, url, NULL, 4, NULL, &pool), 0);
+  pool_set_batch(pool, 256, 1);
+  enum { N = 60, PLAIN = 20 };
+  job_t jobs[N + PLAIN];
+  memset(jobs, 0, sizeof jobs);
+  int order[N + PLAIN], ndone = 0;
+  for (int i = 0; i < N + PLAIN; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+  }
+  /* three waves of 20, each submitted while the batch before runs */
+  for (int w = 0; w < 3; w++) {
+    for (int i = 0; i < 20; i++) pool_submit_batch(pool, &jobs[w * 20 + i].job, batch_cb, done_cb);
+    if (w == 0)
+      for (int i = 0; i < PLAIN; i++) pool_submit(pool, &jobs[N + i].job, work_cb, done_cb);
+    uv_run(&loop, UV_RUN_NOWAIT); /* the kick: workers wake */
+    usleep(5 * 1000);
+  }
+  while (ndone < N + PLAIN) uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(batch_most, 1);
+  int total = 0;
+  for (int i = 0; i < batch_calls && i < 64; i++) total += batch_sizes[i];
+  assert_int_equal(total, N);
+  assert_true(batch_calls < N / 2); /* they gathered: far fewer calls than jobs */
+  for (int i = 0; i < N + PLAIN; i++) {
+    assert_int_equal(jobs[i].status, 0);
+    assert_true(jobs[i].ran_on_worker);
+  }
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  uv_mutex_destroy(&batch_mu);
+}
+
 static void test_start_failure_leaves_nothing(void **state) {
   uv_loop_t loop;
   pool_t *pool = NULL;
@@ -395,6 +520,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_deadline_expires_queued_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_store_calls_stop_at_the_job_deadline, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_batch_gathers_its_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_batch_lanes_gather_while_busy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_start_failure_leaves_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,6 +40,7 @@
 #include "core/dburl.h"
 #include "core/log.h"
 #include "common/util.h"
+#include "store/notify.h"
 #include "store/store.h"
 
 #define SQL_EVIL "'; DROP TABLE messages; --"
@@ -727,6 +728,225 @@ static void test_append_inactive_and_missing(void **state) {
   raw_t raw = raw_open(*state);
   assert_int_equal(raw_int(&raw, "SELECT count(*) FROM messages WHERE conv = 'nope'"), 0);
   raw_close(&raw);
+}
+
+/* ---- group commit (store_append_batch) ---------------------------------- */
+
+typedef struct {
+  store_append_t a[16];
+  store_append_t *p[16];
+  size_t n;
+} batch_t;
+
+static void batch_add(batch_t *b, const char *conv, const char *id, const char *body) {
+  b->a[b->n] = (store_append_t){
+      .conv = conv, .id = id, .sender = "alice", .body = body, .ts_ms = 1000 + (int64_t)b->n};
+  b->p[b->n] = &b->a[b->n];
+  b->n++;
+}
+
+static void batch_clear(batch_t *b) {
+  for (size_t i = 0; i < b->n; i++) store_msg_clear(&b->a[i].msg);
+  b->n = 0;
+}
+
+/* The replay of `conv` is exactly the ids in `want` (space-separated),
+ * seq 1, 2, ... in that order. */
+static void assert_history(store_t *s, const char *conv, const char *want) {
+  store_msg_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(store_replay(s, conv, 0, -1, 100, 0, &v, &n), 0);
+  char got[512] = "";
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(v[i].seq, (int64_t)i + 1);
+    size_t len = strlen(got);
+    snprintf(got + len, sizeof got - len, "%s%s", i ? " " : "", v[i].id);
+  }
+  store_msgs_free(v, n);
+  assert_string_equal(got, want);
+  assert_int_equal(head_of(s, conv), (int64_t)n);
+}
+
+/* One transaction for many appends, with the answers of as many single
+ * appends: seqs in array order per conversation, a retry of a stored id
+ * or of one earlier in the same group answered with the first message, a
+ * missing or inactive conversation failing only its own item. */
+static void test_append_batch(void **state) {
+  store_t *s = ((fx_t *)*state)->s;
+  mk_conv(s, "ch", "c1");
+  assert_int_equal(store_conv_create(s, "c2", "ch", NULL), 0);
+  mk_conv(s, "off", "c3");
+  assert_int_equal(store_channel_set_active(s, "off", 0, NULL), 0);
+  assert_int_equal(append_ok(s, "c1", "old", "{\"n\":0}"), 1);
+
+  batch_t b = {0};
+  batch_add(&b, "c1", "a", "{\"n\":1}");
+  batch_add(&b, "c2", "a", "{\"n\":2}");
+  batch_add(&b, "c1", "b", "{\"n\":3}");
+  batch_add(&b, "nope", "x", "{}");
+  batch_add(&b, "c3", "y", "{}");
+  batch_add(&b, "c1", "old", "{\"n\":\"changed\"}"); /* a retry of a stored one */
+  batch_add(&b, "c1", "a", "{\"n\":\"again\"}");     /* a retry within the group */
+  batch_add(&b, "c1", "c", "{\"n\":4}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  const int status[] = {0, 0, 0, -CV_ENOTFOUND, -CV_EINACTIVE, 0, 0, 0};
+  const int created[] = {1, 1, 1, 0, 0, 0, 0, 1};
+  const int64_t seq[] = {2, 1, 3, 0, 0, 1, 2, 4};
+  const char *body[] = {"{\"n\":1}", "{\"n\":2}", "{\"n\":3}", NULL,
+                        NULL,        "{\"n\":0}", "{\"n\":1}", "{\"n\":4}"};
+  for (size_t i = 0; i < b.n; i++) {
+    assert_int_equal(b.a[i].status, status[i]);
+    assert_int_equal(b.a[i].created, created[i]);
+    assert_int_equal(b.a[i].msg.seq, seq[i]);
+    if (body[i]) {
+      assert_string_equal(b.a[i].msg.body, body[i]);
+      assert_string_equal(b.a[i].msg.id, b.a[i].id);
+      assert_string_equal(b.a[i].msg.sender, "alice");
+      assert_true(is_epoch(b.a[i].msg.epoch));
+    } else {
+      assert_null(b.a[i].msg.body);
+    }
+  }
+  assert_int_equal(b.a[0].msg.ts_ms, 1000);
+  assert_int_equal(b.a[6].msg.ts_ms, 1000); /* the first one's time */
+  batch_clear(&b);
+  assert_history(s, "c1", "old a b c");
+  assert_history(s, "c2", "a");
+  assert_int_equal(head_of(s, "c3"), 0);
+
+  /* Bad arguments fail their own items only. */
+  batch_add(&b, "c2", "bad id", "{}");
+  batch_add(&b, "c2", "d", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  assert_int_equal(b.a[0].status, -CV_EINVAL);
+  assert_int_equal(b.a[1].status, 0);
+  assert_int_equal(b.a[1].msg.seq, 2);
+  batch_clear(&b);
+  assert_int_equal(store_append_batch(s, b.p, 0), -CV_EINVAL);
+  assert_int_equal(store_append_batch(NULL, b.p, 1), -CV_EINVAL);
+}
+
+/* A group that fails as a whole (here a trigger refusing one message, as
+ * a constraint would) is rolled back and its items appended one by one:
+ * only the item that must fail fails, and nothing is lost or doubled. */
+static void test_append_batch_failure_isolated(void **state) {
+  fx_t *f = *state;
+  store_t *s = f->s;
+  mk_conv(s, "ch", "c1");
+  assert_int_equal(store_conv_create(s, "c2", "ch", NULL), 0);
+  raw_t raw = raw_open(f);
+  if (use_pg) {
+    raw_exec(&raw, "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                   " IF NEW.id = 'poison' THEN RAISE EXCEPTION 'poisoned'; END IF;"
+                   " RETURN NEW; END $$");
+    raw_exec(&raw, "CREATE TRIGGER poison BEFORE INSERT ON messages"
+                   " FOR EACH ROW EXECUTE FUNCTION poison()");
+  } else {
+    raw_exec(&raw, "CREATE TRIGGER poison BEFORE INSERT ON messages WHEN NEW.id = 'poison'"
+                   " BEGIN SELECT RAISE(ABORT, 'poisoned'); END");
+  }
+  raw_close(&raw);
+  batch_t b = {0};
+  batch_add(&b, "c1", "a", "{}");
+  batch_add(&b, "c2", "a", "{}");
+  batch_add(&b, "c1", "poison", "{}");
+  batch_add(&b, "c1", "b", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  assert_int_equal(b.a[0].status, 0);
+  assert_int_equal(b.a[1].status, 0);
+  assert_int_not_equal(b.a[2].status, 0);
+  assert_int_equal(b.a[2].created, 0);
+  assert_null(b.a[2].msg.body);
+  assert_int_equal(b.a[3].status, 0);
+  assert_int_equal(b.a[3].msg.seq, 2);
+  for (int i = 0; i < 4; i++) assert_int_equal(b.a[i].created, i != 2);
+  batch_clear(&b);
+  assert_history(s, "c1", "a b");
+  assert_history(s, "c2", "a");
+}
+
+enum { BW_THREADS = 4, BW_ROUNDS = 30, BW_CONVS = 5, BW_PER = 6 };
+
+typedef struct {
+  const char *url;
+  pthread_barrier_t *bar;
+  int w, err;
+} bwriter_t;
+
+/* Groups over the conversations in a different order each time, and
+ * single appends in between: on PostgreSQL the row locks of groups that
+ * share conversations (taken in id order: no deadlock). */
+static void *bwriter_main(void *arg) {
+  bwriter_t *wr = arg;
+  store_t *s = NULL;
+  wr->err = store_open(wr->url, &test_opt, &s);
+  pthread_barrier_wait(wr->bar);
+  static const char *convs[BW_CONVS] = {"b0", "b1", "b2", "b3", "b4"};
+  for (int r = 0; wr->err == 0 && r < BW_ROUNDS; r++) {
+    char ids[BW_PER][32];
+    store_append_t a[BW_PER];
+    store_append_t *p[BW_PER];
+    for (int i = 0; i < BW_PER; i++) {
+      snprintf(ids[i], sizeof ids[i], "w%d-r%d-%d", wr->w, r, i);
+      a[i] = (store_append_t){.conv = convs[(2 * BW_CONVS - 1 - i + r * (wr->w + 1)) % BW_CONVS],
+                              .id = ids[i],
+                              .sender = "w",
+                              .body = "{}",
+                              .ts_ms = 1};
+      p[i] = &a[i];
+    }
+    if (r % 5 == 4) {
+      for (int i = 0; wr->err == 0 && i < BW_PER; i++) {
+        store_msg_t m;
+        int created;
+        wr->err = store_append(s, a[i].conv, a[i].id, "w", "{}", 1, &m, &created);
+        store_msg_clear(&m);
+      }
+      continue;
+    }
+    wr->err = store_append_batch(s, p, BW_PER);
+    for (int i = 0; i < BW_PER; i++) {
+      if (wr->err == 0 && (a[i].status != 0 || !a[i].created))
+        wr->err = a[i].status ? a[i].status : -1;
+      store_msg_clear(&a[i].msg);
+    }
+  }
+  store_close(s);
+  return NULL;
+}
+
+static void test_append_batch_concurrent_gapless(void **state) {
+  fx_t *f = *state;
+  static const char *convs[BW_CONVS] = {"b0", "b1", "b2", "b3", "b4"};
+  mk_conv(f->s, "ch", convs[0]);
+  for (int c = 1; c < BW_CONVS; c++)
+    assert_int_equal(store_conv_create(f->s, convs[c], "ch", NULL), 0);
+  bwriter_t wr[BW_THREADS];
+  pthread_t th[BW_THREADS];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, BW_THREADS);
+  for (int w = 0; w < BW_THREADS; w++) {
+    wr[w] = (bwriter_t){.url = f->url, .bar = &bar, .w = w};
+    assert_int_equal(pthread_create(&th[w], NULL, bwriter_main, &wr[w]), 0);
+  }
+  for (int w = 0; w < BW_THREADS; w++) pthread_join(th[w], NULL);
+  pthread_barrier_destroy(&bar);
+  for (int w = 0; w < BW_THREADS; w++) {
+    if (wr[w].err) print_error("writer %d: %s\n", w, cv_strerror(wr[w].err));
+    assert_int_equal(wr[w].err, 0);
+  }
+  int64_t total = 0;
+  for (int c = 0; c < BW_CONVS; c++) {
+    store_msg_t *v = NULL;
+    size_t n = 0;
+    int64_t head = head_of(f->s, convs[c]);
+    assert_int_equal(store_replay(f->s, convs[c], 0, -1, 1000, 0, &v, &n), 0);
+    assert_int_equal((int64_t)n, head);
+    for (size_t i = 0; i < n; i++) assert_int_equal(v[i].seq, (int64_t)i + 1);
+    store_msgs_free(v, n);
+    total += head;
+  }
+  assert_int_equal(total, BW_THREADS * BW_ROUNDS * BW_PER);
 }
 
 /* SQL metacharacters are data: invalid as ids, stored verbatim elsewhere. */
@@ -1540,6 +1760,89 @@ static void heard(raw_t *raw, int want, char *out, size_t cap) {
   }
 }
 
+/* A group commit announces its new messages in one NOTIFY, records that
+ * decode as single appends' payloads with their seqs and epoch; a group
+ * of one sends the plain payload; groups larger than a payload take as
+ * few as fit, in order. */
+static void test_pg_batch_notify(void **state) {
+  fx_t *f = *state;
+  mk_conv(f->s, "ch", "c1");
+  assert_int_equal(store_conv_create(f->s, "c2", "ch", NULL), 0);
+  store_conv_t c1;
+  assert_int_equal(store_conv_get(f->s, "c1", &c1), 0);
+  assert_int_equal(append_ok(f->s, "c1", "old", "{}"), 1);
+  store_t *s = NULL;
+  store_options_t opt = test_opt;
+  opt.notify = 1;
+  assert_int_equal(store_open(f->url, &opt, &s), 0);
+  raw_t raw = raw_open(f);
+  raw_exec(&raw, "LISTEN " STORE_NOTIFY_CHANNEL);
+
+  batch_t b = {0};
+  batch_add(&b, "c1", "a", "{\"n\":1}");
+  batch_add(&b, "c1", "old", "{}"); /* a retry: not announced */
+  batch_add(&b, "c2", "a", "{\"n\":2}");
+  batch_add(&b, "c1", "b", "{\"n\":3}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  batch_clear(&b);
+  static char got[64 * 1024];
+  heard(&raw, 1, got, sizeof got);
+  assert_true(notify_is_batch(got));
+  const char *p = got + 2;
+  char rec[STORE_NOTIFY_PAYLOAD_MAX + 1];
+  const char *want_conv[] = {"c1", "c2", "c1"};
+  const int64_t want_seq[] = {2, 1, 3};
+  for (int i = 0; i < 3; i++) {
+    notify_t n;
+    assert_int_equal(notify_batch_next(&p, rec, sizeof rec), 1);
+    assert_int_equal(notify_decode(rec, &n), NOTIFY_MESSAGE);
+    assert_string_equal(n.conv, want_conv[i]);
+    assert_int_equal(n.seq, want_seq[i]);
+    assert_string_equal(n.sender, "alice");
+    if (i != 1) assert_string_equal(n.epoch, c1.epoch);
+  }
+  assert_int_equal(notify_batch_next(&p, rec, sizeof rec), 0);
+
+  batch_add(&b, "c2", "b", "{}");
+  batch_add(&b, "nope", "b", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  batch_clear(&b);
+  heard(&raw, 1, got, sizeof got);
+  notify_t n;
+  assert_int_equal(notify_decode(got, &n), NOTIFY_MESSAGE); /* one new message: plain */
+  assert_int_equal(n.seq, 2);
+
+  /* 12 messages of 1 500 bytes: 18 000 bytes in payloads of at most 7 999 */
+  static char big[1500 + 16];
+  memset(big, 'x', sizeof big);
+  memcpy(big, "{\"t\":\"", 6);
+  strcpy(big + 1500 - 2, "\"}");
+  char ids[12][8];
+  for (int i = 0; i < 12; i++) {
+    snprintf(ids[i], sizeof ids[i], "big%d", i);
+    batch_add(&b, "c2", ids[i], big);
+  }
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  batch_clear(&b);
+  heard(&raw, 3, got, sizeof got);
+  int64_t seq = 3;
+  int payloads = 0;
+  for (char *one = strtok(got, "|"); one; one = strtok(NULL, "|"), payloads++) {
+    assert_true(strlen(one) <= STORE_NOTIFY_PAYLOAD_MAX);
+    assert_true(notify_is_batch(one));
+    p = one + 2;
+    while (notify_batch_next(&p, rec, sizeof rec) == 1) {
+      assert_int_equal(notify_decode(rec, &n), NOTIFY_MESSAGE);
+      assert_int_equal(n.seq, seq++);
+      assert_int_equal(strlen(n.body), 1500);
+    }
+  }
+  assert_int_equal(payloads, 3);
+  assert_int_equal(seq, 15);
+  raw_close(&raw);
+  store_close(s);
+}
+
 /* Presence across nodes: rows per conversation and client, moved by a
  * join through another node, deleted only by the node that holds them,
  * the user's first and last client, pages, the sweep of gone nodes, a
@@ -1703,6 +2006,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_append_seq, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_idempotent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_append_inactive_and_missing, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_append_batch, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_append_batch_failure_isolated, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_append_batch_concurrent_gapless, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sql_metacharacters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_ranges, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replay_clamp, setup, teardown),
@@ -1724,6 +2030,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pg_silent_server_times_out),
       cmocka_unit_test_setup_teardown(test_pg_reconnect, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pg_invalid_utf8, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pg_batch_notify, setup, teardown),
   };
   int failed =
       cmocka_run_group_tests_name(use_pg ? "store.postgres" : "store.sqlite", tests, NULL, NULL);

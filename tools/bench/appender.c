@@ -138,6 +138,10 @@ static void tput_answer(sender_t *c, uint64_t now) {
     t->lat_ns[t->nlat++] = now - c->sent_ns;
     t->answered++;
   }
+  /* the next append goes to the next of this sender's conversations:
+   * i, i + senders, i + 2 senders, ... (one each when there are as many
+   * conversations as senders, all on one when there is one) */
+  c->conv_index = (c->conv_index + ph->nsnd) % t->nconvs;
   if (now < ph->win_end)
     tput_next(c);
   else if (--ph->active == 0)

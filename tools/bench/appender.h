@@ -53,7 +53,9 @@ typedef struct {
 } appender_tput_t;
 
 /* Run `nsenders` closed-loop senders against the node at b->port; sender i
- * appends to convs[i % nconvs] with keys "<i>-<k>". The window opens
+ * appends to convs[i % nconvs], then convs[(i + nsenders) % nconvs] and
+ * so on (more conversations than senders: each sender goes round its
+ * share), with keys "<i>-<k>". The window opens
  * `warmup_ms` after the first writes and lasts `duration_ms`; a sender
  * whose answer comes after the window stops. Fills `out` (zeroed first).
  * Returns 0, or -1 with b->err set (out may then hold partial counts;

@@ -153,12 +153,23 @@ static void env_free(char **env) {
 int bnode_start(bench_t *b) { return bnode_start_env(b, NULL); }
 
 int bnode_start_env(bench_t *b, const char *const *extra_env) {
-  ssize_t n = readlink("/proc/self/exe", b->exe, sizeof b->exe - 1);
-  if (n <= 0) {
-    run_fail(b, "cannot read /proc/self/exe: %s", strerror(errno));
-    return -1;
+  /* CONVERGER_BENCH_NODE: the node of another build (the commit before,
+   * side by side), driven by this bench */
+  const char *other = getenv("CONVERGER_BENCH_NODE");
+  if (other && *other) {
+    if (strlen(other) >= sizeof b->exe || access(other, X_OK) != 0) {
+      run_fail(b, "CONVERGER_BENCH_NODE=%s: not an executable file", other);
+      return -1;
+    }
+    snprintf(b->exe, sizeof b->exe, "%s", other);
+  } else {
+    ssize_t n = readlink("/proc/self/exe", b->exe, sizeof b->exe - 1);
+    if (n <= 0) {
+      run_fail(b, "cannot read /proc/self/exe: %s", strerror(errno));
+      return -1;
+    }
+    b->exe[n] = '\0';
   }
-  b->exe[n] = '\0';
   const char *tmp = getenv("TMPDIR");
   if (!tmp || !*tmp || strlen(tmp) > 200) tmp = "/tmp";
   snprintf(b->dir, sizeof b->dir, "%s/converger-bench-XXXXXX", tmp);

@@ -1,6 +1,8 @@
 /*
  * node: the child `converger serve` a bench run measures. It is this
- * executable, started on a free loopback port with a fresh temporary data
+ * executable (or, with CONVERGER_BENCH_NODE=PATH in the bench's own
+ * environment, that one: another build's node measured side by side by
+ * the same bench), started on a free loopback port with a fresh temporary data
  * directory (its SQLite database and node.log), a random API key and token
  * secret, none of the caller's CONVERGER_* or WS_HANDSHAKE_* settings,
  * heartbeats and the hello timeout pushed out of the way, and pinned to

@@ -80,8 +80,8 @@
 enum { BK_SQLITE, BK_SQLITE_NORMAL, BK_POSTGRES, BK_POSTGRES_FSYNC, BK_COUNT };
 static const char *const bk_name[BK_COUNT] = {"sqlite", "sqlite-normal", "postgres",
                                               "postgres-fsync"};
-enum { CONV_SHARED, CONV_OWN, CONV_MODES };
-static const char *const conv_name[CONV_MODES] = {"shared", "own"};
+enum { CONV_SHARED, CONV_OWN, CONV_SPREAD, CONV_MODES };
+static const char *const conv_name[CONV_MODES] = {"shared", "own", "spread"};
 enum { PATH_SAME, PATH_CROSS, PATHS };
 static const char *const path_name[PATHS] = {"same node", "cross node"};
 
@@ -94,7 +94,8 @@ typedef struct {
   size_t nbackends;
   int senders[MAX_COUNTS];
   size_t nsenders;
-  int mode[CONV_MODES]; /* which of shared/own run */
+  int mode[CONV_MODES]; /* which of shared/own/spread run */
+  long long spread;     /* conversations of the spread mode */
   const char *pg_url, *pg_tmp, *out;
 } options_t;
 
@@ -142,7 +143,8 @@ static void usage(FILE *out) {
           "executable, on free 127.0.0.1 ports) on each backend:\n"
           "  1. appends/s and per-append latency p50/p99 with N concurrent REST senders\n"
           "     (closed loop, one POST .../messages in flight each), all to one shared\n"
-          "     conversation and each to its own; then every conversation is read back\n"
+          "     conversation, each to its own, and spread over --spread conversations\n"
+          "     (each sender going round its share); then every conversation is read back\n"
           "     through REST and must be gapless, seq 1..head, head = the 201 answers;\n"
           "  2. delivery latency at --rate messages/s: REST sends to node A, one\n"
           "     WebSocket subscriber on node A (same node) and, on PostgreSQL, on node B,\n"
@@ -156,7 +158,9 @@ static void usage(FILE *out) {
           "  --backends LIST     of sqlite,sqlite-normal,postgres,postgres-fsync\n"
           "                      [sqlite,sqlite-normal,postgres,postgres-fsync]\n"
           "  --senders LIST      concurrent senders, each value 1..%d [1,8,32]\n"
-          "  --convs LIST        of shared,own [shared,own]; own is skipped for 1 sender\n"
+          "  --convs LIST        of shared,own,spread [shared,own]; own is skipped for 1\n"
+          "                      sender\n"
+          "  --spread N          conversations of the spread mode [1000]\n"
           "  --duration-ms N     measured window of each appends cell [3000]\n"
           "  --warmup-ms N       sending before the window opens [500]\n"
           "  --rate N            messages/s of the latency phase [1000]\n"
@@ -236,14 +240,15 @@ static int parse_lists(options_t *o, const char *backends, const char *senders, 
   }
   n = split_list(convs, w, CONV_MODES);
   if (n <= 0) {
-    fprintf(stderr, CMD ": invalid --convs \"%s\" (shared, own)\n", convs);
+    fprintf(stderr, CMD ": invalid --convs \"%s\" (shared, own, spread)\n", convs);
     return -1;
   }
-  o->mode[CONV_SHARED] = o->mode[CONV_OWN] = 0;
+  memset(o->mode, 0, sizeof o->mode);
   for (int i = 0; i < n; i++) {
-    int k = strcmp(w[i], "shared") == 0 ? CONV_SHARED : strcmp(w[i], "own") == 0 ? CONV_OWN : -1;
-    if (k < 0) {
-      fprintf(stderr, CMD ": unknown value \"%s\" in --convs (shared, own)\n", w[i]);
+    int k = 0;
+    while (k < CONV_MODES && strcmp(w[i], conv_name[k]) != 0) k++;
+    if (k == CONV_MODES) {
+      fprintf(stderr, CMD ": unknown value \"%s\" in --convs (shared, own, spread)\n", w[i]);
       return -1;
     }
     o->mode[k] = 1;
@@ -277,6 +282,7 @@ static int parse_options(options_t *o, int argc, char **argv) {
       {"late-ms", &o->late_ms, 1, 600000},
       {"runs", &o->runs, 1, MAX_RUNS},
       {"pool", &o->pool, 1, 512},
+      {"spread", &o->spread, 1, 100000},
       {"timeout", &o->timeout_s, 1, 86400},
   };
   int r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
@@ -495,7 +501,7 @@ static int verify_conv(ctx_t *x, const char *conv, uint64_t want) {
 static int cell_appends(ctx_t *x, size_t si, int mode) {
   bench_t *b = x->b;
   int n = x->o->senders[si];
-  size_t nconvs = mode == CONV_SHARED ? 1 : (size_t)n;
+  size_t nconvs = mode == CONV_SHARED ? 1 : mode == CONV_OWN ? (size_t)n : (size_t)x->o->spread;
   char(*ids)[96] = calloc(nconvs, sizeof *ids);
   const char **convs = calloc(nconvs, sizeof *convs);
   appender_tput_t t = {0};
@@ -508,7 +514,7 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
     if (mode == CONV_SHARED)
       snprintf(ids[i], sizeof ids[i], "%s-n%d-shared", x->tag, n);
     else
-      snprintf(ids[i], sizeof ids[i], "%s-n%d-own%zu", x->tag, n, i);
+      snprintf(ids[i], sizeof ids[i], "%s-n%d-%s%zu", x->tag, n, conv_name[mode], i);
     convs[i] = ids[i];
     if (conv_create(x, ids[i]) != 0) goto out;
   }
@@ -533,8 +539,10 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
          "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s",
          x->run + 1, bk_name[x->bk], n, n == 1 ? "" : "s",
-         mode == CONV_SHARED ? "one shared conversation" : "a conversation each", c->rate,
-         (unsigned long long)t.answered, t.window_s, c->p50_ms, c->p99_ms,
+         mode == CONV_SHARED ? "one shared conversation"
+         : mode == CONV_OWN  ? "a conversation each"
+                             : "spread over conversations",
+         c->rate, (unsigned long long)t.answered, t.window_s, c->p50_ms, c->p99_ms,
          (unsigned long long)verified, nconvs, nconvs == 1 ? "" : "s");
   if (t.refused)
     printf("; %llu answers 503 (store overloaded; retried at once with the same key, %llu of "
@@ -930,6 +938,7 @@ int bench_store_main(int argc, char **argv) {
                  .late_ms = 1000,
                  .runs = 3,
                  .pool = 20,
+                 .spread = 1000,
                  .timeout_s = 60,
                  .latency_conns = 32,
                  .pg_tmp = CONVERGER_PG_TMP_DEFAULT};
@@ -978,9 +987,9 @@ int bench_store_main(int argc, char **argv) {
   }
   printf(CMD ": %lld run%s; appends: senders", o.runs, o.runs == 1 ? "" : "s");
   for (size_t i = 0; i < o.nsenders; i++) printf("%s%d", i ? "," : " ", o.senders[i]);
-  printf(", %lld ms after %lld ms of warm-up; latency: %lld/s for %lld ms over %lld "
-         "connections; pool %lld; nodes not pinned to CPUs\n",
-         o.duration_ms, o.warmup_ms, o.rate, o.latency_ms, o.latency_conns, o.pool);
+  printf(", %lld ms after %lld ms of warm-up; spread: over %lld conversations; latency: "
+         "%lld/s for %lld ms over %lld connections; pool %lld; nodes not pinned to CPUs\n",
+         o.duration_ms, o.warmup_ms, o.spread, o.rate, o.latency_ms, o.latency_conns, o.pool);
   fflush(stdout);
   for (int run = 0; run < o.runs && !b->failed; run++)
     for (size_t i = 0; i < o.nbackends && !b->failed; i++) {
