@@ -17,6 +17,93 @@
 
 #define SHUTDOWN_LINGER_MS 2000
 
+/* ---- queued output ---------------------------------------------------------- */
+
+static void seg_release(conn_seg_t *s) {
+  if (s->own)
+    free(s->own);
+  else if (s->release)
+    s->release(s->ud);
+}
+
+/* Release segs[from .. to) and close the gap they leave. */
+static void segs_release(conn_t *c, uint32_t from, uint32_t to) {
+  for (uint32_t i = from; i < to; i++) seg_release(&c->segs[i]);
+  memmove(c->segs + from, c->segs + to, (c->nsegs - to) * sizeof *c->segs);
+  c->nsegs -= to - from;
+  if (c->nsegs == 0) { /* idle connections hold no output memory */
+    free(c->segs);
+    c->segs = NULL;
+    c->scap = 0;
+  }
+}
+
+/* A new segment at the end, or NULL when out of memory. */
+static conn_seg_t *seg_push(conn_t *c) {
+  if (c->nsegs == c->scap) {
+    uint32_t cap = c->scap ? c->scap * 2 : 4;
+    conn_seg_t *v = realloc(c->segs, cap * sizeof *v);
+    if (!v) return NULL;
+    c->segs = v;
+    c->scap = cap;
+  }
+  conn_seg_t *s = &c->segs[c->nsegs++];
+  memset(s, 0, sizeof *s);
+  return s;
+}
+
+/* Copy `len` bytes to the end of the waiting output: into the last owned
+ * chunk when it has room (and is not being written), else into a new one
+ * of at least OWN_CHUNK_MIN bytes, twice the last one's up to
+ * OWN_CHUNK_MAX. 0, or -ENOMEM. */
+#define OWN_CHUNK_MIN 1024
+#define OWN_CHUNK_MAX (64u << 10)
+static int append_copy(conn_t *c, const void *data, size_t len) {
+  conn_seg_t *last = c->nsegs > c->nflight ? &c->segs[c->nsegs - 1] : NULL;
+  if (last && last->own && last->room >= len) {
+    memcpy((char *)last->p + last->len, data, len);
+    last->len += (uint32_t)len;
+    last->room -= (uint32_t)len;
+    return 0;
+  }
+  size_t cap = OWN_CHUNK_MIN;
+  if (last && last->own) {
+    size_t prev = (size_t)(last->p - last->own) + last->len + last->room;
+    cap = prev * 2 > OWN_CHUNK_MAX ? OWN_CHUNK_MAX : prev * 2;
+  }
+  if (cap < len) cap = len;
+  char *own = malloc(cap);
+  conn_seg_t *s = own ? seg_push(c) : NULL;
+  if (!s) {
+    free(own);
+    return -ENOMEM;
+  }
+  memcpy(own, data, len);
+  s->own = own;
+  s->p = own;
+  s->len = (uint32_t)len;
+  s->room = (uint32_t)(cap - len);
+  return 0;
+}
+
+/* `n` bytes of the first segments were written: release what is done,
+ * advance into the one partly written. Not for segments in flight. */
+static void consume(conn_t *c, size_t n) {
+  uint32_t done = 0;
+  while (n > 0 && done < c->nsegs) {
+    conn_seg_t *s = &c->segs[done];
+    if (n < s->len) {
+      s->p += n;
+      s->len -= (uint32_t)n;
+      s->room = 0; /* a partly written chunk takes no more */
+      break;
+    }
+    n -= s->len;
+    done++;
+  }
+  if (done) segs_release(c, 0, done);
+}
+
 static void free_conn(conn_t *c) {
   net_t *net = c->net;
   conn_set_reclaimable(c, 0);
@@ -41,8 +128,8 @@ static void free_conn(conn_t *c) {
   ws_free(c->ws);
   http_free(c->http);
   tls_free(c->tls);
-  free(c->out);
-  free(c->wdata);
+  segs_release(c, 0, c->nsegs);
+  free(c->segs);
   free(c);
 }
 
@@ -371,25 +458,48 @@ void conn_stop_listening(net_t *net) {
   if (net->admin_on) listener_stop(&net->admin_listener);
 }
 
-int conn_write(conn_t *c, const void *data, size_t len) {
+/* What conn_write and conn_write_shared check first: 0, or the error
+ * after closing a slow consumer. */
+static int write_room(conn_t *c, size_t len) {
   if (c->closing) return -EPIPE;
   if (c->out_len + len > CONN_MAX_QUEUED) {
     log_warn("closing a slow consumer: %zu bytes queued", c->out_len);
     conn_close(c);
     return -ENOBUFS;
   }
-  if (c->out_len + len > c->out_cap) {
-    size_t cap = c->out_cap ? c->out_cap : 512;
-    while (cap < c->out_len + len) cap *= 2;
-    char *p = realloc(c->out, cap);
-    if (!p) {
-      conn_close(c);
-      return -ENOMEM;
-    }
-    c->out = p;
-    c->out_cap = cap;
+  return 0;
+}
+
+int conn_write(conn_t *c, const void *data, size_t len) {
+  int r = write_room(c, len);
+  if (r) return r;
+  if (len == 0) return 0;
+  if (append_copy(c, data, len) != 0) {
+    conn_close(c);
+    return -ENOMEM;
   }
-  memcpy(c->out + c->out_len, data, len);
+  c->out_len += len;
+  mark_dirty(c);
+  return 0;
+}
+
+int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb release, void *ud) {
+  if (c->tls || len < CONN_SHARED_MIN) {
+    int r = conn_write(c, data, len);
+    release(ud);
+    return r;
+  }
+  int r = write_room(c, len);
+  conn_seg_t *s = r == 0 ? seg_push(c) : NULL;
+  if (!s) {
+    release(ud);
+    if (r == 0) conn_close(c);
+    return r ? r : -ENOMEM;
+  }
+  s->p = data;
+  s->len = (uint32_t)len;
+  s->release = release;
+  s->ud = ud;
   c->out_len += len;
   mark_dirty(c);
   return 0;
@@ -438,8 +548,9 @@ static void write_cb(uv_write_t *req, int status) {
   conn_t *c = container_of(req, conn_t, wreq);
   c->writing = 0;
   c->wlen = 0;
-  free(c->wdata);
-  c->wdata = NULL;
+  uint32_t flight = c->nflight;
+  c->nflight = 0;
+  segs_release(c, 0, flight); /* written, or dropped with the connection */
   if (c->closing) {
     if (c->handle_closed && c->refs == 0) free_conn(c);
     return;
@@ -455,30 +566,36 @@ static void write_cb(uv_write_t *req, int status) {
   writable(c);
 }
 
-/* TLS: turn the plaintext queued in c->out into records, and c->out into
- * every ciphertext byte waiting (handshake and alerts included, in order),
- * TLS_CHUNK of plaintext at a time. Returns 0, or -1 when TLS refused or
- * memory ran out (the connection is then closed). */
+/* TLS: turn the plaintext waiting (every segment: TLS writes copy, and
+ * nothing is in flight when this runs) into records, and the queue into
+ * one segment of every ciphertext byte waiting (handshake and alerts
+ * included, in order), TLS_CHUNK of plaintext at a time. Returns 0, or -1
+ * when TLS refused or memory ran out (the connection is then closed). */
 static int seal(conn_t *c) {
   size_t plen = c->out_len, waiting = tls_pending(c->tls);
   if (plen == 0 && waiting == 0) return 0;
   /* records add 22 bytes (TLS 1.3, AES-GCM) to each 16 KiB and less */
-  size_t cap = waiting + plen + (plen / TLS_CHUNK + 1) * 64, clen = 0;
+  size_t cap = waiting + plen + (plen / TLS_CHUNK + c->nsegs + 1) * 64, clen = 0;
   char *cipher = malloc(cap);
   if (!cipher) {
     conn_close(c);
     return -1;
   }
+  uint32_t i = 0;
   size_t off = 0;
   do {
-    size_t k = plen - off > TLS_CHUNK ? TLS_CHUNK : plen - off;
-    if (k && tls_seal(c->tls, c->out + off, k) != 0) {
-      log_debug("tls: closing a connection: %s", tls_error(c->tls));
-      free(cipher);
-      conn_close(c);
-      return -1;
+    size_t k = 0;
+    if (i < c->nsegs) {
+      conn_seg_t *s = &c->segs[i];
+      k = s->len - off > TLS_CHUNK ? TLS_CHUNK : s->len - off;
+      if (k && tls_seal(c->tls, s->p + off, k) != 0) {
+        log_debug("tls: closing a connection: %s", tls_error(c->tls));
+        free(cipher);
+        conn_close(c);
+        return -1;
+      }
+      if ((off += k) == s->len) i++, off = 0;
     }
-    off += k;
     size_t n = tls_pending(c->tls);
     if (clen + n > cap) {
       char *p = realloc(cipher, clen + n);
@@ -491,50 +608,71 @@ static int seal(conn_t *c) {
       cap = clen + n;
     }
     clen += tls_take(c->tls, cipher + clen, n);
-  } while (off < plen);
-  free(c->out);
-  c->out = cipher;
+  } while (i < c->nsegs);
+  segs_release(c, 0, c->nsegs);
+  c->out_len = 0;
+  if (clen == 0) {
+    free(cipher);
+    return 0;
+  }
+  conn_seg_t *s = seg_push(c);
+  if (!s) {
+    free(cipher);
+    conn_close(c);
+    return -1;
+  }
+  s->own = cipher;
+  s->p = cipher;
+  s->len = (uint32_t)clen;
   c->out_len = clen;
-  c->out_cap = cap;
   return 0;
 }
 
+#define FLUSH_IOV 64 /* segments per writev(2) */
+
+/* Write what waits: writev(2) of the segments, FLUSH_IOV at a time, while
+ * the socket takes it all; what it does not take goes to uv_write (at
+ * most FLUSH_IOV segments, in flight until write_cb), and output queued
+ * meanwhile waits behind it. */
 static void flush(conn_t *c) {
   if (c->closing || c->writing) return;
   if (c->tls && seal(c) != 0) return;
-  if (c->out_len == 0) return;
-  uv_buf_t buf = uv_buf_init(c->out, (unsigned)c->out_len);
-  int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
-  if (n == (int)c->out_len) {
-    c->out_len = 0;
-    if (c->out_cap > 16384) { /* idle connections keep no big buffer */
-      free(c->out);
-      c->out = NULL;
-      c->out_cap = 0;
+  uv_buf_t bufs[FLUSH_IOV];
+  while (c->out_len > 0) {
+    uint32_t k = c->nsegs < FLUSH_IOV ? c->nsegs : FLUSH_IOV;
+    size_t total = 0;
+    for (uint32_t i = 0; i < k; i++) {
+      bufs[i] = uv_buf_init((char *)c->segs[i].p, c->segs[i].len);
+      total += c->segs[i].len;
     }
-    maybe_shutdown(c);
-    writable(c);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, bufs, k);
+    if (n < 0 && n != UV_EAGAIN) {
+      conn_close(c);
+      return;
+    }
+    size_t done = n > 0 ? (size_t)n : 0;
+    c->out_len -= done;
+    consume(c, done);
+    if (done == total) continue;
+    /* The socket is full: hand the rest of these segments to uv_write. */
+    k = c->nsegs < FLUSH_IOV ? c->nsegs : FLUSH_IOV;
+    total = 0;
+    for (uint32_t i = 0; i < k; i++) {
+      bufs[i] = uv_buf_init((char *)c->segs[i].p, c->segs[i].len);
+      total += c->segs[i].len;
+    }
+    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, bufs, k, write_cb) != 0) {
+      conn_close(c);
+      return;
+    }
+    c->nflight = k;
+    c->wlen = total;
+    c->out_len -= total;
+    c->writing = 1;
     return;
   }
-  if (n < 0 && n != UV_EAGAIN) {
-    conn_close(c);
-    return;
-  }
-  size_t done = n > 0 ? (size_t)n : 0;
-  /* Hand the rest to uv_write; new output collects in a fresh buffer. */
-  c->wdata = c->out;
-  memmove(c->wdata, c->wdata + done, c->out_len - done);
-  buf = uv_buf_init(c->wdata, (unsigned)(c->out_len - done));
-  c->wlen = c->out_len - done;
-  c->out = NULL;
-  c->out_len = c->out_cap = 0;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, write_cb) != 0) {
-    free(c->wdata);
-    c->wdata = NULL;
-    conn_close(c);
-    return;
-  }
-  c->writing = 1;
+  maybe_shutdown(c);
+  writable(c);
 }
 
 void conn_flush_all(net_t *net) {

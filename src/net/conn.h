@@ -92,6 +92,22 @@ int conn_tls_reload(net_t *net, const char *why);
  * with conn_net_init. Loop thread. */
 void conn_net_free(net_t *net);
 
+/* Called once the connection no longer needs bytes it was given with
+ * conn_write_shared (written, copied or dropped). Loop thread. */
+typedef void (*conn_release_cb)(void *ud);
+
+/* One piece of queued output (net/conn.c): a chunk the connection owns,
+ * into which small writes are copied, or a reference to bytes many
+ * connections share (one encoded frame for every subscriber). */
+typedef struct {
+  const char *p;           /* the next byte to write */
+  char *own;               /* the owned chunk (freed once written), or NULL */
+  conn_release_cb release; /* shared bytes: called once written or dropped */
+  void *ud;
+  uint32_t len;  /* bytes left to write */
+  uint32_t room; /* owned chunk: bytes free after p + len */
+} conn_seg_t;
+
 struct conn_s {
   uv_tcp_t tcp;
   net_t *net;
@@ -118,10 +134,13 @@ struct conn_s {
   uint64_t tls_start_ms;             /* monotonic ms of the first TLS bytes; 0 before */
   conn_t *reclaim_prev, *reclaim_next; /* net->reclaim_head */
 
-  char *out; /* queued output */
-  size_t out_len, out_cap;
-  char *wdata; /* buffer being written */
-  size_t wlen;
+  /* Queued output: segs[0 .. nsegs), of which the first nflight are
+   * being written (uv_write); the array is freed whenever it empties, so
+   * an idle connection holds no output memory. */
+  conn_seg_t *segs;
+  uint32_t nsegs, scap, nflight;
+  size_t out_len; /* bytes waiting, not yet handed to a write */
+  size_t wlen;    /* bytes being written */
   uv_write_t wreq;
   uv_shutdown_t sreq;
 
@@ -155,6 +174,18 @@ void conn_stop_listening(net_t *net);
 /* Queue `len` bytes of output (copied). Returns 0, or -ENOBUFS after
  * dropping a slow consumer (the connection is then closing). */
 int conn_write(conn_t *c, const void *data, size_t len);
+
+/* Queue `len` bytes of output by reference, not copied: `data` stays
+ * valid until `release(ud)`, which the connection calls exactly once,
+ * when the bytes are written, dropped (close), or copied (TLS, which
+ * seals them into records of its own, and writes under CONN_SHARED_MIN
+ * bytes, cheaper copied than referenced). The caller hands over one
+ * reference of its own with the call, also when it fails. Many
+ * connections write the same frame this way: one copy of it in memory,
+ * written with writev(2) among the connection's other output. Returns as
+ * conn_write. Loop thread. */
+#define CONN_SHARED_MIN 128
+int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb release, void *ud);
 
 /* Bytes queued or being written. */
 size_t conn_pending_bytes(const conn_t *c);

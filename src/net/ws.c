@@ -503,6 +503,16 @@ void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *jso
     ws_send_text(c, json, json_len);
 }
 
+void ws_send_msg_shared(conn_t *c, const char *frame, size_t frame_len, conn_release_cb release,
+                        void *ud, const char *json, size_t json_len, const char *sse_id) {
+  if (frame && !c->closing && c->ws && !c->ws->close_sent && !c->ws->sse) {
+    conn_write_shared(c, frame, frame_len, release, ud);
+    return;
+  }
+  ws_send_msg(c, frame, frame_len, json, json_len, sse_id);
+  release(ud);
+}
+
 void ws_send_text(conn_t *c, const char *text, size_t len) {
   if (c->closing || !c->ws || c->ws->close_sent) return;
   if (c->ws->sse) {

@@ -95,6 +95,13 @@ int ws_is_sse(const conn_t *c);
 void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *json, size_t json_len,
                  const char *sse_id);
 
+/* ws_send_msg with `frame` shared, not copied: the caller hands over one
+ * reference with the call, which the connection releases with
+ * `release(ud)` once it no longer needs the bytes (conn_write_shared); a
+ * stream, a closed socket or a frame it does not use releases it at once. */
+void ws_send_msg_shared(conn_t *c, const char *frame, size_t frame_len, conn_release_cb release,
+                        void *ud, const char *json, size_t json_len, const char *sse_id);
+
 /* Free `net`'s encoder (conn_net_free calls it); it is made again when
  * next needed. */
 void ws_encoder_free(net_t *net);

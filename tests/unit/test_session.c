@@ -294,6 +294,53 @@ static void test_slow_reader_defers_then_fills(void **state) {
   fx_free(&fx);
 }
 
+/* One frame shared by every subscriber (conn_write_shared): each gets
+ * the same bytes in order; a subscriber whose socket is full keeps its
+ * reference queued behind the write in flight, and one that goes away
+ * with references queued releases them (the sanitizer run checks that
+ * nothing leaks or is used after it is freed). */
+static void test_shared_frames_to_many(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  enum { N = 4 };
+  fx_peer_t *p[N];
+  for (int i = 0; i < N; i++) p[i] = live_peer(&fx, "c1", 0, 1);
+  /* p[1]: a write in flight, below the high-water mark */
+  size_t n = 400u << 10;
+  char *text = malloc(n + 32);
+  int h = snprintf(text, 32, "{\"type\":\"filler\",\"x\":\"");
+  memset(text + h, 'f', n);
+  strcpy(text + h + n, "\"}");
+  ws_send_text(p[1]->conn, text, strlen(text));
+  free(text);
+  fx_run(&fx);
+  assert_true(conn_pending_bytes(p[1]->conn) > 0);
+  assert_true(conn_pending_bytes(p[1]->conn) < OUT_HIGH_WATER);
+  for (int i = 2; i <= 4; i++) fx_append(&fx, "c1", i);
+  /* p[2] goes with its frames queued by reference */
+  fx_peer_free(p[2]);
+  fx_run(&fx);
+  for (int i = 0; i < N; i++) {
+    if (i == 2) continue;
+    if (i == 1) {
+      json_t *got = unstuff(p[1]), *js;
+      while (json_array_size(got) < 3 && (js = fx_recv(p[1])) != NULL)
+        json_array_append_new(got, js);
+      assert_int_equal(json_array_size(got), 3);
+      for (size_t k = 0; k < 3; k++)
+        assert_int_equal(seq_of(json_array_get(got, k)), (int64_t)k + 2);
+      json_decref(got);
+    } else {
+      expect_msgs(p[i], 2, 4);
+    }
+    fx_expect_nothing(p[i]);
+  }
+  for (int i = 0; i < N; i++)
+    if (i != 2) fx_peer_free(p[i]);
+  fx_free(&fx);
+}
+
 /* FILLING job done with the output high -> DEFERRED (the same page again
  * once drained). */
 static void test_fill_done_with_output_high_defers(void **state) {
@@ -1782,6 +1829,7 @@ int main(void) {
       cmocka_unit_test(test_gap_fills_then_sends_what_waited),
       cmocka_unit_test(test_head_hint_fills),
       cmocka_unit_test(test_slow_reader_defers_then_fills),
+      cmocka_unit_test(test_shared_frames_to_many),
       cmocka_unit_test(test_fill_done_with_output_high_defers),
       cmocka_unit_test(test_long_replay_pages),
       cmocka_unit_test(test_sync_granted),

@@ -477,6 +477,7 @@ int bench_main(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "roll") == 0) return bench_roll_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "compare") == 0) return bench_compare_main(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "presence") == 0) return bench_presence_main(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "peers") == 0) return bench_peers_main(argc - 1, argv + 1);
   FILE *out = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 ||
                             strcmp(argv[0], "help") == 0)
                   ? stdout
@@ -498,6 +499,8 @@ int bench_main(int argc, char **argv) {
                "  compare   preset sets of roll scenarios side by side, with overlay plots\n"
                "            (converger bench compare --help)\n"
                "  presence  the presence table's memory per entry, and signals against\n"
-               "            appends on PostgreSQL (converger bench presence --help)\n");
+               "            appends on PostgreSQL (converger bench presence --help)\n"
+               "  peers     converger next to uWebSockets.js, Node ws, nats-server and\n"
+               "            mosquitto, one load client (converger bench peers --help)\n");
   return out == stdout ? 0 : 2;
 }

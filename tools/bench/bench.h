@@ -67,4 +67,9 @@ int bench_compare_main(int argc, char **argv);
  * and times, signals against appends. Exit status as a command's. */
 int bench_presence_main(int argc, char **argv);
 
+/* converger bench peers (bench/peers.c): converger next to uWebSockets.js,
+ * Node ws, nats-server and mosquitto, one load client, rounds interleaved
+ * (docs/benchmarks/peers.md). Same conventions. */
+int bench_peers_main(int argc, char **argv);
+
 #endif
