@@ -225,6 +225,9 @@ int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size
    * commits). In process the mutex makes commit order the queue's order. */
   if (!bus->remote) uv_mutex_lock(&bus->append_mu);
   int r = store_append_batch(db, items, n);
+  if (r != 0) /* failed as a whole: no item may look committed */
+    for (size_t i = 0; i < n; i++)
+      if (items[i]->status == 0) items[i]->status = r, items[i]->created = 0;
   uint64_t created = 0;
   for (size_t i = 0; i < n; i++)
     if (items[i]->status == 0 && items[i]->created) {

@@ -177,7 +177,7 @@ static void sweep_cb(uv_timer_t *t) {
 static pool_job_t *eligible(pool_t *pool, pool_job_t **prev) {
   *prev = NULL;
   for (pool_job_t *j = pool->todo_head; j; *prev = j, j = j->next)
-    if (!j->batch || pool->batch_running < pool->batch_lanes) return j;
+    if (!j->batch || pool->batch_max == 1 || pool->batch_running < pool->batch_lanes) return j;
   return NULL;
 }
 
@@ -205,7 +205,9 @@ static pool_job_t *take(pool_t *pool) {
   if (!job) return NULL;
   uint64_t now = util_mono_ms();
   take_one(pool, prev, job, now);
-  if (!job->batch) return job;
+  /* batches of one (CONVERGER_APPEND_BATCH=1): alone, on any worker */
+  job->laned = job->batch && pool->batch_max > 1;
+  if (!job->laned) return job;
   pool->batch_running++;
   pool_job_t *last = job;
   int n = 1;
@@ -251,7 +253,7 @@ static void run(pool_t *pool, pool_job_t *job, store_t *db) {
   }
   if (job->batch) metrics_observe(pool->metrics, "converger_store_batch_jobs", (double)n);
   uv_mutex_lock(&pool->mu);
-  if (job->batch) pool->batch_running--;
+  if (job->laned) pool->batch_running--;
   for (pool_job_t *j = job; j;) {
     pool_job_t *next = j->next;
     push(&pool->done_head, &pool->done_tail, j);

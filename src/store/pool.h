@@ -72,6 +72,7 @@ struct pool_job_s {
    * not started and its store calls stop (store_set_deadline); 0: none. */
   uint64_t deadline_ms;
   int timed_out; /* the deadline passed: before `work` (dropped is set too) or during it */
+  int laned;     /* pool.c: a batch that holds a batch lane */
   pool_job_t *next;
 };
 
@@ -129,7 +130,6 @@ void pool_submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_done_cb 
  * Returns 1 when it was taken back, 0 when it runs or ran. Loop thread. */
 int pool_cancel(pool_t *pool, pool_job_t *job);
 
-/* Jobs submitted whose `done` has not run yet. Loop thread. */
 /* As pool_submit, for work that is cheaper done together: when a worker
  * takes `job`, it also takes every job queued behind it with the same
  * `batch` callback (at most the pool's batch size), and runs them in one
@@ -143,12 +143,14 @@ int pool_cancel(pool_t *pool, pool_job_t *job);
 void pool_submit_batch(pool_t *pool, pool_job_t *job, pool_batch_cb batch, pool_done_cb done);
 
 /* The batches of pool_submit_batch: at most `max_jobs` jobs each
- * (1..POOL_BATCH_MAX; 1: every job alone), run by at most `lanes` workers
- * at once (1..the pool's size). Defaults 256 and 1. Loop thread, before
- * jobs are submitted. */
+ * (1..POOL_BATCH_MAX), run by at most `lanes` workers at once (1..the
+ * pool's size). `max_jobs` 1: every job alone and on any worker, as
+ * pool_submit's (no lane). Defaults 256 and 1. Loop thread, before jobs
+ * are submitted. */
 #define POOL_BATCH_MAX STORE_BATCH_MAX
 void pool_set_batch(pool_t *pool, int max_jobs, int lanes);
 
+/* Jobs submitted whose `done` has not run yet. Loop thread. */
 int pool_in_flight(const pool_t *pool);
 
 /* Stop: jobs not started yet are canceled (their `done` runs with

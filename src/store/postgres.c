@@ -226,7 +226,7 @@ static const char *const migrations[] = {
     "  END IF;"
     "  RETURN QUERY SELECT u.k::integer, u.st, u.s, u.e, u.snd, u.b, u.t"
     "   FROM unnest(r_st, r_seq, r_ep, r_snd, r_body, r_ts) WITH ORDINALITY"
-    "   AS u (st, s, e, snd, b, t, k);"
+    "   AS u (st, s, e, snd, b, t, k) ORDER BY u.k;"
     " END $f$;",
 };
 
@@ -305,10 +305,15 @@ _Static_assert(STORE_NOTIFY_PAYLOAD_MAX == 7999, "migration 7 packs payloads to 
   " WHERE coalesce(before, 0) < $5 ORDER BY seq"
 /* A new draw per row; the second one only when the first equals the old
  * epoch, so the epoch always changes (see sqlite.c's ST_EPOCH_ROTATE). */
+/* The rows are locked first, in id order, as a group commit locks its
+ * conversations (converger_append_batch): rotating every conversation
+ * never waits in a circle with a group. */
 #define SQL_EPOCH_ROTATE                                                                           \
-  "UPDATE conversations SET epoch = (SELECT e FROM (SELECT substr(md5(random()::text), 1, 8) AS e" \
+  "WITH l AS (SELECT id FROM conversations WHERE $1::text IS NULL OR id = $1 ORDER BY id"          \
+  " FOR NO KEY UPDATE)"                                                                            \
+  " UPDATE conversations SET epoch = (SELECT e FROM (SELECT substr(md5(random()::text), 1, 8) AS e" \
   " UNION ALL SELECT substr(md5(random()::text), 1, 8)) d WHERE e <> conversations.epoch LIMIT 1)" \
-  " WHERE $1::text IS NULL OR id = $1"
+  " WHERE id IN (SELECT id FROM l)"
 #define SQL_REVOKE                                                                                 \
   "INSERT INTO revocations (jti, exp_s) VALUES ($1, $2)"                                           \
   " ON CONFLICT (jti) DO UPDATE SET exp_s = greatest(revocations.exp_s, excluded.exp_s)"

@@ -501,6 +501,38 @@ static void test_batch_lanes_gather_while_busy(void **state) {
   uv_mutex_destroy(&batch_mu);
 }
 
+/* Batches of one (CONVERGER_APPEND_BATCH=1): every job alone, and on
+ * every worker at once, as plain jobs run: no lane holds them back. */
+static void test_batch_of_one_runs_on_every_worker(void **state) {
+  uv_loop_t loop;
+  pool_t *pool;
+  uv_loop_init(&loop);
+  loop_thread = uv_thread_self();
+  uv_mutex_init(&batch_mu);
+  batch_calls = batch_now = batch_most = 0;
+  assert_int_equal(pool_start(&loop, url, NULL, 4, NULL, &pool), 0);
+  pool_set_batch(pool, 1, 1);
+  enum { N = 12 };
+  job_t jobs[N];
+  memset(jobs, 0, sizeof jobs);
+  int order[N], ndone = 0;
+  for (int i = 0; i < N; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = &ndone;
+    pool_submit_batch(pool, &jobs[i].job, batch_cb, done_cb);
+  }
+  while (ndone < N) uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(batch_calls, N);
+  for (int i = 0; i < N; i++) assert_int_equal(batch_sizes[i], 1);
+  assert_true(batch_most > 1); /* side by side on the workers */
+  pool_close(pool);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  uv_mutex_destroy(&batch_mu);
+}
+
 static void test_start_failure_leaves_nothing(void **state) {
   uv_loop_t loop;
   pool_t *pool = NULL;
@@ -522,6 +554,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_store_calls_stop_at_the_job_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batch_gathers_its_jobs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batch_lanes_gather_while_busy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_batch_of_one_runs_on_every_worker, setup, teardown),
       cmocka_unit_test_setup_teardown(test_start_failure_leaves_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

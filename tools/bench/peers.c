@@ -669,8 +669,10 @@ static void watch_cb(uv_timer_t *t) {
   run_t *r = t->data;
   if (interrupted) fail(r, "interrupted");
   if (run_now_ns() > r->deadline_ns) fail(r, "timed out");
-  if (r->peer == P_CONVERGER ? bnode_gone(r->b) : waitpid(r->pid, NULL, WNOHANG) == r->pid)
+  if (r->peer == P_CONVERGER ? bnode_gone(r->b) : waitpid(r->pid, NULL, WNOHANG) == r->pid) {
+    if (r->peer != P_CONVERGER) r->pid = 0; /* reaped: never signalled again */
     fail(r, "%s: the server exited", peer_name[r->peer]);
+  }
 }
 
 /* Run the loop until the phase's condition stops it, a failure, or the timeout. */
