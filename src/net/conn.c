@@ -28,8 +28,9 @@ static void seg_release(conn_seg_t *s) {
 
 /* Release segs[from .. to) and close the gap they leave. */
 static void segs_release(conn_t *c, uint32_t from, uint32_t to) {
+  if (to <= from) return;
   for (uint32_t i = from; i < to; i++) seg_release(&c->segs[i]);
-  memmove(c->segs + from, c->segs + to, (c->nsegs - to) * sizeof *c->segs);
+  if (c->nsegs > to) memmove(c->segs + from, c->segs + to, (c->nsegs - to) * sizeof *c->segs);
   c->nsegs -= to - from;
   if (c->nsegs == 0) { /* idle connections hold no output memory */
     free(c->segs);

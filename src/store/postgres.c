@@ -311,7 +311,8 @@ _Static_assert(STORE_NOTIFY_PAYLOAD_MAX == 7999, "migration 7 packs payloads to 
 #define SQL_EPOCH_ROTATE                                                                           \
   "WITH l AS (SELECT id FROM conversations WHERE $1::text IS NULL OR id = $1 ORDER BY id"          \
   " FOR NO KEY UPDATE)"                                                                            \
-  " UPDATE conversations SET epoch = (SELECT e FROM (SELECT substr(md5(random()::text), 1, 8) AS e" \
+  " UPDATE conversations SET epoch = (SELECT e FROM"                                               \
+  " (SELECT substr(md5(random()::text), 1, 8) AS e"                                                \
   " UNION ALL SELECT substr(md5(random()::text), 1, 8)) d WHERE e <> conversations.epoch LIMIT 1)" \
   " WHERE id IN (SELECT id FROM l)"
 #define SQL_REVOKE                                                                                 \

@@ -1215,7 +1215,7 @@ static void write_disconnected(const ctx_t *x) {
 static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, int status) {
   options_t *o = x->o;
   mkdir(o->out, 0755);
-  qsort(x->off, x->noff, sizeof *x->off, cmp_i64);
+  if (x->noff) qsort(x->off, x->noff, sizeof *x->off, cmp_i64);
   json_t *j = json_object();
   json_object_set_new(j, "status", json_string(status == 0 ? "ok" : "failed"));
   if (x->failed) json_object_set_new(j, "error", json_string(x->err));
