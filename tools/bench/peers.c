@@ -96,6 +96,8 @@ typedef struct {
   size_t in_len, in_cap;
   int64_t last; /* last message index received */
   uint64_t got;
+  uint8_t carry[9]; /* the last bytes of the frame before: a marker may span two frames */
+  uint8_t ncarry;
 } pc_t;
 
 struct run_s {
@@ -470,23 +472,48 @@ static void set_ready(pc_t *c) {
   if (c->r->ready >= c->r->want_ready && c->r->want_ready) uv_stop(c->r->loop);
 }
 
-/* Every message marker in a subscriber's frame. */
+static void delivered(pc_t *c, int64_t i);
+
+/* Every message marker ("#P" and eight digits) in a subscriber's frame,
+ * also one that began in the frame before: nats-server and mosquitto cut
+ * their output into WebSocket frames wherever it falls. */
 static void deliveries(pc_t *c, const uint8_t *p, size_t n) {
-  run_t *r = c->r;
-  const uint8_t *end = p + n;
-  while ((p = memmem(p, (size_t)(end - p), "#P", 2)) != NULL && end - p >= 10) {
+  if (c->ncarry) {
+    uint8_t tmp[18];
+    size_t head = n < 9 ? n : 9, k = c->ncarry;
+    memcpy(tmp, c->carry, k);
+    memcpy(tmp + k, p, head);
+    for (size_t j = 0; j < k && j + 10 <= k + head; j++)
+      if (tmp[j] == '#' && tmp[j + 1] == 'P') {
+        int64_t i = 0;
+        for (int d = 2; d < 10; d++) i = i * 10 + (tmp[j + d] - '0');
+        delivered(c, i);
+      }
+  }
+  const uint8_t *q = p, *end = p + n;
+  while ((q = memmem(q, (size_t)(end - q), "#P", 2)) != NULL && end - q >= 10) {
     int64_t i = 0;
-    for (int k = 2; k < 10; k++) i = i * 10 + (p[k] - '0');
-    p += 10;
-    if (i != c->last + 1) r->order_errors++;
-    c->last = i;
-    c->got++;
-    r->deliveries++;
-    if (i >= 0 && i < r->wait_for && ++r->count[i] == r->nsubs) {
-      r->done_ns[i] = run_now_ns();
-      r->done_msgs++;
-      if (r->done_msgs >= r->wait_for) uv_stop(r->loop);
-    }
+    for (int k = 2; k < 10; k++) i = i * 10 + (q[k] - '0');
+    q += 10;
+    delivered(c, i);
+  }
+  /* the tail, where an incomplete marker may begin (a complete one was counted) */
+  size_t t = n < 9 ? n : 9;
+  memcpy(c->carry, end - t, t);
+  c->ncarry = (uint8_t)t;
+}
+
+/* Message `i` reached subscriber `c`. */
+static void delivered(pc_t *c, int64_t i) {
+  run_t *r = c->r;
+  if (i != c->last + 1) r->order_errors++;
+  c->last = i;
+  c->got++;
+  r->deliveries++;
+  if (i >= 0 && i < r->wait_for && ++r->count[i] == r->nsubs) {
+    r->done_ns[i] = run_now_ns();
+    r->done_msgs++;
+    if (r->done_msgs >= r->wait_for) uv_stop(r->loop);
   }
 }
 
@@ -542,80 +569,96 @@ static void lost(pc_t *c, const char *why) {
   fail(c->r, "%s: connection %u lost (%s)", peer_name[c->r->peer], c->index, why);
 }
 
-/* Parse what c->in holds: the 101 answer, then frames. */
-static void parse(pc_t *c) {
+/* Parse `len` bytes at `in`: the 101 answer, then frames. Returns how
+ * many were used (the rest is an incomplete frame). */
+static size_t parse(pc_t *c, const uint8_t *in, size_t len) {
   size_t off = 0;
   if (c->state == 1) {
-    uint8_t *e = memmem(c->in, c->in_len, "\r\n\r\n", 4);
-    if (!e) return;
-    if (c->in_len < 12 || memcmp(c->in + 9, "101", 3) != 0) {
-      fail(c->r, "%s: upgrade refused: %.60s", peer_name[c->r->peer], c->in);
-      return;
+    const uint8_t *e = memmem(in, len, "\r\n\r\n", 4);
+    if (!e) return 0;
+    if (len < 12 || memcmp(in + 9, "101", 3) != 0) {
+      fail(c->r, "%s: upgrade refused: %.60s", peer_name[c->r->peer], in);
+      return len;
     }
-    off = (size_t)(e + 4 - c->in);
+    off = (size_t)(e + 4 - in);
     c->state = 2;
     c->r->opening--;
     on_open(c);
     open_more(c->r);
   }
-  while (c->in_len - off >= 2 && !c->r->failed) {
-    const uint8_t *f = c->in + off;
-    size_t avail = c->in_len - off, h = 2;
-    uint64_t len = f[1] & 0x7f;
-    if (len == 126) {
+  while (len - off >= 2 && !c->r->failed) {
+    const uint8_t *f = in + off;
+    size_t avail = len - off, h = 2;
+    uint64_t flen = f[1] & 0x7f;
+    if (flen == 126) {
       if (avail < 4) break;
-      len = (uint64_t)f[2] << 8 | f[3], h = 4;
-    } else if (len == 127) {
+      flen = (uint64_t)f[2] << 8 | f[3], h = 4;
+    } else if (flen == 127) {
       if (avail < 10) break;
-      len = 0;
-      for (int i = 0; i < 8; i++) len = len << 8 | f[2 + i];
+      flen = 0;
+      for (int i = 0; i < 8; i++) flen = flen << 8 | f[2 + i];
       h = 10;
     }
-    if (f[1] & 0x80) h += 4; /* a server does not mask; tolerate it unmasked only */
-    if (avail < h + len) break;
+    if (f[1] & 0x80) h += 4; /* servers do not mask; skip a mask key if one does */
+    if (avail < h + flen) break;
     int op = f[0] & 0x0f;
     if (op == 8) {
       lost(c, "close frame");
-      return;
+      return len;
     }
     if (op == 9)
-      send_frame(c, 10, f + h, (size_t)len);
+      send_frame(c, 10, f + h, (size_t)flen);
     else if (op <= 2)
-      on_data(c, f + h, (size_t)len);
-    off += h + (size_t)len;
+      on_data(c, f + h, (size_t)flen);
+    off += h + (size_t)flen;
   }
-  memmove(c->in, c->in + off, c->in_len - off);
-  c->in_len -= off;
+  return off;
 }
 
+/* Every read of every connection lands in one buffer, parsed in place;
+ * only an incomplete frame is kept, in its connection's own buffer. */
+static uint8_t read_buf[256 << 10];
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  pc_t *c = h->data;
+  (void)h;
   (void)suggested;
-  if (c->in_cap - c->in_len < 65536) {
-    size_t cap = c->in_cap ? c->in_cap * 2 : 65536;
-    while (cap - c->in_len < 65536) cap *= 2;
-    uint8_t *p = realloc(c->in, cap);
-    if (!p) {
-      *buf = uv_buf_init(NULL, 0);
-      return;
+  *buf = uv_buf_init((char *)read_buf, sizeof read_buf);
+}
+
+static int keep(pc_t *c, const uint8_t *p, size_t n) {
+  if (c->in_len + n > c->in_cap) {
+    size_t cap = c->in_cap ? c->in_cap : 4096;
+    while (cap < c->in_len + n) cap *= 2;
+    uint8_t *q = realloc(c->in, cap);
+    if (!q) {
+      fail(c->r, "out of memory");
+      return -1;
     }
-    c->in = p;
+    c->in = q;
     c->in_cap = cap;
   }
-  *buf = uv_buf_init((char *)c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
+  memcpy(c->in + c->in_len, p, n);
+  c->in_len += n;
+  return 0;
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   pc_t *c = s->data;
-  (void)buf;
   if (n < 0) {
     lost(c, n == UV_EOF ? "EOF" : uv_strerror((int)n));
     return;
   }
-  c->in_len += (size_t)n;
-  parse(c);
-  /* idle connections keep no big buffer */
-  if (c->in_len == 0 && c->in_cap > 65536) {
+  const uint8_t *p = (const uint8_t *)buf->base;
+  if (c->in_len == 0) {
+    size_t used = parse(c, p, (size_t)n);
+    if (used < (size_t)n) keep(c, p + used, (size_t)n - used);
+    return;
+  }
+  if (keep(c, p, (size_t)n) != 0) return;
+  size_t used = parse(c, c->in, c->in_len);
+  memmove(c->in, c->in + used, c->in_len - used);
+  c->in_len -= used;
+  if (c->in_len == 0) { /* idle connections keep no buffer */
     free(c->in);
     c->in = NULL;
     c->in_cap = 0;
@@ -737,6 +780,7 @@ static int messages(run_t *r, int64_t msgs, int64_t per) {
   for (size_t i = 1; i < r->n; i++) {
     r->c[i].last = -1;
     r->c[i].got = 0;
+    r->c[i].ncarry = 0;
   }
   r->sent = r->done_msgs = 0;
   r->deliveries = r->order_errors = 0;
