@@ -497,10 +497,18 @@ static void deliveries(pc_t *c, const uint8_t *p, size_t n) {
     q += 10;
     delivered(c, i);
   }
-  /* the tail, where an incomplete marker may begin (a complete one was counted) */
-  size_t t = n < 9 ? n : 9;
-  memcpy(c->carry, end - t, t);
-  c->ncarry = (uint8_t)t;
+  /* the last 9 bytes seen (of this frame, and of the ones before when it
+   * is shorter), where an incomplete marker may begin (a complete one was
+   * counted) */
+  if (n >= 9) {
+    memcpy(c->carry, end - 9, 9);
+    c->ncarry = 9;
+  } else {
+    size_t keep = c->ncarry + n > 9 ? 9 - n : c->ncarry;
+    memmove(c->carry, c->carry + c->ncarry - keep, keep);
+    memcpy(c->carry + keep, p, n);
+    c->ncarry = (uint8_t)(keep + n);
+  }
 }
 
 /* Message `i` reached subscriber `c`. */
@@ -875,7 +883,7 @@ static void usage(FILE *out) {
           "  --bursts N          bursts [20]\n"
           "  --big-burst N       messages of the one big burst [200]\n"
           "  --server-cpu N      CPU the server runs on [0]\n"
-          "  --client-cpu N      CPU this client runs on [1]\n"
+          "  --client-cpu N      CPU this client runs on (-1: not pinned) [1]\n"
           "  --peers-dir DIR     the peers' programs and node_modules [%s]\n"
           "  --out FILE          also write every round's figures as JSON lines\n"
           "  --timeout S         limit of each phase [120]\n"
