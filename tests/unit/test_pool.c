@@ -379,6 +379,17 @@ static void test_store_calls_stop_at_the_job_deadline(void **state) {
 
 /* ---- batches (pool_submit_batch) ----------------------------------------- */
 
+/* Jobs 0..n-1 that record their done order in `order`, counted in *ndone. */
+static void jobs_init(job_t *jobs, int n, int *order, int *ndone) {
+  memset(jobs, 0, (size_t)n * sizeof *jobs);
+  for (int i = 0; i < n; i++) {
+    jobs[i].id = i;
+    jobs[i].status = -1;
+    jobs[i].done_order = order;
+    jobs[i].ndone = ndone;
+  }
+}
+
 static int batch_calls, batch_sizes[64], batch_now, batch_most;
 static uv_mutex_t batch_mu;
 
@@ -414,14 +425,8 @@ static void test_batch_gathers_its_jobs(void **state) {
   assert_int_equal(pool_start_inline(&loop, url, NULL, NULL, &pool), 0);
   pool_set_batch(pool, 3, 1);
   job_t jobs[8];
-  memset(jobs, 0, sizeof jobs);
   int order[8], ndone = 0;
-  for (int i = 0; i < 8; i++) {
-    jobs[i].id = i;
-    jobs[i].status = -1;
-    jobs[i].done_order = order;
-    jobs[i].ndone = &ndone;
-  }
+  jobs_init(jobs, 8, order, &ndone);
   jobs[3].job.deadline_ms = 1; /* long past */
   pool_submit_batch(pool, &jobs[0].job, batch_cb, done_cb);
   pool_submit(pool, &jobs[1].job, work_cb, done_cb);
@@ -469,14 +474,8 @@ static void test_batch_lanes_gather_while_busy(void **state) {
   pool_set_batch(pool, 256, 1);
   enum { N = 60, PLAIN = 20 };
   job_t jobs[N + PLAIN];
-  memset(jobs, 0, sizeof jobs);
   int order[N + PLAIN], ndone = 0;
-  for (int i = 0; i < N + PLAIN; i++) {
-    jobs[i].id = i;
-    jobs[i].status = -1;
-    jobs[i].done_order = order;
-    jobs[i].ndone = &ndone;
-  }
+  jobs_init(jobs, N + PLAIN, order, &ndone);
   /* three waves of 20, each submitted while the batch before runs */
   for (int w = 0; w < 3; w++) {
     for (int i = 0; i < 20; i++) pool_submit_batch(pool, &jobs[w * 20 + i].job, batch_cb, done_cb);
@@ -514,15 +513,9 @@ static void test_batch_of_one_runs_on_every_worker(void **state) {
   pool_set_batch(pool, 1, 1);
   enum { N = 12 };
   job_t jobs[N];
-  memset(jobs, 0, sizeof jobs);
   int order[N], ndone = 0;
-  for (int i = 0; i < N; i++) {
-    jobs[i].id = i;
-    jobs[i].status = -1;
-    jobs[i].done_order = order;
-    jobs[i].ndone = &ndone;
-    pool_submit_batch(pool, &jobs[i].job, batch_cb, done_cb);
-  }
+  jobs_init(jobs, N, order, &ndone);
+  for (int i = 0; i < N; i++) pool_submit_batch(pool, &jobs[i].job, batch_cb, done_cb);
   while (ndone < N) uv_run(&loop, UV_RUN_ONCE);
   assert_int_equal(batch_calls, N);
   for (int i = 0; i < N; i++) assert_int_equal(batch_sizes[i], 1);

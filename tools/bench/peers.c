@@ -226,37 +226,35 @@ static int server_start(run_t *r) {
       return -1;
     }
     argv[0] = "node", argv[1] = script, argv[2] = port;
-  } else if (r->peer == P_NATS) {
-    snprintf(conf, sizeof conf, "%s/nats.conf", r->dir);
-    /* the client port is required; the bench uses only the WebSocket one */
-    snprintf(text, sizeof text,
-             "listen: 127.0.0.1:%d\nmax_connections: 200000\nmax_pending: 64MB\n"
-             "write_deadline: \"30s\"\nwebsocket {\n  listen: \"127.0.0.1:%d\"\n"
-             "  no_tls: true\n  compression: false\n}\n",
-             bnode_free_port(), r->port);
-    if (write_file(conf, text) != 0) {
-      fail(r, "cannot write %s", conf);
-      return -1;
-    }
-    argv[0] = access("/usr/sbin/nats-server", X_OK) == 0 ? "/usr/sbin/nats-server" : "nats-server";
-    argv[1] = "-c", argv[2] = conf;
   } else {
-    snprintf(conf, sizeof conf, "%s/mosquitto.conf", r->dir);
-    /* mosquitto 2.0.11 starts no WebSocket listener alone, and its
-     * libwebsockets binds it to every interface whatever the address
-     * says: an MQTT listener on loopback first (unused), then the
-     * WebSocket one. The bench connects to 127.0.0.1 only. */
-    snprintf(text, sizeof text,
-             "per_listener_settings false\nallow_anonymous true\npersistence false\n"
-             "max_queued_messages 100000\nlog_dest stderr\nlog_type error\n"
-             "listener %d 127.0.0.1\nprotocol mqtt\nmax_connections -1\n"
-             "listener %d\nprotocol websockets\nmax_connections -1\n",
-             bnode_free_port(), r->port);
+    /* a Debian daemon with a configuration file of the bench's */
+    const char *name = r->peer == P_NATS ? "nats-server" : "mosquitto";
+    if (r->peer == P_NATS) {
+      /* the client port is required; the bench uses only the WebSocket one */
+      snprintf(text, sizeof text,
+               "listen: 127.0.0.1:%d\nmax_connections: 200000\nmax_pending: 64MB\n"
+               "write_deadline: \"30s\"\nwebsocket {\n  listen: \"127.0.0.1:%d\"\n"
+               "  no_tls: true\n  compression: false\n}\n",
+               bnode_free_port(), r->port);
+    } else {
+      /* mosquitto 2.0.11 starts no WebSocket listener alone, and its
+       * libwebsockets binds it to every interface whatever the address
+       * says: an MQTT listener on loopback first (unused), then the
+       * WebSocket one. The bench connects to 127.0.0.1 only. */
+      snprintf(text, sizeof text,
+               "per_listener_settings false\nallow_anonymous true\npersistence false\n"
+               "max_queued_messages 100000\nlog_dest stderr\nlog_type error\n"
+               "listener %d 127.0.0.1\nprotocol mqtt\nmax_connections -1\n"
+               "listener %d\nprotocol websockets\nmax_connections -1\n",
+               bnode_free_port(), r->port);
+    }
+    snprintf(conf, sizeof conf, "%s/%s.conf", r->dir, name);
     if (write_file(conf, text) != 0) {
       fail(r, "cannot write %s", conf);
       return -1;
     }
-    argv[0] = access("/usr/sbin/mosquitto", X_OK) == 0 ? "/usr/sbin/mosquitto" : "mosquitto";
+    snprintf(script, sizeof script, "/usr/sbin/%s", name); /* not always in PATH */
+    argv[0] = access(script, X_OK) == 0 ? script : (char *)name;
     argv[1] = "-c", argv[2] = conf;
   }
   run_spawn_opts_t so = {.env = NULL,
