@@ -134,9 +134,8 @@ static uint32_t batch_id(drain_t *d, conn_t *c) {
 /* Queue every open WebSocket connection of `batch` (any batch: 0). */
 static size_t enqueue_batch(drain_t *d, uint32_t batch) {
   size_t n = 0;
-  for (conn_t *c = d->env.net->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing && !ws_close_sent(c) &&
-        (batch == 0 || batch_id(d, c) == batch)) {
+  for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c))
+    if (batch == 0 || batch_id(d, c) == batch) {
       enqueue(d, c);
       n++;
     }
@@ -168,7 +167,7 @@ static void pace(drain_t *d, uint64_t now) {
   while (d->qhead < d->qlen && d->tokens >= 1) {
     conn_t *c = d->queue[d->qhead++];
     /* conn_unref: 1 while it is open; one that left meanwhile costs nothing */
-    if (conn_unref(c) && !c->closing && c->mode == CONN_WS && !ws_close_sent(c)) {
+    if (conn_unref(c) && ws_is_open(c)) {
       close_paced(d, c);
       d->tokens -= 1;
     }
@@ -192,9 +191,9 @@ static void spread_build(drain_t *d, batch_t *b) {
   int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
   if (!load) return;
   for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
-  for (conn_t *x = d->env.net->conns; x; x = x->next) {
+  for (conn_t *x = ws_next_open(d->env.net, NULL); x; x = ws_next_open(d->env.net, x)) {
     drain_mark_t *m = mark(d, x);
-    c += m && !x->closing && !ws_close_sent(x) && m->batch == b->id && !m->told;
+    c += m && m->batch == b->id && !m->told;
   }
   if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
     log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
@@ -241,10 +240,9 @@ static void send_frames(drain_t *d, batch_t *b) {
   }
   b->framing = 0;
   spread_build(d, b);
-  for (conn_t *c = d->env.net->conns; c; c = c->next) {
+  for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c)) {
     drain_mark_t *m = mark(d, c);
-    if (m && !c->closing && !ws_close_sent(c) && m->welcomed && m->batch == b->id && !m->told)
-      tell(d, b, c, b->window_ms);
+    if (m && m->welcomed && m->batch == b->id && !m->told) tell(d, b, c, b->window_ms);
   }
   b->deadline = util_mono_ms() + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
   log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo, "
@@ -355,8 +353,7 @@ void drain_tick(drain_t *d) {
     d->stopped = 1;
     release_queue(d);
     int left = 0; /* open, with no close frame sent yet: the stop closes them */
-    for (conn_t *c = d->env.net->conns; c; c = c->next)
-      left += c->mode == CONN_WS && !c->closing && !ws_close_sent(c);
+    for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c)) left++;
     if (left)
       metrics_add(d->env.metrics, "converger_drain_closed_total", "reason=\"shutdown\"",
                   (uint64_t)left);
@@ -423,9 +420,9 @@ int drain_start(drain_t *d, const char *why) {
              d->shed.told, d->shed.moved);
     d->shed.id = 0;
   }
-  for (conn_t *c = d->env.net->conns; c; c = c->next) {
+  for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c)) {
     drain_mark_t *m = mark(d, c);
-    if (m && !c->closing && (m->batch == 0 || m->batch == shed)) {
+    if (m && (m->batch == 0 || m->batch == shed)) {
       m->batch = BATCH_DRAIN;
       m->told = 0;
     }
@@ -455,9 +452,10 @@ int drain_shed(drain_t *d, double fraction, int64_t window_ms, int *chosen, int 
   conn_t **all = malloc(((size_t)d->env.net->nws + 1) * sizeof *all);
   if (!all) return -CV_ENOMEM;
   int n = 0;
-  for (conn_t *c = d->env.net->conns; c && n < d->env.net->nws; c = c->next) {
+  for (conn_t *c = ws_next_open(d->env.net, NULL); c && n < d->env.net->nws;
+       c = ws_next_open(d->env.net, c)) {
     drain_mark_t *m = mark(d, c);
-    if (m && !c->closing && !ws_close_sent(c) && m->welcomed && m->batch == 0) all[n++] = c;
+    if (m && m->welcomed && m->batch == 0) all[n++] = c;
   }
   int k = (int)(fraction * n + 0.5);
   if (k > n) k = n;

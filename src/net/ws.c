@@ -601,6 +601,14 @@ void ws_close(conn_t *c, int code, const char *reason) {
 
 int ws_close_sent(const conn_t *c) { return c->ws && c->ws->close_sent; }
 
+int ws_is_open(const conn_t *c) { return c->mode == CONN_WS && !c->closing && !ws_close_sent(c); }
+
+conn_t *ws_next_open(net_t *net, conn_t *c) {
+  for (c = c ? c->next : net->conns; c; c = c->next)
+    if (ws_is_open(c)) return c;
+  return NULL;
+}
+
 void ws_ping(conn_t *c) {
   ws_t *ws = c->ws;
   if (c->closing || !ws || ws->close_sent) return;

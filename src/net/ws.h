@@ -72,6 +72,18 @@ void ws_close(conn_t *c, int code, const char *reason);
  * peer's): nothing more is sent on it. */
 int ws_close_sent(const conn_t *c);
 
+/* 1 when `c` is an open message connection (a WebSocket, or an SSE stream
+ * made one by ws_start_sse): not closing, and no close frame sent. The drain
+ * and the shed move or close only these. Loop thread. */
+int ws_is_open(const conn_t *c);
+
+/* The first open message connection (ws_is_open) of `net` after `c`, in
+ * net->conns order; `c` NULL: from the first. NULL when there is none. It
+ * walks the list, so a loop over all of them is O(connections):
+ *   for (conn_t *c = ws_next_open(net, NULL); c; c = ws_next_open(net, c))
+ * `c` must still be in the list (not freed). Loop thread. */
+conn_t *ws_next_open(net_t *net, conn_t *c);
+
 /* Send a ping (heartbeat). */
 void ws_ping(conn_t *c);
 

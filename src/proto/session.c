@@ -465,6 +465,6 @@ int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv)
 }
 
 void session_close_all(sessions_t *ss, int code, const char *reason) {
-  for (conn_t *c = ss->net->conns; c; c = c->next)
-    if (c->mode == CONN_WS && !c->closing) ws_close(c, code, reason);
+  for (conn_t *c = ws_next_open(ss->net, NULL); c; c = ws_next_open(ss->net, c))
+    ws_close(c, code, reason);
 }
