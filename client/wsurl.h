@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 typedef struct {
-  char host[256];  /* without the brackets of an IPv6 literal */
+  char host[256];  /* without the brackets of an IPv6 literal (urlauth_t's) */
   char port[8];    /* decimal; "80" (ws) or "443" (wss) when absent */
   int tls;         /* wss:// */
   char path[1025]; /* from the first '/', or "/v1/ws" when absent */
@@ -18,8 +18,8 @@ typedef struct {
 
 /* Parse `url` into `out` (may be NULL: check only). Returns 1, or 0 with a
  * one-line reason in `err` (may be NULL): not ws:// or wss://, longer than
- * 1024 bytes, user information, a bad IPv6 literal, no
- * host or one over 255 bytes, a port outside 1-65535. */
+ * 1024 bytes, or an authority common/urlauth.h refuses (user information,
+ * a bad IPv6 literal, no host or a bad one, a port outside 1-65535). */
 int wsurl_parse(const char *url, wsurl_t *out, char *err, size_t errlen);
 
 #endif

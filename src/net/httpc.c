@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/tlsclient.h"
+#include "common/urlauth.h"
 #include "common/util.h"
 
 #define FIELD_MAX 16 /* longest header name we look at ("Retry-After") */
@@ -604,65 +605,11 @@ int httpc_parse_url(const char *url, httpc_url_t *out, char *err, size_t err_len
 
   const char *auth = sep + 3;
   size_t alen = strcspn(auth, "/?#");
-  if (memchr(auth, '@', alen))
-    return fail(err, err_len, -EINVAL, "user info (user@host) is not allowed in the URL");
-  const char *host = auth, *after;
-  size_t hlen;
-  if (auth[0] == '[') {
-    const char *close = memchr(auth, ']', alen);
-    if (!close) return fail(err, err_len, -EINVAL, "unterminated IPv6 address in \"%s\"", url);
-    host = auth + 1;
-    hlen = (size_t)(close - host);
-    char v6[INET6_ADDRSTRLEN + 1];
-    struct in6_addr a6;
-    if (hlen == 0 || hlen >= sizeof v6)
-      return fail(err, err_len, -EINVAL, "bad IPv6 address in \"%s\"", url);
-    memcpy(v6, host, hlen);
-    v6[hlen] = '\0';
-    if (inet_pton(AF_INET6, v6, &a6) != 1)
-      return fail(err, err_len, -EINVAL, "bad IPv6 address \"%s\" in \"%s\"", v6, url);
-    after = close + 1;
-  } else {
-    size_t colons = 0;
-    for (size_t i = 0; i < alen; i++) colons += auth[i] == ':';
-    if (colons > 1)
-      return fail(err, err_len, -EINVAL,
-                  "an IPv6 address in a URL needs brackets, as in http://[::1]:8080");
-    hlen = strcspn(auth, ":");
-    if (hlen > alen) hlen = alen;
-    after = auth + hlen;
-    if (hlen == 0) return fail(err, err_len, -EINVAL, "no host in \"%s\": " URL_SHAPE, url);
-    for (size_t i = 0; i < hlen; i++) {
-      char c = host[i];
-      if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '.' || c == '-' || c == '_'))
-        return fail(err, err_len, -EINVAL, "bad character '%c' in the host of \"%s\"", c, url);
-    }
-  }
-  if (hlen > HTTPC_HOST_MAX) return fail(err, err_len, -EINVAL, "host name too long");
-  memcpy(out->host, host, hlen);
-  out->host[hlen] = '\0';
-
-  out->port = out->tls ? HTTPC_DEFAULT_TLS_PORT : HTTPC_DEFAULT_PORT;
+  urlauth_t a;
+  if (urlauth_parse(url, auth, alen, &a, err, err_len) != 0) return -EINVAL;
+  snprintf(out->host, sizeof out->host, "%s", a.host);
+  out->port = a.port ? a.port : out->tls ? HTTPC_DEFAULT_TLS_PORT : HTTPC_DEFAULT_PORT;
   const char *end = auth + alen;
-  if (after < end) {
-    if (*after != ':')
-      return fail(err, err_len, -EINVAL, "unexpected \"%.*s\" after the host in \"%s\"",
-                  (int)(end - after), after, url);
-    const char *d = after + 1;
-    long port = 0;
-    if (d == end) return fail(err, err_len, -EINVAL, "empty port in \"%s\"", url);
-    for (; d < end; d++) {
-      if (*d < '0' || *d > '9' || port > 65535)
-        return fail(err, err_len, -EINVAL, "bad port \"%.*s\" in \"%s\": want 1..65535",
-                    (int)(end - after - 1), after + 1, url);
-      port = port * 10 + (*d - '0');
-    }
-    if (port < 1 || port > 65535)
-      return fail(err, err_len, -EINVAL, "bad port \"%.*s\" in \"%s\": want 1..65535",
-                  (int)(end - after - 1), after + 1, url);
-    out->port = (int)port;
-  }
 
   const char *path = end;
   if (strchr(path, '?'))
