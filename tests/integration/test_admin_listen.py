@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -69,25 +70,36 @@ class AdminListen(NodeCase):
         st, _, js = n.request("GET", "/admin/cluster", port=n.port)
         self.assertNotIn("adminUrl", js["nodes"][0])
 
+    def _own_row(self, node, timeout=5.0):
+        """The node's own row in its /admin/cluster. /readyz does not wait
+        for the first heartbeat's commit, so on a loaded machine the row may
+        come a moment after the node is ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st, _, js = node.request("GET", "/admin/cluster")
+            self.assertEqual(st, 200, js)
+            rows = [x for x in js["nodes"] if x["id"] == node.node_id]
+            if rows:
+                return rows[0]
+            if time.monotonic() > deadline:
+                self.fail("no row of %s in /admin/cluster within %.0f s: %r" % (node.node_id, timeout, js))
+            time.sleep(0.05)
+
     def test_the_default_and_the_membership_row(self):
         p = subprocess.run([harness.binary(), "serve", "--help"], capture_output=True, text=True, timeout=10)
         self.assertRegex(p.stdout, r"CONVERGER_ADMIN_LISTEN[^\n]*\n?[^\n]*127\.0\.0\.1:9090")
         n = self.node_start()  # the harness gives it a free admin port
-        st, _, js = n.request("GET", "/admin/cluster")
-        self.assertEqual(st, 200, js)
-        me = next(x for x in js["nodes"] if x["id"] == n.node_id)
+        me = self._own_row(n)
         self.assertEqual(me["adminUrl"], "http://127.0.0.1:%d" % n.admin_port)
         # listening on every address: the host of the public URL
         m = self.node_start({"CONVERGER_ADMIN_LISTEN": "0.0.0.0:%d" % harness.free_port(),
                              "CONVERGER_PUBLIC_URL": "ws://gw-7.example:8080/v1/ws"})
-        st, _, js = m.request("GET", "/admin/cluster")
-        me = next(x for x in js["nodes"] if x["id"] == m.node_id)
+        me = self._own_row(m)
         self.assertEqual(me["adminUrl"], "http://gw-7.example:%d" % m.admin_port)
         # a loopback listener of a node whose clients reach it elsewhere:
         # no other host could use it, so it is not published
         o = self.node_start({"CONVERGER_PUBLIC_URL": "ws://user:pw@gw-8.example:8080/v1/ws?x=1"})
-        st, _, js = o.request("GET", "/admin/cluster")
-        me = next(x for x in js["nodes"] if x["id"] == o.node_id)
+        me = self._own_row(o)
         self.assertNotIn("adminUrl", me)
         # and converger roll refuses a fleet it cannot reach, saying why (here
         # the row's publicUrl leads to the client port, where /admin/* is not)
