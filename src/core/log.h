@@ -8,14 +8,16 @@
  * No caller passes a secret (the API key, a token, a database password:
  * core/dburl.h redacts URLs); tests read the logs for them.
  *
- * Process-wide on purpose: the level (log_set_level) is the one piece of
- * the node's configuration that is not in node_t, and the node's one
- * deliberate exception to "no mutable file-scope state" (the other
- * process-wide thing, common/util.c's fake clock, is a test's:
+ * Process-wide on purpose: the log's settings (the level, the format
+ * with the node id a JSON line carries, and the access-log switch) are
+ * the pieces of the node's configuration that are not in node_t, and the
+ * node's one deliberate exception to "no mutable file-scope state" (the
+ * other process-wide thing, common/util.c's fake clock, is a test's:
  * docs/architecture.md, "State"). A process writes one log, to one
- * stderr, so its level is the process's: two nodes in one test process
- * share it, as they share stderr. Handing a logger to every module would
- * buy nothing for that.
+ * stderr, so its settings are the process's: two nodes in one test
+ * process share them, as they share stderr (their JSON lines carry the
+ * node id set last). Handing a logger to every module would buy nothing
+ * for that.
  */
 #ifndef CONVERGER_CORE_LOG_H
 #define CONVERGER_CORE_LOG_H

@@ -78,8 +78,10 @@ typedef struct {
 struct drain_s {
   drain_env_t env;  /* what the drain works with (drain.h) */
   uv_timer_t timer; /* deadlines and pacing, while a batch is active */
-  int begun;        /* drain_start ran: the node is draining, or stopping after it */
-  int stopped;      /* stop() called: later closes are the shutdown's */
+  /* The policy's own progress, not the node's lifecycle (node->phase,
+   * lifecycle.c, is that): */
+  int begun;   /* drain_start ran: the node is draining, or stopping after it */
+  int stopped; /* stop() called: later closes are the shutdown's */
   uint64_t began_ms, shutdown_at;
   uint32_t last_shed;
   batch_t drain, shed;
