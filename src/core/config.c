@@ -327,6 +327,8 @@ static const setting_t *find_flag(const char *name, size_t len) {
   return NULL;
 }
 
+static int keys_long_enough(const char *text, size_t min_len);
+
 int config_parse(config_t *cfg, int argc, char **argv) {
   memset(cfg, 0, sizeof *cfg);
   for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++)
@@ -375,6 +377,21 @@ int config_parse(config_t *cfg, int argc, char **argv) {
     fprintf(stderr, "converger: %s is set without %s: TLS needs both\n",
             cfg->tls_cert ? "CONVERGER_TLS_CERT" : "CONVERGER_TLS_KEY",
             cfg->tls_cert ? "CONVERGER_TLS_KEY" : "CONVERGER_TLS_CERT");
+    return -CV_EINVAL;
+  }
+  /* Rotation lists (config_key_next): every entry as long as one alone
+   * must be. Refused here, with the other settings (exit 2), not when the
+   * secrets are loaded. */
+  if (cfg->token_secret && !keys_long_enough(cfg->token_secret, CONFIG_SECRET_MIN)) {
+    fprintf(stderr,
+            "converger: invalid CONVERGER_TOKEN_SECRET: want 1 to %d secrets (comma-separated), "
+            "every secret at least %d bytes\n",
+            CONFIG_KEYS_MAX, CONFIG_SECRET_MIN);
+    return -CV_EINVAL;
+  }
+  if (cfg->api_key && !keys_long_enough(cfg->api_key, 1)) {
+    fprintf(stderr, "converger: invalid CONVERGER_API_KEY: want 1 to %d keys (comma-separated)\n",
+            CONFIG_KEYS_MAX);
     return -CV_EINVAL;
   }
   /* The data directory holds the generated secrets: SQLite's is the
@@ -557,17 +574,7 @@ int config_load_secrets(config_t *cfg, int create, int *key_from_file) {
       return r;
     }
     cfg->secret_from_file = 1;
-  } else if (!keys_long_enough(cfg->token_secret, CONFIG_SECRET_MIN)) {
-    /* several, for a rotation: each as long as one alone must be */
-    log_error("CONVERGER_TOKEN_SECRET: want 1 to %d secrets (comma-separated), every secret at "
-              "least %d bytes",
-              CONFIG_KEYS_MAX, CONFIG_SECRET_MIN);
-    return -EINVAL;
-  }
-  if (!*key_from_file && !keys_long_enough(cfg->api_key, 1)) {
-    log_error("CONVERGER_API_KEY: want 1 to %d keys (comma-separated)", CONFIG_KEYS_MAX);
-    return -EINVAL;
-  }
+  } /* set ones were checked with the settings (config_parse) */
   cfg->key_from_file = *key_from_file;
   return 0;
 }

@@ -149,7 +149,10 @@ class Cli(NodeCase):
         for how, env, args, named in (
                 ("environment", {"CONVERGER_TOKEN_SECRET": short}, (), "CONVERGER_TOKEN_SECRET"),
                 ("flag", {}, ("--token-secret", short), "--token-secret"),
-                ("flag=", {}, ("--token-secret=" + short,), "--token-secret")):
+                ("flag=", {}, ("--token-secret=" + short,), "--token-secret"),
+                # a rotation list: every secret in it must be long enough
+                ("list", {"CONVERGER_TOKEN_SECRET": "t" * 32 + "," + short}, (),
+                 "CONVERGER_TOKEN_SECRET")):
             with self.subTest(how=how):
                 rc, out = self.serve_until_exit(dict(env, CONVERGER_API_KEY="k" * 32), args)
                 self.assertEqual(rc, 2, out)
