@@ -153,6 +153,17 @@ class WsBad(NodeCase):
             "16-bit length of 5": bytes([0x81, 0xFE]) + harness.struct.pack("!H", 5) + mask + b"hello",
             "64-bit length of 5": bytes([0x81, 0xFF]) + harness.struct.pack("!Q", 5) + mask + b"hello",
             "64-bit length of 200": bytes([0x81, 0xFF]) + harness.struct.pack("!Q", 200) + mask + b"a" * 200,
+            # 5.2: RSV1-3 set without an extension that defines them
+            "RSV1 set": RawWs.encode_frame(OP_TEXT, b'{"type":"ping"}', rsv=0x4),
+            "RSV3 set": RawWs.encode_frame(OP_TEXT, b'{"type":"ping"}', rsv=0x1),
+            # 5.2: opcodes 0x3-0x7 and 0xB-0xF are reserved
+            "reserved data opcode 0x3": RawWs.encode_frame(0x3, b"x"),
+            "reserved control opcode 0xB": RawWs.encode_frame(0xB, b"x"),
+            # 5.4: a continuation frame with no fragmented message open
+            "continuation out of place": RawWs.encode_frame(OP_CONT, b"x"),
+            # 5.4: a new data frame while a fragmented message is open
+            "text inside a fragmented text": RawWs.encode_frame(OP_TEXT, b'{"ty', fin=False)
+            + RawWs.encode_frame(OP_TEXT, b"x"),
         }
         for name, frame in cases.items():
             with self.subTest(case=name):
