@@ -979,7 +979,9 @@ class WsClient:
     @classmethod
     async def connect(cls, node, timeout=5.0, **kw):
         if websockets is None:
-            raise unittest.SkipTest("websockets library not importable (use /usr/bin/python3)")
+            # scripts/setup installs python3-websockets: missing is a failure, not a skip
+            raise AssertionError("the websockets library is not importable: run scripts/setup "
+                                 "and use /usr/bin/python3")
         kw.setdefault("subprotocols", [SUBPROTOCOL])
         kw.setdefault("open_timeout", timeout)
         kw.setdefault("close_timeout", 2)

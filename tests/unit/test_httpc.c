@@ -341,13 +341,14 @@ static void test_bad_request_fields(void **state) {
   assert_false(httpc_retryable(-EINVAL));
 }
 
-/* An IPv6 literal reaches a server on ::1 (skipped where IPv6 is off). */
+/* An IPv6 literal reaches a server on ::1 (a machine without IPv6 on its
+ * loopback fails this test: Debian 12 has it by default). */
 static void test_ipv6_literal(void **state) {
   int lfd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
   if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) != 0) {
     if (lfd >= 0) close(lfd);
-    skip();
+    fail_msg("no IPv6 loopback (::1) to listen on: this test needs one");
   }
   assert_int_equal(listen(lfd, 1), 0);
   socklen_t len = sizeof a;
