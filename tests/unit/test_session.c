@@ -562,6 +562,44 @@ static void test_failed_fill_retries_after_the_hint(void **state) {
   fx_free(&fx);
 }
 
+/* FILLING job done, its epoch moved meanwhile -> FILLING (read again in
+ * the new epoch) -> LIVE. The retried fill goes out in the subscription's
+ * epoch; before it runs the store's epoch is rotated (a restore under the
+ * running node) and a live message of the new epoch arrives, which moves
+ * the subscription on (epoch_changed). The job then finds the new epoch:
+ * not a reset of the client's (no synced, no reset), but a second read in
+ * it, and every message goes out once, in order, in the new epoch. */
+static void test_fill_whose_epoch_moved_reads_again(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_peer_t *p;
+  int64_t hint = fail_a_fill(&fx, &p); /* delivered 1; 2 in the store, 3 kept */
+  fx_advance(&fx, (uint64_t)hint);
+  assert_int_equal(fx_sub_state(p, "c1"), SUB_FILLING); /* its job, in the old epoch, queued */
+  int64_t rotated = 0;
+  assert_int_equal(store_epoch_rotate(fx.db, "c1", &rotated), 0);
+  assert_int_equal(rotated, 1);
+  store_conv_t info;
+  assert_int_equal(store_conv_get(fx.db, "c1", &info), 0);
+  fx_append(&fx, "c1", 4); /* live, in the new epoch */
+  assert_int_equal(fx_sub_state(p, "c1"), SUB_FILLING);
+  assert_true(fx_step(&fx)); /* finds the new epoch: reads again */
+  assert_int_equal(fx_sub_state(p, "c1"), SUB_FILLING);
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx));
+  for (int64_t seq = 2; seq <= 4; seq++) {
+    json_t *m = expect(p, "msg");
+    assert_int_equal(seq_of(m), seq);
+    assert_string_equal(json_string_value(json_object_get(m, "epoch")), info.epoch);
+    json_decref(m);
+  }
+  assert_int_equal(fx_sub_state(p, "c1"), SUB_LIVE);
+  assert_false(fx_step(&fx));
+  fx_expect_nothing(p);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
 /* RETRY tick at retry_at with the output high -> DEFERRED; drained ->
  * FILLING -> LIVE. */
 static void test_retry_with_output_high_defers(void **state) {
@@ -935,6 +973,41 @@ static void test_subscribe_refusals(void **state) {
   expect_error(p, "bad_request");
   expect_open(p);
   fx_peer_free(narrow);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* FILLING a subscribe's job failed (its store deadline passed before it
+ * ran) -> error unavailable with the conversation and a retry hint, the
+ * subscription freed and its admission slot given back; the connection
+ * stays, and the same subscribe later succeeds. */
+static void test_subscribe_job_failed(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.store_timeout_ms = 100;
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 2);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_FILLING);
+  assert_int_equal(admission_in_use(fx.admission), 1);
+  fx_advance(&fx, 100); /* the job's deadline passes in the queue */
+  assert_true(fx_step(&fx));
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "unavailable");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "c2");
+  assert_true(json_integer_value(json_object_get(e, "retryAfterMs")) > 0);
+  json_decref(e);
+  assert_int_equal(fx_sub_state(p, "c2"), -1);
+  assert_int_equal(admission_in_use(fx.admission), 0);
+  expect_open(p);
+  fx.cfg.store_timeout_ms = 5000;
+  subscribe_frame(p, "c2", 0);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 2, 0, 0);
+  expect_msgs(p, 1, 2);
+  expect_synced(p, 2, 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_LIVE);
   fx_peer_free(p);
   fx_free(&fx);
 }
@@ -1838,6 +1911,7 @@ int main(void) {
       cmocka_unit_test(test_sync_queue_timeout),
       cmocka_unit_test(test_sync_queue_full),
       cmocka_unit_test(test_failed_fill_retries_after_the_hint),
+      cmocka_unit_test(test_fill_whose_epoch_moved_reads_again),
       cmocka_unit_test(test_retry_with_output_high_defers),
       cmocka_unit_test(test_pending_overflow_refills_from_the_store),
       cmocka_unit_test(test_sync_while_filling_runs_after),
@@ -1849,6 +1923,7 @@ int main(void) {
       cmocka_unit_test(test_subscribe_replays_then_live),
       cmocka_unit_test(test_subscribe_null_twice_and_reset),
       cmocka_unit_test(test_subscribe_refusals),
+      cmocka_unit_test(test_subscribe_job_failed),
       cmocka_unit_test(test_subscribe_queued_then_refused),
       cmocka_unit_test(test_subscribe_before_welcome),
       cmocka_unit_test(test_unsubscribe),
