@@ -316,6 +316,207 @@ static void walk_close(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
+  int r;
+  *out = NULL;
+  node_t *node = calloc(1, sizeof *node);
+  if (!node) {
+    log_error("cannot start the node: out of memory");
+    return 1;
+  }
+  node->loop = loop;
+  /* idle time for converger_loop_utilisation; before the loop first runs */
+  uv_loop_configure(node->loop, UV_METRICS_IDLE_TIME);
+  node->cfg = cfg;
+  node->metrics = metrics_new(); /* NULL (out of memory): the node does not start */
+  conn_handler_t net_handler = {.on_request = net_request_cb,
+                                .on_upgrade = net_upgrade_cb,
+                                .on_text = net_text_cb,
+                                .on_writable = net_writable_cb,
+                                .on_tick = net_tick_cb,
+                                .on_close = net_close_cb,
+                                .on_free = net_free_cb,
+                                .ud = node};
+  conn_net_init(&node->net, node->loop, cfg, &net_handler, node->metrics);
+  jitter_seed_random(&node->rng);
+  node->auth = auth_new(cfg->api_key, cfg->token_secret);
+  if (!node->auth) log_error("cannot set up the API keys and token secrets: out of memory");
+  node->users = users_new();
+  node->presence = presence_new(cfg->presence_grace_ms);
+  bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
+                               .msg_wire = bus_msg_wire_cb,
+                               .channel_changed = bus_channel_cb,
+                               .user_control = bus_user_cb,
+                               .ephemeral = bus_ephemeral_cb,
+                               .ud = node};
+  node->bus = bus_new(node->loop, &bus_handler, node->metrics);
+  store_options_t opt = {
+      .sync = strcmp(cfg->sqlite_sync, "off") == 0      ? STORE_SYNC_OFF
+              : strcmp(cfg->sqlite_sync, "normal") == 0 ? STORE_SYNC_NORMAL
+                                                        : STORE_SYNC_FULL,
+      .busy_timeout_ms = 5000,
+  };
+  /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
+  const char *backend = dburl_backend(cfg->database_url);
+  int shared_store = backend && strcmp(backend, "postgres") == 0;
+  if (shared_store) {
+    opt.notify = 1;
+    bus_set_remote(node->bus);
+  }
+  char db_shown[512]; /* the URL without its password, for logs */
+  dburl_redact(cfg->database_url, db_shown, sizeof db_shown);
+  uv_timer_init(node->loop, &node->admission_timer);
+  node->admission_timer.data = node;
+  int slots = admission_default_slots(cfg->handshake_concurrency, cfg->pool_size);
+  node->admission = admission_new(slots, (uint64_t)cfg->handshake_queue_ms,
+                                  cfg->handshake_queue_max, admission_arm, node);
+  drain_env_t drain_env = {.loop = node->loop,
+                           .cfg = cfg,
+                           .net = &node->net,
+                           .pool = &node->pool,
+                           .rng = &node->rng,
+                           .membership = &node->membership,
+                           .metrics = node->metrics,
+                           .stop = drain_stop_cb,
+                           .frame = drain_frame_cb,
+                           .mark = drain_mark_cb,
+                           .ud = node};
+  node->drain = drain_new(&drain_env);
+  node->sessions = (sessions_t){.cfg = cfg,
+                                .pool = &node->pool,
+                                .bus = node->bus,
+                                .auth = node->auth,
+                                .admission = node->admission,
+                                .drain = &node->drain,
+                                .net = &node->net,
+                                .rng = &node->rng,
+                                .metrics = node->metrics,
+                                .users = node->users,
+                                .presence = node->presence,
+                                .shared = shared_store};
+  procstat_t start; /* the start time /admin/status reports (a restart changes it) */
+  procstat_read(&start);
+  node->api = (api_t){.loop = node->loop,
+                      .cfg = cfg,
+                      .pool = &node->pool,
+                      .bus = node->bus,
+                      .auth = node->auth,
+                      .admission = node->admission,
+                      .drain = &node->drain,
+                      .pgnotify = &node->pgnotify,
+                      .loop_utilisation = &node->loop_utilisation,
+                      .started_at = start.start_time_s,
+                      .sessions = &node->sessions,
+                      .net = &node->net,
+                      .accept = &node->accept,
+                      .rng = &node->rng,
+                      .metrics = node->metrics,
+                      .max_connections = &node->max_connections,
+                      .phase = &node->phase,
+                      .drain_begin = api_drain_cb,
+                      .ud = node};
+  if (!node->metrics || !node->auth || !node->users || !node->presence || !node->bus ||
+      !node->admission || !node->drain)
+    goto fail;
+  if (auth_set_claims(node->auth, cfg->token_issuer, cfg->token_audience) != 0) goto fail;
+  if (cfg->token_public_keys && *cfg->token_public_keys) {
+    keys_t *keys;
+    char err[512];
+    node->keys_stamp = keys_stamp(cfg->token_public_keys);
+    if (keys_load(cfg->token_public_keys, &keys, err, sizeof err) != 0) {
+      log_error("CONVERGER_TOKEN_PUBLIC_KEYS: %s", err);
+      goto fail;
+    }
+    log_info("token keys: %zu public key(s) for RS256 / ES256 tokens", keys->n);
+    auth_set_keys(node->auth, keys);
+  }
+  if ((r = pool_start(node->loop, cfg->database_url, &opt, cfg->pool_size, node->metrics,
+                      &node->pool)) != 0) {
+    log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
+    goto fail;
+  }
+  pool_set_queue_rule(node->pool, cfg->pool_queue_target_ms, cfg->pool_queue_interval_ms);
+  /* Group commit (store/pool.h): one batch at a time. SQLite's writer
+   * lock admits one transaction anyway; on PostgreSQL one lane gathered
+   * the largest groups and measured fastest (docs/benchmarks/store.md:
+   * 5 200 appends/s against 5 000 with 2 lanes and 3 400 with 8). */
+  pool_set_batch(node->pool, cfg->append_batch, 1);
+  if (shared_store && (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg->node_id,
+                                          cfg->database_url, &node->pgnotify)) != 0) {
+    log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
+    goto fail;
+  }
+  if (cfg->rest_rate > 0)
+    limiter_init(&node->api.rest_appends, cfg->rest_rate,
+                 cfg->rest_rate_burst > 0 ? cfg->rest_rate_burst : 2.0 * cfg->rest_rate,
+                 util_mono_ms());
+  if (cfg->accept_rate > 0) /* a second's worth of upgrades may come at once */
+    limiter_init(&node->accept, cfg->accept_rate, cfg->accept_rate, util_mono_ms());
+  if (cfg->test_store_delay_ms > 0) {
+    log_warn("test-only store delay of %d ms per store job is on", cfg->test_store_delay_ms);
+    pool_set_test_delay(node->pool, cfg->test_store_delay_ms);
+  }
+  set_max_connections(node);
+  if (cfg->tls_cert) node->tls_stamp = tls_stamp(cfg); /* conn_listen loads them */
+  if (conn_listen(&node->net) != 0 || config_listening(cfg) != 0) goto fail;
+  uv_check_init(node->loop, &node->flush_check);
+  node->flush_check.data = node;
+  uv_check_start(&node->flush_check, check_cb);
+  uv_timer_init(node->loop, &node->tick);
+  node->tick.data = node;
+  uint64_t iv = tick_interval(cfg);
+  uv_timer_start(&node->tick, tick_cb, iv, iv);
+  lifecycle_signals_start(node);
+  rest_start_revocation_refresh(&node->api);
+  node->membership.recovered = membership_recovered;
+  membership_start(&node->membership, node->loop, &node->pool, cfg, membership_row, node);
+  if (shared_store) session_presence_restore(&node->sessions);
+  lifecycle_ready(node);
+  const char *s = cfg->tls_cert ? "s" : "";
+  log_info("converger %s node %s listening on http%s://%s (WebSocket ws%s://%s/v1/ws), store %s, "
+           "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
+           CONVERGER_VERSION, cfg->node_id, s, cfg->listen, s, cfg->listen, db_shown,
+           cfg->pool_size, slots, cfg->handshake_queue_max, cfg->handshake_queue_ms,
+           cfg->public_url);
+  if (cfg->admin_host)
+    log_info("admin: /metrics, /admin/*, /livez and /readyz on http://%s (the client port keeps "
+             "/readyz)",
+             cfg->admin_listen);
+  /* Where the key is, never the key: logs are read by more people and
+   * kept longer than a 0600 file. */
+  if (key_from_file)
+    log_info("API key in %s/api-key (not logged; CONVERGER_API_KEY sets one)", cfg->data_dir);
+  *out = node;
+  return 0;
+fail:
+  if (node->pool) pool_close(node->pool);
+  if (node->pgnotify) pgnotify_close(node->pgnotify);
+  if (node->drain) drain_close(node->drain);
+  if (node->bus) bus_close(node->bus);
+  uv_walk(loop, walk_close, NULL);
+  uv_run(loop, UV_RUN_DEFAULT);
+  node_free(node);
+  return 1;
+}
+
+void node_free(node_t *node) {
+  if (!node) return;
+  auth_free(node->auth);
+  users_free(node->users); /* every session is gone */
+  presence_free(node->presence);
+  if (node->admission) {
+    /* Every connection is gone: a slot still counted is a leak (tests
+     * look for "BUG:" in node logs). */
+    if (admission_in_use(node->admission) || admission_waiting(node->admission))
+      log_error("BUG: admission slots leaked at exit: %d in use, %d waiting",
+                admission_in_use(node->admission), admission_waiting(node->admission));
+    admission_free(node->admission);
+  }
+  conn_net_free(&node->net);
+  metrics_free(node->metrics); /* the pool's workers are joined: no one records now */
+  free(node);
+}
+
 int serve_main(int argc, char **argv) {
   config_t cfg;
   int r = config_parse(&cfg, argc, argv);
@@ -339,195 +540,12 @@ int serve_main(int argc, char **argv) {
     config_free(&cfg);
     return 1;
   }
-  node_t *node = calloc(1, sizeof *node);
-  node->loop = uv_default_loop();
-  /* idle time for converger_loop_utilisation; before the loop first runs */
-  uv_loop_configure(node->loop, UV_METRICS_IDLE_TIME);
-  node->cfg = &cfg;
-  node->metrics = metrics_new(); /* NULL (out of memory): the node does not start */
-  conn_handler_t net_handler = {.on_request = net_request_cb,
-                                .on_upgrade = net_upgrade_cb,
-                                .on_text = net_text_cb,
-                                .on_writable = net_writable_cb,
-                                .on_tick = net_tick_cb,
-                                .on_close = net_close_cb,
-                                .on_free = net_free_cb,
-                                .ud = node};
-  conn_net_init(&node->net, node->loop, &cfg, &net_handler, node->metrics);
-  jitter_seed_random(&node->rng);
-  node->auth = auth_new(cfg.api_key, cfg.token_secret);
-  if (!node->auth) log_error("cannot set up the API keys and token secrets: out of memory");
-  node->users = users_new();
-  node->presence = presence_new(cfg.presence_grace_ms);
-  bus_handler_t bus_handler = {.msg_json = bus_msg_json_cb,
-                               .msg_wire = bus_msg_wire_cb,
-                               .channel_changed = bus_channel_cb,
-                               .user_control = bus_user_cb,
-                               .ephemeral = bus_ephemeral_cb,
-                               .ud = node};
-  node->bus = bus_new(node->loop, &bus_handler, node->metrics);
-  store_options_t opt = {
-      .sync = strcmp(cfg.sqlite_sync, "off") == 0      ? STORE_SYNC_OFF
-              : strcmp(cfg.sqlite_sync, "normal") == 0 ? STORE_SYNC_NORMAL
-                                                       : STORE_SYNC_FULL,
-      .busy_timeout_ms = 5000,
-  };
-  /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
-  const char *backend = dburl_backend(cfg.database_url);
-  int shared_store = backend && strcmp(backend, "postgres") == 0;
-  if (shared_store) {
-    opt.notify = 1;
-    bus_set_remote(node->bus);
-  }
-  char db_shown[512]; /* the URL without its password, for logs */
-  dburl_redact(cfg.database_url, db_shown, sizeof db_shown);
-  int status = 1;
-  uv_timer_init(node->loop, &node->admission_timer);
-  node->admission_timer.data = node;
-  int slots = admission_default_slots(cfg.handshake_concurrency, cfg.pool_size);
-  node->admission = admission_new(slots, (uint64_t)cfg.handshake_queue_ms, cfg.handshake_queue_max,
-                                  admission_arm, node);
-  drain_env_t drain_env = {.loop = node->loop,
-                           .cfg = &cfg,
-                           .net = &node->net,
-                           .pool = &node->pool,
-                           .rng = &node->rng,
-                           .membership = &node->membership,
-                           .metrics = node->metrics,
-                           .stop = drain_stop_cb,
-                           .frame = drain_frame_cb,
-                           .mark = drain_mark_cb,
-                           .ud = node};
-  node->drain = drain_new(&drain_env);
-  node->sessions = (sessions_t){.cfg = &cfg,
-                                .pool = &node->pool,
-                                .bus = node->bus,
-                                .auth = node->auth,
-                                .admission = node->admission,
-                                .drain = &node->drain,
-                                .net = &node->net,
-                                .rng = &node->rng,
-                                .metrics = node->metrics,
-                                .users = node->users,
-                                .presence = node->presence,
-                                .shared = shared_store};
-  procstat_t start; /* the start time /admin/status reports (a restart changes it) */
-  procstat_read(&start);
-  node->api = (api_t){.loop = node->loop,
-                      .cfg = &cfg,
-                      .pool = &node->pool,
-                      .bus = node->bus,
-                      .auth = node->auth,
-                      .admission = node->admission,
-                      .drain = &node->drain,
-                      .pgnotify = &node->pgnotify,
-                      .loop_utilisation = &node->loop_utilisation,
-                      .started_at = start.start_time_s,
-                      .sessions = &node->sessions,
-                      .net = &node->net,
-                      .accept = &node->accept,
-                      .rng = &node->rng,
-                      .metrics = node->metrics,
-                      .max_connections = &node->max_connections,
-                      .phase = &node->phase,
-                      .drain_begin = api_drain_cb,
-                      .ud = node};
-  if (!node->metrics || !node->auth || !node->users || !node->presence || !node->bus ||
-      !node->admission || !node->drain)
-    goto out;
-  if (auth_set_claims(node->auth, cfg.token_issuer, cfg.token_audience) != 0) goto out;
-  if (cfg.token_public_keys && *cfg.token_public_keys) {
-    keys_t *keys;
-    char err[512];
-    node->keys_stamp = keys_stamp(cfg.token_public_keys);
-    if (keys_load(cfg.token_public_keys, &keys, err, sizeof err) != 0) {
-      log_error("CONVERGER_TOKEN_PUBLIC_KEYS: %s", err);
-      goto out;
-    }
-    log_info("token keys: %zu public key(s) for RS256 / ES256 tokens", keys->n);
-    auth_set_keys(node->auth, keys);
-  }
-  if ((r = pool_start(node->loop, cfg.database_url, &opt, cfg.pool_size, node->metrics,
-                      &node->pool)) != 0) {
-    log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
-    goto out;
-  }
-  pool_set_queue_rule(node->pool, cfg.pool_queue_target_ms, cfg.pool_queue_interval_ms);
-  /* Group commit (store/pool.h): one batch at a time. SQLite's writer
-   * lock admits one transaction anyway; on PostgreSQL one lane gathered
-   * the largest groups and measured fastest (docs/benchmarks/store.md:
-   * 5 200 appends/s against 5 000 with 2 lanes and 3 400 with 8). */
-  pool_set_batch(node->pool, cfg.append_batch, 1);
-  if (shared_store && (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg.node_id,
-                                          cfg.database_url, &node->pgnotify)) != 0) {
-    log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
-    goto out;
-  }
-  if (cfg.rest_rate > 0)
-    limiter_init(&node->api.rest_appends, cfg.rest_rate,
-                 cfg.rest_rate_burst > 0 ? cfg.rest_rate_burst : 2.0 * cfg.rest_rate,
-                 util_mono_ms());
-  if (cfg.accept_rate > 0) /* a second's worth of upgrades may come at once */
-    limiter_init(&node->accept, cfg.accept_rate, cfg.accept_rate, util_mono_ms());
-  if (cfg.test_store_delay_ms > 0) {
-    log_warn("test-only store delay of %d ms per store job is on", cfg.test_store_delay_ms);
-    pool_set_test_delay(node->pool, cfg.test_store_delay_ms);
-  }
-  set_max_connections(node);
-  if (cfg.tls_cert) node->tls_stamp = tls_stamp(&cfg); /* conn_listen loads them */
-  if (conn_listen(&node->net) != 0 || config_admin_url(&cfg) != 0) goto out;
-  uv_check_init(node->loop, &node->flush_check);
-  node->flush_check.data = node;
-  uv_check_start(&node->flush_check, check_cb);
-  uv_timer_init(node->loop, &node->tick);
-  node->tick.data = node;
-  uint64_t iv = tick_interval(&cfg);
-  uv_timer_start(&node->tick, tick_cb, iv, iv);
-  lifecycle_signals_start(node);
-  rest_start_revocation_refresh(&node->api);
-  node->membership.recovered = membership_recovered;
-  membership_start(&node->membership, node->loop, &node->pool, &cfg, membership_row, node);
-  if (shared_store) session_presence_restore(&node->sessions);
-  lifecycle_ready(node);
-  const char *s = cfg.tls_cert ? "s" : "";
-  log_info("converger %s node %s listening on http%s://%s (WebSocket ws%s://%s/v1/ws), store %s, "
-           "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
-           CONVERGER_VERSION, cfg.node_id, s, cfg.listen, s, cfg.listen, db_shown, cfg.pool_size,
-           slots, cfg.handshake_queue_max, cfg.handshake_queue_ms, cfg.public_url);
-  if (cfg.admin_host)
-    log_info("admin: /metrics, /admin/*, /livez and /readyz on http://%s (the client port keeps "
-             "/readyz)",
-             cfg.admin_listen);
-  /* Where the key is, never the key: logs are read by more people and
-   * kept longer than a 0600 file. */
-  if (key_from_file)
-    log_info("API key in %s/api-key (not logged; CONVERGER_API_KEY sets one)", cfg.data_dir);
-  uv_run(node->loop, UV_RUN_DEFAULT);
-  status = 0;
-out:
-  if (status != 0) {
-    if (node->pool) pool_close(node->pool);
-    if (node->pgnotify) pgnotify_close(node->pgnotify);
-    if (node->drain) drain_close(node->drain);
-    if (node->bus) bus_close(node->bus);
-    uv_walk(node->loop, walk_close, NULL);
-    uv_run(node->loop, UV_RUN_DEFAULT);
-  }
-  if (uv_loop_close(node->loop) != 0) log_warn("loop closed with open handles");
-  auth_free(node->auth);
-  users_free(node->users); /* every session is gone */
-  presence_free(node->presence);
-  if (node->admission) {
-    /* Every connection is gone: a slot still counted is a leak (tests
-     * look for "BUG:" in node logs). */
-    if (admission_in_use(node->admission) || admission_waiting(node->admission))
-      log_error("BUG: admission slots leaked at exit: %d in use, %d waiting",
-                admission_in_use(node->admission), admission_waiting(node->admission));
-    admission_free(node->admission);
-  }
-  conn_net_free(&node->net);
-  metrics_free(node->metrics); /* the pool's workers are joined: no one records now */
-  free(node);
+  node_t *node;
+  uv_loop_t *loop = uv_default_loop();
+  int status = node_open(loop, &cfg, key_from_file, &node);
+  if (status == 0) uv_run(loop, UV_RUN_DEFAULT); /* until lifecycle_tick ends it */
+  node_free(node);
+  if (uv_loop_close(loop) != 0) log_warn("loop closed with open handles");
   config_free(&cfg);
   return status;
 }
