@@ -329,6 +329,17 @@ static const setting_t *find_flag(const char *name, size_t len) {
 
 static int keys_long_enough(const char *text, size_t min_len);
 
+/* public_url from listen: ws://LISTEN/v1/ws, wss:// with TLS. */
+static int default_public_url(config_t *cfg) {
+  size_t len = strlen("wss://") + strlen(cfg->listen) + strlen("/v1/ws") + 1;
+  char *url = malloc(len);
+  if (!url) return -CV_ENOMEM;
+  snprintf(url, len, "%s://%s/v1/ws", cfg->tls_cert ? "wss" : "ws", cfg->listen);
+  free(cfg->public_url);
+  cfg->public_url = url;
+  return 0;
+}
+
 int config_parse(config_t *cfg, int argc, char **argv) {
   memset(cfg, 0, sizeof *cfg);
   for (size_t i = 0; i < CV_ARRAY_SIZE(settings); i++)
@@ -417,10 +428,8 @@ int config_parse(config_t *cfg, int argc, char **argv) {
     cfg->node_id = strdup(buf);
   }
   if (!cfg->public_url) {
-    size_t len = strlen("wss://") + strlen(cfg->listen) + strlen("/v1/ws") + 1;
-    cfg->public_url = malloc(len);
-    if (!cfg->public_url) return -CV_ENOMEM;
-    snprintf(cfg->public_url, len, "%s://%s/v1/ws", cfg->tls_cert ? "wss" : "ws", cfg->listen);
+    cfg->public_url_default = 1;
+    if (default_public_url(cfg) != 0) return -CV_ENOMEM;
   }
   return 0;
 }
@@ -451,7 +460,8 @@ static int loopback_host(const char *h) {
          strcmp(h, "localhost") == 0;
 }
 
-int config_admin_url(config_t *cfg) {
+int config_listening(config_t *cfg) {
+  if (cfg->public_url_default && default_public_url(cfg) != 0) return -CV_ENOMEM;
   free(cfg->admin_url);
   cfg->admin_url = NULL;
   char buf[600] = "", pub[300] = "";

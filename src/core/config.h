@@ -21,36 +21,37 @@
   512 /* CONVERGER_PUBLIC_URL, bytes: the membership row holds it (STORE_URL_MAX) */
 
 typedef struct {
-  char *listen;          /* "host:port" */
-  char *listen_host;     /* derived from listen */
-  int listen_port;       /* derived from listen */
-  char *admin_listen;    /* host:port of the admin listener; "" none (all on listen) */
-  char *admin_host;      /* derived from admin_listen; NULL: none */
-  int admin_port;        /* derived from admin_listen */
-  char *admin_url;       /* http://HOST:PORT of the admin listener for others (config_admin_url) */
-  int key_from_file;     /* the API key came from data_dir/api-key (SIGHUP re-reads it) */
-  int secret_from_file;  /* the token secret came from data_dir/token-secret (likewise) */
-  char *tls_cert;        /* PEM chain for TLS on the client listener; NULL: plain TCP */
-  char *tls_key;         /* PEM private key of tls_cert */
-  char *database_url;    /* "sqlite:PATH", "postgres://..." or libpq keywords */
-  char *data_dir;        /* secrets: the SQLite file's directory; PostgreSQL: "data" */
-  char *api_key;         /* NULL: generated/stored by config_load_secrets */
-  char *token_secret;    /* NULL: generated/stored by config_load_secrets */
-  char *node_id;         /* default hostname:port */
-  char *public_url;      /* ws URL for clients (default ws://LISTEN/v1/ws) */
-  char *web_dir;         /* demo page directory */
-  char *sqlite_sync;     /* off | normal | full */
-  char *log_level;       /* debug | info | warn | error */
-  char *log_format;      /* text | json */
-  int access_log;        /* 1: a line per REST request and upgrade */
-  int pool_size;         /* worker threads = database connections */
-  int append_batch;      /* appends per group commit at most (store/pool.h); 1: one each */
-  int max_message_bytes; /* largest WebSocket message accepted, bytes */
-  int heartbeat_ms;      /* ping interval, ms */
-  int hello_timeout_ms;  /* time allowed for the first frame, ms */
-  int header_timeout_ms; /* time allowed for an HTTP header block, ms */
-  int max_subs;          /* subscriptions per connection */
-  int token_leeway_ms;   /* skew allowed past a token's exp, ms */
+  char *listen;           /* "host:port" */
+  char *listen_host;      /* derived from listen */
+  int listen_port;        /* derived from listen */
+  char *admin_listen;     /* host:port of the admin listener; "" none (all on listen) */
+  char *admin_host;       /* derived from admin_listen; NULL: none */
+  int admin_port;         /* derived from admin_listen */
+  char *admin_url;        /* http://HOST:PORT of the admin listener for others (config_admin_url) */
+  int key_from_file;      /* the API key came from data_dir/api-key (SIGHUP re-reads it) */
+  int secret_from_file;   /* the token secret came from data_dir/token-secret (likewise) */
+  char *tls_cert;         /* PEM chain for TLS on the client listener; NULL: plain TCP */
+  char *tls_key;          /* PEM private key of tls_cert */
+  char *database_url;     /* "sqlite:PATH", "postgres://..." or libpq keywords */
+  char *data_dir;         /* secrets: the SQLite file's directory; PostgreSQL: "data" */
+  char *api_key;          /* NULL: generated/stored by config_load_secrets */
+  char *token_secret;     /* NULL: generated/stored by config_load_secrets */
+  char *node_id;          /* default hostname:port */
+  char *public_url;       /* ws URL for clients (default ws://LISTEN/v1/ws) */
+  int public_url_default; /* public_url was not set: config_listening writes it again */
+  char *web_dir;          /* demo page directory */
+  char *sqlite_sync;      /* off | normal | full */
+  char *log_level;        /* debug | info | warn | error */
+  char *log_format;       /* text | json */
+  int access_log;         /* 1: a line per REST request and upgrade */
+  int pool_size;          /* worker threads = database connections */
+  int append_batch;       /* appends per group commit at most (store/pool.h); 1: one each */
+  int max_message_bytes;  /* largest WebSocket message accepted, bytes */
+  int heartbeat_ms;       /* ping interval, ms */
+  int hello_timeout_ms;   /* time allowed for the first frame, ms */
+  int header_timeout_ms;  /* time allowed for an HTTP header block, ms */
+  int max_subs;           /* subscriptions per connection */
+  int token_leeway_ms;    /* skew allowed past a token's exp, ms */
   char *token_public_keys;                  /* RS256 / ES256 key files (gate/keys.h); NULL: none */
   char *token_issuer;                       /* required iss; NULL: not checked */
   char *token_audience;                     /* required aud; NULL: not checked */
@@ -116,14 +117,16 @@ int config_read_secret(const char *dir, const char *name, size_t min_len, char *
  * end. Any thread. */
 int config_key_next(const char **p, const char **key, size_t *len);
 
-/* Set cfg->admin_url, the URL other hosts (converger roll) reach the admin
- * listener at, once it listens (its port may have been chosen):
- * http://HOST:admin_port with HOST the listener's address, or the host of
- * public_url when it listens on every address (0.0.0.0, ::); "" without an
- * admin listener, and for a loopback listener when public_url is not on
- * loopback (no other host could reach it). Returns 0 or -CV_ENOMEM. Loop
- * thread, at start. */
-int config_admin_url(config_t *cfg);
+/* The listeners are open, their ports chosen (port 0 in a setting): set
+ * the URLs that name them. public_url, when it was not set, becomes
+ * ws://LISTEN/v1/ws (wss:// with TLS) with the port chosen. Then
+ * cfg->admin_url, the URL other hosts (converger roll) reach the admin
+ * listener at: http://HOST:admin_port with HOST the listener's address,
+ * or the host of public_url when it listens on every address (0.0.0.0,
+ * ::); "" without an admin listener, and for a loopback listener when
+ * public_url is not on loopback (no other host could reach it). Returns 0
+ * or -CV_ENOMEM. Loop thread, at start. */
+int config_listening(config_t *cfg);
 
 void config_free(config_t *cfg);
 
