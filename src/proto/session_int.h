@@ -3,8 +3,9 @@
  * src/proto; callers use session.h). The session is split by concern:
  *   session.c  the session: dispatch of client frames, ticks, close, free,
  *              sending helpers, revocation, channel ends, shutdown
- *   sub.c      a subscription: live delivery, pending messages, fills
- *              (replay, gap fill, sync) and their store jobs, epochs
+ *   sub.c      a subscription: its state machine, live delivery, pending
+ *              messages, epochs
+ *   fill.c     its store jobs: fills (replay, gap fill), syncs, subscribes
  *   hello.c    the hello with its admission (acquire, release, cancel)
  *   send.c     a `send` frame and its store job
  * Loop thread only, as session.h.
@@ -138,7 +139,7 @@ int session_deactivated_since(sessions_t *ss, uint64_t gen, const char *channel)
 /* converger_protocol_admission_wait_ms{result}. */
 void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms);
 
-/* ---- sub.c ---- */
+/* ---- sub.c: the state machine, live delivery, epochs ---- */
 
 /* Move `sub` to `to`: a transition of the table in sub.c's design block
  * (an illegal one is a bug: logged, and an assertion in debug builds). */
@@ -148,15 +149,8 @@ const char *sub_state_name(sub_state_t st);
 
 /* The bus's delivery callback of a subscription (bus_sub_t.deliver). */
 void sub_deliver_cb(bus_sub_t *bs, bus_msg_t *m);
-/* Read from the store after `after` up to `upto` (< 0: the head), then, if
- * `synced`, send synced; live messages wait meanwhile. */
-void sub_fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
 /* The fill reached `head`: synced if asked, then what waited. */
 void sub_fill_finish(sub_t *sub, int64_t head, int synced);
-/* Send replayed messages above `delivered`, in order. */
-void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n);
-/* A client's sync from `watermark` in `epoch` (""): through admission. */
-void sub_sync(sub_t *sub, int64_t watermark, const char *epoch);
 /* A new subscription of `conv` in `s`, in the bus index (live messages
  * kept from now on), state LIVE with nothing delivered: the caller moves
  * it on at once. Linked first in s->subs. NULL on OOM. */
@@ -164,6 +158,25 @@ sub_t *sub_new(session_t *s, const char *conv);
 /* Leave the session, the admission queue (a store job not started is taken
  * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* Why a resume is answered with reset (a metric label), or NULL. */
+const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
+/* converger_resets_total{reason}. */
+void sub_count_reset(sessions_t *ss, const char *reason);
+
+/* ---- fill.c: the subscription's store jobs (fills, syncs, subscribes) ---- */
+
+/* Read from the store after `after` up to `upto` (< 0: the head), then, if
+ * `synced`, send synced; live messages wait meanwhile. */
+void sub_fill_start(sub_t *sub, int64_t after, int64_t upto, int synced);
+/* Send replayed messages above `delivered`, in order. */
+void sub_send_replay(sub_t *sub, const store_msg_t *msgs, size_t n);
+/* A client's sync from `watermark` in `epoch` (""): through admission. */
+void sub_sync(sub_t *sub, int64_t watermark, const char *epoch);
+/* The subscription ends (sub_remove): its sync's or subscribe's job, if
+ * it has not started, is taken back from the pool; one that runs keeps
+ * the admission slot the subscription held, and gives it back when it
+ * returns. */
+void sub_cancel_sync_job(sub_t *sub);
 /* A `subscribe` the session has checked (token, duplicates, the count):
  * through admission, then one store job (conversation, head, first page),
  * then `subscribed`, the replay and `synced` (docs/protocol.md 4.5). */
@@ -172,10 +185,6 @@ void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char
 /* The welcome is out: the subscribes that came before it ask for their
  * admission slots now. */
 void sub_after_welcome(session_t *s);
-/* Why a resume is answered with reset (a metric label), or NULL. */
-const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
-/* converger_resets_total{reason}. */
-void sub_count_reset(sessions_t *ss, const char *reason);
 /* The connection closes: a sync waiting for a slot leaves the queue
  * (sub_leave); a sync whose store job has not started takes it back and
  * gives its slot back (sub_cancel). session_on_close calls every leave
