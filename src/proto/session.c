@@ -2,7 +2,7 @@
  * session.c: a protocol session over one connection (session.h): the
  * dispatch of client frames, ticks, close and free, the sending helpers,
  * revocation, channel ends and shutdown. The hello is hello.c's, a
- * subscription's delivery and fills sub.c's, a send send.c's
+ * subscription's delivery sub.c's, its fills fill.c's, a send send.c's
  * (session_int.h).
  *
  * Owns: the session and its subscriptions (sub_t), each embedded in the bus
