@@ -144,6 +144,17 @@ char *session_presence_page(sessions_t *ss, const char *conv, const char *after,
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]);
 
+/* The event id of stream `s` now: every announced subscription's
+ * watermark (the last seq sent, or where the stream starts) and epoch,
+ * "CONV SEQ EPOCH" entries joined by ',' in no particular order, as
+ * session_sse_watermark reads them; "" while no subscription is announced
+ * (before the welcome). A stream's msg, welcome, synced, drain and close
+ * events carry it (docs/protocol.md 12), so that the last id a client saw
+ * resumes every subscription where the stream was. A buffer of the
+ * thread's, valid until the next call; NULL when out of memory. Loop
+ * thread. */
+const char *session_sse_id(session_t *s);
+
 /* The hello of a stream `c` (after ws_start_sse gave it its session):
  * `token`, `client_id` (NULL: the stream's own), the `n` conversations
  * (ids, checked by the caller, n <= max_subs) with their watermarks from

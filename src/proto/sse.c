@@ -4,9 +4,11 @@
  * token, its conversations and, in Last-Event-ID, its watermarks. From
  * there it is the same session as a WebSocket's (admission, the welcome,
  * replay, live delivery, presence, signals, drain, token expiry); only the
- * encoding differs (net/ws.c: ws_start_sse), and a msg event's id, which
+ * encoding differs (net/ws.c: ws_start_sse), and the events' id, which
  * says every subscription's watermark so that the browser's automatic
- * reconnect resumes all of them.
+ * reconnect resumes all of them: on every msg, and on the welcome, each
+ * synced, a drain and a close, so that a stream that had no msg yet
+ * resumes where it began, not at a later head.
  */
 #include <stdio.h>
 #include <stdlib.h>

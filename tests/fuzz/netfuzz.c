@@ -209,6 +209,9 @@ static void on_tick(void *ud, conn_t *c, uint64_t now) {
 
 static void on_close(void *ud, conn_t *c) {}
 
+/* No stream is made here: no event id. */
+static const char *sse_id(void *ud, conn_t *c) { return NULL; }
+
 static void on_free(void *ud, conn_t *c) {
   free(c->session);
   c->session = NULL;
@@ -219,8 +222,14 @@ static void on_free(void *ud, conn_t *c) {
 static void check_cb(uv_check_t *h) { conn_flush_all(&net); }
 
 static void setup(void) {
-  static const conn_handler_t handler = {on_request, on_upgrade, on_text, on_writable,
-                                         on_tick,    on_close,   on_free, NULL};
+  static const conn_handler_t handler = {.on_request = on_request,
+                                         .on_upgrade = on_upgrade,
+                                         .on_text = on_text,
+                                         .on_writable = on_writable,
+                                         .on_tick = on_tick,
+                                         .on_close = on_close,
+                                         .on_free = on_free,
+                                         .sse_id = sse_id};
   if (ready) return;
   echo = getenv("NETFUZZ_ECHO") != NULL;
   log_set_level(echo ? LOG_DEBUG : LOG_ERROR);
