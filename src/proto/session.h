@@ -138,9 +138,12 @@ char *session_presence_page(sessions_t *ss, const char *conv, const char *after,
 
 /* Server-Sent Events (docs/protocol.md 12, proto/sse.c). */
 
-/* The watermark and epoch of `conv` in a Last-Event-ID ("CONV SEQ EPOCH"
- * entries joined by ','; NULL or ""), or FRAME_WATERMARK_NONE and "" when
- * it names none. 0, or -1 when the id is not of that form. */
+/* The watermark and epoch of `conv` in a Last-Event-ID (NULL or "", or
+ * entries joined by ',', each "CONV SEQ EPOCH" as session_sse_id writes
+ * them or "CONV SEQ"; one space apart, SEQ decimal digits within int64_t,
+ * CONV and EPOCH ids), or FRAME_WATERMARK_NONE and "" when it names none
+ * (a conversation named twice: the last entry). 0, or -1 when the id is
+ * not of that form (the caller answers 400). Any thread. */
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]);
 

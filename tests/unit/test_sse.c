@@ -2,6 +2,8 @@
  * writer; docs/protocol.md section 12) against the in-process fixture
  * (fixture.h: the real transport, sessions, bus and store; an inline pool
  * and a fake clock), the stream read byte by byte as a browser would:
+ *  - session_sse_watermark: the ids the node writes and hand-written ones,
+ *    several conversations, epochs, and every malformed form refused;
  *  - session_sse_id and the events that carry it: the welcome, each synced,
  *    every msg, a drain and a close, so that a stream that got no msg
  *    resumes where it began (the reconnect after a drain or a restart
@@ -26,6 +28,86 @@
 #include "fixture.h"
 #include "net/ws.h"
 #include "proto/frames.h"
+
+/* ---- session_sse_watermark ---------------------------------------------------- */
+
+static void expect_mark(const char *lei, const char *conv, int64_t watermark, const char *epoch) {
+  int64_t w = 12345;
+  char ep[STORE_EPOCH_MAX + 1] = "junk";
+  if (session_sse_watermark(lei, conv, &w, ep) != 0) fail_msg("refused: \"%s\"", lei);
+  if (w != watermark || strcmp(ep, epoch) != 0)
+    fail_msg("\"%s\" for %s: %lld \"%s\", not %lld \"%s\"", lei, conv, (long long)w, ep,
+             (long long)watermark, epoch);
+}
+
+/* What the node writes and what a person may write by hand: absent or
+ * empty (live at the head), one or several conversations, with or without
+ * their epoch, a conversation the id does not name (live at its head). */
+static void test_watermark_good(void **state) {
+  expect_mark(NULL, "c1", FRAME_WATERMARK_NONE, "");
+  expect_mark("", "c1", FRAME_WATERMARK_NONE, "");
+  expect_mark("c1 5", "c1", 5, "");
+  expect_mark("c1 0", "c1", 0, "");
+  expect_mark("c1 5 9c4e01af", "c1", 5, "9c4e01af");
+  expect_mark("c1 5 9c4e01af", "c2", FRAME_WATERMARK_NONE, "");
+  const char *two = "support-42 17 51d0b7e2,support-43 4 0a1b2c3d";
+  expect_mark(two, "support-42", 17, "51d0b7e2");
+  expect_mark(two, "support-43", 4, "0a1b2c3d");
+  expect_mark(two, "support-44", FRAME_WATERMARK_NONE, "");
+  expect_mark("a 1 e1,b 2,c:3 3 e3", "b", 2, "");
+  expect_mark("a 1 e1,b 2,c:3 3 e3", "c:3", 3, "e3");
+  expect_mark("a 007", "a", 7, "");
+  expect_mark("a 9223372036854775807", "a", INT64_MAX, ""); /* the largest seq */
+  char big[STORE_ID_MAX + 32];
+  memset(big, 'x', STORE_ID_MAX);
+  snprintf(big + STORE_ID_MAX, sizeof big - STORE_ID_MAX, " 3 0123456789abcdef");
+  char conv[STORE_ID_MAX + 1];
+  memset(conv, 'x', STORE_ID_MAX);
+  conv[STORE_ID_MAX] = '\0';
+  expect_mark(big, conv, 3, "0123456789abcdef"); /* the longest id and epoch */
+}
+
+/* Anything else is refused whole (the request's 400), also when the bad
+ * entry names another conversation. */
+static void test_watermark_bad(void **state) {
+  static const char *const bad[] = {
+      "garbage",
+      "c1",
+      "c1 ",
+      " c1 5",
+      "c1  5",
+      "c1 -1",
+      "c1 +5",
+      "c1 5abc",
+      "c1 5 ",
+      "c1 5 ep och",
+      "c1 5 ep!",
+      "c1 5,",
+      ",c1 5",
+      "c1 5,,c2 1",
+      "c1 5;c2 1",
+      "c1\t5",
+      "bad id 5",
+      "c1 x",
+      "c1 0x10",
+      "c1 5 e,c2 z",
+      "c2 1,c1 oops",
+      "c1 9223372036854775808",
+      "c1 99999999999999999999",
+      "c1 5 0123456789abcdef0" /* an epoch of 17 */,
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int64_t w = 12345;
+    char ep[STORE_EPOCH_MAX + 1] = "junk";
+    if (session_sse_watermark(bad[i], "c1", &w, ep) != -1) fail_msg("accepted: \"%s\"", bad[i]);
+  }
+  char big[STORE_ID_MAX + 8];
+  memset(big, 'x', STORE_ID_MAX + 1); /* an id of 129 */
+  snprintf(big + STORE_ID_MAX + 1, sizeof big - STORE_ID_MAX - 1, " 3");
+  int64_t w;
+  char ep[STORE_EPOCH_MAX + 1];
+  assert_int_equal(session_sse_watermark(big, "c1", &w, ep), -1);
+}
 
 /* ---- a stream as a browser reads it --------------------------------------------- */
 
@@ -541,6 +623,8 @@ static void test_refusals_are_http_answers(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_watermark_good),
+      cmocka_unit_test(test_watermark_bad),
       cmocka_unit_test(test_stream_from_the_head),
       cmocka_unit_test(test_resume_two_conversations),
       cmocka_unit_test(test_a_stream_with_no_msg_resumes_where_it_was),
