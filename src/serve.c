@@ -234,6 +234,9 @@ static void net_writable_cb(void *ud, conn_t *c) { session_on_writable(c); }
 static void net_tick_cb(void *ud, conn_t *c, uint64_t now) { session_tick(c, now); }
 static void net_close_cb(void *ud, conn_t *c) { session_on_close(c->session); }
 static void net_free_cb(void *ud, conn_t *c) { session_free(c->session); }
+static const char *net_sse_id_cb(void *ud, conn_t *c) {
+  return c->session ? session_sse_id(c->session) : NULL;
+}
 
 /* The REST routes' way to the lifecycle (api/rest.h). */
 static int api_drain_cb(void *ud, const char *why) { return node_drain(ud, why); }
@@ -336,6 +339,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                                 .on_tick = net_tick_cb,
                                 .on_close = net_close_cb,
                                 .on_free = net_free_cb,
+                                .sse_id = net_sse_id_cb,
                                 .ud = node};
   conn_net_init(&node->net, node->loop, cfg, &net_handler, node->metrics);
   jitter_seed_random(&node->rng);

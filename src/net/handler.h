@@ -33,6 +33,11 @@ typedef struct {
   void (*on_close)(void *ud, conn_t *c);
   /* `c` is being freed: release c->session. */
   void (*on_free)(void *ud, conn_t *c);
+  /* The `id:` of a Server-Sent Events stream's event now (net/ws.h,
+   * ws_start_sse): where the stream is, for the browser's Last-Event-ID.
+   * NULL or "": none yet (no `id:` is written). Borrowed, valid until the
+   * next call; read at once. */
+  const char *(*sse_id)(void *ud, conn_t *c);
   void *ud;
 } conn_handler_t;
 

@@ -435,11 +435,25 @@ static void sse_data(conn_t *c, const char *data, size_t len) {
   }
 }
 
+/* The id: line of an event: `id`, or where the stream is now (the
+ * handler's sse_id) when `id` is NULL. None while the stream is nowhere
+ * yet: an empty id: would make an EventSource forget the one it has. */
+static void sse_id_line(conn_t *c, const char *id) {
+  if (!id) id = c->net->handler.sse_id(c->net->handler.ud, c);
+  if (!id || !id[0]) return;
+  conn_write(c, "id: ", 4);
+  conn_write(c, id, strlen(id));
+  conn_write(c, "\n", 1);
+}
+
 /* One frame's JSON as an event named by its type, with `id` (NULL:
  * none). The welcome starts the stream; an error or a close before it is
  * answered as an HTTP refusal; a drain event carries its afterMs as the
  * retry: field and ends the stream, so the browser's EventSource
- * reconnects after the jittered delay (the drain lesson). */
+ * reconnects after the jittered delay (the drain lesson). The welcome,
+ * synced and drain events carry the stream's id (sse_id_line) when given
+ * none: a stream that had no msg yet is somewhere all the same, and its
+ * reconnect must resume there, not at the head (docs/protocol.md 12). */
 static void sse_frame(conn_t *c, const char *json, size_t len, const char *id) {
   ws_t *ws = c->ws;
   json_t *f = json_loadb(json, len, 0, NULL);
@@ -475,11 +489,8 @@ static void sse_frame(conn_t *c, const char *json, size_t len, const char *id) {
   int drain = strcmp(type, "drain") == 0;
   snprintf(line, sizeof line, "event: %.40s\n", type);
   conn_write(c, line, strlen(line));
-  if (id) {
-    conn_write(c, "id: ", 4);
-    conn_write(c, id, strlen(id));
-    conn_write(c, "\n", 1);
-  }
+  if (id || drain || strcmp(type, "welcome") == 0 || strcmp(type, "synced") == 0)
+    sse_id_line(c, id);
   if (drain) {
     json_t *after = json_object_get(f, "afterMs");
     snprintf(line, sizeof line, "retry: %lld\n",
@@ -533,8 +544,9 @@ void ws_send_frame(conn_t *c, const char *frame, size_t len) {
 }
 
 /* A close on a stream: before it began, a refusal (the codes' HTTP
- * statuses); after, a `close` event with the code, the reason and, when
- * the reason carries a hint, the retry: field; then the end. */
+ * statuses); after, a `close` event with the stream's id, the code, the
+ * reason and, when the reason carries a hint, the retry: field; then the
+ * end. */
 static void sse_close(conn_t *c, int code, const char *reason) {
   ws_t *ws = c->ws;
   ws->close_code = code;
@@ -568,6 +580,7 @@ static void sse_close(conn_t *c, int code, const char *reason) {
     json_decref(ev);
     if (text) {
       conn_write(c, "event: close\n", 13);
+      sse_id_line(c, NULL);
       sse_data(c, text, strlen(text));
       conn_write(c, "\n", 1);
     }

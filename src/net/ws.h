@@ -97,7 +97,9 @@ void ws_ping(conn_t *c);
  * status (401, 403, 404, 409, 429, 503 with Retry-After, else 400) and a
  * JSON body. A drain frame carries its afterMs as `retry:` and ends the
  * stream; ws_close ends it with a `close` event; ws_ping writes a comment.
- * Input is ignored. 0, or -1 (connection closed). */
+ * The welcome, synced, drain and close events carry the handler's sse_id
+ * as their `id:` (a msg its own, ws_send_msg). Input is ignored. 0, or -1
+ * (connection closed). */
 int ws_start_sse(conn_t *c, long retry_ms);
 /* 1 when `c` is such a stream. */
 int ws_is_sse(const conn_t *c);

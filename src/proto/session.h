@@ -138,11 +138,25 @@ char *session_presence_page(sessions_t *ss, const char *conv, const char *after,
 
 /* Server-Sent Events (docs/protocol.md 12, proto/sse.c). */
 
-/* The watermark and epoch of `conv` in a Last-Event-ID ("CONV SEQ EPOCH"
- * entries joined by ','; NULL or ""), or FRAME_WATERMARK_NONE and "" when
- * it names none. 0, or -1 when the id is not of that form. */
+/* The watermark and epoch of `conv` in a Last-Event-ID (NULL or "", or
+ * entries joined by ',', each "CONV SEQ EPOCH" as session_sse_id writes
+ * them or "CONV SEQ"; one space apart, SEQ decimal digits within int64_t,
+ * CONV and EPOCH ids), or FRAME_WATERMARK_NONE and "" when it names none
+ * (a conversation named twice: the last entry). 0, or -1 when the id is
+ * not of that form (the caller answers 400). Any thread. */
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]);
+
+/* The event id of stream `s` now: every announced subscription's
+ * watermark (the last seq sent, or where the stream starts) and epoch,
+ * "CONV SEQ EPOCH" entries joined by ',' in no particular order, as
+ * session_sse_watermark reads them; "" while no subscription is announced
+ * (before the welcome). A stream's msg, welcome, synced, drain and close
+ * events carry it (docs/protocol.md 12), so that the last id a client saw
+ * resumes every subscription where the stream was. A buffer of the
+ * thread's, valid until the next call; NULL when out of memory. Loop
+ * thread. */
+const char *session_sse_id(session_t *s);
 
 /* The hello of a stream `c` (after ws_start_sse gave it its session):
  * `token`, `client_id` (NULL: the stream's own), the `n` conversations

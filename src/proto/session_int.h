@@ -232,13 +232,6 @@ void session_presence_orphan(sessions_t *ss, const char *conv, const char *user,
 void session_handle_presence(session_t *s, frame_client_t *f);
 void session_handle_signal(session_t *s, frame_client_t *f);
 
-/* ---- sse.c: Server-Sent Events (docs/protocol.md 12) ---- */
-
-/* The event id of a stream's msg: every announced subscription's
- * watermark, "CONV SEQ EPOCH" joined by ','. A buffer of the loop's, valid
- * until the next call. */
-const char *session_sse_id(session_t *s);
-
 /* ---- hello.c, send.c ---- */
 
 /* A hello frame (the first frame of the connection). */

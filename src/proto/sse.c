@@ -4,10 +4,13 @@
  * token, its conversations and, in Last-Event-ID, its watermarks. From
  * there it is the same session as a WebSocket's (admission, the welcome,
  * replay, live delivery, presence, signals, drain, token expiry); only the
- * encoding differs (net/ws.c: ws_start_sse), and a msg event's id, which
+ * encoding differs (net/ws.c: ws_start_sse), and the events' id, which
  * says every subscription's watermark so that the browser's automatic
- * reconnect resumes all of them.
+ * reconnect resumes all of them: on every msg, and on the welcome, each
+ * synced, a drain and a close, so that a stream that had no msg yet
+ * resumes where it began, not at a later head.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,36 +49,52 @@ const char *session_sse_id(session_t *s) {
   return sse_ids.p;
 }
 
+/* One entry of a Last-Event-ID, `len` bytes at `p`: "CONV SEQ" or "CONV
+ * SEQ EPOCH", one space apart, SEQ decimal digits that fit an int64_t.
+ * 0, or -1 when it is not of that form. */
+static int parse_entry(const char *p, size_t len, char id[STORE_ID_MAX + 1], int64_t *seq,
+                       char epoch[STORE_EPOCH_MAX + 1]) {
+  const char *end = p + len, *sp = memchr(p, ' ', len);
+  if (!sp || sp == p || (size_t)(sp - p) > STORE_ID_MAX) return -1;
+  memcpy(id, p, (size_t)(sp - p));
+  id[sp - p] = '\0';
+  const char *d = sp + 1, *q = d;
+  int64_t v = 0;
+  for (; q < end && *q >= '0' && *q <= '9'; q++) {
+    if (v > (INT64_MAX - (*q - '0')) / 10) return -1; /* past the largest seq */
+    v = v * 10 + (*q - '0');
+  }
+  if (q == d || !util_id_valid(id)) return -1;
+  epoch[0] = '\0';
+  if (q < end) {
+    size_t n = (size_t)(end - q - 1);
+    if (*q != ' ' || n == 0 || n > STORE_EPOCH_MAX) return -1;
+    memcpy(epoch, q + 1, n);
+    epoch[n] = '\0';
+    if (!util_id_valid(epoch)) return -1;
+  }
+  *seq = v;
+  return 0;
+}
+
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]) {
   *watermark = FRAME_WATERMARK_NONE;
   epoch[0] = '\0';
   if (!last_event_id || !*last_event_id) return 0;
-  const char *p = last_event_id;
-  while (*p) {
+  for (const char *p = last_event_id;;) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
-    char entry[STORE_ID_MAX + 24 + STORE_EPOCH_MAX + 2], id[STORE_ID_MAX + 1],
-        ep[STORE_EPOCH_MAX + 1] = "";
-    long long seq;
-    int k = 0;
-    if (len == 0 || len >= sizeof entry) return -1;
-    memcpy(entry, p, len);
-    entry[len] = '\0';
-    char fmt[48];
-    snprintf(fmt, sizeof fmt, "%%%ds %%lld%%n %%%ds%%n", STORE_ID_MAX, STORE_EPOCH_MAX);
-    int n1 = 0;
-    if (sscanf(entry, fmt, id, &seq, &n1, ep, &k) < 2 || seq < 0 || !util_id_valid(id) ||
-        (entry[n1] != ' ' && entry[n1] != '\0') || /* "5abc" is no seq */
-        (ep[0] && !util_id_valid(ep)) || (size_t)(k ? k : n1) != len)
-      return -1;
+    char id[STORE_ID_MAX + 1], ep[STORE_EPOCH_MAX + 1];
+    int64_t seq;
+    if (parse_entry(p, len, id, &seq, ep) != 0) return -1;
     if (strcmp(id, conv) == 0) {
       *watermark = seq;
-      snprintf(epoch, STORE_EPOCH_MAX + 1, "%s", ep);
+      strcpy(epoch, ep);
     }
-    p = end ? end + 1 : p + len;
+    if (!end) return 0;
+    p = end + 1;
   }
-  return 0;
 }
 
 int session_sse_begin(conn_t *c, const char *token, const char *client_id, const char *const *convs,

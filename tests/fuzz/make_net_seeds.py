@@ -70,6 +70,18 @@ HTTP = {
                        b"GET /v1/ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                        b"Sec-WebSocket-Key: short\r\nSec-WebSocket-Version: 8\r\n\r\n",
     "notfound.txt": b"DELETE /nope HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n",
+    # Server-Sent Events (docs/protocol.md section 12): the watermarks in
+    # Last-Event-ID, a stream that ends with a drain event, one that ends
+    # with a close, and a Last-Event-ID that is refused with 400
+    "sse.txt": b"GET /v1/sse?conv=support-42&conv=support-43&drain=1 HTTP/1.1\r\nHost: gw\r\n"
+               b"Accept: text/event-stream\r\nAuthorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln\r\n"
+               b"Last-Event-ID: support-42 17 9c4e01af,support-43 4 51d0b7e2\r\n\r\n",
+    "sse_close.txt": b"GET /v1/sse?conv=support-42&close=1&token=t HTTP/1.1\r\nHost: gw\r\n"
+                     b"Last-Event-ID: support-42 0\r\n\r\n",
+    "sse_bad_id.txt": b"GET /v1/sse?conv=support-42 HTTP/1.1\r\nHost: gw\r\n"
+                      b"Last-Event-ID: support-42 5abc,,support-43 -1\r\n\r\n"
+                      b"GET /v1/sse?conv=support-42 HTTP/1.1\r\nHost: gw\r\n"
+                      b"Last-Event-ID: support-42 99999999999999999999 9c4e01af\r\n\r\n",
 }
 
 WS = {

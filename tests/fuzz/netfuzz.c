@@ -23,6 +23,7 @@
 #include "net/http.h"
 #include "net/ws.h"
 #include "proto/frames.h"
+#include "proto/session.h"
 
 #define MAX_ROUNDS  100000 /* loop turns for one input: more is a hang */
 #define IDLE_ROUNDS 3      /* turns with nothing moving: the connection is quiet */
@@ -31,9 +32,11 @@
  * transport only stores the pointer and hands it back to on_free. */
 typedef struct {
   int pinged;     /* on_tick sent its one ping */
-  int64_t seq;    /* last seq given to a send */
+  int64_t seq;    /* last seq given to a send; a stream's watermark */
   unsigned texts; /* text messages received */
 } fake_session_t;
+
+#define SSE_CONV "support-42" /* the conversation of a fake stream */
 
 static uv_loop_t loop;
 static uv_check_t flush_check;
@@ -74,6 +77,49 @@ static int messages_path(const char *path, char conv[STORE_ID_MAX + 1]) {
   return util_id_valid(conv);
 }
 
+static void send_owned(conn_t *c, char *text) {
+  if (text) ws_send_text(c, text, strlen(text));
+  free(text);
+}
+
+/* A stream's id: its one conversation at the fake watermark. */
+static const char *sse_id(void *ud, conn_t *c) {
+  static char id[64];
+  fake_session_t *s = session_of(c);
+  if (!s) return NULL;
+  snprintf(id, sizeof id, "%s %lld 9c4e01af", SSE_CONV, (long long)s->seq);
+  return id;
+}
+
+/* GET /v1/sse, as rest.c's handle_sse and the session answer it: the
+ * Last-Event-ID checked, then a stream of one conversation. */
+static void sse_request(conn_t *c, http_request_t *req) {
+  int64_t watermark;
+  char epoch[STORE_EPOCH_MAX + 1];
+  if (session_sse_watermark(req->last_event_id, SSE_CONV, &watermark, epoch) != 0)
+    return http_respond_error(c, 400, "bad_request", "bad Last-Event-ID", 0);
+  int drain = req->query && strstr(req->query, "drain") != NULL,
+      closing = req->query && strstr(req->query, "close") != NULL;
+  if (ws_start_sse(c, 1500) != 0) return;
+  fake_session_t *s = session_of(c);
+  /* null: live at a head of 7; one below the largest seq, for the next */
+  s->seq = watermark < 0 ? 7 : watermark < INT64_MAX ? watermark : INT64_MAX - 1;
+  json_t *welcome = json_pack("{s:s, s:s}", "type", "welcome", "session", "fuzz");
+  send_owned(c, frame_dump(welcome));
+  json_decref(welcome);
+  char sender[] = "bot", body[] = "{\"text\":\n\"two data: lines\"}"; /* as it was sent */
+  store_msg_t m = {.seq = s->seq + 1, .id = "m-1", .sender = sender, .body = body, .ts_ms = 1};
+  char *msg = frame_msg(SSE_CONV, &m);
+  s->seq++;
+  if (msg) ws_send_msg(c, NULL, 0, msg, strlen(msg), sse_id(NULL, c));
+  free(msg);
+  send_owned(c, frame_synced(SSE_CONV, s->seq, epoch, 0));
+  send_owned(c, frame_signal(SSE_CONV, "bot", 1, "{\"typing\":true}"));
+  ws_ping(c);
+  if (drain) send_owned(c, frame_drain(250, NULL, 5000));
+  if (closing) ws_close(c, WS_CLOSE_SERVICE_RESTART, "{\"retryAfterMs\":1200}");
+}
+
 static void on_request(void *ud, conn_t *c, http_request_t *req) {
   const char *path = req->path;
   char conv[STORE_ID_MAX + 1];
@@ -92,6 +138,11 @@ static void on_request(void *ud, conn_t *c, http_request_t *req) {
       ws_upgrade(c, req);
     }
     return;
+  }
+  if (strcmp(path, "/v1/sse") == 0) {
+    req->route = "/v1/sse";
+    if (req->method != 1 /* HTTP_GET */) return allow(c, "GET");
+    return sse_request(c, req);
   }
   if (strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
       strcmp(path, "/livez") == 0) {
@@ -132,11 +183,6 @@ static int on_upgrade(void *ud, conn_t *c) {
   if (!s) return -1;
   c->session = (session_t *)(void *)s;
   return 0;
-}
-
-static void send_owned(conn_t *c, char *text) {
-  if (text) ws_send_text(c, text, strlen(text));
-  free(text);
 }
 
 static void on_text(void *ud, conn_t *c, const char *text, size_t len) {
@@ -219,8 +265,14 @@ static void on_free(void *ud, conn_t *c) {
 static void check_cb(uv_check_t *h) { conn_flush_all(&net); }
 
 static void setup(void) {
-  static const conn_handler_t handler = {on_request, on_upgrade, on_text, on_writable,
-                                         on_tick,    on_close,   on_free, NULL};
+  static const conn_handler_t handler = {.on_request = on_request,
+                                         .on_upgrade = on_upgrade,
+                                         .on_text = on_text,
+                                         .on_writable = on_writable,
+                                         .on_tick = on_tick,
+                                         .on_close = on_close,
+                                         .on_free = on_free,
+                                         .sse_id = sse_id};
   if (ready) return;
   echo = getenv("NETFUZZ_ECHO") != NULL;
   log_set_level(echo ? LOG_DEBUG : LOG_ERROR);

@@ -12,7 +12,12 @@
  * with ws_upgrade; GET /healthz, /readyz and /livez are answered at once;
  * POST /v1/conversations/ID/messages is answered on a later loop turn (as
  * the REST layer answers after its pool job: a conn_ref held meanwhile),
- * so pipelined input waits; anything else gets 404 or 405. Text messages
+ * so pipelined input waits; GET /v1/sse reads its Last-Event-ID with
+ * session_sse_watermark (400 when bad) and becomes a stream
+ * (ws_start_sse) that gets a welcome, the msg after the watermark, a
+ * synced, a signal, a heartbeat and, with `drain` in the query, a drain
+ * event, with `close`, a close event (1012); anything else gets 404 or
+ * 405. Text messages
  * go through frame_decode and get a frame back (welcome, pong, sent,
  * synced, or error), sent with ws_send_text or, for `sent`, encoded once
  * with ws_encode_text and queued with ws_send_frame as the bus does. A

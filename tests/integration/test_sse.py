@@ -5,12 +5,16 @@ node that uses the browser's own EventSource and nothing else.
 
 - replay from Last-Event-ID, live messages, signals and presence events as
   their own event types, heartbeats as comments;
+- join and leave events with presenceEvents=true (a user's first client,
+  its last after the grace) and presenceEvents=clients (every client);
 - a restart: the stream ends with a drain event whose retry: is the
   jittered delay, and the reconnect with Last-Event-ID gets every message
-  once and in order, from Python and from Chromium;
+  once and in order, from Python and from Chromium; also for a stream that
+  got no msg before it (the welcome's, synced's and drain's id);
 - across a drain between two PostgreSQL nodes, with a sender running;
-- refusals as HTTP statuses with JSON bodies: 401, 403, 400, 404, 503 with
-  Retry-After while draining."""
+- refusals as HTTP statuses with JSON bodies: 401, 403, 400 (conv,
+  clientId, presenceEvents, Last-Event-ID), 404, 503 with Retry-After while
+  draining."""
 
 import asyncio
 import json
@@ -128,6 +132,22 @@ def q(**kw):
     return urllib.parse.urlencode(items)
 
 
+def events_within(s, seconds, types=None):
+    """Every event `s` gets within `seconds` (of `types` only, if given)."""
+    out = []
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return out
+        try:
+            ev = s.event(left)
+        except (socket.timeout, TimeoutError):
+            return out
+        if types is None or ev["event"] in types:
+            out.append(ev)
+
+
 def seqs(events, conv):
     return [e["data"]["seq"] for e in events if e.get("event") == "msg" and e["data"]["conv"] == conv]
 
@@ -217,6 +237,111 @@ class SseOneNode(NodeCase):
         self.assertEqual(got, list(range(1, 22)))
         s.close()
 
+    def test_resume_after_a_restart_with_no_msg_seen(self):
+        """A stream opened with no Last-Event-ID that got no msg before the
+        node restarted: the welcome, the synced and the drain event all
+        carry its id (the head it began at), and the reconnect with that id
+        gets every message committed while it was away, once and in order."""
+        n = self.node_start({"CONVERGER_DRAIN_SHUTDOWN_MS": "5000",
+                             "CONVERGER_DRAIN_WINDOW_MS": "800"})
+        conv = n.new_conv()
+        for i in range(3):
+            n.send(conv, {"before": i})
+        tok = mint_token("ann", [conv])
+        s = Sse(n.port, q(conv=conv, token=tok))
+        w = s.event()
+        self.assertEqual(w["event"], "welcome")
+        epoch = w["data"]["subs"][0]["epoch"]
+        head_id = "%s 3 %s" % (conv, epoch)
+        self.assertEqual(w.get("id"), head_id)
+        ev, seen = s.until(lambda e: e["event"] == "synced")
+        self.assertEqual((ev.get("id"), seqs(seen, conv)), (head_id, []))
+        n.fake_peer()
+        t = threading.Thread(target=n.stop)
+        t.start()
+        ev, seen = s.until(lambda e: e["event"] == "drain")
+        self.assertEqual(ev.get("id"), head_id)
+        self.assertEqual(seqs(seen, conv), [])
+        self.assertTrue(s.at_eof())
+        last = s.last_id  # what EventSource sends as Last-Event-ID
+        s.close()
+        t.join()
+        self.assertEqual(last, head_id)
+        n.start()
+        for i in range(5):  # committed while the stream is away
+            n.send(conv, {"gap": i})
+        s = Sse(n.port, q(conv=conv, token=tok), {"Last-Event-ID": last})
+        self.assertEqual(s.status, 200)
+        w = s.event()
+        self.assertEqual((w["event"], w.get("id")), ("welcome", head_id))
+        self.assertNotIn("reset", w["data"]["subs"][0])
+        _, seen = s.until(lambda e: e["event"] == "synced")
+        got = seqs(seen, conv)
+        self.assertEqual(seen[-1].get("id"), "%s 8 %s" % (conv, epoch))
+        n.send(conv, {"live": 1})
+        ev, seen = s.until(lambda e: e["event"] == "msg")
+        got += seqs(seen, conv)
+        self.assertEqual(got, list(range(4, 10)))  # each once, in order, nothing before 4
+        self.assertEqual(events_within(s, 0.3), [])
+        s.close()
+
+    def test_presence_join_and_leave_events(self):
+        """presenceEvents=true: a user's first client joins and its last one
+        leaves (after the grace, not before); presenceEvents=clients: every
+        client instance's; the events carry no id (the stream's stays)."""
+        grace = 1500
+        n = self.node_start({"CONVERGER_PRESENCE_GRACE_MS": str(grace)})
+        conv = n.new_conv(presence=True)
+        users = Sse(n.port, q(conv=conv, token=mint_token("ann", [conv]), clientId="ann-sse",
+                              presenceEvents="true"))
+        clients = Sse(n.port, q(conv=conv, token=mint_token("obs", [conv]), clientId="obs-sse",
+                                presenceEvents="clients"))
+        for s in (users, clients):
+            self.assertEqual(s.status, 200, s.body)
+            w, _ = s.until(lambda e: e["event"] == "welcome")
+            self.assertIs(w["data"]["subs"][0]["presence"], True)
+            s.until(lambda e: e["event"] == "synced")
+        # the users stream sees the clients stream join
+        self.assertEqual([(e["data"]["user"], e["data"]["client"]) for e in
+                          events_within(users, 0.5, ("join", "leave"))], [("obs", "obs-sse")])
+        ids = (users.last_id, clients.last_id)
+
+        async def two_clients():
+            tok = mint_token("bob", [conv])
+            out = []
+            for cid in ("bob-phone", "bob-laptop"):
+                c, _ = await open_client(n, tok, [{"conv": conv, "watermark": None}], client_id=cid)
+                await c.until_synced(conv)
+                out.append(c)
+            return out
+
+        async def close_all(cs):
+            for c in cs:
+                await c.close()
+
+        bobs = asyncio.run(two_clients())
+        joins = events_within(users, 0.8, ("join", "leave"))
+        self.assertEqual([(e["event"], e["data"]["conv"], e["data"]["user"], e["data"]["client"])
+                          for e in joins], [("join", conv, "bob", "bob-phone")])
+        self.assertNotIn("id", joins[0])
+        joins = events_within(clients, 0.5, ("join", "leave"))
+        self.assertEqual([(e["event"], e["data"]["client"]) for e in joins],
+                         [("join", "bob-phone"), ("join", "bob-laptop")])
+        asyncio.run(close_all(bobs))
+        t0 = time.monotonic()
+        self.assertEqual(events_within(users, grace / 1000.0 - 0.5, ("join", "leave")), [])
+        leaves = events_within(users, 2.5, ("join", "leave"))
+        self.assertGreaterEqual(time.monotonic() - t0, grace / 1000.0 - 0.05)
+        self.assertEqual([(e["event"], e["data"]["user"], e["data"]["client"]) for e in leaves],
+                         [("leave", "bob", "bob-laptop")])
+        self.assertNotIn("id", leaves[0])
+        leaves = events_within(clients, 0.8, ("join", "leave"))
+        self.assertEqual(sorted((e["event"], e["data"]["client"]) for e in leaves),
+                         [("leave", "bob-laptop"), ("leave", "bob-phone")])
+        self.assertEqual((users.last_id, clients.last_id), ids)  # the events moved no id
+        users.close()
+        clients.close()
+
     def test_refusals(self):
         n = self.node_start({"CONVERGER_DRAIN_SHUTDOWN_MS": "3000",
                              "CONVERGER_DRAIN_WINDOW_MS": "2000"})
@@ -231,11 +356,20 @@ class SseOneNode(NodeCase):
             (q(conv="bad id", token=tok), {}, 400, "bad_request"),
             (q(conv=conv, token=tok), {"Last-Event-ID": "garbage"}, 400, "bad_request"),
             (q(conv="missing", token=mint_token("ann", ["missing"])), {}, 404, "not_found"),
+            (q(conv=conv, token=tok, presenceEvents="all"), {}, 400, "bad_request"),
+            (q(conv=conv, token=tok, presenceEvents="1"), {}, 400, "bad_request"),
+            (q(conv=conv, token=tok, clientId="no spaces"), {}, 400, "bad_request"),
+            (q(conv=conv, token=tok), {"Last-Event-ID": "%s 5abc" % conv}, 400, "bad_request"),
+            (q(conv=conv, token=tok, lastEventId="%s -1" % conv), {}, 400, "bad_request"),
         ]
         for query, headers, status, code in cases:
             s = Sse(n.port, query, headers)
             self.assertEqual(s.status, status, (query, s.body))
+            self.assertEqual(s.headers["content-type"], "application/json", query)
             self.assertEqual(s.body["error"]["code"], code, s.body)
+            self.assertTrue(s.body["error"]["message"], s.body)
+            if "presenceEvents" in query:
+                self.assertIn("presenceEvents", s.body["error"]["message"])
             s.close()
         # the token in Authorization instead of the query
         s = Sse(n.port, q(conv=conv), {"Authorization": "Bearer " + tok})
@@ -351,14 +485,21 @@ class Cdp:
 
 class SseChromium(NodeCase):
     def test_event_source_across_a_restart(self):
-        """web/sse.html in headless Chromium: 20 messages, a restart of the
-        node (SIGTERM with a drain: the stream's retry: is the jittered
-        delay), 20 more: the page's EventSource got 1..40 once and in order
-        without any code of ours in the browser."""
+        """web/sse.html in headless Chromium. First, before any message, a
+        drain that the page cannot follow at once (a WebSocket client holds
+        the node in it, so the page's new EventSource is refused with 503)
+        while 20 messages are committed, then a restart: the page resumes
+        with the id of the welcome (no msg had come) and gets 1..20. Then a
+        restart after messages (SIGTERM with a drain: the stream's retry: is
+        the jittered delay), 20 more: 1..40 once and in order without any
+        code of ours in the browser."""
         n = self.node_start({"CONVERGER_DRAIN_SHUTDOWN_MS": "5000",
                              "CONVERGER_DRAIN_WINDOW_MS": "1000"})
         conv = n.new_conv()
         tok = mint_token("ann", [conv])
+        st, _, js = n.request("GET", "/v1/conversations/%s" % conv)
+        self.assertEqual(st, 200, js)
+        first_id = "%s 0 %s" % (conv, js["epoch"])
         profile = tempfile.mkdtemp(prefix="converger-chromium-")
         dport = harness.free_port()
         page = "http://127.0.0.1:%d/sse.html?%s" % (n.port, q(conv=conv, token=tok))
@@ -396,9 +537,24 @@ class SseChromium(NodeCase):
                         raise AssertionError("page never had %s; events %r" %
                                              (expr, await cdp.eval("JSON.stringify(window.converger.events)")))
                     await wait("window.converger && window.converger.events.includes('synced')")
+                    # no msg yet: the id is the welcome's, the head (0)
+                    self.assertEqual(await cdp.eval("window.converger.lastId()"), first_id)
+                    ws = harness.RawWs(n.port)  # keeps the node draining
+                    ws.hello(tok, [{"conv": conv, "watermark": None}])
+                    ws.recv_until(lambda m: m.get("type") == "synced")
+                    n.fake_peer()
+                    st, _, js = n.request("POST", "/admin/drain", {})
+                    self.assertIn(st, (200, 202), js)
+                    await wait("window.converger.events.includes('drain')")
+                    # the page is refused (503) while the node drains: these
+                    # are committed while it has no stream
                     for i in range(20):
                         n.send(conv, {"i": i})
-                    await wait("window.converger.got.length >= 20")
+                    ws.close()
+                    n.stop()  # the drain ends itself (nobody left), or SIGTERM ends it
+                    n.start()
+                    await wait("window.converger.got.length >= 20", 40)
+                    self.assertEqual(await cdp.eval("window.converger.got.length"), 20)
                     n.fake_peer()  # a ready peer: a drain event, not a 1012 close
                     n.restart()  # SIGTERM: drain event, retry: under 1000 ms; then a new process
                     for i in range(20, 40):
@@ -410,8 +566,8 @@ class SseChromium(NodeCase):
                     return got, events
             got, events = asyncio.run(go())
             self.assertEqual([s for c, s in got], list(range(1, 41)))
-            self.assertIn("drain", events)
-            self.assertGreaterEqual(events.count("welcome"), 2)
+            self.assertEqual(events.count("drain"), 2)
+            self.assertGreaterEqual(events.count("welcome"), 3)
         finally:
             proc.terminate()
             try:

@@ -23,9 +23,46 @@
 
 /* ---- the node's side: what serve.c wires, without its timers ------------- */
 
+/* GET /v1/sse?conv=A&conv=B with Authorization: Bearer TOKEN and
+ * Last-Event-ID, as rest.c's handle_sse starts it once it has checked the
+ * query (the refusals of the query itself are rest.c's, tested over a
+ * real socket in tests/integration/test_sse.py). */
+static void sse_request(conn_t *c, http_request_t *req) {
+  char convs[4][STORE_ID_MAX + 1];
+  const char *list[4];
+  size_t n = 0;
+  int64_t w;
+  char ep[STORE_EPOCH_MAX + 1];
+  const char *auth = req->authorization, *q = req->query ? req->query : "";
+  for (const char *at = q; n < 4 && (at = strstr(at, "conv=")) != NULL; at += 5, n++) {
+    snprintf(convs[n], sizeof convs[n], "%.*s", (int)strcspn(at + 5, "&"), at + 5);
+    list[n] = convs[n];
+  }
+  int bad = n == 0 || !auth || strncmp(auth, "Bearer ", 7) != 0;
+  for (size_t i = 0; i < n && !bad; i++)
+    bad = !util_id_valid(convs[i]) ||
+          session_sse_watermark(req->last_event_id, convs[i], &w, ep) != 0;
+  if (bad) {
+    http_respond_error(c, 400, "bad_request", "the fixture's stream: conv, token, Last-Event-ID",
+                       0);
+    return;
+  }
+  /* ws_start_sse frees the request: what the hello needs is copied first */
+  char *token = strdup(auth + 7), *lei = req->last_event_id ? strdup(req->last_event_id) : NULL;
+  int events = strstr(q, "presenceEvents=true") ? FRAME_EVENTS_USERS : FRAME_EVENTS_NONE;
+  assert_non_null(token);
+  if (ws_start_sse(c, 1234) == 0) session_sse_begin(c, token, NULL, list, n, lei, events);
+  free(token);
+  free(lei);
+}
+
 static void on_request(void *ud, conn_t *c, http_request_t *req) {
   if (strcmp(req->path, "/v1/ws") == 0) {
     ws_upgrade(c, req);
+    return;
+  }
+  if (strcmp(req->path, "/v1/sse") == 0) {
+    sse_request(c, req);
     return;
   }
   http_respond_error(c, 404, "not_found", "no such route", 0);
@@ -42,6 +79,9 @@ static void on_free(void *ud, conn_t *c) {
   for (int i = 0; i < FX_PEERS_MAX; i++)
     if (fx->peers[i] && fx->peers[i]->conn == c) fx->peers[i]->conn = NULL;
   session_free(c->session);
+}
+static const char *on_sse_id(void *ud, conn_t *c) {
+  return c->session ? session_sse_id(c->session) : NULL;
 }
 
 static char *bus_json(void *ud, const char *conv, const store_msg_t *m) {
@@ -108,6 +148,7 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                       .on_tick = on_tick,
                       .on_close = on_close,
                       .on_free = on_free,
+                      .sse_id = on_sse_id,
                       .ud = fx};
   conn_net_init(&fx->net, &fx->loop, &fx->cfg, &h, fx->metrics);
   assert_int_equal(store_open(fx->url, NULL, &fx->db), 0);
@@ -307,7 +348,7 @@ static void send_frame(fx_peer_t *p, int opcode, const void *payload, size_t len
   free(f);
 }
 
-fx_peer_t *fx_connect(fx_t *fx) {
+fx_peer_t *fx_connect_raw(fx_t *fx, const char *request) {
   int sv[2];
   assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   fx_peer_t *p = calloc(1, sizeof *p);
@@ -320,11 +361,27 @@ fx_peer_t *fx_connect(fx_t *fx) {
   while (slot < FX_PEERS_MAX && fx->peers[slot]) slot++;
   assert_true(slot < FX_PEERS_MAX);
   fx->peers[slot] = p;
-  const char *req = "GET /v1/ws HTTP/1.1\r\nHost: fixture\r\nUpgrade: websocket\r\n"
-                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                    "Sec-WebSocket-Version: 13\r\n\r\n";
-  write_all(p, req, strlen(req));
+  write_all(p, request, strlen(request));
   fx_run(fx);
+  return p;
+}
+
+char *fx_take(fx_peer_t *p) {
+  fx_run(p->fx);
+  pull(p);
+  char *out = malloc(p->in_len + 1);
+  assert_non_null(out);
+  memcpy(out, p->in, p->in_len);
+  out[p->in_len] = '\0';
+  p->in_len = 0;
+  return out;
+}
+
+fx_peer_t *fx_connect(fx_t *fx) {
+  fx_peer_t *p =
+      fx_connect_raw(fx, "GET /v1/ws HTTP/1.1\r\nHost: fixture\r\nUpgrade: websocket\r\n"
+                         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                         "Sec-WebSocket-Version: 13\r\n\r\n");
   pull(p);
   char *end = memmem(p->in, p->in_len, "\r\n\r\n", 4);
   assert_non_null(end);

@@ -116,6 +116,17 @@ char *fx_token_ttl(fx_t *fx, const char *sub, const char *conv, int64_t ttl_s);
 
 /* A new client upgraded to WebSocket (the 101 read). Heap; fx_peer_free. */
 fx_peer_t *fx_connect(fx_t *fx);
+/* A new client that wrote `request` (raw HTTP) and read nothing yet. The
+ * fixture routes GET /v1/ws (upgraded) and GET /v1/sse?conv=A&conv=B
+ * (up to 4) with Authorization: Bearer TOKEN and an optional
+ * Last-Event-ID: a stream of those conversations (session_sse_begin;
+ * presenceEvents=true in the query for join and leave events; retry:
+ * 1234), or 400 for a bad Last-Event-ID. Heap; fx_peer_free. */
+fx_peer_t *fx_connect_raw(fx_t *fx, const char *request);
+/* Every byte the node wrote to `p` and not taken yet (runs the loop
+ * first), NUL-terminated; heap, the caller frees. For streams: the WebSocket
+ * calls below parse frames instead. */
+char *fx_take(fx_peer_t *p);
 /* Close the client's end (the node sees EOF) and free it. */
 void fx_peer_free(fx_peer_t *p);
 /* Send `json` as one masked text frame, then fx_run. */
