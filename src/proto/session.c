@@ -252,7 +252,9 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   char why[200];
   if (!s) return;
   if (frame_decode(text, len, s->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
-    session_send_error(c, "bad_request", why, NULL, 0, NULL);
+    /* A frame about one conversation whose `conv` was valid names it
+     * (docs/protocol.md 4.5: every refusal of a subscribe carries conv). */
+    session_send_error(c, "bad_request", why, f.bad_conv[0] ? f.bad_conv : NULL, 0, NULL);
     if (!s->hello_seen) {
       session_count_handshake(s->ss, "bad_request");
       /* An invalid hello may be corrected within the hello timeout; any

@@ -929,10 +929,18 @@ static void test_subscribe_refusals(void **state) {
   subscribe_frame(p, "c9", 0); /* c1 and c2: max_subs */
   expect_error_conv(p, "too_many_subscriptions", "c9");
   assert_false(fx_step(&fx));
+  /* bad_request: with the frame's conv when it was valid and a later
+   * field was not; without one when conv itself was bad */
   fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"bad conv\"}");
-  expect_error(p, "bad_request");
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "bad_request");
+  assert_null(json_object_get(e, "conv"));
+  json_decref(e);
   fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":-3}");
-  expect_error(p, "bad_request");
+  expect_error_conv(p, "bad_request", "c2");
+  fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"c9\",\"watermark\":0,\"epoch\":[1]}");
+  expect_error_conv(p, "bad_request", "c9");
+  assert_int_equal(fx_sub_state(p, "c9"), -1);
   expect_open(p);
   fx_peer_free(narrow);
   fx_peer_free(p);
