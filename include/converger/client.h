@@ -251,7 +251,8 @@ typedef struct {
    * use (during a drain move, the old one until the new is welcomed):
    * at most once, never replayed. on_signal: a signal of `conv` from
    * `sender` at `ts_ms` (wall ms), `body` its JSON text; at most once.
-   * Either may be NULL. */
+   * Both only for a conversation in the current set: none follows its
+   * cvg_unsubscribe or its end. Either may be NULL. */
   int presence_events;
   void (*on_presence)(void *ud, const char *conv, int join, const char *user, const char *client);
   void (*on_signal)(void *ud, const char *conv, const char *sender, int64_t ts_ms,
