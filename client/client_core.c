@@ -603,7 +603,10 @@ static void set_presence_events(const cvg_core_t *core, json_t *f) {
 }
 
 /* join, leave and signal (protocol 1.2): told by the connection in use
- * only, so a drain move does not tell them twice. */
+ * only, so a drain move does not tell them twice, and only for a
+ * conversation in the set: nothing of one follows its cvg_unsubscribe
+ * (frames the node wrote before it took the unsubscribe are dropped, as
+ * its `msg` frames are). */
 static void on_ephemeral(cvg_core_t *core, ctrans_t *t, json_t *j, const char *type) {
   if (core->active < 0 || t != &core->t[core->active]) return;
   const char *conv = json_string_value(json_object_get(j, "conv"));
@@ -611,6 +614,8 @@ static void on_ephemeral(cvg_core_t *core, ctrans_t *t, json_t *j, const char *t
     core->st.bad_frames++;
     return;
   }
+  const csub_t *s = find_sub(core, conv);
+  if (!s || s->ended) return;
   if (strcmp(type, "signal") == 0) {
     const char *sender = json_string_value(json_object_get(j, "sender"));
     char *body = json_dumps(json_object_get(j, "body"), JSON_COMPACT | JSON_ENCODE_ANY);

@@ -191,11 +191,15 @@ typedef int (*cvg_token_cb)(void *ud, const char *why, char *out, size_t cap);
 
 /* The outcome of a cvg_send: `error` is NULL and `seq` > 0 once the server
  * committed the message; otherwise `error` is the server's error code
- * (forbidden, not_found, channel_inactive, too_large, bad_request,
- * rate_limited), or the client's: "closed" (closed by the application),
- * "unauthorized" (the token was refused) or "no_subscription" (every
- * subscription ended, so no hello is possible); seq is then 0.
- * Called exactly once per accepted send. */
+ * for that send (forbidden, not_found, channel_inactive), "too_large" (the
+ * node closed with 1009 while it was the largest send in flight on that
+ * connection: over the node's message limit), or the client's: "closed"
+ * (closed by the application), "unauthorized" (the token was refused) or
+ * "no_subscription" (every subscription ended, so no hello is possible);
+ * seq is then 0. A send the node refused with rate_limited is sent again
+ * after the hint, and one refused with unavailable after the reconnect,
+ * with the same id: neither completes it. Called exactly once per
+ * accepted send. */
 typedef void (*cvg_sent_cb)(void *ud, const char *conv, const char *id, int64_t seq,
                             const char *error);
 
@@ -204,7 +208,8 @@ typedef struct {
   size_t nurls;
   const char *token; /* the JWT for hello */
   const cvg_sub_t *subs;
-  size_t nsubs;            /* 1 .. 100 (hello needs one) */
+  size_t nsubs;            /* 0 .. 100; 0: none at first, added with cvg_core_subscribe (the
+                              empty hello this sends needs a 1.1 node) */
   const char *client_name; /* optional `client` of hello; NULL: none */
   cvg_backoff_strategy_t backoff;
   int64_t backoff_base_ms;    /* 0: 250 */
@@ -251,7 +256,8 @@ typedef struct {
    * use (during a drain move, the old one until the new is welcomed):
    * at most once, never replayed. on_signal: a signal of `conv` from
    * `sender` at `ts_ms` (wall ms), `body` its JSON text; at most once.
-   * Either may be NULL. */
+   * Both only for a conversation in the current set: none follows its
+   * cvg_unsubscribe or its end. Either may be NULL. */
   int presence_events;
   void (*on_presence)(void *ud, const char *conv, int join, const char *user, const char *client);
   void (*on_signal)(void *ud, const char *conv, const char *sender, int64_t ts_ms,

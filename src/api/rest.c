@@ -788,7 +788,7 @@ static int rest_rate_refused(api_t *api, conn_t *c) {
   if (api->cfg->rest_rate <= 0 || limiter_take(&api->rest_appends, now)) return 0;
   metrics_add(api->metrics, "converger_rate_limited_total", "kind=\"rest\"", 1);
   char message[96];
-  snprintf(message, sizeof message, "more than %d appends and signals a second for this API key",
+  snprintf(message, sizeof message, "more than %d appends and signals a second on this node",
            api->cfg->rest_rate);
   http_respond_error(c, 429, "rate_limited", message, limiter_wait_ms(&api->rest_appends, now));
   return 1;

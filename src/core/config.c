@@ -129,8 +129,8 @@ static const setting_t settings[] = {
       "WebSocket connections of one user (token sub) on this node; more: error "
       "too_many_connections and close 1008 at hello; 0: no limit"),
     S("CONVERGER_REST_RATE", "rest-rate", K_INT, rest_rate, "0", 0, 100000000, NULL,
-      "REST message appends per second for the API key (token bucket); above: HTTP 429 "
-      "rate_limited; 0: no limit"),
+      "REST message appends and signals per second on this node, one token bucket for every "
+      "API key; above: HTTP 429 rate_limited; 0: no limit"),
     S("CONVERGER_REST_RATE_BURST", "rest-rate-burst", K_INT, rest_rate_burst, "0", 0, 100000000,
       NULL, "REST appends at once above the rate; 0: twice the rate"),
     S("CONVERGER_REVOCATION_REFRESH_MS", "revocation-refresh-ms", K_INT, revocation_refresh_ms,

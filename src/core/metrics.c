@@ -47,6 +47,10 @@ static const family_t families[] = {
     {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms)."},
     {"converger_pool_jobs_in_flight", M_GAUGE, "Store jobs queued or running."},
     {"converger_subscriptions", M_GAUGE, "Live subscriptions on this node."},
+    {"converger_subscriptions_refused_total", M_COUNTER,
+     "subscribe frames refused by the node before any store work, by reason "
+     "(too_many_subscriptions: the connection holds CONVERGER_MAX_SUBS; forbidden: the token does "
+     "not cover the conversation). A hello over CONVERGER_MAX_SUBS is a bad_request handshake."},
     {"converger_protocol_admission_wait_ms", M_HISTOGRAM,
      "Time a hello or sync waited in the admission queue (ms), by result."},
     {"converger_admission_in_use", M_GAUGE, "Admission slots held (handshake and sync work)."},

@@ -229,11 +229,15 @@ int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out
   return -CV_EINVAL;
 bad : {
   frame_type_t t = out->type;
-  /* `type` points into root: decide before clearing. */
+  /* `type` and `conv` point into root: decide and copy before clearing. */
   int known = type != NULL && (t != FRAME_HELLO || strcmp(type, "hello") == 0);
+  char conv[STORE_ID_MAX + 1] = "";
+  if (known && util_id_valid(out->conv)) /* util_id_valid bounds it to STORE_ID_MAX */
+    strcpy(conv, out->conv);
   frame_client_clear(out);
   out->type = t;
   out->known_type = known;
+  strcpy(out->bad_conv, conv);
   return -CV_EINVAL;
 }
 }

@@ -66,12 +66,17 @@ typedef struct {
   int members;         /* presence: 0 for the count alone */
   int known_type;    /* on a decode failure: 1 when `type` was a known
                         frame type (then `type` is set) */
+  /* On a decode failure of a frame about one conversation whose `conv` was
+   * valid and a later field was not: that `conv`, so that the error can
+   * carry it (docs/protocol.md 4.5); "" otherwise. */
+  char bad_conv[STORE_ID_MAX + 1];
 } frame_client_t;
 
 /* Decode one client text message. On success fills `out` (clear it with
  * frame_client_clear) and returns 0. On failure returns -CV_EINVAL and sets
  * `why` (a message for the error frame, at most `why_len` bytes);
- * out->known_type and out->type then tell which frame it tried to be.
+ * out->known_type and out->type then tell which frame it tried to be, and
+ * out->bad_conv the conversation it was about when its `conv` was valid.
  * `max_subs` bounds hello subscriptions. */
 int frame_decode(const char *text, size_t len, int max_subs, frame_client_t *out, char *why,
                  size_t why_len);

@@ -115,6 +115,7 @@ static size_t count_subs(const session_t *s) {
 static void handle_subscribe(session_t *s, const frame_client_t *f) {
   conn_t *c = s->conn;
   if (!s->token.can_read || !auth_token_allows(&s->token, f->conv)) {
+    metrics_add(s->ss->metrics, "converger_subscriptions_refused_total", "reason=\"forbidden\"", 1);
     session_send_error(c, "forbidden", "the token does not cover this conversation", f->conv, 0,
                        NULL);
     return;
@@ -130,6 +131,8 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   if (count_subs(s) >= (size_t)s->ss->cfg->max_subs) {
     char why[96];
     snprintf(why, sizeof why, "this connection already has %d subscriptions", s->ss->cfg->max_subs);
+    metrics_add(s->ss->metrics, "converger_subscriptions_refused_total",
+                "reason=\"too_many_subscriptions\"", 1);
     session_send_error(c, "too_many_subscriptions", why, f->conv, 0, NULL);
     return;
   }
@@ -252,7 +255,9 @@ void session_on_text(conn_t *c, const char *text, size_t len) {
   char why[200];
   if (!s) return;
   if (frame_decode(text, len, s->ss->cfg->max_subs, &f, why, sizeof why) != 0) {
-    session_send_error(c, "bad_request", why, NULL, 0, NULL);
+    /* A frame about one conversation whose `conv` was valid names it
+     * (docs/protocol.md 4.5: every refusal of a subscribe carries conv). */
+    session_send_error(c, "bad_request", why, f.bad_conv[0] ? f.bad_conv : NULL, 0, NULL);
     if (!s->hello_seen) {
       session_count_handshake(s->ss, "bad_request");
       /* An invalid hello may be corrected within the hello timeout; any

@@ -4,8 +4,10 @@ sender, every message of the conversation printed once and in order across
 the unsubscribed spans (each subscribe resumes from the last printed seq);
 a token refreshed from --token-cmd before it expires, so the connection
 lives on past several lifetimes; without a way to get a new token, tail
-fails when the node closes with token_expired; (1.2) presence events and
-signals said on stderr."""
+fails when the node closes with token_expired; several --conv printed
+each once and in order; the `refresh` command answered by the node (and
+a refresh with another user's token refused, the connection kept); (1.2)
+presence events and signals said on stderr."""
 
 import json
 import os
@@ -142,6 +144,72 @@ class TailV11(NodeCase):
         self.assertEqual([json.loads(l)["seq"] for l in out.lines], list(range(1, 17)))
         _, _, metrics = n.get_text("/metrics")
         self.assertRegex(metrics, r'converger_token_refreshes_total\{result="ok"\} [2-9]')
+
+    def metric(self, node, series):
+        """The value of one series on the node's /metrics, None when absent."""
+        _, _, text = node.get_text("/metrics")
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        return None
+
+    def test_several_convs(self):
+        """tail --conv A --conv B: one connection, both conversations'
+        replays from --watermark 0 and their live messages, each printed
+        once and in order."""
+        n = self.node_start()
+        a, b = n.new_conv(), n.new_conv()
+        for i in range(3):
+            n.send(a, {"a": i})
+        n.send(b, {"b": 0})
+        p, out, err = self.start_tail(n, ["--conv", a, "--conv", b, "--watermark", "0"],
+                                      mint_token("tia", [a, b]))
+        out.wait_for(lambda l: json.loads(l)["conv"] == b and json.loads(l)["seq"] == 1)
+        out.wait_for(lambda l: json.loads(l)["conv"] == a and json.loads(l)["seq"] == 3)
+        n.send(b, {"b": 1})
+        n.send(a, {"a": 3})
+        out.wait_for(lambda l: json.loads(l)["conv"] == b and json.loads(l)["seq"] == 2)
+        out.wait_for(lambda l: json.loads(l)["conv"] == a and json.loads(l)["seq"] == 4)
+        frames = [json.loads(l) for l in list(out.lines)]
+        self.assertEqual([f["seq"] for f in frames if f["conv"] == a], [1, 2, 3, 4])
+        self.assertEqual([f["seq"] for f in frames if f["conv"] == b], [1, 2])
+        self.assertEqual([f["body"] for f in frames if f["conv"] == b], [{"b": 0}, {"b": 1}])
+        self.assertEqual(len(frames), 6, frames)
+        self.assertIsNone(p.poll())
+        self.assertEqual(sum("welcomed by" in l for l in list(err.lines)), 1, err.lines)
+
+    def test_refresh_command(self):
+        """--commands: `refresh` runs --token-cmd and sends the new token at
+        once (long before 80 % of an hour-long token); the node answers
+        `refreshed` (converger_token_refreshes_total{result="ok"}). `refresh
+        JWT` with another user's token is refused with forbidden and the
+        connection stays, still printing messages."""
+        n = self.node_start()
+        conv = n.new_conv()
+        token_cmd = "CONVERGER_TOKEN_SECRET=%s %s token --sub rae --convs %s --ttl 3600" % (
+            harness.TOKEN_SECRET, harness.binary(), conv)
+        p, out, err = self.start_tail(n, ["--conv", conv, "--commands", "--token-cmd", token_cmd],
+                                      mint_token("rae", [conv]))
+        err.wait_for(lambda l: "synced at 0" in l)
+        ok = 'converger_token_refreshes_total{result="ok"}'
+        forbidden = 'converger_token_refreshes_total{result="forbidden"}'
+        self.assertIsNone(self.metric(n, ok))
+        self.command(p, "refresh")
+        err.wait_for(lambda l: "new token sent (refresh)" in l)
+        deadline = time.time() + 10
+        while self.metric(n, ok) != 1:
+            self.assertLess(time.time(), deadline, err.lines[-5:])
+            time.sleep(0.05)
+        time.sleep(1.1)  # the refresh bucket: 1 a second (CONVERGER_RATE_REFRESH)
+        self.command(p, "refresh " + mint_token("someone-else", [conv]))
+        err.wait_for(lambda l: "server error forbidden" in l)
+        self.assertEqual(self.metric(n, forbidden), 1)
+        self.assertEqual(self.metric(n, ok), 1)
+        n.send(conv, {"after": "refresh"})
+        line = out.wait_for(lambda l: l.startswith("{"))
+        self.assertEqual(json.loads(line)["body"], {"after": "refresh"})
+        self.assertIsNone(p.poll())
+        self.assertEqual(sum("welcomed by" in l for l in list(err.lines)), 1, err.lines)
 
     def test_token_expiry_without_token_cmd_ends_tail(self):
         n = self.node_start({"CONVERGER_TOKEN_LEEWAY_MS": "0"})

@@ -215,13 +215,19 @@ class WsV11(NodeCase):
             c, _ = await open_client(n, mint_token("cy", [conv]), [{"conv": conv, "watermark": None}])
             await c.until_synced(conv)
             try:
-                for bad in ({"type": "subscribe"}, {"type": "subscribe", "conv": "a b"},
-                            {"type": "subscribe", "conv": conv, "watermark": "x"},
-                            {"type": "unsubscribe", "conv": 7}, {"type": "refresh"},
-                            {"type": "refresh", "token": 42}):
+                # conv in the error when the frame's conv was valid and a
+                # later field was not (section 4.5), none when it was bad
+                for bad, named in (({"type": "subscribe"}, None),
+                                   ({"type": "subscribe", "conv": "a b"}, None),
+                                   ({"type": "subscribe", "conv": conv, "watermark": "x"}, conv),
+                                   ({"type": "subscribe", "conv": conv, "epoch": 5}, conv),
+                                   ({"type": "unsubscribe", "conv": 7}, None),
+                                   ({"type": "refresh"}, None),
+                                   ({"type": "refresh", "token": 42}, None)):
                     await c.send_json(bad)
                     m = await c.recv_json()
                     self.assertEqual((m["type"], m["code"]), ("error", "bad_request"), (bad, m))
+                    self.assertEqual(m.get("conv"), named, (bad, m))
                 other = n.new_conv()
                 await c.send_json({"type": "subscribe", "conv": other, "watermark": 0})
                 m = await c.recv_json()

@@ -51,7 +51,32 @@ typedef struct {
   int nresets; /* on_reset calls, and the arguments of the last one */
   int64_t reset_old, reset_head;
   char reset_old_epoch[64], reset_epoch[64], reset_conv[64];
+  int npresence, presence_join; /* on_presence calls, and the last one's arguments */
+  char presence_conv[64], presence_user[64], presence_client[64];
+  int nsignals; /* on_signal calls, and the last one's arguments */
+  int64_t signal_ts;
+  char signal_conv[64], signal_sender[64], signal_body[256];
 } h_t;
+
+static void on_presence(void *ud, const char *conv, int join, const char *user,
+                        const char *client) {
+  h_t *h = ud;
+  h->npresence++;
+  h->presence_join = join;
+  snprintf(h->presence_conv, sizeof h->presence_conv, "%s", conv);
+  snprintf(h->presence_user, sizeof h->presence_user, "%s", user);
+  snprintf(h->presence_client, sizeof h->presence_client, "%s", client);
+}
+
+static void on_signal(void *ud, const char *conv, const char *sender, int64_t ts_ms,
+                      const char *body) {
+  h_t *h = ud;
+  h->nsignals++;
+  h->signal_ts = ts_ms;
+  snprintf(h->signal_conv, sizeof h->signal_conv, "%s", conv);
+  snprintf(h->signal_sender, sizeof h->signal_sender, "%s", sender);
+  snprintf(h->signal_body, sizeof h->signal_body, "%s", body);
+}
 
 static void on_reset(void *ud, const char *conv, int64_t old_watermark, const char *old_epoch,
                      int64_t head, const char *epoch) {
@@ -149,7 +174,8 @@ typedef struct {
   int ignore_hints;
   int64_t base_ms;
   const char *const *epochs;
-  int token_cb; /* 1: the token callback */
+  int token_cb;  /* 1: the token callback */
+  int ephemeral; /* 1: on_presence and on_signal */
 } more_t;
 
 static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
@@ -177,6 +203,10 @@ static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
     o.backoff_base_ms = more->base_ms;
     o.epochs = more->epochs;
     if (more->token_cb) o.token_cb = token_cb;
+    if (more->ephemeral) {
+      o.on_presence = on_presence;
+      o.on_signal = on_signal;
+    }
   }
   char err[200];
   assert_int_equal(cvg_core_new(&o, &h->core, err, sizeof err), 0);
@@ -1568,6 +1598,193 @@ static void test_subscribe_during_a_drain_move(void **state) {
   destroy(&h);
 }
 
+/* An unsubscribe during a drain move. While the new connection's hello
+ * (which carried the conversation) waits for its welcome, the unsubscribe
+ * goes on both connections; nothing of the conversation is delivered after
+ * it (msg, join, signal, from either connection, the new one's replay
+ * included), neither answer is taken for the node ending it, and later
+ * hellos leave it out. While the new connection is still opening, it goes
+ * on the old one only, and the new one's hello leaves it out. */
+static void test_unsubscribe_during_a_drain_move(void **state) {
+  static const char *const drain =
+      "{\"type\":\"drain\",\"afterMs\":100,\"reconnectTo\":\"ws://next:9/v1/ws\","
+      "\"deadlineMs\":30000}";
+  static const char *const welcome2 =
+      "{\"type\":\"welcome\",\"session\":\"%s\",\"node\":\"%s\",\"heartbeatMs\":0,"
+      "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":true},"
+      "{\"conv\":\"c2\",\"head\":%d,\"presence\":true}]}";
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c2", 0}};
+  more_t m = {.ephemeral = 1};
+  make_more(&h, subs, 2, 3, CVG_BACKOFF_DECORRELATED, &m);
+  uint32_t old = open_first(&h);
+  text(&h, old, welcome2, "1", "n-old", 0);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  msg(&h, old, "c2", 1);
+  text(&h, old, drain);
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  assert_true(sent_with(&h, nt, "{\"conv\":\"c2\",\"watermark\":1}")); /* its hello has c2 */
+  clear_acts(&h);
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), 0);
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 2);
+  assert_true(sent_with(&h, old, "{\"type\":\"unsubscribe\",\"conv\":\"c2\"}"));
+  assert_true(sent_with(&h, nt, "{\"type\":\"unsubscribe\",\"conv\":\"c2\"}"));
+  assert_int_equal(cvg_core_watermark(h.core, "c2"), CVG_EINVAL);
+  /* the old connection, before the node took it */
+  msg(&h, old, "c2", 2);
+  text(&h, old, "{\"type\":\"join\",\"conv\":\"c2\",\"user\":\"u\",\"client\":\"k\"}");
+  text(&h, old,
+       "{\"type\":\"signal\",\"conv\":\"c2\",\"sender\":\"u\",\"ts\":5,\"body\":{\"t\":1}}");
+  text(&h, old, "{\"type\":\"unsubscribed\",\"conv\":\"c2\"}"); /* the answer to ours */
+  /* the new one: its welcome, replay and synced of c2, then the answer */
+  text(&h, nt, welcome2, "2", "n-new", 3);
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, 0)->t, old);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  msg(&h, nt, "c2", 2);
+  msg(&h, nt, "c2", 3);
+  text(&h, nt, "{\"type\":\"synced\",\"conv\":\"c2\",\"head\":3}");
+  text(&h, nt, "{\"type\":\"leave\",\"conv\":\"c2\",\"user\":\"u\",\"client\":\"k\"}");
+  text(&h, nt, "{\"type\":\"unsubscribed\",\"conv\":\"c2\"}");
+  assert_int_equal(h.ngot, 1); /* c2's seq 1, before the unsubscribe */
+  assert_int_equal(h.got[0], 1);
+  assert_int_equal(h.npresence, 0);
+  assert_int_equal(h.nsignals, 0);
+  assert_int_equal(h.nunsubs, 0);
+  msg(&h, nt, "c1", 1); /* the rest goes on */
+  assert_int_equal(h.ngot, 2);
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 1);
+  clear_acts(&h);
+  cvg_core_closed(h.core, nt, CVG_CLOSE_ABORT, "", 0, h.now); /* and the next hello */
+  take(&h);
+  fire(&h);
+  uint32_t again = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, again, h.now);
+  take(&h);
+  assert_true(sent_with(&h, again, "\"subs\":[{\"conv\":\"c1\",\"watermark\":1}]"));
+  destroy(&h);
+
+  /* the new connection still opening: no hello has carried c2 on it */
+  make_more(&h, subs, 2, 3, CVG_BACKOFF_DECORRELATED, &m);
+  old = open_first(&h);
+  text(&h, old, welcome2, "1", "n-old", 0);
+  text(&h, old, drain);
+  fire(&h);
+  nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  clear_acts(&h);
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), 0);
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_true(sent_with(&h, old, "{\"type\":\"unsubscribe\",\"conv\":\"c2\"}"));
+  msg(&h, old, "c2", 1);
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  assert_true(sent_with(&h, nt, "\"subs\":[{\"conv\":\"c1\",\"watermark\":0}]"));
+  clear_acts(&h);
+  text(&h, nt,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n-new\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":true}]}");
+  assert_int_equal(count(&h, CVG_ACT_SEND), 0); /* no subscribe, no unsubscribe on it */
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, 0)->t, old);
+  msg(&h, nt, "c2", 1); /* a node that sent it anyway: not delivered */
+  assert_int_equal(h.ngot, 0);
+  assert_int_equal(h.nunsubs, 0);
+  destroy(&h);
+}
+
+/* join, leave and signal frames reach on_presence and on_signal with their
+ * fields; one without its fields is a bad frame; one of a conversation
+ * not in the set is dropped. */
+static void test_presence_and_signal_reach_their_callbacks(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t m = {.ephemeral = 1};
+  make_more(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED, &m);
+  uint32_t t = connect_first(&h, 0);
+  text(&h, t, "{\"type\":\"join\",\"conv\":\"c1\",\"user\":\"ann\",\"client\":\"tab-1\"}");
+  assert_int_equal(h.npresence, 1);
+  assert_int_equal(h.presence_join, 1);
+  assert_string_equal(h.presence_conv, "c1");
+  assert_string_equal(h.presence_user, "ann");
+  assert_string_equal(h.presence_client, "tab-1");
+  text(&h, t, "{\"type\":\"leave\",\"conv\":\"c1\",\"user\":\"bob\",\"client\":\"s-2\"}");
+  assert_int_equal(h.npresence, 2);
+  assert_int_equal(h.presence_join, 0);
+  assert_string_equal(h.presence_user, "bob");
+  assert_string_equal(h.presence_client, "s-2");
+  text(&h, t,
+       "{\"type\":\"signal\",\"conv\":\"c1\",\"sender\":\"ann\",\"ts\":1764374400123,"
+       "\"body\":{\"typing\":true}}");
+  assert_int_equal(h.nsignals, 1);
+  assert_string_equal(h.signal_conv, "c1");
+  assert_string_equal(h.signal_sender, "ann");
+  assert_int_equal(h.signal_ts, 1764374400123);
+  assert_string_equal(h.signal_body, "{\"typing\":true}");
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  uint64_t bad = st.bad_frames;
+  text(&h, t, "{\"type\":\"join\",\"conv\":\"c1\",\"client\":\"tab-1\"}");   /* no user */
+  text(&h, t, "{\"type\":\"leave\",\"user\":\"ann\",\"client\":\"tab-1\"}"); /* no conv */
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.bad_frames, bad + 2);
+  text(&h, t, "{\"type\":\"join\",\"conv\":\"c7\",\"user\":\"ann\",\"client\":\"tab-1\"}");
+  text(&h, t, "{\"type\":\"signal\",\"conv\":\"c7\",\"sender\":\"ann\",\"ts\":1,\"body\":1}");
+  assert_int_equal(h.npresence, 2);
+  assert_int_equal(h.nsignals, 1);
+  assert_int_equal(h.ngot, 0); /* none of them is a message */
+  assert_int_equal(cvg_core_watermark(h.core, "c1"), 0);
+  destroy(&h);
+}
+
+/* During a drain move, join, leave and signal are told by the connection
+ * in use only: the new one's are ignored until its welcome, the old one's
+ * after it (so a move does not tell one change twice). */
+static void test_presence_and_signal_only_from_the_active_connection(void **state) {
+  static const char *const join = "{\"type\":\"join\",\"conv\":\"c1\",\"user\":\"%s\","
+                                  "\"client\":\"k\"}";
+  static const char *const signal =
+      "{\"type\":\"signal\",\"conv\":\"c1\",\"sender\":\"%s\",\"ts\":1,\"body\":null}";
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t m = {.ephemeral = 1};
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &m);
+  uint32_t old = connect_first(&h, 0);
+  text(&h, old, "{\"type\":\"drain\",\"afterMs\":0,\"reconnectTo\":null,\"deadlineMs\":5000}");
+  fire(&h);
+  uint32_t nt = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, nt, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_MIGRATING);
+  text(&h, nt, join, "from-new"); /* its hello is not answered yet */
+  text(&h, nt, signal, "from-new");
+  assert_int_equal(h.npresence, 0);
+  assert_int_equal(h.nsignals, 0);
+  text(&h, old, join, "from-old"); /* the old one is still in use */
+  text(&h, old, signal, "from-old");
+  assert_int_equal(h.npresence, 1);
+  assert_string_equal(h.presence_user, "from-old");
+  assert_int_equal(h.nsignals, 1);
+  assert_string_equal(h.signal_sender, "from-old");
+  text(&h, nt,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n-new\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":true}]}");
+  assert_int_equal(last(&h, CVG_ACT_CLOSE, 0)->t, old);
+  text(&h, old, join, "late-old"); /* closed: its late frames are ignored */
+  text(&h, old, signal, "late-old");
+  assert_int_equal(h.npresence, 1);
+  assert_int_equal(h.nsignals, 1);
+  text(&h, nt, join, "now-new");
+  text(&h, nt, signal, "now-new");
+  assert_int_equal(h.npresence, 2);
+  assert_string_equal(h.presence_user, "now-new");
+  assert_int_equal(h.nsignals, 2);
+  assert_string_equal(h.signal_sender, "now-new");
+  destroy(&h);
+}
+
 /* The refresh comes at 75..85 % of welcome.expiresInMs (different with
  * another seed), through the token callback; `refreshed` schedules the
  * next; a callback that fails is asked again after 0.5..1 s, then 1..2 s. */
@@ -1817,6 +2034,9 @@ int main(void) {
       cmocka_unit_test(test_subscribe_and_unsubscribe_live),
       cmocka_unit_test(test_subscribe_across_a_reconnect),
       cmocka_unit_test(test_subscribe_during_a_drain_move),
+      cmocka_unit_test(test_unsubscribe_during_a_drain_move),
+      cmocka_unit_test(test_presence_and_signal_reach_their_callbacks),
+      cmocka_unit_test(test_presence_and_signal_only_from_the_active_connection),
       cmocka_unit_test(test_refresh_at_80_percent_with_jitter),
       cmocka_unit_test(test_token_expired_gets_a_new_token_first),
       cmocka_unit_test(test_set_token_refreshes_now),

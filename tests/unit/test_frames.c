@@ -144,17 +144,32 @@ static void test_sync_send_ping(void **state) {
   assert_int_equal(f.type, FRAME_REFRESH);
   assert_string_equal(f.token, "x.y.z");
   frame_client_clear(&f);
-  const char *bad11[] = {"{\"type\":\"subscribe\"}",
-                         "{\"type\":\"subscribe\",\"conv\":\"a b\"}",
-                         "{\"type\":\"subscribe\",\"conv\":\"c\",\"watermark\":-2}",
-                         "{\"type\":\"subscribe\",\"conv\":\"c\",\"epoch\":5}",
-                         "{\"type\":\"unsubscribe\"}",
-                         "{\"type\":\"refresh\"}",
-                         "{\"type\":\"refresh\",\"token\":1}"};
+  /* each with the conv its error carries: the frame's own when it was
+   * valid and a later field was not, none when conv itself was bad */
+  const struct {
+    const char *text, *conv;
+  } bad11[] = {{"{\"type\":\"subscribe\"}", ""},
+               {"{\"type\":\"subscribe\",\"conv\":\"a b\"}", ""},
+               {"{\"type\":\"subscribe\",\"conv\":7,\"watermark\":1}", ""},
+               {"{\"type\":\"subscribe\",\"conv\":\"c\",\"watermark\":-2}", "c"},
+               {"{\"type\":\"subscribe\",\"conv\":\"c\",\"epoch\":5}", "c"},
+               {"{\"type\":\"subscribe\",\"conv\":\"c-3\",\"presenceEvents\":2}", "c-3"},
+               {"{\"type\":\"sync\",\"conv\":\"c4\"}", "c4"},
+               {"{\"type\":\"send\",\"conv\":\"c5\",\"id\":\"m1\"}", "c5"},
+               {"{\"type\":\"unsubscribe\"}", ""},
+               {"{\"type\":\"refresh\"}", ""},
+               {"{\"type\":\"refresh\",\"token\":1}", ""},
+               {"{\"type\":\"hello\",\"token\":1,\"conv\":\"c\"}", ""}};
   for (size_t i = 0; i < sizeof bad11 / sizeof bad11[0]; i++) {
-    assert_int_equal(decode(bad11[i], &f, why), -CV_EINVAL);
+    assert_int_equal(decode(bad11[i].text, &f, why), -CV_EINVAL);
     assert_true(f.known_type);
+    assert_string_equal(f.bad_conv, bad11[i].conv);
   }
+  /* a frame that is not one (malformed, unknown type) names no conv either */
+  assert_int_equal(decode("{\"type\":\"launch\",\"conv\":\"c\"}", &f, why), -CV_EINVAL);
+  assert_string_equal(f.bad_conv, "");
+  assert_int_equal(decode("{\"type\":\"sync\",\"conv\":\"c\",", &f, why), -CV_EINVAL);
+  assert_string_equal(f.bad_conv, "");
   char *sub = frame_subscribed("c2", 4, "e1", 0, 1, 0);
   assert_string_equal(sub, "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":4,\"epoch\":\"e1\","
                            "\"presence\":false,\"reset\":true}");

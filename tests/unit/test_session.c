@@ -135,6 +135,20 @@ static json_t *unstuff(fx_peer_t *p) {
   return got;
 }
 
+/* The value of one series in the fixture node's /metrics text, -1 when
+ * absent. */
+static double metric_value(fx_t *fx, const char *series) {
+  size_t len = 0;
+  char *text = metrics_render(fx->metrics, &len);
+  assert_non_null(text);
+  double v = -1;
+  size_t n = strlen(series);
+  for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') v = strtod(line + n + 1, NULL);
+  free(text);
+  return v;
+}
+
 /* A peer on `conv` from `watermark`, through its hello, live at `head`. */
 static fx_peer_t *live_peer(fx_t *fx, const char *conv, int64_t watermark, int64_t head) {
   fx_peer_t *p = fx_connect(fx);
@@ -949,6 +963,8 @@ static void test_subscribe_refusals(void **state) {
   expect_error_conv(narrow, "forbidden", "c2");
   assert_int_equal(fx_sub_state(narrow, "c2"), -1);
   expect_open(narrow);
+  assert_int_equal(metric_value(&fx, "converger_subscriptions_refused_total{reason=\"forbidden\"}"),
+                   1);
 
   fx_peer_t *p = star_peer(&fx, "c1", 1);
   subscribe_frame(p, "nope", 0);
@@ -964,13 +980,35 @@ static void test_subscribe_refusals(void **state) {
   assert_true(fx_step(&fx));
   expect_subscribed(p, "c2", 0, 0, 0);
   expect_synced(p, 0, 0);
+  const char *too_many = "converger_subscriptions_refused_total{reason=\"too_many_subscriptions\"}";
+  assert_int_equal(metric_value(&fx, too_many), -1); /* none refused so far */
   subscribe_frame(p, "c9", 0); /* c1 and c2: max_subs */
   expect_error_conv(p, "too_many_subscriptions", "c9");
   assert_false(fx_step(&fx));
+  assert_int_equal(metric_value(&fx, too_many), 1);
+  subscribe_frame(p, "c8", 0);
+  expect_error_conv(p, "too_many_subscriptions", "c8");
+  assert_int_equal(metric_value(&fx, too_many), 2);
+  /* a hello over max_subs is a bad_request handshake, not counted here */
+  fx_peer_t *q = fx_connect(&fx);
+  fx_send(q, "{\"type\":\"hello\",\"token\":\"t\",\"subs\":[{\"conv\":\"c1\"},{\"conv\":\"c2\"},"
+             "{\"conv\":\"c3\"}]}");
+  expect_error(q, "bad_request");
+  assert_int_equal(metric_value(&fx, too_many), 2);
+  assert_int_equal(metric_value(&fx, "converger_handshakes_total{result=\"bad_request\"}"), 1);
+  fx_peer_free(q);
+  /* bad_request: with the frame's conv when it was valid and a later
+   * field was not; without one when conv itself was bad */
   fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"bad conv\"}");
-  expect_error(p, "bad_request");
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "bad_request");
+  assert_null(json_object_get(e, "conv"));
+  json_decref(e);
   fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":-3}");
-  expect_error(p, "bad_request");
+  expect_error_conv(p, "bad_request", "c2");
+  fx_send(p, "{\"type\":\"subscribe\",\"conv\":\"c9\",\"watermark\":0,\"epoch\":[1]}");
+  expect_error_conv(p, "bad_request", "c9");
+  assert_int_equal(fx_sub_state(p, "c9"), -1);
   expect_open(p);
   fx_peer_free(narrow);
   fx_peer_free(p);
