@@ -12,7 +12,9 @@ nodes on one PostgreSQL database (scripts/pg-tmp).
 - bad inputs: presence where the channel has none, not subscribed, a signal
   too large, a channel without signals, REST errors;
 - a SIGKILLed node's clients leave within the grace plus the membership
-  timeout."""
+  timeout; a node started again under the same id reads its clients' rows
+  back into their grace: one that reconnects in time emits nothing, one
+  that does not leaves after the grace."""
 
 import asyncio
 import os
@@ -358,6 +360,41 @@ class PresenceCluster(NodeCase):
                     await cl.close()
             await obs.close()
         self.arun(go(), timeout=90)
+
+    def test_restart_under_the_same_id_keeps_presence_through_the_grace(self):
+        """a is SIGKILLed and started again under the same node id: its
+        clients' rows are read back into their grace (the node's restore),
+        so x, which reconnects to it within the grace, makes an observer on
+        b see nothing, and y, which never comes back, leaves once, after
+        the grace."""
+        grace_ms = 5000  # room for a restart on a loaded machine
+        a, b = self.cluster(n=2, env={"CONVERGER_PRESENCE_GRACE_MS": str(grace_ms)})
+        conv = a.new_conv(presence=True)
+
+        async def go():
+            obs = await join_client(b, "obs", conv, "obs-1")
+            x = await join_client(a, "x", conv, "x-1")
+            y = await join_client(a, "y", conv, "y-1")
+            self.assertEqual(await events(obs, 1.0), [("join", "x", "x-1"), ("join", "y", "y-1")])
+            a.kill9()
+            t0 = time.monotonic()
+            a.start()
+            for cl in (x, y):  # their node is gone: close our ends
+                await cl.close()
+            x = await join_client(a, "x", conv, "x-1")
+            self.assertLess(time.monotonic() - t0, grace_ms / 1000.0 - 1.0,
+                            "the restart took most of the grace: the test proves nothing")
+            got = []
+            while time.monotonic() - t0 < grace_ms / 1000.0 + 8.0 and not got:
+                got += await events(obs, 0.5)
+            took = time.monotonic() - t0
+            self.assertEqual(got, [("leave", "y", "y-1")])
+            self.assertGreater(took, grace_ms / 1000.0 - 0.5)  # not before its grace
+            p = await presence(obs, conv)
+            self.assertEqual(sorted(m["user"] for m in p["members"]), ["obs", "x"])
+            await x.close()
+            await obs.close()
+        self.arun(go(), timeout=60)
 
 
 if __name__ == "__main__":
