@@ -141,7 +141,7 @@ typedef struct {
   uint64_t lat[LAT_BINS_MAX];      /* every delivery, 1 ms bins ("L" records) */
   uint64_t live_lat[LAT_BINS_MAX]; /* live deliveries only ("M" records) */
   unsigned long long v_ok, v_lost, v_dup, v_order, v_sdkdup, v_unav, v_runav, v_attempts, v_migr;
-  /* --presence on: the observer's join and leave events, and the check of
+  /* --presence on: the observers' join and leave events, and the check of
    * presence against the clients after the roll */
   unsigned long long p_joins, p_leaves, p_checked, p_mismatched;
   char p_first_bad[256];
@@ -207,8 +207,8 @@ static void usage(FILE *out) {
           "                         (e.g. \"--pause-cpu 90 --balance-window-ms 5000\") []\n"
           "  --capacity N           the nodes' CONVERGER_CAPACITY_CONNECTIONS (0: unset, the\n"
           "                         controller's headroom check then reads CPU) [0]\n"
-          "  --presence on|off      on: the channel has presence; client 0 counts the join\n"
-          "                         and leave events of every client of its conversation (a\n"
+          "  --presence on|off      on: the channel has presence; the first two clients of\n"
+          "                         every conversation count its join and leave events (a\n"
           "                         roll must cause no leave), and after the roll and the\n"
           "                         grace each conversation's presence must list exactly its\n"
           "                         clients [off]\n",
@@ -1504,7 +1504,9 @@ int bench_roll_main(int argc, char **argv) {
   for (long long k = 0; k < o.nodes; k++) scrape(&x, (size_t)k, 1);
   status = x.v_lost || x.v_dup || x.v_order || x.nbad ? 1 : 0;
   if (o.presence_on) {
-    fprintf(stderr, "roll: presence events seen by client 0: %llu join(s), %llu leave(s)\n",
+    fprintf(stderr,
+            "roll: presence events seen by the observers (two per conversation): %llu join(s), "
+            "%llu leave(s)\n",
             x.p_joins, x.p_leaves);
     if (x.p_leaves || x.p_mismatched) {
       fprintf(stderr,

@@ -60,9 +60,9 @@ struct worker_s {
   size_t noff, coff;
   uint32_t (*samples)[ROLLW_MAX_NODES];
   size_t nsamples;
-  uint32_t *lat;      /* every delivery */
-  uint32_t *live_lat; /* live deliveries: sent after the current welcome */
-  uint64_t joins, leaves; /* presence events of client 0 (rollw_options_t.presence) */
+  uint32_t *lat;          /* every delivery */
+  uint32_t *live_lat;     /* live deliveries: sent after the current welcome */
+  uint64_t joins, leaves; /* presence events its observers saw (rollw_options_t.presence) */
   FILE *out;
 };
 
@@ -157,6 +157,11 @@ static void on_error(void *ud, const char *code, const char *message, const char
   if (code && strcmp(code, "replay_unavailable") == 0) c->replay_unavailable++;
 }
 
+/* --presence on: the first two clients of every conversation (client i is
+ * in conversation i mod nconvs) watch its joins and leaves, so that a
+ * leave anywhere is seen, an observer's own included (by the other one). */
+static int observer(const rollw_options_t *o, const wcl_t *c) { return c->index < 2 * o->nconvs; }
+
 static void on_presence(void *ud, const char *conv, int join, const char *user,
                         const char *client) {
   (void)conv;
@@ -216,7 +221,7 @@ static void write_records(worker_t *w) {
       fprintf(f, "X %zu %d %lld %lld %llu %llu\n", c->index, c->conv, (long long)c->last,
               (long long)head, (unsigned long long)c->dup, (unsigned long long)c->order);
   }
-  if (w->o->presence && w->o->first == 0)
+  if (w->o->presence)
     fprintf(f, "P %llu %llu\n", (unsigned long long)w->joins, (unsigned long long)w->leaves);
   fprintf(f, "V %llu %llu %llu %llu %llu %llu %llu %llu %llu\nE\n", ok, lost, dup, order, sdkdup,
           unav, runav, attempts, migrations);
@@ -258,7 +263,7 @@ static void start_some(worker_t *w) {
     co.cb.on_state = on_state;
     co.cb.on_error = on_error;
     co.userdata = c;
-    if (o->presence && c->index == 0) { /* the observer: every client's join and leave */
+    if (o->presence && observer(o, c)) { /* every client's join and leave of its conversation */
       co.presence_events = CVG_PRESENCE_CLIENTS;
       co.on_presence = on_presence;
     }

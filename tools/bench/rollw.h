@@ -73,7 +73,7 @@ typedef struct {
   uint64_t t0_ns;
   int64_t wait_ms;         /* bound on the catch-up after "heads" */
   int64_t start_per_100ms; /* clients started per 100 ms */
-  int presence;            /* client 0 of the run asks for every client's join and leave */
+  int presence; /* the first two clients of each conversation watch its joins and leaves */
 } rollw_options_t;
 
 /* Run the worker until its records are written; never returns: exits the
