@@ -1,6 +1,7 @@
 """Protocol 1.1 through the C library, driven by `converger tail` over real
 sockets: subscribe and unsubscribe (--commands on stdin) racing a REST
-sender, every message of the conversation printed once and in order across
+sender; 99 subscribes at once, rate-limited and sent again after the
+hint until every conversation is subscribed; every message of the conversation printed once and in order across
 the unsubscribed spans (each subscribe resumes from the last printed seq);
 a token refreshed from --token-cmd before it expires, so the connection
 lives on past several lifetimes; without a way to get a new token, tail
@@ -123,6 +124,34 @@ class TailV11(NodeCase):
         self.assertEqual(seqs, list(range(1, final + 1)))  # once each, in order, none missed
         self.assertGreater(final, 100)
         self.assertEqual(sum("subscribing to" in l for l in err.lines), 5)
+
+    def test_burst_of_subscribes(self):
+        """99 `subscribe` lines at once (with --conv, the C library's 100
+        subscriptions per client; test_ws_v11 sends 200 from a client of
+        its own): the node's subscribe bucket (20/s here, burst 20) refuses
+        most with rate_limited and a hint, the C library sends each again
+        after its hint, and every conversation ends subscribed, its message
+        printed once."""
+        n = self.node_start({"CONVERGER_RATE_SUBSCRIBE": "20"})
+        home = n.new_conv()
+        convs = [n.new_conv() for _ in range(99)]
+        for i, conv in enumerate(convs):
+            n.send(conv, {"i": i})
+        p, out, err = self.start_tail(n, ["--conv", home, "--commands"], mint_token("bea", ["*"]))
+        err.wait_for(lambda l: "%s: synced at 0" % home in l)
+        self.command(p, "\n".join("subscribe %s 0" % conv for conv in convs))
+        deadline = time.time() + 40
+        while sum(": synced at 1" in l for l in list(err.lines)) < len(convs):
+            self.assertLess(time.time(), deadline,
+                            "synced %d of 99" % sum(": synced at 1" in l for l in list(err.lines)))
+            time.sleep(0.1)
+        frames = [json.loads(l) for l in list(out.lines)]
+        self.assertEqual(sorted(f["conv"] for f in frames), sorted(convs))  # each once
+        self.assertTrue(all(f["seq"] == 1 for f in frames), frames[:3])
+        limited = self.metric(n, 'converger_rate_limited_total{kind="subscribe"}')
+        self.assertGreaterEqual(limited or 0, 50)
+        self.assertIsNone(p.poll())
+        self.assertEqual(sum("welcomed by" in l for l in list(err.lines)), 1, err.lines[-5:])
 
     def test_token_refreshed_from_token_cmd(self):
         """3 s tokens from `converger token` as --token-cmd: tail refreshes at

@@ -149,6 +149,30 @@ class TokenKeys(NodeCase):
         self.assertIn("key sym", log)
         self.assertIn("key enc is for \"enc\"", log)
 
+    def test_the_c_library_with_rs256_and_es256(self):
+        """converger tail (the C library) with a backend's RS256 and ES256
+        tokens: each prints the conversation's messages; a token with an
+        unknown kid ends tail (exit 1) with the node's reason."""
+        conv = self.node.new_conv()
+        for i in range(3):
+            self.node.send(conv, {"i": i})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGER_")}
+        for name, token in (("RS256", mint(self.rsa1, "RS256", "r1", convs=(conv,))),
+                            ("ES256", mint(self.ec_pem, "ES256", "backend-2026", convs=(conv,)))):
+            with self.subTest(alg=name):
+                r = subprocess.run([harness.binary(), "tail", "--url", self.node.ws_url, "--token", token,
+                                    "--conv", conv, "--watermark", "0", "--max-messages", "3"],
+                                   capture_output=True, text=True, timeout=30, env=env)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual([json.loads(x)["seq"] for x in r.stdout.splitlines()], [1, 2, 3])
+        r = subprocess.run([harness.binary(), "tail", "--url", self.node.ws_url,
+                            "--token", mint(self.rsa1, "RS256", "nope", convs=(conv,)),
+                            "--conv", conv, "--watermark", "0"],
+                           capture_output=True, text=True, timeout=30, env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)  # a refused token ends tail
+        self.assertIn("unknown token kid", r.stderr)
+        self.assertEqual(r.stdout, "")
+
     def test_refusals(self):
         self.assertRefused(mint(self.rsa1, "RS256", "nope"), "unknown token kid")
         self.assertRefused(mint(self.rsa1, "RS256", None), "token has no kid")  # 3 keys: kid needed
