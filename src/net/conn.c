@@ -508,8 +508,29 @@ int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb r
 
 static void flush(conn_t *c);
 
+/* conn_t.req: a write's or a shutdown's request (data: the connection). */
+union conn_req_u {
+  uv_write_t w;
+  uv_shutdown_t s;
+};
+
+/* The request of a write or shutdown about to start, or NULL (out of
+ * memory: the caller closes the connection). */
+static union conn_req_u *req_new(conn_t *c) {
+  union conn_req_u *r = malloc(sizeof *r);
+  if (r) c->req = r;
+  return r;
+}
+
+/* Its callback ran: the request goes. */
+static void req_done(conn_t *c) {
+  free(c->req);
+  c->req = NULL;
+}
+
 static void shutdown_cb(uv_shutdown_t *req, int status) {
-  conn_t *c = container_of(req, conn_t, sreq);
+  conn_t *c = req->data;
+  req_done(c);
   c->writing = 0;
   if (status != 0) conn_close(c);
   if (c->closing && c->handle_closed && c->refs == 0) free_conn(c);
@@ -531,10 +552,14 @@ static void maybe_shutdown(conn_t *c) {
   conn_set_reclaimable(c, 1); /* answered: the linger below is a courtesy */
   c->deadline_ms = util_mono_ms() + SHUTDOWN_LINGER_MS;
   conn_resume_reading(c); /* read (and discard) until the peer closes */
-  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, shutdown_cb) == 0)
+  union conn_req_u *r = req_new(c);
+  if (r) r->s.data = c;
+  if (r && uv_shutdown(&r->s, (uv_stream_t *)&c->tcp, shutdown_cb) == 0) {
     c->writing = 1;
-  else
+  } else {
+    if (r) req_done(c);
     conn_close(c);
+  }
 }
 
 size_t conn_pending_bytes(const conn_t *c) { return c->out_len + (c->writing ? c->wlen : 0); }
@@ -546,7 +571,8 @@ static void writable(conn_t *c) {
 }
 
 static void write_cb(uv_write_t *req, int status) {
-  conn_t *c = container_of(req, conn_t, wreq);
+  conn_t *c = req->data;
+  req_done(c);
   c->writing = 0;
   c->wlen = 0;
   uint32_t flight = c->nflight;
@@ -662,7 +688,10 @@ static void flush(conn_t *c) {
       bufs[i] = uv_buf_init((char *)c->segs[i].p, c->segs[i].len);
       total += c->segs[i].len;
     }
-    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, bufs, k, write_cb) != 0) {
+    union conn_req_u *r = req_new(c);
+    if (r) r->w.data = c;
+    if (!r || uv_write(&r->w, (uv_stream_t *)&c->tcp, bufs, k, write_cb) != 0) {
+      if (r) req_done(c);
       conn_close(c);
       return;
     }

@@ -141,8 +141,10 @@ struct conn_s {
   uint32_t nsegs, scap, nflight;
   size_t out_len; /* bytes waiting, not yet handed to a write */
   size_t wlen;    /* bytes being written */
-  uv_write_t wreq;
-  uv_shutdown_t sreq;
+  /* The write or the shutdown in flight (`writing`; one at a time), made
+   * when it starts and freed by its callback: an idle connection, and one
+   * whose writes all fit the socket (uv_try_write), holds none. */
+  union conn_req_u *req;
 
   http_t *http;       /* HTTP phase state; NULL after upgrade */
   ws_t *ws;           /* WebSocket state; NULL before upgrade */
