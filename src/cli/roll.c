@@ -297,12 +297,14 @@ static rollpolicy_verdict_t step(roll_t *r, int before_batch, const char *phase)
     r->pn[i] = (rollpolicy_node_t){.name = nd->id,
                                    .up = nd->up,
                                    .ready = nd->ready,
-                                   .in_batch = (r->cur >= 0 || before_batch) &&
-                                               !r->o.balance_only && r->batch_of[i] == (size_t)next,
                                    .connections = nd->connections,
                                    .capacity = nd->capacity,
                                    .cpu = nd->cpu};
   }
+  /* the batch under way, or, before one, the next: not survivors */
+  rollpolicy_mark_batch(r->pn, r->f.n, r->batch_of,
+                        (r->cur >= 0 || before_batch) && !r->o.balance_only ? (size_t)next
+                                                                            : ROLLPOLICY_NO_BATCH);
   rollpolicy_verdict_t v = rollpolicy_observe(&r->rp, elapsed_ms(r), r->pn, before_batch, 0);
   int64_t t = total(r);
   if (r->fewest < 0 || t < r->fewest) r->fewest = t;
@@ -657,9 +659,8 @@ int roll_main(int argc, char **argv, int balance_only) {
   pp.abort_cpu = (double)r.o.abort_cpu / 100;
   pp.abort_ms = (uint64_t)r.o.abort_s * 1000;
   pp.drop_alarm = (double)r.o.abort_drop / 100;
-  r.nbatches = (r.f.n + (size_t)r.o.batch - 1) / (size_t)r.o.batch;
-  r.batch_of = calloc(r.f.n, sizeof *r.batch_of);
-  r.batch_ms = calloc(r.nbatches + 1, sizeof *r.batch_ms);
+  r.batch_of = calloc(r.f.n ? r.f.n : 1, sizeof *r.batch_of);
+  r.batch_ms = calloc(r.f.n + 1, sizeof *r.batch_ms); /* at most one batch a node */
   r.pn = calloc(r.f.n, sizeof *r.pn);
   r.shedding = calloc(r.f.n, sizeof *r.shedding);
   if (!r.batch_of || !r.batch_ms || !r.pn || !r.shedding ||
@@ -668,7 +669,7 @@ int roll_main(int argc, char **argv, int balance_only) {
     status = 1;
     goto done;
   }
-  for (size_t i = 0; i < r.f.n; i++) r.batch_of[i] = i / (size_t)r.o.batch;
+  r.nbatches = rollpolicy_batches(r.f.n, (size_t)r.o.batch, NULL, r.batch_of); /* listing order */
   r.t0 = util_mono_ms();
   step(&r, 0, "starting;");
   r.start_total = total(&r);
