@@ -49,7 +49,7 @@ typedef struct {
  * and port over http. Returns 0, or -1 with a one-line reason in err[len]. */
 int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len);
 
-/* The nodes at `csv` ("http://a:8080,http://b:8080"), their ids read from
+/* The nodes at `csv` ("http://a:9090,http://b:9090"), their ids read from
  * their GET /admin/status. Returns 0, or -1 with a reason. */
 int fleet_from_urls(fleet_t *f, const char *csv, char *err, size_t len);
 

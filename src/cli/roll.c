@@ -93,11 +93,13 @@ static void usage(FILE *out, int balance_only) {
                  "balances the fleet. Prints the plan first.\n\n");
   fprintf(out, "  --url URL              the admin URL (http://host:9090) of any node: the fleet\n"
                "                         is its GET /admin/cluster, each node at its adminUrl\n"
-               "  --nodes URL,...        or the nodes' own http:// admin URLs\n"
+               "  --nodes URL,...        or the nodes' own http:// admin URLs (one of --url and\n"
+               "                         --nodes is required; no default)\n"
                "  --api-key KEY          the nodes' API key (default: $" ROLL_API_KEY_ENV ")\n");
   if (!balance_only)
     fprintf(out,
-            "  --batch N              nodes restarted at once (default 1)\n"
+            "  --batch N              nodes restarted at once, in the fleet's order\n"
+            "                         (default 1)\n"
             "  --interval-s S         least time between two batch starts (default 0)\n"
             "  --settle-s S           wait after a batch is ready again (default 10)\n"
             "  --restart-cmd CMD      run for each drained node once it left, without a shell;\n"
@@ -109,25 +111,26 @@ static void usage(FILE *out, int balance_only) {
             "  --ready-timeout-s S    longest wait for /readyz after it left (default 120)\n"
             "  --max-utilisation P    refuse to start above P %% of the fleet's capacity (or CPU\n"
             "                         without CONVERGER_CAPACITY_CONNECTIONS) (default 65)\n"
-            "  --dry-run              print the plan and the headroom check, then exit\n"
-            "  --no-balance           skip the balance after the last batch\n"
-            "  --balance-only         only balance (as converger balance)\n");
-  fprintf(out,
-          "  --pause-cpu P          no batch starts while a survivor's loop is above P %%\n"
-          "                         (default 75)\n"
-          "  --abort-cpu P          abort when a survivor stays above P %% ... (default 80)\n"
-          "  --abort-s S            ... for S seconds (default 30)\n"
-          "  --abort-drop P         abort when total connections fall more than P %% within\n"
-          "                         60 s (default 5)\n"
-          "  --balance-tolerance P  balanced: no node more than P %% above the mean (default 10)\n"
-          "  --balance-window-ms MS the window of each shed move (default 10000)\n"
-          "  --balance-rounds N     shed rounds at most (default 4)\n"
-          "  --out DIR              write DIR/summary.json\n");
-  if (balance_only) fprintf(out, "  --dry-run              print the fleet, then exit\n");
-  fprintf(out, "\nA threshold of 0 turns its check off. Exit status: 0 done, 1 error, 2 usage, 3\n"
-               "refused (no headroom), 4 aborted (an alarm, a node that did not leave or come\n"
-               "back, Ctrl-C, or not balanced after --balance-rounds). A second Ctrl-C exits at\n"
-               "once with 130.\n");
+            "  --dry-run              stop after the plan and headroom check (default off)\n"
+            "  --no-balance           skip the balance after the last batch (default off)\n"
+            "  --balance-only         only balance, as converger balance (default off)\n");
+  fprintf(out, "  --pause-cpu P          no batch starts while a survivor's loop is above P %%\n"
+               "                         (default 75; 0: never pause)\n"
+               "  --abort-cpu P          abort when a survivor stays above P %% ... (default 80;\n"
+               "                         0: no CPU abort)\n"
+               "  --abort-s S            ... for S seconds (default 30)\n"
+               "  --abort-drop P         abort when total connections fall more than P %% within\n"
+               "                         60 s (default 5; 0: no drop alarm)\n"
+               "  --balance-tolerance P  balanced: no node more than P %% above the mean (default\n"
+               "                         10; 0: every node at the mean)\n"
+               "  --balance-window-ms MS the window of each shed move (default 10000)\n"
+               "  --balance-rounds N     shed rounds at most (default 4; 0: only check)\n"
+               "  --out DIR              write DIR/summary.json (default none)\n");
+  if (balance_only)
+    fprintf(out, "  --dry-run              print the fleet, then exit (default off)\n");
+  fprintf(out, "\nExit status: 0 done, 1 error, 2 usage, 3 refused (no headroom), 4 aborted (an\n"
+               "alarm, a node that did not leave or come back, Ctrl-C, or not balanced after\n"
+               "--balance-rounds). A second Ctrl-C exits at once with 130.\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -297,12 +300,14 @@ static rollpolicy_verdict_t step(roll_t *r, int before_batch, const char *phase)
     r->pn[i] = (rollpolicy_node_t){.name = nd->id,
                                    .up = nd->up,
                                    .ready = nd->ready,
-                                   .in_batch = (r->cur >= 0 || before_batch) &&
-                                               !r->o.balance_only && r->batch_of[i] == (size_t)next,
                                    .connections = nd->connections,
                                    .capacity = nd->capacity,
                                    .cpu = nd->cpu};
   }
+  /* the batch under way, or, before one, the next: not survivors */
+  rollpolicy_mark_batch(r->pn, r->f.n, r->batch_of,
+                        (r->cur >= 0 || before_batch) && !r->o.balance_only ? (size_t)next
+                                                                            : ROLLPOLICY_NO_BATCH);
   rollpolicy_verdict_t v = rollpolicy_observe(&r->rp, elapsed_ms(r), r->pn, before_batch, 0);
   int64_t t = total(r);
   if (r->fewest < 0 || t < r->fewest) r->fewest = t;
@@ -657,9 +662,8 @@ int roll_main(int argc, char **argv, int balance_only) {
   pp.abort_cpu = (double)r.o.abort_cpu / 100;
   pp.abort_ms = (uint64_t)r.o.abort_s * 1000;
   pp.drop_alarm = (double)r.o.abort_drop / 100;
-  r.nbatches = (r.f.n + (size_t)r.o.batch - 1) / (size_t)r.o.batch;
-  r.batch_of = calloc(r.f.n, sizeof *r.batch_of);
-  r.batch_ms = calloc(r.nbatches + 1, sizeof *r.batch_ms);
+  r.batch_of = calloc(r.f.n ? r.f.n : 1, sizeof *r.batch_of);
+  r.batch_ms = calloc(r.f.n + 1, sizeof *r.batch_ms); /* at most one batch a node */
   r.pn = calloc(r.f.n, sizeof *r.pn);
   r.shedding = calloc(r.f.n, sizeof *r.shedding);
   if (!r.batch_of || !r.batch_ms || !r.pn || !r.shedding ||
@@ -668,7 +672,7 @@ int roll_main(int argc, char **argv, int balance_only) {
     status = 1;
     goto done;
   }
-  for (size_t i = 0; i < r.f.n; i++) r.batch_of[i] = i / (size_t)r.o.batch;
+  r.nbatches = rollpolicy_batches(r.f.n, (size_t)r.o.batch, NULL, r.batch_of); /* listing order */
   r.t0 = util_mono_ms();
   step(&r, 0, "starting;");
   r.start_total = total(&r);

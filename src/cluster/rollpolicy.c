@@ -67,6 +67,16 @@ double rollpolicy_fleet_utilisation(const rollpolicy_node_t *nodes, size_t n) {
   return known ? sum / (double)known : -1;
 }
 
+size_t rollpolicy_batches(size_t n, size_t batch, const size_t *order, size_t *batch_of) {
+  if (batch == 0) batch = 1;
+  for (size_t k = 0; k < n; k++) batch_of[order ? order[k] : k] = k / batch;
+  return (n + batch - 1) / batch;
+}
+
+void rollpolicy_mark_batch(rollpolicy_node_t *nodes, size_t n, const size_t *batch_of, size_t b) {
+  for (size_t i = 0; i < n; i++) nodes[i].in_batch = b != ROLLPOLICY_NO_BATCH && batch_of[i] == b;
+}
+
 int rollpolicy_headroom(const rollpolicy_params_t *p, const rollpolicy_node_t *nodes, size_t n,
                         const size_t *batch_of, size_t nbatches, char *why, size_t len) {
   double u = rollpolicy_fleet_utilisation(nodes, n);

@@ -1,12 +1,13 @@
 /*
- * rollpolicy: the decisions of a rolling restart, without I/O: whether the
- * fleet has the headroom to start, whether a batch may start now (pause),
- * and whether the restart must stop (abort). The reconnect-storm
- * post-mortem's action items: a capacity headroom budget (35 %, so at most
- * 65 % utilisation), a restart-pause threshold, the abort criterion its
- * runbook lacked ("if CPU on any surviving node exceeds 80 % for more than
- * 30 s, halt the restart") and the total-connections alarm (down more than
- * 5 % within 60 s).
+ * rollpolicy: the decisions of a rolling restart, without I/O: which nodes
+ * restart together (batch choice), whether the fleet has the headroom to
+ * start, whether a batch may start now (pause), and whether the restart
+ * must stop (abort). The reconnect-storm post-mortem's action items: a
+ * capacity headroom budget (35 %, so at most 65 % utilisation), a
+ * restart-pause threshold, the abort criterion its runbook lacked ("if CPU
+ * on any surviving node exceeds 80 % for more than 30 s, halt the
+ * restart") and the total-connections alarm (down more than 5 % within
+ * 60 s).
  *
  * Inputs are samples: per node, whether it answered, whether it is ready,
  * whether it belongs to the batch being restarted, its connections, its
@@ -18,8 +19,8 @@
  * (monotonic ms), so tests replay recorded series.
  *
  * A survivor is a node that answered, is ready and is not in the batch
- * under way. A node's utilisation is connections / capacity when it
- * publishes a capacity, else its CPU.
+ * under way (before a batch: not in the next one). A node's utilisation
+ * is connections / capacity when it publishes a capacity, else its CPU.
  *
  * Any thread; one rollpolicy_t per caller.
  */
@@ -88,6 +89,25 @@ double rollpolicy_node_utilisation(const rollpolicy_node_t *node);
  * node publishes one, else the mean of the nodes' utilisations (nodes with
  * neither are left out); < 0 when nothing is known. */
 double rollpolicy_fleet_utilisation(const rollpolicy_node_t *nodes, size_t n);
+
+/* Batch choice: which batch each node is restarted in. The nodes are taken
+ * in `order` (order[k] is the index of the k-th node to restart, each of
+ * 0..n-1 once; NULL: index order, which for converger roll is the fleet's
+ * listing: /admin/cluster's, by id, or --nodes as given), `batch` at a
+ * time: batch_of[order[k]] = k / batch. Every batch but the last holds
+ * `batch` nodes (a batch of 0 is taken as 1). Fills batch_of[0..n) (the
+ * caller's array) and returns the number of batches, ceil(n / batch); 0
+ * when n is 0. Both drivers call it, so a roll and its simulation restart
+ * the same nodes together, in the same sequence. */
+size_t rollpolicy_batches(size_t n, size_t batch, const size_t *order, size_t *batch_of);
+
+/* Before a batch, the nodes of the next one stop being survivors: mark
+ * in_batch on nodes[i] exactly when batch_of[i] == b (b: the batch under
+ * way, or, before a batch, the next one; ROLLPOLICY_NO_BATCH, or a batch
+ * past the last, marks none, as after the last batch or in a balance). So
+ * both drivers feed the pause and abort checks the same survivors. */
+#define ROLLPOLICY_NO_BATCH ((size_t)-1)
+void rollpolicy_mark_batch(rollpolicy_node_t *nodes, size_t n, const size_t *batch_of, size_t b);
 
 /* The headroom budget, before the restart: 0 when it may start. 1 when it
  * is refused, with the reason and its figures in `why` (NUL-terminated,

@@ -10,13 +10,19 @@ started again on its port (a node killed with SIGKILL is left down).
 - it pauses: a survivor's loop is made busy (a flood of requests) above a
   --pause-cpu set low for the test; the roll waits, says why, then goes on;
 - it aborts: a survivor is SIGKILLed mid-roll, its 10 clients (a third)
-  drop: exit 4 naming the connections-drop alarm;
+  drop: exit 4 naming the connections-drop alarm; a survivor kept busy
+  above --abort-cpu for --abort-s: exit 4 naming the CPU alarm with its
+  figures; SIGINT mid-batch: exit 4, the batch under way finishes (its
+  node drained, nobody offline, back ready) and no other starts; a drained
+  node that does not leave within --leave-timeout-s, or does not come back
+  within --ready-timeout-s: exit 4 naming it;
 - it refuses: with a capacity below the load, exit 3 before any drain;
   --dry-run prints the plan and drains nothing;
 - --restart-cmd runs for each node (no shell, {id} replaced), and one that
   exits non-zero aborts the roll;
 - balance: a fourth node joins a loaded cluster empty; `converger
-  balance` moves clients to it until the fleet is even, nobody offline.
+  balance` moves clients to it until no node is more than the default 10 %
+  above the mean, nobody offline.
 """
 
 import http.client
@@ -24,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +46,9 @@ PER_NODE = 10
 
 
 class Supervisor(threading.Thread):
-    """Starts again every node whose process exited 0 (its drain ended)."""
+    """Starts again every node whose process exited 0 (its drain ended).
+    restarts counts a start as it begins: a roll that saw the new process
+    ready has ended after the count (wait_ready may return later)."""
 
     def __init__(self, nodes):
         super().__init__(daemon=True)
@@ -56,9 +65,9 @@ class Supervisor(threading.Thread):
                     continue
                 harness._unregister(p)
                 n.exit_codes.append(0)
+                self.restarts[n.port] = self.restarts.get(n.port, 0) + 1
                 try:
                     n.start()
-                    self.restarts[n.port] = self.restarts.get(n.port, 0) + 1
                 except Exception as e:  # reported by the test
                     self.errors.append(repr(e))
                     return
@@ -93,6 +102,8 @@ class Watched:
         out = self.p.stdout.read()
         harness._unregister(self.p)
         self.t.join(10)
+        self.p.stdout.close()
+        self.p.stderr.close()
         return self.p.returncode, out, "".join(self.lines)
 
 
@@ -128,11 +139,11 @@ class Roll(NodeCase):
         """The nodes in the roll's batch order: /admin/cluster's, by id."""
         return sorted(nodes, key=lambda n: n.node_id)
 
-    def tails(self, nodes, conv):
+    def tails(self, nodes, conv, per_node=PER_NODE):
         tok = mint_token("roller", [conv])
         out = []
         for n in nodes:
-            for _ in range(PER_NODE):
+            for _ in range(per_node):
                 t = Tail(["--url", n.ws_url, "--token", tok, "--conv", conv, "--watermark", "0"])
                 self.addCleanup(t.stop)
                 out.append(t)
@@ -196,6 +207,30 @@ class Roll(NodeCase):
             self.never_offline(t)
         return total
 
+    def busy(self, node):
+        """Keep `node`'s loop busy with a flood of requests (three
+        connections asking its admin listener for /metrics back to back)
+        until the returned event is set (a cleanup sets it too)."""
+        stop = threading.Event()
+
+        def flood():
+            c = http.client.HTTPConnection("127.0.0.1", node.admin_port, timeout=5)
+            while not stop.is_set():
+                try:
+                    c.request("GET", "/metrics")
+                    c.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    c.close()
+                    c = http.client.HTTPConnection("127.0.0.1", node.admin_port, timeout=5)
+            c.close()
+        floods = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
+        for f in floods:
+            f.start()
+        self.addCleanup(lambda: [f.join(10) for f in floods])
+        self.addCleanup(stop.set)
+        time.sleep(2)  # a loop utilisation sample of the flood
+        return stop
+
     def never_offline(self, t):
         """The subscriber never waited without a connection: every move was
         make-before-break (a `waiting:` line is a lost connection)."""
@@ -247,21 +282,7 @@ class Roll(NodeCase):
         tails = self.tails(nodes, conv)
         self.wait_connections(nodes, 3 * PER_NODE)
         first, hot, _ = self.in_roll_order(nodes)  # hot: a survivor of batch 1
-        flood_stop = threading.Event()
-
-        def flood():
-            c = http.client.HTTPConnection("127.0.0.1", hot.port, timeout=5)
-            while not flood_stop.is_set():
-                try:
-                    c.request("GET", "/metrics")
-                    c.getresponse().read()
-                except (OSError, http.client.HTTPException):
-                    c = http.client.HTTPConnection("127.0.0.1", hot.port, timeout=5)
-        floods = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
-        for f in floods:
-            f.start()
-        self.addCleanup(flood_stop.set)
-        time.sleep(2)  # a loop utilisation sample of the flood
+        flood_stop = self.busy(hot)
         w = Watched(self.roll(nodes[0], "--pause-cpu", "10", "--abort-cpu", "100", "--no-balance"))
         w.wait_for("paused: survivor")
         self.assertTrue(any("paused: survivor %s" % hot.node_id in l for l in w.lines),
@@ -296,6 +317,113 @@ class Roll(NodeCase):
         # the batch under way finished: its node is back and ready
         self.assertEqual(sup.restarts[first.port], 1)
         self.assertEqual(first.get("/readyz")[0], 200)
+
+    def test_roll_aborts_when_a_survivor_stays_hot(self):
+        # --pause-cpu 0 turns the pause off, so batch 1 starts with the
+        # survivor already hot; --abort-cpu 10 for --abort-s 3 trips at the
+        # roll's third sample (the first already sees the flood), while
+        # batch 1 is still draining.
+        nodes, sup = self.cluster()
+        first, second, hot = self.in_roll_order(nodes)  # hot: a survivor of batches 1 and 2
+        conv = nodes[0].new_conv()
+        tails = self.tails([first], conv)  # its drain lasts the 4 s window: the abort lands in it
+        self.wait_connections(nodes, PER_NODE)
+        self.busy(hot)
+        rc, out, err = self.finish(self.roll(nodes[0], "--pause-cpu", "0", "--abort-cpu", "10",
+                                             "--abort-s", "3", "--no-balance"), 120)
+        self.assertEqual(rc, 4, out + err)
+        m = re.search(r"converger roll: aborted: CPU alarm: survivor (\S+) has been above 10 % "
+                      r"for (\d+) s \(now (\d+) %; --abort-cpu, --abort-s\)", err)
+        self.assertTrue(m, err)
+        self.assertEqual(m.group(1), hot.node_id, err)
+        self.assertGreaterEqual(int(m.group(2)), 3, err)
+        self.assertGreater(int(m.group(3)), 10, err)
+        self.assertIn("result: aborted: CPU alarm", out)
+        self.assertIn("roll: batch 1/3 ready again", err)
+        for n in (second, hot):  # nothing more started
+            self.assertNotIn("roll: %s: draining" % n.node_id, err)
+            self.assertEqual(sup.restarts[n.port], 0)
+        # the batch under way finished: its node is back and ready, its
+        # clients moved make-before-break
+        self.assertEqual(sup.restarts[first.port], 1, err)
+        self.assertEqual(first.get("/readyz")[0], 200)
+        for t in tails:
+            self.assertEqual(t.stop(), 0, t.stderr_text())
+            self.never_offline(t)
+
+    def test_sigint_lets_the_batch_under_way_finish_then_aborts(self):
+        nodes, sup = self.cluster()
+        first, second, third = self.in_roll_order(nodes)
+        conv = nodes[0].new_conv()
+        tails = self.tails([first], conv)
+        self.wait_connections(nodes, PER_NODE)
+        w = Watched(self.roll(nodes[0], "--no-balance"))
+        self.assertTrue(w.wait_for("roll: %s: draining" % first.node_id), "".join(w.lines))
+        # mid-batch: its 10 clients take up to the 4 s drain window to move
+        self.assertFalse(any("ready again" in l for l in w.lines), "".join(w.lines))
+        w.p.send_signal(signal.SIGINT)
+        rc, out, err = w.end(120)
+        self.assertEqual(rc, 4, out + err)
+        # SIGINT alone (no alarm added to it), on stderr and in the summary
+        self.assertIn("converger roll: aborted: interrupted (SIGINT)\n", err)
+        self.assertIn("result: aborted: interrupted (SIGINT)\n", out)
+        self.assertIn("roll: batch 1/3 ready again", err)
+        self.assertIn("batch 1: ", out)
+        self.assertNotIn("batch 2: ", out)
+        for n in (second, third):  # nothing more started
+            self.assertNotIn("roll: %s: draining" % n.node_id, err)
+            self.assertEqual(sup.restarts[n.port], 0)
+        # the batch's node finished its drain (exit 0), came back, is ready
+        self.assertEqual(sup.restarts[first.port], 1)
+        self.assertEqual(first.get("/readyz")[0], 200)
+        self.wait_connections(nodes, PER_NODE)
+        for t in tails:  # its clients moved make-before-break
+            self.assertEqual(t.stop(), 0, t.stderr_text())
+            self.never_offline(t)
+
+    def test_roll_aborts_when_a_node_does_not_leave_or_come_back(self):
+        # A drain window of 6 s: the 10 clients of the first node take up
+        # to 6 s to move, and the node leaves once they have; a leave
+        # timeout of 1 s is over before (all 10 within 2 s: 3^-10).
+        nodes, sup = self.cluster(env={"CONVERGER_DRAIN_WINDOW_MS": "6000"})
+        first, second, third = self.in_roll_order(nodes)
+        conv = nodes[0].new_conv()
+        tails = self.tails([first], conv)
+        self.wait_connections(nodes, PER_NODE)
+        rc, out, err = self.finish(self.roll(nodes[0], "--leave-timeout-s", "1", "--no-balance"),
+                                   60)
+        self.assertEqual(rc, 4, out + err)
+        self.assertIn("converger roll: aborted: node %s did not leave within 1 s" % first.node_id,
+                      err)
+        self.assertEqual(sup.restarts[second.port] + sup.restarts[third.port], 0, err)
+        # it was still draining, not lost: its clients move, it exits 0 and
+        # the supervisor starts it again
+        deadline, ready = time.monotonic() + 30, False
+        while not ready and time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                ready = sup.restarts[first.port] == 1 and first.get("/readyz")[0] == 200
+            except OSError:  # between its exit and the new process's listener
+                pass
+        self.assertTrue(ready, first.log_tail())
+        for t in tails:  # make-before-break all the same
+            self.assertEqual([l for l in t.err if ": waiting: " in l], [], t.stderr_text())
+
+        # Now nothing brings the first node back: no supervisor, no
+        # --restart-cmd. It leaves at once (no client left on it).
+        sup.nodes.remove(first)
+        rc, out, err = self.finish(self.roll(nodes[0], "--ready-timeout-s", "2", "--no-balance"),
+                                   60)
+        self.assertEqual(rc, 4, out + err)
+        self.assertIn("converger roll: aborted: node %s did not come back: no /readyz 200 within "
+                      "2 s (--ready-timeout-s)" % first.node_id, err)
+        self.assertIn("roll: batch 1/3 done, with a failure", err)
+        self.assertEqual(sup.restarts[second.port] + sup.restarts[third.port], 0, err)
+        first.proc.wait(10)  # its drain ended: exit 0, not started again
+        self.assertEqual(first.stop(), 0)
+        for t in tails:
+            self.assertEqual(t.stop(), 0, t.stderr_text())
+            self.never_offline(t)
 
     def test_restart_command_is_run_and_its_status_checked(self):
         nodes, sup = self.cluster()
@@ -339,15 +467,20 @@ class Roll(NodeCase):
         tails = self.tails(nodes, conv)
         self.wait_connections(nodes, 3 * PER_NODE)
         fourth = self.node_start({"CONVERGER_DATABASE_URL": self.db_url})
+        # the default tolerance, 10 %: 30 clients on 4 nodes is a mean of
+        # 7.5, so no node may hold more than 8 (8.25)
         cmd = [harness.binary(), "balance", "--url", fourth.admin_url,
-               "--api-key", harness.API_KEY, "--balance-window-ms", "3000",
-               "--balance-tolerance", "25"]
+               "--api-key", harness.API_KEY, "--balance-window-ms", "3000"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("fleet: 4 node(s)", r.stdout)
+        m = re.search(r"balance: spread \(max/mean\) ([\d.]+) before, ([\d.]+) after, balanced ",
+                      r.stdout)
+        self.assertTrue(m, r.stdout + r.stderr)
+        self.assertLessEqual(float(m.group(2)), 1.1, r.stdout)
         per_node = self.wait_connections(nodes + [fourth], 3 * PER_NODE)
-        self.assertGreaterEqual(per_node[3], 5, per_node)
-        self.assertLessEqual(max(per_node), 10, per_node)
+        self.assertLessEqual(max(per_node), int(1.1 * 3 * PER_NODE / 4), per_node)
+        self.assertGreaterEqual(per_node[3], 6, per_node)
         moved = 0
         for t in tails:
             self.assertEqual(t.stop(), 0)

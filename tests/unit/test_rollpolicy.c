@@ -1,9 +1,9 @@
 /* Unit tests of the rolling-restart policy (cluster/rollpolicy.h) on
  * recorded series, one sample a second: the headroom budget (capacity and
- * CPU), a normal roll of three nodes that never pauses or aborts (its
- * make-before-break dip stays under the drop alarm), a hot survivor that
- * pauses the next batch and aborts only after 30 s above 80 %, and a
- * storm-shaped connection drop that aborts at once. */
+ * CPU), the batch choice, a normal roll of three nodes that never pauses
+ * or aborts (its make-before-break dip stays under the drop alarm), a hot
+ * survivor that pauses the next batch and aborts only after 30 s above
+ * 80 %, and a storm-shaped connection drop that aborts at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,6 +62,59 @@ static void test_headroom_from_cpu(void **state) {
   assert_non_null(strstr(why, "120 % CPU"));
   rollpolicy_node_t unknown[2] = {node(1, 0, -1), node(1, 0, -1)};
   assert_true(rollpolicy_fleet_utilisation(unknown, 2) < 0);
+}
+
+/* Batch choice: `batch` nodes at a time in the given order, the last
+ * batch holding the rest; the batch under way (or the next) is marked
+ * in_batch, no other node is. */
+static void test_batches(void **state) {
+  size_t of[7];
+  assert_int_equal(rollpolicy_batches(7, 3, NULL, of), 3);
+  const size_t want[7] = {0, 0, 0, 1, 1, 1, 2};
+  assert_memory_equal(of, want, sizeof want);
+  assert_int_equal(rollpolicy_batches(6, 3, NULL, of), 2);
+  assert_int_equal(of[5], 1);
+  assert_int_equal(rollpolicy_batches(3, 1, NULL, of), 3);
+  assert_int_equal(of[0], 0);
+  assert_int_equal(of[2], 2);
+  assert_int_equal(rollpolicy_batches(3, 10, NULL, of), 1); /* all at once */
+  assert_int_equal(of[0] + of[1] + of[2], 0);
+  assert_int_equal(rollpolicy_batches(2, 0, NULL, of), 2); /* 0 taken as 1 */
+  assert_int_equal(rollpolicy_batches(0, 3, NULL, of), 0);
+  /* an order: nodes 4, 2 first, then 0, 3, then 1 */
+  const size_t order[5] = {4, 2, 0, 3, 1};
+  assert_int_equal(rollpolicy_batches(5, 2, order, of), 3);
+  const size_t want_o[5] = {1, 2, 0, 1, 0};
+  assert_memory_equal(of, want_o, sizeof want_o);
+
+  rollpolicy_node_t n[5] = {node(1, 0, 0.1), node(1, 0, 0.1), node(1, 0, 0.1), node(1, 0, 0.1),
+                            node(1, 0, 0.1)};
+  n[1].in_batch = 1; /* stale: cleared */
+  rollpolicy_mark_batch(n, 5, of, 1);
+  for (int i = 0; i < 5; i++) assert_int_equal(n[i].in_batch, i == 0 || i == 3);
+  rollpolicy_mark_batch(n, 5, of, 3); /* past the last batch */
+  for (int i = 0; i < 5; i++) assert_false(n[i].in_batch);
+  rollpolicy_mark_batch(n, 5, of, 0);
+  rollpolicy_mark_batch(n, 5, of, ROLLPOLICY_NO_BATCH);
+  for (int i = 0; i < 5; i++) assert_false(n[i].in_batch);
+}
+
+/* Before a batch, the next batch's nodes are not survivors: a hot node
+ * about to be drained pauses nothing; the same node as a survivor does. */
+static void test_next_batch_is_no_survivor(void **state) {
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  rollpolicy_t rp;
+  assert_int_equal(rollpolicy_init(&rp, &p, 3), 0);
+  size_t of[3];
+  assert_int_equal(rollpolicy_batches(3, 1, NULL, of), 3);
+  rollpolicy_node_t n[3] = {node(100, 0, 0.9), node(100, 0, 0.3), node(100, 0, 0.3)};
+  rollpolicy_mark_batch(n, 3, of, 0); /* node 0 is next */
+  assert_int_equal(rollpolicy_observe(&rp, 1000, n, 1, 0), ROLLPOLICY_GO);
+  rollpolicy_mark_batch(n, 3, of, 1); /* node 1 is next: node 0 survives, hot */
+  assert_int_equal(rollpolicy_observe(&rp, 2000, n, 1, 0), ROLLPOLICY_PAUSE);
+  assert_non_null(strstr(rp.why, "node 0 at 90 %"));
+  rollpolicy_free(&rp);
 }
 
 /* A normal roll of three nodes of 3 000 clients, one batch each: the
@@ -204,6 +257,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_headroom_with_capacities),
       cmocka_unit_test(test_headroom_from_cpu),
+      cmocka_unit_test(test_batches),
+      cmocka_unit_test(test_next_batch_is_no_survivor),
       cmocka_unit_test(test_normal_roll),
       cmocka_unit_test(test_hot_survivor_pauses_then_aborts_after_30_s),
       cmocka_unit_test(test_connection_drop_aborts),

@@ -160,15 +160,15 @@ static void spreads_free(sim_t *s) {
   s->nspread = 0;
 }
 
-/* The spreads of the batch that begins to drain (nodes [first, end), out of
- * ready already): L_i the ready nodes' connections + waiters now, D the
- * batch's connections. Out of memory: s->failed. */
-static void spreads_build(sim_t *s, int64_t first, int64_t end) {
+/* The spreads of the batch that begins to drain (s->members, out of ready
+ * already): L_i the ready nodes' connections + waiters now, D the batch's
+ * connections. Out of memory: s->failed. */
+static void spreads_build(sim_t *s) {
   spreads_free(s);
   int64_t dsum = 0;
-  for (int64_t k = first; k < end; k++) dsum += s->n[k].conns;
+  for (int m = 0; m < s->nmembers; m++) dsum += s->n[s->members[m]].conns;
   int64_t *load = malloc(((size_t)s->nready + 1) * sizeof *load);
-  s->spread = calloc((size_t)(end - first), sizeof *s->spread);
+  s->spread = calloc((size_t)s->nmembers + 1, sizeof *s->spread);
   s->spread_ids = malloc(((size_t)s->nready + 1) * sizeof *s->spread_ids);
   if (!load || !s->spread || !s->spread_ids) {
     free(load);
@@ -180,10 +180,9 @@ static void spreads_build(sim_t *s, int64_t first, int64_t end) {
     s->spread_ids[i] = s->ready[i];
     load[i] = node_load(s, s->ready[i]);
   }
-  s->spread_first = first;
-  s->nspread = (int)(end - first);
-  for (int64_t k = first; k < end; k++)
-    if (spread_init(&s->spread[k - first], load, (size_t)s->nready, s->n[k].conns, dsum) != 0)
+  s->nspread = s->nmembers;
+  for (int m = 0; m < s->nmembers; m++)
+    if (spread_init(&s->spread[m], load, (size_t)s->nready, s->n[s->members[m]].conns, dsum) != 0)
       s->failed = 1;
   free(load);
 }
@@ -195,9 +194,9 @@ static void spreads_build(sim_t *s, int64_t first, int64_t end) {
 static uint16_t reconnect_to(sim_t *s, uint16_t from) {
   if (s->nready == 0) return SIM_NO_NODE;
   if (s->p.reconnect_to == SIM_TO_LEAST) return least_loaded(s);
-  if (s->p.reconnect_to == SIM_TO_SPREAD && from >= s->spread_first &&
-      from - s->spread_first < s->nspread && s->spread[from - s->spread_first].n > 0) {
-    uint16_t k = s->spread_ids[spread_pick(&s->spread[from - s->spread_first], &s->rng)];
+  int32_t m = s->member_of[from];
+  if (s->p.reconnect_to == SIM_TO_SPREAD && m >= 0 && m < s->nspread && s->spread[m].n > 0) {
+    uint16_t k = s->spread_ids[spread_pick(&s->spread[m], &s->rng)];
     if (s->n[k].ready) return k;
   }
   int i = (int)jitter_range(&s->rng, 0, s->nready - 1), j = i;
@@ -377,38 +376,44 @@ static void flush_queue(sim_t *s, uint16_t k) {
 
 /* ---- restart controller ------------------------------------------------- */
 
-static int64_t batch_first(const sim_t *s, int b) { return (int64_t)b * s->p.batch; }
-static int64_t batch_end(const sim_t *s, int b) {
-  int64_t e = batch_first(s, b) + s->p.batch;
-  return e < s->p.nodes ? e : s->p.nodes;
+/* The batch's nodes become s->members (the batch choice of
+ * cluster/rollpolicy.h, as converger roll makes it). */
+static void take_members(sim_t *s, int b) {
+  for (int m = 0; m < s->nmembers; m++) s->member_of[s->members[m]] = -1;
+  s->nmembers = 0;
+  for (int64_t k = 0; k < s->p.nodes; k++)
+    if (s->batch_of[k] == (size_t)b) {
+      s->member_of[k] = s->nmembers;
+      s->members[s->nmembers++] = (uint16_t)k;
+    }
 }
 
 /* Every client of the batch's nodes: `close` closes them (all at once, or
  * paced at close_rate per node), `migrate` gives each a move time. */
 static void start_batch(sim_t *s) {
   int b = s->next_batch++;
-  int64_t first = batch_first(s, b), end = batch_end(s, b);
-  for (int64_t k = first; k < end; k++) {
+  take_members(s, b);
+  for (int m = 0; m < s->nmembers; m++) {
+    uint16_t k = s->members[m];
     s->n[k].ready = 0;
     s->n[k].draining = 1;
     s->n[k].closes = 0;
-    flush_queue(s, (uint16_t)k);
+    flush_queue(s, k);
   }
   rebuild_ready(s);
-  if (s->p.drain == SIM_DRAIN_MIGRATE && s->p.reconnect_to == SIM_TO_SPREAD)
-    spreads_build(s, first, end);
+  if (s->p.drain == SIM_DRAIN_MIGRATE && s->p.reconnect_to == SIM_TO_SPREAD) spreads_build(s);
   s->batch_active = 1;
   s->batch_start = s->now;
   if (b == 0) s->first_start = s->now;
   s->batch_start_s[b] = s->now / SIM_TICKS_PER_S;
   int64_t batch_conns = 0;
-  for (int64_t k = first; k < end; k++) batch_conns += s->n[k].conns;
+  for (int m = 0; m < s->nmembers; m++) batch_conns += s->n[s->members[m]].conns;
   s->displaced += batch_conns;
   s->batch_displaced[b] = batch_conns;
   if (batch_conns > s->max_batch_displaced) s->max_batch_displaced = batch_conns;
   for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
     sim_client_t *c = &s->c[ci];
-    if (c->node == SIM_NO_NODE || c->node < first || c->node >= end) continue;
+    if (c->node == SIM_NO_NODE || s->member_of[c->node] < 0) continue;
     c->batch = (uint16_t)(b + 1);    /* b < nodes < SIM_NO_NODE: no overflow */
     if (c->state != SIM_CONNECTED) { /* cannot happen between batches; closed if it did */
       lose(s, ci, hint(s), 0);
@@ -428,11 +433,9 @@ static void start_batch(sim_t *s) {
 /* Migrate: at window + DRAIN_GRACE_MS, the batch's nodes close whoever is
  * still connected to them (at once). */
 static void close_stragglers(sim_t *s) {
-  int b = s->next_batch - 1;
-  int64_t first = batch_first(s, b), end = batch_end(s, b);
   for (uint32_t ci = 0; ci < (uint32_t)s->p.clients; ci++) {
     uint16_t k = s->c[ci].node;
-    if (k != SIM_NO_NODE && k >= first && k < end) lose(s, ci, hint(s), 0);
+    if (k != SIM_NO_NODE && s->member_of[k] >= 0) lose(s, ci, hint(s), 0);
   }
 }
 
@@ -444,8 +447,8 @@ static void controller(sim_t *s) {
         s->now ==
             s->batch_start + (uint32_t)((p->drain_window_s * 1000 + DRAIN_GRACE_MS) / SIM_TICK_MS))
       close_stragglers(s);
-    for (int64_t k = batch_first(s, b); k < batch_end(s, b); k++) {
-      sim_node_t *n = &s->n[k];
+    for (int m = 0; m < s->nmembers; m++) {
+      sim_node_t *n = &s->n[s->members[m]];
       if (n->draining && n->conns == 0 && n->qlen == 0) {
         n->draining = 0;
         n->up = 0;
@@ -496,17 +499,13 @@ static void end_second(sim_t *s) {
   int sec = (int)(s->now / SIM_TICKS_PER_S);
   sim_second_t *row = &s->sec[sec];
   uint8_t *drop = s->drop;
-  int ndrop = 0, b = s->batch_active ? s->next_batch - 1 : -1;
+  int ndrop = 0;
   for (int64_t k = 0; k < p->nodes; k++) {
     sim_node_t *n = &s->n[k];
     if (n->welcomes_s > n->peak_welcomes) n->peak_welcomes = n->welcomes_s;
     n->welcomes_s = 0;
-    int in_batch = b >= 0 && k >= batch_first(s, b) && k < batch_end(s, b);
-    s->pnode[k] = (rollpolicy_node_t){.up = n->up,
-                                      .ready = n->ready,
-                                      .in_batch = in_batch,
-                                      .connections = n->up ? n->conns : 0,
-                                      .cpu = -1};
+    s->pnode[k] = (rollpolicy_node_t){
+        .up = n->up, .ready = n->ready, .connections = n->up ? n->conns : 0, .cpu = -1};
     if (!n->up) continue;
     n->cpu = (double)n->conns / (double)s->capacity + n->work;
     n->work = 0;
@@ -538,7 +537,10 @@ static void end_second(sim_t *s) {
   row->batch = s->next_batch;
   /* Pause, abort and the connections-drop alarm: the policy converger roll
    * runs, on this second's nodes (a batch may start only while none is
-   * active). */
+   * active). Not survivors, as in converger roll: the batch under way, or,
+   * before a batch, the next one. */
+  rollpolicy_mark_batch(s->pnode, (size_t)p->nodes, s->batch_of,
+                        (size_t)(s->batch_active ? s->next_batch - 1 : s->next_batch));
   rollpolicy_verdict_t v =
       rollpolicy_observe(&s->policy, (uint64_t)sec * 1000, s->pnode, !s->batch_active, p->clients);
   if (v == ROLLPOLICY_ABORT) s->aborted = 1;
@@ -689,7 +691,15 @@ int sim_init(sim_t *s, const sim_params_t *p) {
   s->capacity = (int64_t)ceil(per_node / (1.0 - (double)p->headroom / 100.0));
   s->churn_per_step =
       (double)p->clients * (double)p->churn_per_million / 1e6 / 60.0 / SIM_TICKS_PER_S;
-  s->nbatches = (int)((p->nodes + p->batch - 1) / p->batch);
+  s->batch_of = malloc((size_t)p->nodes * sizeof *s->batch_of);
+  s->members = malloc((size_t)p->nodes * sizeof *s->members);
+  s->member_of = malloc((size_t)p->nodes * sizeof *s->member_of);
+  if (!s->batch_of || !s->members || !s->member_of) {
+    sim_free(s);
+    return -ENOMEM;
+  }
+  for (int64_t k = 0; k < p->nodes; k++) s->member_of[k] = -1;
+  s->nbatches = (int)rollpolicy_batches((size_t)p->nodes, (size_t)p->batch, NULL, s->batch_of);
   /* a queue never holds more than its policy's bound at the full rate */
   s->qcap = p->handshake_rate * wait_bound_ms(s) / 1000 + 1;
   if (p->admission == SIM_ACCEPT_QUEUE && s->qcap > p->queue_max) s->qcap = p->queue_max;
@@ -777,6 +787,9 @@ void sim_free(sim_t *s) {
   free(s->batch_displaced);
   free(s->batch_out);
   spreads_free(s);
+  free(s->batch_of);
+  free(s->members);
+  free(s->member_of);
   memset(s, 0, sizeof *s);
 }
 

@@ -149,6 +149,10 @@ typedef struct {
   /* restart controller */
   rollpolicy_t policy;      /* pause, abort and the drop alarm (cluster/rollpolicy.h) */
   rollpolicy_node_t *pnode; /* per node: the policy's sample of this second */
+  size_t *batch_of;         /* per node: its batch (rollpolicy_batches, node order) */
+  uint16_t *members;        /* the nodes of the batch under way (or the last), node order */
+  int nmembers;
+  int32_t *member_of; /* per node: its index in members; -1: not in that batch */
   int next_batch, nbatches, batch_active, aborted;
   uint32_t batch_start, batch_done, first_start, restart_done;
   int paused_now;
@@ -159,11 +163,10 @@ typedef struct {
   int64_t *batch_displaced; /* per batch: clients on its nodes when it began */
   int64_t *batch_out;       /* per batch: of those, now without a connection */
   int64_t max_batch_displaced;
-  /* reconnectTo spread: one per node of the batch draining now (batch
-   * order), over the nodes ready when it began (spread_ids) */
+  /* reconnectTo spread: one per node of the batch draining now (spread[i]
+   * for members[i]), over the nodes ready when it began (spread_ids) */
   spread_t *spread;
   int nspread;
-  int64_t spread_first; /* node id of spread[0] */
   uint16_t *spread_ids;
   /* totals */
   int64_t attempts, churn_attempts, displaced, refusals, collapses, nodes_collapsed;
