@@ -163,16 +163,6 @@ int session_start(sessions_t *ss, conn_t *c) {
   s->conn = c;
   s->ss = ss;
   s->id = ++ss->next_session;
-  const int rates[RATE_KINDS][2] = {
-      [RATE_SEND] = {ss->cfg->rate_send, ss->cfg->rate_send_burst},
-      [RATE_SUBSCRIBE] = {ss->cfg->rate_subscribe, ss->cfg->rate_subscribe_burst},
-      [RATE_REFRESH] = {ss->cfg->rate_refresh, ss->cfg->rate_refresh_burst},
-      [RATE_SIGNAL] = {ss->cfg->rate_signal, ss->cfg->rate_signal_burst}};
-  uint64_t now = util_mono_ms();
-  for (int k = 0; k < RATE_KINDS; k++) {
-    s->rate[k].per_s = rates[k][0];
-    if (rates[k][0] > 0) limiter_init(&s->rate[k].bucket, rates[k][0], rates[k][1], now);
-  }
   c->session = s;
   return 0;
 }
@@ -202,6 +192,27 @@ static int rate_kind(frame_type_t t) {
   }
 }
 
+/* The session's buckets, made full at its first frame that a rate counts
+ * (a bucket made at the hello would be as full by then: it fills up to its
+ * burst). NULL when out of memory. */
+static rate_t *rates(session_t *s) {
+  if (s->rate) return s->rate;
+  const config_t *cfg = s->ss->cfg;
+  const int set[RATE_KINDS][2] = {
+      [RATE_SEND] = {cfg->rate_send, cfg->rate_send_burst},
+      [RATE_SUBSCRIBE] = {cfg->rate_subscribe, cfg->rate_subscribe_burst},
+      [RATE_REFRESH] = {cfg->rate_refresh, cfg->rate_refresh_burst},
+      [RATE_SIGNAL] = {cfg->rate_signal, cfg->rate_signal_burst}};
+  rate_t *r = calloc(RATE_KINDS, sizeof *r);
+  if (!r) return NULL;
+  uint64_t now = util_mono_ms();
+  for (int k = 0; k < RATE_KINDS; k++) {
+    r[k].per_s = set[k][0];
+    if (set[k][0] > 0) limiter_init(&r[k].bucket, set[k][0], set[k][1], now);
+  }
+  return s->rate = r;
+}
+
 /* 1 when the frame may go on. Otherwise it was answered with `error
  * rate_limited` and a retryAfterMs (the connection stays), or, when the
  * client has sent at least rate_abuse_factor times the rate in every
@@ -209,9 +220,15 @@ static int rate_kind(frame_type_t t) {
  * rate_limited. Returns 0 then. */
 static int rate_allows(session_t *s, const frame_client_t *f) {
   int k = rate_kind(f->type);
-  if (k < 0 || s->rate[k].per_s <= 0) return 1;
+  if (k < 0) return 1;
+  rate_t *all = rates(s);
+  if (!all) {
+    ws_close(s->conn, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return 0;
+  }
+  if (all[k].per_s <= 0) return 1;
   const config_t *cfg = s->ss->cfg;
-  rate_t *r = &s->rate[k];
+  rate_t *r = &all[k];
   uint64_t now = util_mono_ms(), sec = now / 1000;
   double abuse = cfg->rate_abuse_factor * r->per_s;
   if (sec != r->second) {
@@ -397,6 +414,7 @@ void session_free(session_t *s) {
   while (s->subs) sub_remove(s, s->subs);
   if (s->user_counted) users_remove(s->ss->users, s->token.sub);
   auth_token_clear(&s->token);
+  free(s->rate);
   free(s);
 }
 

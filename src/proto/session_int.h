@@ -56,7 +56,6 @@ typedef struct sub_s {
   int signals;         /* the channel's signals setting, as the store said */
   int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
   int present;         /* counted in ss->presence (announced, channel with presence) */
-  char conv[STORE_ID_MAX + 1];
   char channel[STORE_ID_MAX + 1];
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
@@ -74,6 +73,7 @@ typedef struct sub_s {
   bus_msg_t **pending;
   size_t npending, cap;
   size_t pending_bytes; /* frame bytes held in pending */
+  char conv[]; /* its conversation's id, as long as it is (sub_new) */
 } sub_t;
 
 struct hello_job_s;
@@ -104,7 +104,8 @@ struct session_s {
   auth_token_t token;
   uint64_t expires_at; /* monotonic ms at which the token's exp passes (token.c) */
   int user_counted;    /* counted in ss->users under token.sub */
-  rate_t rate[RATE_KINDS];
+  rate_t
+      *rate; /* [RATE_KINDS], made at the first frame a rate counts: an idle connection has none */
   sub_t *subs;
   uint64_t last_sub_gen;   /* the last sub_t.gen given */
   uint64_t retry_due;      /* the earliest retry_at of its subscriptions; 0: none */

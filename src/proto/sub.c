@@ -102,11 +102,12 @@ static void clear_pending(sub_t *sub) {
 }
 
 sub_t *sub_new(session_t *s, const char *conv) {
-  sub_t *sub = calloc(1, sizeof *sub);
+  size_t len = strlen(conv);
+  sub_t *sub = calloc(1, sizeof *sub + len + 1);
   if (!sub) return NULL;
   sub->session = s;
   sub->gen = ++s->last_sub_gen;
-  strcpy(sub->conv, conv);
+  memcpy(sub->conv, conv, len + 1);
   sub->bus.conv = sub->conv;
   sub->bus.deliver = sub_deliver_cb;
   sub->next = s->subs;
