@@ -19,6 +19,7 @@
 #include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "common/urlauth.h"
 #include "common/util.h"
 
 typedef enum { K_STR, K_INT, K_ENUM, K_LISTEN, K_ADMIN, K_DBURL, K_WSURL } kind_t;
@@ -132,7 +133,7 @@ static const setting_t settings[] = {
       "REST message appends and signals per second on this node, one token bucket for every "
       "API key; above: HTTP 429 rate_limited; 0: no limit"),
     S("CONVERGER_REST_RATE_BURST", "rest-rate-burst", K_INT, rest_rate_burst, "0", 0, 100000000,
-      NULL, "REST appends at once above the rate; 0: twice the rate"),
+      NULL, "REST appends and signals at once above the rate; 0: twice the rate"),
     S("CONVERGER_REVOCATION_REFRESH_MS", "revocation-refresh-ms", K_INT, revocation_refresh_ms,
       "1000", 50, 3600000, NULL, "how often the revocation cache is re-read from the store (ms)"),
     S("CONVERGER_RETRY_AFTER_MIN_MS", "retry-after-min-ms", K_INT, retry_after_min_ms, "1000", 0,
@@ -297,6 +298,16 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
       fprintf(stderr, "converger: invalid %s: longer than %d bytes\n", who, CONFIG_URL_MAX);
       return -CV_EINVAL;
     }
+    { /* its host and port as the client library reads them (common/urlauth.h):
+         a URL it would refuse reaches no client */
+      const char *auth = v + (v[2] == 's' ? 6 : 5);
+      urlauth_t a;
+      char why[CONFIG_URL_MAX + 160];
+      if (urlauth_parse(v, auth, strcspn(auth, "/?#"), &a, why, sizeof why) != 0) {
+        fprintf(stderr, "converger: invalid %s: %s\n", who, why);
+        return -CV_EINVAL;
+      }
+    }
     break;
   case K_STR:
     if (*v == '\0' && !s->def) { /* empty: unset, as a ConfigMap writes it */
@@ -328,6 +339,20 @@ static const setting_t *find_flag(const char *name, size_t len) {
 }
 
 static int keys_long_enough(const char *text, size_t min_len);
+
+/* node_id from the host name and the listener's port: HOST:PORT. */
+static int default_node_id(config_t *cfg) {
+  char host[256];
+  if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
+  host[sizeof host - 1] = '\0';
+  char buf[300];
+  snprintf(buf, sizeof buf, "%s:%d", host, cfg->listen_port);
+  char *id = strdup(buf);
+  if (!id) return -CV_ENOMEM;
+  free(cfg->node_id);
+  cfg->node_id = id;
+  return 0;
+}
 
 /* public_url from listen: ws://LISTEN/v1/ws, wss:// with TLS. */
 static int default_public_url(config_t *cfg) {
@@ -419,14 +444,11 @@ int config_parse(config_t *cfg, int argc, char **argv) {
   } else {
     cfg->data_dir = strdup("data");
   }
-  if (!cfg->node_id) {
-    char host[256];
-    if (gethostname(host, sizeof host) != 0) strcpy(host, "localhost");
-    host[sizeof host - 1] = '\0';
-    char buf[300];
-    snprintf(buf, sizeof buf, "%s:%d", host, cfg->listen_port);
-    cfg->node_id = strdup(buf);
-  }
+  /* With --listen HOST:0 the default names port 0: a node that listens on
+   * a port chosen for it is given CONVERGER_NODE_ID (the tests do). It is
+   * not renamed once the port is known: the LISTEN connection, started
+   * before the listener, keeps the id it was given. */
+  if (!cfg->node_id && default_node_id(cfg) != 0) return -CV_ENOMEM;
   if (!cfg->public_url) {
     cfg->public_url_default = 1;
     if (default_public_url(cfg) != 0) return -CV_ENOMEM;

@@ -27,7 +27,7 @@ typedef struct {
   char *admin_listen;     /* host:port of the admin listener; "" none (all on listen) */
   char *admin_host;       /* derived from admin_listen; NULL: none */
   int admin_port;         /* derived from admin_listen */
-  char *admin_url;        /* http://HOST:PORT of the admin listener for others (config_admin_url) */
+  char *admin_url;        /* http://HOST:PORT of the admin listener for others (config_listening) */
   int key_from_file;      /* the API key came from data_dir/api-key (SIGHUP re-reads it) */
   int secret_from_file;   /* the token secret came from data_dir/token-secret (likewise) */
   char *tls_cert;         /* PEM chain for TLS on the client listener; NULL: plain TCP */
@@ -59,14 +59,15 @@ typedef struct {
   int rate_subscribe, rate_subscribe_burst; /* subscribe + unsubscribe + sync, per connection */
   int rate_refresh, rate_refresh_burst;     /* refresh frames, per connection */
   int rate_signal, rate_signal_burst;       /* signal frames, per connection */
-  int presence_grace_ms;          /* a client stays present this long after its last connection */
-  int max_presence;               /* users listed per conversation; past it, counted only */
-  int rate_abuse_factor;          /* this many times a rate ... (0: never closed for it) */
-  int rate_abuse_ms;              /* ... every second for this long: close 1008 rate_limited */
-  int max_conns_per_user;         /* WebSocket connections per token sub on the node; 0: no limit */
-  int rest_rate, rest_rate_burst; /* REST appends per second for the API key; 0: off */
-  int revocation_refresh_ms;      /* revocation cache refresh period, ms */
-  int retry_after_min_ms;         /* retry hint range, ms */
+  int presence_grace_ms;  /* a client stays present this long after its last connection */
+  int max_presence;       /* users listed per conversation; past it, counted only */
+  int rate_abuse_factor;  /* this many times a rate ... (0: never closed for it) */
+  int rate_abuse_ms;      /* ... every second for this long: close 1008 rate_limited */
+  int max_conns_per_user; /* WebSocket connections per token sub on the node; 0: no limit */
+  int rest_rate,
+      rest_rate_burst;       /* REST appends and signals per second, one bucket per node; 0: off */
+  int revocation_refresh_ms; /* revocation cache refresh period, ms */
+  int retry_after_min_ms;    /* retry hint range, ms */
   int retry_after_max_ms;
   int handshake_concurrency;  /* admission slots; 0: half the pool (gate/admission.h) */
   int handshake_queue_ms;     /* longest admission wait, ms */

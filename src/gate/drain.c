@@ -422,9 +422,11 @@ int drain_start(drain_t *d, const char *why) {
              d->shed.told, d->shed.moved);
     d->shed.id = 0;
   }
-  for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c)) {
+  /* every WebSocket not closing, a close frame sent or not: one whose
+   * close is under way is not counted as moved (drain_moved) */
+  for (conn_t *c = d->env.net->conns; c; c = c->next) {
     drain_mark_t *m = mark(d, c);
-    if (m && (m->batch == 0 || m->batch == shed)) {
+    if (m && !c->closing && (m->batch == 0 || m->batch == shed)) {
       m->batch = BATCH_DRAIN;
       m->told = 0;
     }

@@ -174,6 +174,20 @@ class Cli(NodeCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("."), 2, r.stdout)
 
+    def test_public_url_the_client_library_would_refuse_is_refused_at_start(self):
+        # the node's public URL is what clients and drain frames are given:
+        # one the client library refuses (common/urlauth.h) reaches no one
+        for url, why in (("ws://user:pw@gw.example:8080/v1/ws", "user info"),
+                         ("ws://gw.example:0/v1/ws", "want 1..65535"),
+                         ("ws://fe80::1/v1/ws", "brackets"),
+                         ("wss://gw_1!.example/v1/ws", "bad character")):
+            with self.subTest(url=url):
+                rc, out = self.serve_until_exit({"CONVERGER_PUBLIC_URL": url,
+                                                 "CONVERGER_API_KEY": "k" * 32})
+                self.assertEqual(rc, 2, out)
+                self.assertIn("CONVERGER_PUBLIC_URL", out)
+                self.assertIn(why, out)
+
     def test_short_token_secret_file_refused_at_start(self):
         d = tempfile.mkdtemp(prefix="converger-cli-")
         self.addCleanup(shutil.rmtree, d, True)

@@ -15,6 +15,7 @@
 
 #include "common/urlauth.h"
 #include "net/httpc.h"
+#include "wsurl.h" /* the client library's, internal */
 
 static int parse(const char *auth, urlauth_t *out, char *err, size_t errlen) {
   return urlauth_parse(auth, auth, strlen(auth), out, err, errlen);
@@ -49,6 +50,18 @@ static void test_good(void **state) {
     assert_int_equal(httpc_parse_url(url, &u, err, sizeof err), 0);
     assert_string_equal(u.host, good[i].host);
     assert_int_equal(u.port, good[i].port ? good[i].port : 80);
+
+    /* and the client library's wsurl_parse, with its default ports */
+    for (int tls = 0; tls <= 1; tls++) {
+      snprintf(url, sizeof url, "%s://%s/v1/ws", tls ? "wss" : "ws", good[i].auth);
+      wsurl_t w;
+      if (!wsurl_parse(url, &w, err, sizeof err)) fail_msg("\"%s\": refused: %s", url, err);
+      assert_string_equal(w.host, good[i].host);
+      char port[8];
+      snprintf(port, sizeof port, "%d", good[i].port ? good[i].port : tls ? 443 : 80);
+      assert_string_equal(w.port, port);
+      assert_int_equal(w.tls, tls);
+    }
   }
 }
 
@@ -86,6 +99,16 @@ static void test_bad(void **state) {
     if (!strstr(err, bad[i].why))
       fail_msg("\"%.40s\": reason \"%s\" lacks \"%s\"", bad[i].auth, err, bad[i].why);
     assert_int_equal(parse(bad[i].auth, &a, NULL, 0), -EINVAL); /* no reason wanted */
+
+    /* both callers refuse it too, with the same reason */
+    char url[400];
+    httpc_url_t u;
+    snprintf(url, sizeof url, "http://%s/p", bad[i].auth);
+    assert_int_equal(httpc_parse_url(url, &u, err, sizeof err), -EINVAL);
+    if (!strstr(err, bad[i].why)) fail_msg("httpc \"%.40s\": \"%s\"", url, err);
+    snprintf(url, sizeof url, "ws://%s/v1/ws", bad[i].auth);
+    assert_false(wsurl_parse(url, NULL, err, sizeof err));
+    if (!strstr(err, bad[i].why)) fail_msg("wsurl \"%.40s\": \"%s\"", url, err);
   }
 }
 

@@ -310,6 +310,11 @@ static int parse_options(options_t *o, int argc, char **argv) {
   o->backoff_base_ms = base;
   o->backoff_cap_ms = cap;
   if (o->convs > o->clients) o->convs = o->clients;
+  if (o->presence_on && o->clients < 2 * o->convs)
+    fprintf(stderr,
+            CMD ": note: fewer than two clients in some conversations: their only client is "
+                "its own observer and is not told its own leave (the presence check after the "
+                "roll still finds one that did not come back)\n");
   return 0;
 }
 
