@@ -105,6 +105,14 @@ static void consume(conn_t *c, size_t n) {
   if (done) segs_release(c, 0, done);
 }
 
+/* conn_t.req: a write's or a shutdown's request (data: the connection);
+ * on net->spare_reqs, `next` links it. */
+union conn_req_u {
+  uv_write_t w;
+  uv_shutdown_t s;
+  union conn_req_u *next;
+};
+
 static void free_conn(conn_t *c) {
   net_t *net = c->net;
   conn_set_reclaimable(c, 0);
@@ -376,6 +384,12 @@ void conn_net_init(net_t *net, uv_loop_t *loop, config_t *cfg, const conn_handle
 }
 
 void conn_net_free(net_t *net) {
+  while (net->spare_reqs) {
+    union conn_req_u *r = net->spare_reqs;
+    net->spare_reqs = r->next;
+    free(r);
+  }
+  net->nspare_reqs = 0;
   ws_encoder_free(net);
   tls_ctx_free(net->tls_ctx);
   net->tls_ctx = NULL;
@@ -508,24 +522,36 @@ int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb r
 
 static void flush(conn_t *c);
 
-/* conn_t.req: a write's or a shutdown's request (data: the connection). */
-union conn_req_u {
-  uv_write_t w;
-  uv_shutdown_t s;
-};
+#define CONN_SPARE_REQS 4096 /* requests kept for reuse: 4096 x 192 bytes at most */
 
-/* The request of a write or shutdown about to start, or NULL (out of
- * memory: the caller closes the connection). */
+/* The request of a write or shutdown about to start, a spare one when
+ * there is one, or NULL (out of memory: the caller closes the
+ * connection). */
 static union conn_req_u *req_new(conn_t *c) {
-  union conn_req_u *r = malloc(sizeof *r);
+  net_t *net = c->net;
+  union conn_req_u *r = net->spare_reqs;
+  if (r) {
+    net->spare_reqs = r->next;
+    net->nspare_reqs--;
+  } else {
+    r = malloc(sizeof *r);
+  }
   if (r) c->req = r;
   return r;
 }
 
-/* Its callback ran: the request goes. */
+/* Its callback ran: the request goes to the spares, or is freed. */
 static void req_done(conn_t *c) {
-  free(c->req);
+  net_t *net = c->net;
+  union conn_req_u *r = c->req;
   c->req = NULL;
+  if (net->nspare_reqs >= CONN_SPARE_REQS) {
+    free(r);
+    return;
+  }
+  r->next = net->spare_reqs;
+  net->spare_reqs = r;
+  net->nspare_reqs++;
 }
 
 static void shutdown_cb(uv_shutdown_t *req, int status) {

@@ -71,6 +71,11 @@ typedef struct net_s {
   char read_buf[65536];  /* shared by every read: libuv reads one socket at a time */
   ws_encoder_t *encoder; /* the frame encoder every send shares (net/ws.c); NULL until used */
   tls_ctx_t *tls_ctx;    /* the client listener's certificate (net/tls.h); NULL: plain TCP */
+  /* Write and shutdown requests done with, kept for the next (conn_t.req):
+   * a fan-out that fills sockets reuses them instead of allocating one per
+   * write. At most CONN_SPARE_REQS; freed by conn_net_free. */
+  union conn_req_u *spare_reqs;
+  int nspare_reqs;
 } net_t;
 
 /* Set up `net` on `loop` with `cfg` (borrowed), `handler` (copied; every
