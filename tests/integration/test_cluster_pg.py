@@ -47,6 +47,14 @@ class ClusterPg(NodeCase):
             await on_c.close()
             await on_a.close()
         self.arun(go())
+        # c heard them through PostgreSQL: its delivery latency is the
+        # notify path's, one observation per message fanned out
+        _, _, metrics = c.get_text("/metrics")
+        counts = {line.split("{")[1].split("}")[0]: float(line.split()[-1])
+                  for line in metrics.splitlines()
+                  if line.startswith("converger_delivery_latency_ms_count{")}
+        self.assertGreaterEqual(counts.get('path="notify"', 0), 50, counts)
+        self.assertEqual(counts.get('path="local"', 0), 0, counts)
 
     def test_user_disconnect_and_unsubscribe_across_nodes(self):
         """POST /admin/users/kim/disconnect on a closes kim's connections on a
