@@ -1,5 +1,6 @@
 /* Unit tests of the rolling-restart policy (cluster/rollpolicy.h) on
- * recorded series, one sample a second: the headroom budget (capacity and
+ * series one sample a second, made here and recorded (two bench roll
+ * timelines of docs/benchmarks/rolling-restart): the headroom budget (capacity and
  * CPU), the batch choice, a normal roll of three nodes that never pauses
  * or aborts (its make-before-break dip stays under the drop alarm), a hot
  * survivor that pauses the next batch and aborts only after 30 s above
@@ -253,6 +254,75 @@ static void test_connection_drop_aborts(void **state) {
   rollpolicy_free(&rp);
 }
 
+/* ---- recorded series ------------------------------------------------------ */
+
+/* Feed the policy a bench roll's timeline.csv (docs/benchmarks/
+ * rolling-restart/...: each node's connections every 100 ms), one sample
+ * a second from the first second every client is connected on; a node at
+ * 0 connections counts as restarting (not up). Returns what the run
+ * ended with: the alarm's state, and the verdicts seen. */
+typedef struct {
+  int samples, alarm, aborts;
+  char why[320];
+} replay_t;
+
+static replay_t replay_timeline(const char *rel) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", CONVERGER_SOURCE_DIR, rel);
+  FILE *f = fopen(path, "r");
+  if (!f) fail_msg("cannot open %s", path);
+  rollpolicy_params_t p;
+  rollpolicy_defaults(&p);
+  rollpolicy_t rp;
+  assert_int_equal(rollpolicy_init(&rp, &p, 3), 0);
+  replay_t r = {0};
+  char line[512];
+  assert_non_null(fgets(line, sizeof line, f)); /* t_ms,conn_0,conn_1,conn_2,... */
+  assert_non_null(strstr(line, "t_ms,conn_0,conn_1,conn_2,"));
+  long long t, c[3], peak = 0;
+  int started = 0;
+  uint64_t next = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%lld,%lld,%lld,%lld", &t, &c[0], &c[1], &c[2]) != 4) continue;
+    long long total = c[0] + c[1] + c[2];
+    if (total > peak) peak = total;
+    if (!started && (total < peak || peak < 1000)) continue; /* still connecting */
+    started = 1;
+    if ((uint64_t)t < next) continue;
+    next = (uint64_t)t + 1000;
+    rollpolicy_node_t n[3];
+    for (int i = 0; i < 3; i++) {
+      n[i] = node(c[i], 0, 0.3);
+      n[i].up = n[i].ready = c[i] > 0;
+    }
+    if (rollpolicy_observe(&rp, (uint64_t)t + 1, n, 0, 0) == ROLLPOLICY_ABORT) r.aborts++;
+    r.samples++;
+  }
+  fclose(f);
+  r.alarm = rp.alarm;
+  snprintf(r.why, sizeof r.why, "%s", rp.why);
+  rollpolicy_free(&rp);
+  return r;
+}
+
+/* A real make-before-break roll of 10 000 clients over three nodes
+ * (converger roll as the controller): no sample trips the drop alarm.
+ * The same clients rolled without drain frames, reconnecting through the
+ * admission queue (the "after" scenario of the admission-queue decision
+ * record): the alarm fires, with the figures. */
+static void test_recorded_rolls(void **state) {
+  (void)state;
+  replay_t ok = replay_timeline("docs/benchmarks/rolling-restart/controller/roll/timeline.csv");
+  assert_true(ok.samples > 60);
+  if (ok.alarm) fail_msg("a make-before-break roll tripped the alarm: %s", ok.why);
+  assert_int_equal(ok.aborts, 0);
+  replay_t storm = replay_timeline("docs/benchmarks/rolling-restart/adr/after/timeline.csv");
+  assert_true(storm.samples > 30);
+  assert_true(storm.alarm);
+  assert_true(storm.aborts > 0);
+  assert_non_null(strstr(storm.why, "connections"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_headroom_with_capacities),
@@ -262,6 +332,7 @@ int main(void) {
       cmocka_unit_test(test_normal_roll),
       cmocka_unit_test(test_hot_survivor_pauses_then_aborts_after_30_s),
       cmocka_unit_test(test_connection_drop_aborts),
+      cmocka_unit_test(test_recorded_rolls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
