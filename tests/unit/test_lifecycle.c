@@ -133,6 +133,19 @@ static void expect_phases(const tnode_t *t, const node_phase_t *want, int n) {
   assert_int_equal(t->nseen, n);
 }
 
+/* The two ways from ready to the end of the loop. */
+static const node_phase_t DRAIN_THEN_STOP[] = {NODE_READY, NODE_DRAINING, NODE_STOPPING,
+                                               NODE_STOPPED};
+static const node_phase_t STOP_AT_ONCE[] = {NODE_READY, NODE_STOPPING, NODE_STOPPED};
+#define NPHASES(a) ((int)(sizeof(a) / sizeof(a)[0]))
+
+/* Turn the node's loop until it ends; it went through `want`, no more. */
+static void ends_through(tnode_t *t, const node_phase_t *want, int n) {
+  tnode_t *all[] = {t};
+  run_until_ended(all, 1);
+  expect_phases(t, want, n);
+}
+
 /* SIGTERM: the drain runs (nothing to move: it ends at once), then the
  * stop, and the loop ends. A second SIGTERM while draining, and a
  * node_drain, change nothing. */
@@ -146,10 +159,7 @@ static void test_sigterm_drains_then_stops(void **state) {
   run_until_phase(&t, NODE_DRAINING);
   assert_int_equal(node_drain(t.node, "test"), -CV_EEXISTS);
   assert_int_equal(raise(SIGTERM), 0); /* ignored: already draining */
-  tnode_t *all[] = {&t};
-  run_until_ended(all, 1);
-  const node_phase_t want[] = {NODE_READY, NODE_DRAINING, NODE_STOPPING, NODE_STOPPED};
-  expect_phases(&t, want, 4);
+  ends_through(&t, DRAIN_THEN_STOP, NPHASES(DRAIN_THEN_STOP));
   tnode_free(&t);
 }
 
@@ -160,10 +170,7 @@ static void test_sigterm_without_drain_stops(void **state) {
   const char *extra[] = {"--drain-shutdown-ms=0", NULL};
   tnode_start(&t, "lc-b", extra);
   assert_int_equal(raise(SIGTERM), 0);
-  tnode_t *all[] = {&t};
-  run_until_ended(all, 1);
-  const node_phase_t want[] = {NODE_READY, NODE_STOPPING, NODE_STOPPED};
-  expect_phases(&t, want, 3);
+  ends_through(&t, STOP_AT_ONCE, NPHASES(STOP_AT_ONCE));
   tnode_free(&t);
 }
 
@@ -175,10 +182,7 @@ static void test_sigint_stops(void **state) {
   assert_int_equal(raise(SIGINT), 0);
   run_until_phase(&t, NODE_STOPPING);
   assert_int_equal(node_drain(t.node, "test"), -CV_EEXISTS);
-  tnode_t *all[] = {&t};
-  run_until_ended(all, 1);
-  const node_phase_t want[] = {NODE_READY, NODE_STOPPING, NODE_STOPPED};
-  expect_phases(&t, want, 3);
+  ends_through(&t, STOP_AT_ONCE, NPHASES(STOP_AT_ONCE));
   tnode_free(&t);
 }
 
@@ -196,10 +200,8 @@ static void test_two_nodes_in_one_process(void **state) {
   assert_int_equal(raise(SIGTERM), 0);
   tnode_t *all[] = {&a, &b};
   run_until_ended(all, 2);
-  const node_phase_t want_a[] = {NODE_READY, NODE_DRAINING, NODE_STOPPING, NODE_STOPPED};
-  const node_phase_t want_b[] = {NODE_READY, NODE_STOPPING, NODE_STOPPED};
-  expect_phases(&a, want_a, 4);
-  expect_phases(&b, want_b, 3);
+  expect_phases(&a, DRAIN_THEN_STOP, NPHASES(DRAIN_THEN_STOP));
+  expect_phases(&b, STOP_AT_ONCE, NPHASES(STOP_AT_ONCE));
   tnode_free(&a);
   tnode_free(&b);
 }
