@@ -27,7 +27,13 @@
  *      delivery, and the time from the publish to the last subscriber's
  *      receipt (p50, p99);
  *   4. bursts of --burst (20) messages, --bursts times: deliveries/s;
- *   5. one burst of --big-burst (200): deliveries/s.
+ *   5. one burst of --big-burst (200): deliveries/s; over phases 4 and 5,
+ *      the server's peak RSS (VmHWM, reset through /proc/PID/clear_refs
+ *      before phase 4) over its RSS at rest just before;
+ *   6. a steady rate: --steady messages at --steady-rate per second, paced
+ *      by the clock whatever the server's progress, to --steady-subs new
+ *      subscribers: the time from each publish to its last subscriber's
+ *      receipt (p50, p99).
  * Every subscriber must get every message once, in order (a marker "#P" and
  * eight digits in each payload); a loss fails the run.
  *
@@ -62,20 +68,24 @@
 typedef enum { P_CONVERGER, P_UWS, P_WS, P_NATS, P_MOSQUITTO, P_COUNT } peer_t;
 static const char *const peer_name[P_COUNT] = {"converger", "uws", "ws", "nats", "mosquitto"};
 
-enum { F_RSS, F_HS, F_CPU1, F_LAT50, F_LAT99, F_B20, F_B200, F_COUNT };
+enum { F_RSS, F_HS, F_CPU1, F_LAT50, F_LAT99, F_ST50, F_ST99, F_PEAK, F_B20, F_B200, F_COUNT };
+#define F_LOWER_BETTER 8 /* the figures before F_B20 */
 static const char *const fig_name[F_COUNT] = {
     "bytes of server RSS per idle subscribed connection",
     "server CPU per handshake (connect, upgrade, subscribe), us",
     "server CPU per delivery, one message in flight, us",
     "one message to every subscriber, p50, ms",
     "one message to every subscriber, p99, ms",
+    "steady --steady-rate messages/s to --steady-subs subscribers, p50, ms",
+    "the same, p99, ms",
+    "peak RSS during the bursts over RSS at rest",
     "deliveries/s, bursts of --burst messages",
     "deliveries/s, one burst of --big-burst messages",
 };
 
 typedef struct {
-  long long rounds, conns, handshakes, subs, single, burst, bursts, big_burst, server_cpu,
-      client_cpu, timeout_s;
+  long long rounds, conns, handshakes, subs, single, burst, bursts, big_burst, steady, steady_rate,
+      steady_subs, server_cpu, client_cpu, timeout_s;
   int peer[P_COUNT];
   size_t npeers;
   const char *peers_dir, *out;
@@ -125,6 +135,10 @@ struct run_s {
   size_t nsubs;     /* subscribers in the set */
   int64_t wait_for; /* the phase ends when done_msgs reaches it */
   uv_timer_t watch;
+  uv_timer_t pace;       /* the steady phase's publisher */
+  uint64_t pace_t0;      /* when it began (run_now_ns) */
+  int64_t pace_msgs;     /* messages it publishes */
+  long rest_kb, peak_kb; /* VmRSS before the bursts, VmHWM after */
   uint32_t rng;
 };
 
@@ -809,6 +823,67 @@ static int messages(run_t *r, int64_t msgs, int64_t per) {
   return 0;
 }
 
+/* The steady phase's clock: publish every message whose time has come
+ * (message i at pace_t0 + i / steady_rate), whatever was delivered. */
+static void pace_cb(uv_timer_t *t) {
+  run_t *r = t->data;
+  uint64_t due_ns = run_now_ns() - r->pace_t0;
+  int64_t due = (int64_t)((double)due_ns * (double)r->o->steady_rate / 1e9) + 1;
+  if (due > r->pace_msgs) due = r->pace_msgs;
+  while (r->sent < due) publish(r, r->sent);
+  if (r->sent >= r->pace_msgs) uv_timer_stop(t);
+}
+
+/* A phase of `msgs` messages published at --steady-rate per second (open
+ * loop: a slow server gets them as fast anyway, and its latencies grow),
+ * until every subscriber has every one. */
+static int steady(run_t *r, int64_t msgs) {
+  free(r->count), free(r->pub_ns), free(r->done_ns);
+  r->count = calloc((size_t)msgs, sizeof *r->count);
+  r->pub_ns = calloc((size_t)msgs, sizeof *r->pub_ns);
+  r->done_ns = calloc((size_t)msgs, sizeof *r->done_ns);
+  if (!r->count || !r->pub_ns || !r->done_ns) {
+    fail(r, "out of memory");
+    return -1;
+  }
+  r->sent = r->done_msgs = 0;
+  r->deliveries = r->order_errors = 0;
+  r->wait_for = r->pace_msgs = msgs;
+  r->pace_t0 = run_now_ns();
+  uv_timer_start(&r->pace, pace_cb, 0, 1);
+  run_loop(r);
+  uv_timer_stop(&r->pace);
+  r->wait_for = 0;
+  if (r->failed) return -1;
+  if (r->order_errors || r->deliveries != (uint64_t)msgs * r->nsubs) {
+    fail(r, "%s: %" PRIu64 " deliveries of %" PRIu64 " expected, %" PRIu64 " out of order",
+         peer_name[r->peer], r->deliveries, (uint64_t)msgs * r->nsubs, r->order_errors);
+    return -1;
+  }
+  return 0;
+}
+
+/* p50 and p99 (nearest rank) of the phase's `n` publish-to-last-receipt
+ * times, ms. -1 on out of memory. */
+static int fanout_ranks(run_t *r, long long n, double *p50, double *p99) {
+  double *lat = malloc((size_t)n * sizeof *lat);
+  if (!lat) return -1;
+  for (long long i = 0; i < n; i++) lat[i] = (double)(r->done_ns[i] - r->pub_ns[i]) / 1e6;
+  qsort(lat, (size_t)n, sizeof *lat, run_cmp_double);
+  *p50 = lat[(size_t)ceil(0.50 * (double)n) - 1];
+  *p99 = lat[(size_t)ceil(0.99 * (double)n) - 1];
+  free(lat);
+  return 0;
+}
+
+/* Reset the peak RSS (VmHWM) of `pid` to its RSS now (proc(5), clear_refs
+ * "5"). 0 or -1. */
+static int reset_peak(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)pid);
+  return write_file(path, "5");
+}
+
 /* ---- one peer, one round -------------------------------------------------------------- */
 
 static int one(run_t *r, double fig[F_COUNT]) {
@@ -841,20 +916,32 @@ static int one(run_t *r, double fig[F_COUNT]) {
   if (messages(r, o->single, 1) != 0) return -1;
   c1 = cpu_s(pid);
   fig[F_CPU1] = (c1 - c0) * 1e6 / (double)(o->single * o->subs);
-  double *lat = malloc((size_t)o->single * sizeof *lat);
-  if (!lat) return -1;
-  for (long long i = 0; i < o->single; i++) lat[i] = (double)(r->done_ns[i] - r->pub_ns[i]) / 1e6;
-  qsort(lat, (size_t)o->single, sizeof *lat, run_cmp_double);
-  fig[F_LAT50] = lat[(size_t)ceil(0.50 * (double)o->single) - 1];
-  fig[F_LAT99] = lat[(size_t)ceil(0.99 * (double)o->single) - 1];
-  free(lat);
+  if (fanout_ranks(r, o->single, &fig[F_LAT50], &fig[F_LAT99]) != 0) return -1;
 
+  run_sleep_ms(500);
+  r->rest_kb = bnode_status_kb(pid, "VmRSS");
+  if (reset_peak(pid) != 0) {
+    fail(r, "%s: cannot reset the peak RSS through /proc/%d/clear_refs: %s", peer_name[r->peer],
+         (int)pid, strerror(errno));
+    return -1;
+  }
   uint64_t t0 = run_now_ns();
   if (messages(r, o->burst * o->bursts, o->burst) != 0) return -1;
   fig[F_B20] = (double)(o->burst * o->bursts * o->subs) / ((double)(run_now_ns() - t0) / 1e9);
   t0 = run_now_ns();
   if (messages(r, o->big_burst, o->big_burst) != 0) return -1;
   fig[F_B200] = (double)(o->big_burst * o->subs) / ((double)(run_now_ns() - t0) / 1e9);
+  r->peak_kb = bnode_status_kb(pid, "VmHWM");
+  fig[F_PEAK] = (double)r->peak_kb / (double)r->rest_kb;
+  set_close(r);
+  run_sleep_ms(1000);
+
+  fprintf(stderr, CMD ": %s: %lld subscribers, %lld messages/s\n", peer_name[r->peer],
+          o->steady_subs, o->steady_rate);
+  if (set_open(r, (size_t)o->steady_subs + 1, 1) != 0) return -1;
+  run_sleep_ms(500);
+  if (steady(r, o->steady) != 0) return -1;
+  if (fanout_ranks(r, o->steady, &fig[F_ST50], &fig[F_ST99]) != 0) return -1;
   set_close(r);
   return 0;
 }
@@ -868,7 +955,8 @@ static void usage(FILE *out) {
           "the server pinned to one CPU and the client to another, rounds interleaved,\n"
           "each server started fresh each round. Figures per server: RSS per idle\n"
           "subscribed connection, CPU per handshake, CPU per delivery with one message\n"
-          "in flight and its fan-out time, deliveries/s in bursts. Every subscriber\n"
+          "in flight and its fan-out time, deliveries/s in bursts and the peak RSS\n"
+          "they cause, the fan-out time under a steady rate. Every subscriber\n"
           "must get every message once and in order. docs/benchmarks/peers.md says\n"
           "what each server guarantees.\n\n"
           "  --peers LIST        of converger,uws,ws,nats,mosquitto [all five]\n"
@@ -880,6 +968,9 @@ static void usage(FILE *out) {
           "  --burst N           messages per burst [20]\n"
           "  --bursts N          bursts [20]\n"
           "  --big-burst N       messages of the one big burst [200]\n"
+          "  --steady N          messages of the steady phase [5000]\n"
+          "  --steady-rate N     its messages per second [1000]\n"
+          "  --steady-subs N     its subscribers [20]\n"
           "  --server-cpu N      CPU the server runs on [0]\n"
           "  --client-cpu N      CPU this client runs on (-1: not pinned) [1]\n"
           "  --peers-dir DIR     the peers' programs and node_modules [%s]\n"
@@ -902,12 +993,13 @@ static int parse_opts(int argc, char **argv, opts_t *o, int *help) {
     return -1;
   }
   const run_int_opt_t opts[] = {
-      {"rounds", &o->rounds, 1, MAX_ROUNDS},     {"conns", &o->conns, 1, 200000},
-      {"handshakes", &o->handshakes, 1, 200000}, {"subs", &o->subs, 1, 100000},
-      {"single", &o->single, 1, 100000},         {"burst", &o->burst, 1, 100000},
-      {"bursts", &o->bursts, 1, 100000},         {"big-burst", &o->big_burst, 1, 100000},
-      {"server-cpu", &o->server_cpu, 0, 4095},   {"client-cpu", &o->client_cpu, -1, 4095},
-      {"timeout", &o->timeout_s, 1, 86400},
+      {"rounds", &o->rounds, 1, MAX_ROUNDS},       {"conns", &o->conns, 1, 200000},
+      {"handshakes", &o->handshakes, 1, 200000},   {"subs", &o->subs, 1, 100000},
+      {"single", &o->single, 1, 100000},           {"burst", &o->burst, 1, 100000},
+      {"bursts", &o->bursts, 1, 100000},           {"big-burst", &o->big_burst, 1, 100000},
+      {"steady", &o->steady, 1, 1000000},          {"steady-rate", &o->steady_rate, 1, 100000},
+      {"steady-subs", &o->steady_subs, 1, 100000}, {"server-cpu", &o->server_cpu, 0, 4095},
+      {"client-cpu", &o->client_cpu, -1, 4095},    {"timeout", &o->timeout_s, 1, 86400},
   };
   int e = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
@@ -940,6 +1032,8 @@ static void fmt(char *out, size_t cap, int f, double v) {
     snprintf(out, cap, "%.0f", v);
   else if (f == F_RSS)
     snprintf(out, cap, "%.0f", v);
+  else if (f == F_PEAK)
+    snprintf(out, cap, "%.2f", v);
   else
     snprintf(out, cap, "%.2f", v);
 }
@@ -953,6 +1047,9 @@ int bench_peers_main(int argc, char **argv) {
               .burst = 20,
               .bursts = 20,
               .big_burst = 200,
+              .steady = 5000,
+              .steady_rate = 1000,
+              .steady_subs = 20,
               .server_cpu = 0,
               .client_cpu = 1,
               .timeout_s = 120,
@@ -980,9 +1077,10 @@ int bench_peers_main(int argc, char **argv) {
     return 1;
   }
   printf(CMD ": %lld round(s); %lld idle, %lld handshakes, %lld subscribers; %lld single, %lld "
-             "bursts of %lld, one of %lld; server on CPU %lld, client on CPU %lld\n",
+             "bursts of %lld, one of %lld; %lld at %lld/s to %lld subscribers; server on CPU "
+             "%lld, client on CPU %lld\n",
          o.rounds, o.conns, o.handshakes, o.subs, o.single, o.bursts, o.burst, o.big_burst,
-         o.server_cpu, o.client_cpu);
+         o.steady, o.steady_rate, o.steady_subs, o.server_cpu, o.client_cpu);
   int status = 0;
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -1001,10 +1099,13 @@ int bench_peers_main(int argc, char **argv) {
       uv_timer_init(&b->loop, &b->watch);
       uv_timer_init(&loop, &r.watch);
       r.watch.data = &r;
+      uv_timer_init(&loop, &r.pace);
+      r.pace.data = &r;
       int e = one(&r, fig[round][r.peer]);
       if (r.c) set_close(&r);
       server_stop(&r);
       uv_close((uv_handle_t *)&r.watch, NULL);
+      uv_close((uv_handle_t *)&r.pace, NULL);
       uv_run(&loop, UV_RUN_NOWAIT);
       uv_close((uv_handle_t *)&b->watch, NULL);
       uv_run(&b->loop, UV_RUN_DEFAULT);
@@ -1019,17 +1120,20 @@ int bench_peers_main(int argc, char **argv) {
       double *v = fig[round][r.peer];
       printf("round %lld, %s: %.0f B/conn, %.2f us/handshake, %.2f us/delivery (one in flight), "
              "fan-out p50 %.2f ms p99 %.2f ms, %.0f deliveries/s (bursts of %lld), %.0f (burst of "
-             "%lld)\n",
+             "%lld), peak RSS %ld kB over %ld kB at rest (%.2fx), steady fan-out p50 %.2f ms p99 "
+             "%.2f ms\n",
              round + 1, peer_name[r.peer], v[F_RSS], v[F_HS], v[F_CPU1], v[F_LAT50], v[F_LAT99],
-             v[F_B20], o.burst, v[F_B200], o.big_burst);
+             v[F_B20], o.burst, v[F_B200], o.big_burst, r.peak_kb, r.rest_kb, v[F_PEAK], v[F_ST50],
+             v[F_ST99]);
       fflush(stdout);
       if (json) {
         fprintf(json, "{\"round\":%lld,\"peer\":\"%s\"", round + 1, peer_name[r.peer]);
         static const char *const key[F_COUNT] = {
-            "rssPerConn",  "cpuPerHandshakeUs",   "cpuPerDeliveryUs",      "fanoutP50Ms",
-            "fanoutP99Ms", "burstDeliveriesPerS", "bigBurstDeliveriesPerS"};
+            "rssPerConn",          "cpuPerHandshakeUs",     "cpuPerDeliveryUs", "fanoutP50Ms",
+            "fanoutP99Ms",         "steadyP50Ms",           "steadyP99Ms",      "peakOverRestRss",
+            "burstDeliveriesPerS", "bigBurstDeliveriesPerS"};
         for (int f = 0; f < F_COUNT; f++) fprintf(json, ",\"%s\":%.3f", key[f], v[f]);
-        fprintf(json, "}\n");
+        fprintf(json, ",\"restRssKb\":%ld,\"peakRssKb\":%ld}\n", r.rest_kb, r.peak_kb);
       }
     }
   uv_loop_close(&loop);
@@ -1069,6 +1173,7 @@ int bench_peers_main(int argc, char **argv) {
     printf("\n");
   }
   printf("\nMedians of the rounds, min–max in brackets; × is the peer's median over "
-         "converger's (lower is better in the first five rows, higher in the last two).\n");
+         "converger's (lower is better in the first %d rows, higher in the last %d).\n",
+         F_LOWER_BETTER, F_COUNT - F_LOWER_BETTER);
   return 0;
 }
