@@ -131,6 +131,8 @@ struct conn_s {
   unsigned admin : 1;                /* accepted on the admin listener (api/rest.c routes by it) */
   unsigned tls_notified : 1;         /* close_notify queued before the FIN */
   unsigned tls_counted : 1;          /* its handshake is in converger_tls_handshakes_total */
+  unsigned ws_frames : 1;            /* ws.c: an open WebSocket, not a stream, its close not queued
+                                        (ws_takes_frames) */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */

@@ -221,6 +221,7 @@ int ws_upgrade(conn_t *c, const http_request_t *req) {
     free(ws);
     return -1;
   }
+  c->ws_frames = 1;
   return message_mode(c, ws, (uint64_t)c->net->cfg->hello_timeout_ms);
 }
 
@@ -235,6 +236,7 @@ static void after_io(conn_t *c) {
     ws->close_code = wslay_event_get_status_code_received(ws->ctx);
   if (wslay_event_get_close_sent(ws->ctx)) {
     ws->close_sent = 1;
+    c->ws_frames = 0;
     conn_shutdown(c);
   }
 }
@@ -514,15 +516,7 @@ void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *jso
     ws_send_text(c, json, json_len);
 }
 
-void ws_send_msg_shared(conn_t *c, const char *frame, size_t frame_len, conn_release_cb release,
-                        void *ud, const char *json, size_t json_len, const char *sse_id) {
-  if (frame && !c->closing && c->ws && !c->ws->close_sent && !c->ws->sse) {
-    conn_write_shared(c, frame, frame_len, release, ud);
-    return;
-  }
-  ws_send_msg(c, frame, frame_len, json, json_len, sse_id);
-  release(ud);
-}
+int ws_takes_frames(const conn_t *c) { return c->ws_frames && !c->closing; }
 
 void ws_send_text(conn_t *c, const char *text, size_t len) {
   if (c->closing || !c->ws || c->ws->close_sent) return;
@@ -605,6 +599,7 @@ void ws_close(conn_t *c, int code, const char *reason) {
   if (ensure_ctx(ws) != 0) return;
   wslay_event_queue_close(ws->ctx, (uint16_t)code, (const uint8_t *)reason, rlen);
   ws->close_sent = 1;
+  c->ws_frames = 0;
   if (wslay_event_send(ws->ctx) != 0 && !c->closing) {
     conn_close(c);
     return;

@@ -109,12 +109,12 @@ int ws_is_sse(const conn_t *c);
 void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *json, size_t json_len,
                  const char *sse_id);
 
-/* ws_send_msg with `frame` shared, not copied: the caller hands over one
- * reference with the call, which the connection releases with
- * `release(ud)` once it no longer needs the bytes (conn_write_shared); a
- * stream, a closed socket or a frame it does not use releases it at once. */
-void ws_send_msg_shared(conn_t *c, const char *frame, size_t frame_len, conn_release_cb release,
-                        void *ud, const char *json, size_t json_len, const char *sse_id);
+/* 1 when a prepared WebSocket frame goes out on `c` as it is, so that it
+ * can be queued by reference (conn_write_shared): an open WebSocket, not a
+ * stream, its close frame not queued. It reads a bit of the connection
+ * alone (conn_t.ws_frames), not the WebSocket state: a fan-out to
+ * thousands of connections asks it of each (proto/sub.c). Loop thread. */
+int ws_takes_frames(const conn_t *c);
 
 /* Free `net`'s encoder (conn_net_free calls it); it is made again when
  * next needed. */

@@ -171,13 +171,17 @@ static void msg_release(void *m) { bus_msg_unref(m); }
 static void send_live(sub_t *sub, bus_msg_t *m) {
   conn_t *c = sub->session->conn;
   sub->delivered = m->seq;
-  /* One frame in memory for every subscriber: each connection queues a
-   * reference (conn_write_shared). A stream's event id says every
-   * subscription's watermark, this one's included (proto/sse.c). */
-  bus_msg_ref(m);
-  ws_send_msg_shared(c, m->frame, m->frame_len, msg_release, m, m->json,
-                     m->json ? strlen(m->json) : 0,
-                     ws_is_sse(c) ? session_sse_id(sub->session) : NULL);
+  /* One frame in memory for every WebSocket subscriber: each connection
+   * queues a reference, and the WebSocket state is not read on the way
+   * (ws_takes_frames). A stream's event id says every subscription's
+   * watermark, this one's included (proto/sse.c). */
+  if (ws_takes_frames(c)) {
+    bus_msg_ref(m);
+    conn_write_shared(c, m->frame, m->frame_len, msg_release, m);
+  } else {
+    ws_send_msg(c, m->frame, m->frame_len, m->json, m->json ? strlen(m->json) : 0,
+                ws_is_sse(c) ? session_sse_id(sub->session) : NULL);
+  }
   sub->session->ss->delivered_unflushed++;
 }
 
