@@ -268,7 +268,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->subscribe = admitted && !sub->announced;
   if (f->subscribe) {
     strcpy(f->client, c->session->client_id);
-    strcpy(f->user, c->session->token.sub);
+    strcpy(f->user, c->session->user);
   }
   f->deact_gen = bus_channel_gen(c->session->ss->bus);
   f->after = after;
