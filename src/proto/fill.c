@@ -367,7 +367,10 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
                                                   : "store unavailable; subscribe again later");
     return;
   }
-  strcpy(sub->channel, f->channel);
+  if (sub_set_channel(sub, f->channel) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
   strcpy(sub->epoch, f->head_epoch);
   sub->presence = f->presence;
   sub->signals = f->signals;

@@ -139,7 +139,11 @@ static void hello_done(pool_job_t *job) {
         }
         continue;
       }
-      strcpy(sub->channel, it->info.channel);
+      if (sub_set_channel(sub, it->info.channel) != 0) {
+        json_decref(subs);
+        ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+        goto out;
+      }
       strcpy(sub->epoch, it->info.epoch);
       sub->presence = it->info.presence;
       sub->signals = it->info.signals;

@@ -436,7 +436,7 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
     sub_t *sub = s->subs;
     while (sub) {
       sub_t *next = sub->next;
-      if (strcmp(sub->channel, channel) == 0) {
+      if (sub->channel && strcmp(sub->channel, channel) == 0) { /* NULL: not announced yet */
         char *ended = frame_unsubscribed(sub->conv);
         session_send_error(c, "channel_inactive", "the conversation's channel was deactivated",
                            sub->conv, 0, NULL);

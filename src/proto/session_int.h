@@ -56,7 +56,7 @@ typedef struct sub_s {
   int signals;         /* the channel's signals setting, as the store said */
   int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
   int present;         /* counted in ss->presence (announced, channel with presence) */
-  char channel[STORE_ID_MAX + 1];
+  char *channel; /* its channel's id, heap, as the store named it when announced; NULL before */
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
   int reset_pending; /* the next synced says "reset": a sync or fill found the history changed */
@@ -169,6 +169,10 @@ sub_t *sub_new(session_t *s, const char *conv);
 /* Leave the session, the admission queue (a store job not started is taken
  * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* The store named the subscription's channel `channel` (a hello's or a
+ * subscribe's job, at the announce): a copy at its own length from now
+ * on. 0 or -CV_ENOMEM (the subscription as it was). */
+int sub_set_channel(sub_t *sub, const char *channel);
 /* Why a resume is answered with reset (a metric label), or NULL. */
 const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
 /* converger_resets_total{reason}. */

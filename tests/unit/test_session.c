@@ -949,6 +949,43 @@ static void test_subscribe_null_twice_and_reset(void **state) {
   fx_free(&fx);
 }
 
+/* A channel deactivated (session_channel_changed, by the channel each
+ * subscription was told at its announce): its announced subscriptions end
+ * with channel_inactive and unsubscribed, those of other channels stay;
+ * one not announced yet (its hello's job still out) is refused when that
+ * job is done. */
+static void test_channel_deactivated(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "other-channel", "c2", 1);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", -1);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 1, 0, 0);
+  expect_synced(p, 1, 0);
+  fx_peer_t *q = fx_connect(&fx);
+  fx_hello(q, "c1", -1); /* its job not run yet: not announced */
+  assert_int_equal(fx_sub_state(q, "c1"), SUB_FILLING);
+  store_channel_t chan;
+  assert_int_equal(store_channel_set_active(fx.db, "ch", 0, &chan), 0);
+  bus_channel_changed(fx.bus, "ch", 0);
+  expect_error_conv(p, "channel_inactive", "c1");
+  expect_unsubscribed(p, "c1");
+  assert_int_equal(fx_sub_state(p, "c1"), -1);
+  fx_append(&fx, "c2", 2);
+  expect_msgs(p, 2, 2);
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx)); /* q's hello reads an inactive channel */
+  expect_error_conv(q, "channel_inactive", "c1");
+  json_t *w = expect(q, "welcome");
+  assert_int_equal(json_array_size(json_object_get(w, "subs")), 0);
+  json_decref(w);
+  fx_peer_free(q);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
 /* Refusals carry `conv` and leave the connection open: forbidden (the
  * token does not cover it), not_found, channel_inactive,
  * too_many_subscriptions, bad_request. */
@@ -2051,6 +2088,7 @@ int main(void) {
       cmocka_unit_test(test_subscribe_replays_then_live),
       cmocka_unit_test(test_subscribe_null_twice_and_reset),
       cmocka_unit_test(test_subscribe_refusals),
+      cmocka_unit_test(test_channel_deactivated),
       cmocka_unit_test(test_subscribe_job_failed),
       cmocka_unit_test(test_subscribe_queued_then_refused),
       cmocka_unit_test(test_subscribe_before_welcome),
