@@ -372,8 +372,8 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
     return;
   }
   strcpy(sub->epoch, f->head_epoch);
-  sub->presence = f->presence;
-  sub->signals = f->signals;
+  sub->presence = f->presence != 0;
+  sub->signals = f->signals != 0;
   sub->announced = 1;
   if (f->reset) sub_count_reset(s->ss, f->reset);
   session_send_owned(

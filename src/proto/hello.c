@@ -145,8 +145,8 @@ static void hello_done(pool_job_t *job) {
         goto out;
       }
       strcpy(sub->epoch, it->info.epoch);
-      sub->presence = it->info.presence;
-      sub->signals = it->info.signals;
+      sub->presence = it->info.presence != 0;
+      sub->signals = it->info.signals != 0;
       sub->announced = 1;
       /* null: start at the head; a reset (told in the welcome) too. Set for
        * every entry before any replay, so a stream's event ids say them all. */

@@ -48,14 +48,14 @@ typedef struct sub_s {
   struct fill_job_s *sync_job;         /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
-  uint64_t gen;        /* the session's number for it: a store job finds its own
-                          subscription, not a later one of the same conversation */
-  int announced;       /* its welcome entry or `subscribed` was sent */
-  int after_welcome;   /* a subscribe that came before the welcome: QUEUED until then */
-  int presence;        /* the channel's presence setting, as the store said */
-  int signals;         /* the channel's signals setting, as the store said */
-  int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
-  int present;         /* counted in ss->presence (announced, channel with presence) */
+  uint64_t gen;               /* the session's number for it: a store job finds its own
+                                 subscription, not a later one of the same conversation */
+  unsigned announced : 1;     /* its welcome entry or `subscribed` was sent */
+  unsigned after_welcome : 1; /* a subscribe that came before the welcome: QUEUED until then */
+  unsigned presence : 1;      /* the channel's presence setting, as the store said */
+  unsigned signals : 1;       /* the channel's signals setting, as the store said */
+  unsigned present : 1;       /* counted in ss->presence (announced, channel with presence) */
+  int presence_events;        /* FRAME_EVENTS_*: join and leave frames asked for */
   char *channel; /* its channel's id, heap, as the store named it when announced; NULL before */
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
@@ -97,7 +97,6 @@ struct session_s {
   conn_t *conn;
   sessions_t *ss;
   uint64_t id;
-  int hello_seen;
   uint64_t hello_ms; /* monotonic: the hello came (converger_hello_latency_ms) */
   /* Who it is, from its hello and its token (token.c, session_token_set):
    * the strings at their own lengths in one heap block, `ids`, which the
@@ -109,10 +108,11 @@ struct session_s {
   const char *jti;       /* the token's jti (session_revoke_jti) */
   const char *convs;     /* the token's convs: nconvs strings, each NUL-terminated, in a row */
   uint32_t nconvs;
-  unsigned all_convs : 1; /* the token's convs held "*" */
-  unsigned can_read : 1;  /* the token's scope */
+  unsigned hello_seen : 1;   /* its hello was accepted (the token taken): no second one */
+  unsigned user_counted : 1; /* counted in ss->users under `user` */
+  unsigned all_convs : 1;    /* the token's convs held "*" */
+  unsigned can_read : 1;     /* the token's scope */
   unsigned can_write : 1;
-  int user_counted;    /* counted in ss->users under `user` */
   uint64_t expires_at; /* monotonic ms at which the token's exp passes (token.c) */
   rate_t
       *rate; /* [RATE_KINDS], made at the first frame a rate counts: an idle connection has none */
