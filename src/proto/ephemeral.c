@@ -49,7 +49,7 @@ static void fanout_one(bus_sub_t *bs, void *ud) {
     if (sub->presence_events == FRAME_EVENTS_NONE ||
         (sub->presence_events == FRAME_EVENTS_USERS && !f->edge) ||
         (strcmp(sub->session->client_id, f->client) == 0 &&
-         strcmp(sub->session->token.sub, f->user) == 0))
+         strcmp(sub->session->user, f->user) == 0))
       return;
   }
   ws_send_msg(c, f->frame, f->len, f->json, f->json_len, NULL);
@@ -110,7 +110,7 @@ void session_presence_on(sub_t *sub) {
   sessions_t *ss = s->ss;
   if (!sub->presence || sub->present || !ss->presence || s->conn->closing || ws_close_sent(s->conn))
     return; /* a connection on its way out is not present */
-  int bits = presence_add(ss->presence, sub->conv, s->token.sub, s->client_id, util_now_ms());
+  int bits = presence_add(ss->presence, sub->conv, s->user, s->client_id, util_now_ms());
   if (bits < 0) {
     log_warn("session %llu: out of memory for presence in %s", (unsigned long long)s->id,
              sub->conv);
@@ -119,13 +119,13 @@ void session_presence_on(sub_t *sub) {
   sub->present = 1;
   count_entries(ss);
   if (!ss->shared && (bits & PRESENCE_JOINED))
-    presence_event(ss, 1, sub->conv, s->token.sub, s->client_id, (bits & PRESENCE_FIRST) != 0);
+    presence_event(ss, 1, sub->conv, s->user, s->client_id, (bits & PRESENCE_FIRST) != 0);
 }
 
 void session_presence_off(sub_t *sub) {
   if (!sub->present) return;
   sub->present = 0;
-  presence_remove(sub->session->ss->presence, sub->conv, sub->session->token.sub,
+  presence_remove(sub->session->ss->presence, sub->conv, sub->session->user,
                   sub->session->client_id, util_mono_ms());
 }
 
@@ -365,7 +365,7 @@ static void signal_done(pool_job_t *job) {
 void session_handle_signal(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   sessions_t *ss = s->ss;
-  if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
+  if (!session_may_write(s, f->conv)) {
     session_send_error(c, "forbidden", "the token does not allow writing to this conversation",
                        f->conv, 0, frame_of("signal"));
     return;
@@ -397,13 +397,13 @@ void session_handle_signal(session_t *s, frame_client_t *f) {
   }
   int64_t ts = util_now_ms();
   if (!ss->shared) {
-    session_signal_deliver(ss, f->conv, s->token.sub, ts, body);
+    session_signal_deliver(ss, f->conv, s->user, ts, body);
     metrics_add(ss->metrics, "converger_signals_total", "result=\"ok\"", 1);
     free(body);
     return;
   }
   signal_job_t *j = calloc(1, sizeof *j);
-  if (j) j->payload = notify_signal(f->conv, ts, s->token.sub, body);
+  if (j) j->payload = notify_signal(f->conv, ts, s->user, body);
   free(body);
   if (!j || !j->payload) {
     free(j);

@@ -268,7 +268,7 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   f->subscribe = admitted && !sub->announced;
   if (f->subscribe) {
     strcpy(f->client, c->session->client_id);
-    strcpy(f->user, c->session->token.sub);
+    strcpy(f->user, c->session->user);
   }
   f->deact_gen = bus_channel_gen(c->session->ss->bus);
   f->after = after;
@@ -367,10 +367,13 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
                                                   : "store unavailable; subscribe again later");
     return;
   }
-  strcpy(sub->channel, f->channel);
+  if (sub_set_channel(sub, f->channel) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
   strcpy(sub->epoch, f->head_epoch);
-  sub->presence = f->presence;
-  sub->signals = f->signals;
+  sub->presence = f->presence != 0;
+  sub->signals = f->signals != 0;
   sub->announced = 1;
   if (f->reset) sub_count_reset(s->ss, f->reset);
   session_send_owned(

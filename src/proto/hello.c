@@ -139,10 +139,14 @@ static void hello_done(pool_job_t *job) {
         }
         continue;
       }
-      strcpy(sub->channel, it->info.channel);
+      if (sub_set_channel(sub, it->info.channel) != 0) {
+        json_decref(subs);
+        ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+        goto out;
+      }
       strcpy(sub->epoch, it->info.epoch);
-      sub->presence = it->info.presence;
-      sub->signals = it->info.signals;
+      sub->presence = it->info.presence != 0;
+      sub->signals = it->info.signals != 0;
       sub->announced = 1;
       /* null: start at the head; a reset (told in the welcome) too. Set for
        * every entry before any replay, so a stream's event ids say them all. */
@@ -261,17 +265,21 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "too_many_connections");
     return;
   }
-  session_token_set(s, &t);
-  if (s->ss->users && users_add(s->ss->users, s->token.sub) > 0) s->user_counted = 1;
-  s->hello_seen = 1;
-  s->hello_ms = util_mono_ms();
   /* One client instance across its reconnects and drain moves; a client
    * that names none is this connection alone. */
+  char client_id[STORE_ID_MAX + 1];
   if (f->client_id)
-    snprintf(s->client_id, sizeof s->client_id, "%s", f->client_id);
+    snprintf(client_id, sizeof client_id, "%s", f->client_id);
   else
-    snprintf(s->client_id, sizeof s->client_id, "s-%016llx",
+    snprintf(client_id, sizeof client_id, "s-%016llx",
              (unsigned long long)jitter_next(s->ss->rng)); /* unique on every node */
+  if (session_token_set(s, &t, client_id) != 0) {
+    ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  if (s->ss->users && users_add(s->ss->users, s->user) > 0) s->user_counted = 1;
+  s->hello_seen = 1;
+  s->hello_ms = util_mono_ms();
   c->deadline_ms = 0;
   hello_job_t *h = calloc(1, sizeof *h + f->nsubs * sizeof h->items[0]);
   if (!h) {
@@ -281,10 +289,10 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
   h->conn = c;
   h->ss = s->ss;
   strcpy(h->client, s->client_id);
-  strcpy(h->user, s->token.sub);
+  strcpy(h->user, s->user);
   for (size_t i = 0; i < f->nsubs; i++) {
     const char *conv = f->subs[i].conv;
-    if (!s->token.can_read || !auth_token_allows(&s->token, conv)) {
+    if (!session_may_read(s, conv)) {
       session_send_error(c, "forbidden", "the token does not cover this conversation", conv, 0,
                          NULL);
       continue;

@@ -56,7 +56,7 @@ static void send_done(pool_job_t *job) {
 void session_handle_send(session_t *s, frame_client_t *f) {
   conn_t *c = s->conn;
   json_t *details = json_pack("{s:s}", "id", f->id);
-  if (!s->token.can_write || !auth_token_allows(&s->token, f->conv)) {
+  if (!session_may_write(s, f->conv)) {
     session_send_error(c, "forbidden", "the token may not send to this conversation", f->conv, 0,
                        details);
     return;
@@ -71,7 +71,7 @@ void session_handle_send(session_t *s, frame_client_t *f) {
   j->conn = c;
   strcpy(j->conv, f->conv);
   strcpy(j->id, f->id);
-  strcpy(j->sender, s->token.sub);
+  strcpy(j->sender, s->user);
   j->append.a =
       (store_append_t){.conv = j->conv, .id = j->id, .sender = j->sender, .body = j->body};
   j->append.job.kind = "ws_send";

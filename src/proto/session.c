@@ -114,7 +114,7 @@ static size_t count_subs(const session_t *s) {
  * at most max_subs. */
 static void handle_subscribe(session_t *s, const frame_client_t *f) {
   conn_t *c = s->conn;
-  if (!s->token.can_read || !auth_token_allows(&s->token, f->conv)) {
+  if (!session_may_read(s, f->conv)) {
     metrics_add(s->ss->metrics, "converger_subscriptions_refused_total", "reason=\"forbidden\"", 1);
     session_send_error(c, "forbidden", "the token does not cover this conversation", f->conv, 0,
                        NULL);
@@ -412,8 +412,8 @@ void session_free(session_t *s) {
   if (!s) return;
   session_on_close(s);
   while (s->subs) sub_remove(s, s->subs);
-  if (s->user_counted) users_remove(s->ss->users, s->token.sub);
-  auth_token_clear(&s->token);
+  if (s->user_counted) users_remove(s->ss->users, s->user);
+  free(s->ids);
   free(s->rate);
   free(s);
 }
@@ -421,8 +421,8 @@ void session_free(session_t *s) {
 void session_revoke_jti(sessions_t *ss, const char *jti) {
   for (conn_t *c = ss->net->conns; c; c = c->next) {
     session_t *s = c->session;
-    if (!s || c->closing || !s->hello_seen || !s->token.jti[0]) continue;
-    if (jti ? strcmp(s->token.jti, jti) != 0 : !auth_is_revoked(ss->auth, s->token.jti)) continue;
+    if (!s || c->closing || !s->hello_seen || !s->jti) continue;
+    if (jti ? strcmp(s->jti, jti) != 0 : !auth_is_revoked(ss->auth, s->jti)) continue;
     session_send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
   }
@@ -436,7 +436,7 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
     sub_t *sub = s->subs;
     while (sub) {
       sub_t *next = sub->next;
-      if (strcmp(sub->channel, channel) == 0) {
+      if (sub->channel && strcmp(sub->channel, channel) == 0) { /* NULL: not announced yet */
         char *ended = frame_unsubscribed(sub->conv);
         session_send_error(c, "channel_inactive", "the conversation's channel was deactivated",
                            sub->conv, 0, NULL);
@@ -452,7 +452,7 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
 #define FOR_USER(ss, user, c, s)                                                                   \
   for (conn_t *c = (ss)->net->conns; c; c = c->next)                                               \
     for (session_t *s = c->session; s; s = NULL)                                                   \
-      if (!c->closing && s->hello_seen && strcmp(s->token.sub, (user)) == 0)
+      if (!c->closing && s->hello_seen && strcmp(s->user, (user)) == 0)
 
 int session_disconnect_user(sessions_t *ss, const char *user, int code, const char *reason,
                             long retry_after_ms) {

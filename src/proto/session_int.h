@@ -48,15 +48,15 @@ typedef struct sub_s {
   struct fill_job_s *sync_job;         /* that sync's store job while it is in the pool */
   struct sub_s *next;
   session_t *session;
-  uint64_t gen;        /* the session's number for it: a store job finds its own
-                          subscription, not a later one of the same conversation */
-  int announced;       /* its welcome entry or `subscribed` was sent */
-  int after_welcome;   /* a subscribe that came before the welcome: QUEUED until then */
-  int presence;        /* the channel's presence setting, as the store said */
-  int signals;         /* the channel's signals setting, as the store said */
-  int presence_events; /* FRAME_EVENTS_*: join and leave frames asked for */
-  int present;         /* counted in ss->presence (announced, channel with presence) */
-  char channel[STORE_ID_MAX + 1];
+  uint64_t gen;               /* the session's number for it: a store job finds its own
+                                 subscription, not a later one of the same conversation */
+  unsigned announced : 1;     /* its welcome entry or `subscribed` was sent */
+  unsigned after_welcome : 1; /* a subscribe that came before the welcome: QUEUED until then */
+  unsigned presence : 1;      /* the channel's presence setting, as the store said */
+  unsigned signals : 1;       /* the channel's signals setting, as the store said */
+  unsigned present : 1;       /* counted in ss->presence (announced, channel with presence) */
+  int presence_events;        /* FRAME_EVENTS_*: join and leave frames asked for */
+  char *channel; /* its channel's id, heap, as the store named it when announced; NULL before */
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
   int reset_pending; /* the next synced says "reset": a sync or fill found the history changed */
@@ -73,7 +73,7 @@ typedef struct sub_s {
   bus_msg_t **pending;
   size_t npending, cap;
   size_t pending_bytes; /* frame bytes held in pending */
-  char conv[]; /* its conversation's id, as long as it is (sub_new) */
+  char conv[];          /* its conversation's id, as long as it is (sub_new) */
 } sub_t;
 
 struct hello_job_s;
@@ -97,13 +97,23 @@ struct session_s {
   conn_t *conn;
   sessions_t *ss;
   uint64_t id;
-  int hello_seen;
   uint64_t hello_ms; /* monotonic: the hello came (converger_hello_latency_ms) */
-  char
-      client_id[STORE_ID_MAX + 1]; /* hello's clientId, or "s-<16 hex>" for this connection alone */
-  auth_token_t token;
+  /* Who it is, from its hello and its token (token.c, session_token_set):
+   * the strings at their own lengths in one heap block, `ids`, which the
+   * session owns and a refresh replaces. All NULL until the hello's
+   * token is taken. */
+  char *ids;             /* the block: client_id, user, jti, then the convs */
+  const char *client_id; /* hello's clientId, or "s-<16 hex>" for this connection alone */
+  const char *user;      /* the token's sub */
+  const char *jti;       /* the token's jti (session_revoke_jti) */
+  const char *convs;     /* the token's convs: nconvs strings, each NUL-terminated, in a row */
+  uint32_t nconvs;
+  unsigned hello_seen : 1;   /* its hello was accepted (the token taken): no second one */
+  unsigned user_counted : 1; /* counted in ss->users under `user` */
+  unsigned all_convs : 1;    /* the token's convs held "*" */
+  unsigned can_read : 1;     /* the token's scope */
+  unsigned can_write : 1;
   uint64_t expires_at; /* monotonic ms at which the token's exp passes (token.c) */
-  int user_counted;    /* counted in ss->users under token.sub */
   rate_t
       *rate; /* [RATE_KINDS], made at the first frame a rate counts: an idle connection has none */
   sub_t *subs;
@@ -159,6 +169,10 @@ sub_t *sub_new(session_t *s, const char *conv);
 /* Leave the session, the admission queue (a store job not started is taken
  * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* The store named the subscription's channel `channel` (a hello's or a
+ * subscribe's job, at the announce): a copy at its own length from now
+ * on. 0 or -CV_ENOMEM (the subscription as it was). */
+int sub_set_channel(sub_t *sub, const char *channel);
 /* Why a resume is answered with reset (a metric label), or NULL. */
 const char *sub_reset_reason(int64_t watermark, const char *epoch, const store_conv_t *info);
 /* converger_resets_total{reason}. */
@@ -195,9 +209,17 @@ void sub_cancel(sub_t *sub, uint64_t now);
 
 /* ---- token.c ---- */
 
-/* Take `t` (moved: *t is zeroed) as the session's token, with its expiry
- * on the monotonic clock. */
-void session_token_set(session_t *s, auth_token_t *t);
+/* Take the verified token `t` as the session's, with `client_id` (may
+ * point into the block it replaces): its strings and scope are copied into
+ * a new `ids` block, which replaces the old one, and its exp goes onto the
+ * monotonic clock. `t` is cleared (auth_token_clear) either way. 0, or
+ * -CV_ENOMEM with the session as it was. */
+int session_token_set(session_t *s, auth_token_t *t, const char *client_id);
+/* 1 when the session's token lets it read (subscribe to, sync) `conv`,
+ * or write to it (send, signal): its scope has it and its convs cover
+ * it, as auth_token_allows. */
+int session_may_read(const session_t *s, const char *conv);
+int session_may_write(const session_t *s, const char *conv);
 /* ms until the session's token expires (<= 0: past), leeway not counted. */
 int64_t session_token_expires_in(const session_t *s, uint64_t now);
 /* A refresh frame (docs/protocol.md 4.7). */

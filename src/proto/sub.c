@@ -132,7 +132,16 @@ void sub_remove(session_t *s, sub_t *sub) {
   bus_unsubscribe(s->ss->bus, &sub->bus);
   clear_pending(sub);
   free(sub->pending);
+  free(sub->channel);
   free(sub);
+}
+
+int sub_set_channel(sub_t *sub, const char *channel) {
+  char *copy = strdup(channel);
+  if (!copy) return -CV_ENOMEM;
+  free(sub->channel);
+  sub->channel = copy;
+  return 0;
 }
 
 /* Keep `m` for later, in seq order; duplicates are dropped. */

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jwt.h>
 
 #include "common/util.h"
 #include "core/errors.h"
@@ -948,6 +949,43 @@ static void test_subscribe_null_twice_and_reset(void **state) {
   fx_free(&fx);
 }
 
+/* A channel deactivated (session_channel_changed, by the channel each
+ * subscription was told at its announce): its announced subscriptions end
+ * with channel_inactive and unsubscribed, those of other channels stay;
+ * one not announced yet (its hello's job still out) is refused when that
+ * job is done. */
+static void test_channel_deactivated(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "other-channel", "c2", 1);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+  subscribe_frame(p, "c2", -1);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 1, 0, 0);
+  expect_synced(p, 1, 0);
+  fx_peer_t *q = fx_connect(&fx);
+  fx_hello(q, "c1", -1); /* its job not run yet: not announced */
+  assert_int_equal(fx_sub_state(q, "c1"), SUB_FILLING);
+  store_channel_t chan;
+  assert_int_equal(store_channel_set_active(fx.db, "ch", 0, &chan), 0);
+  bus_channel_changed(fx.bus, "ch", 0);
+  expect_error_conv(p, "channel_inactive", "c1");
+  expect_unsubscribed(p, "c1");
+  assert_int_equal(fx_sub_state(p, "c1"), -1);
+  fx_append(&fx, "c2", 2);
+  expect_msgs(p, 2, 2);
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx)); /* q's hello reads an inactive channel */
+  expect_error_conv(q, "channel_inactive", "c1");
+  json_t *w = expect(q, "welcome");
+  assert_int_equal(json_array_size(json_object_get(w, "subs")), 0);
+  json_decref(w);
+  fx_peer_free(q);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
 /* Refusals carry `conv` and leave the connection open: forbidden (the
  * token does not cover it), not_found, channel_inactive,
  * too_many_subscriptions, bad_request. */
@@ -982,7 +1020,7 @@ static void test_subscribe_refusals(void **state) {
   expect_synced(p, 0, 0);
   const char *too_many = "converger_subscriptions_refused_total{reason=\"too_many_subscriptions\"}";
   assert_int_equal(metric_value(&fx, too_many), -1); /* none refused so far */
-  subscribe_frame(p, "c9", 0); /* c1 and c2: max_subs */
+  subscribe_frame(p, "c9", 0);                       /* c1 and c2: max_subs */
   expect_error_conv(p, "too_many_subscriptions", "c9");
   assert_false(fx_step(&fx));
   assert_int_equal(metric_value(&fx, too_many), 1);
@@ -1255,6 +1293,95 @@ static void send_frame(fx_peer_t *p, const char *conv, const char *id) {
   snprintf(text, sizeof text, "{\"type\":\"send\",\"conv\":\"%s\",\"id\":\"%s\",\"body\":{}}", conv,
            id);
   fx_send(p, text);
+}
+
+/* A token of `user` with `convs` (JSON array text), `scope` (JSON array
+ * text; NULL: none, read and write) and `jti`, signed with the fixture's
+ * secret, valid for an hour: heap. */
+static char *scoped_token(const char *user, const char *convs, const char *scope, const char *jti) {
+  jwt_t *jwt = NULL;
+  char grants[512];
+  snprintf(grants, sizeof grants, "{\"convs\":%s%s%s}", convs, scope ? ",\"scope\":" : "",
+           scope ? scope : "");
+  assert_int_equal(jwt_new(&jwt), 0);
+  assert_int_equal(jwt_add_grant(jwt, "sub", user), 0);
+  assert_int_equal(jwt_add_grant(jwt, "jti", jti), 0);
+  assert_int_equal(jwt_add_grant_int(jwt, "exp", (long)(util_now_ms() / 1000 + 3600)), 0);
+  assert_int_equal(jwt_add_grants_json(jwt, grants), 0);
+  assert_int_equal(
+      jwt_set_alg(jwt, JWT_ALG_HS256, (const unsigned char *)FX_SECRET, (int)strlen(FX_SECRET)), 0);
+  char *token = jwt_encode_str(jwt);
+  jwt_free(jwt);
+  assert_non_null(token);
+  return token;
+}
+
+/* What the session keeps of its token (its own compact copy, token.c):
+ * every conversation of a convs list of several, the scope, and across a
+ * refresh the new list, scope and jti with the same client id and user. */
+static void test_token_convs_scope_across_refresh(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 0);
+  fx_conv(&fx, "ch", "c2", 0);
+  fx_conv(&fx, "ch", "c3", 0);
+  fx_peer_t *p = fx_connect(&fx);
+  char *token = scoped_token("alice", "[\"c1\", \"c3\"]", "[\"read\"]", "jti-first");
+  char text[2048];
+  snprintf(text, sizeof text,
+           "{\"type\":\"hello\",\"token\":\"%s\",\"clientId\":\"tab-7\",\"subs\":["
+           "{\"conv\":\"c1\",\"watermark\":null},{\"conv\":\"c2\",\"watermark\":null},"
+           "{\"conv\":\"c3\",\"watermark\":null}]}",
+           token);
+  free(token);
+  fx_send(p, text);
+  expect_error_conv(p, "forbidden", "c2");
+  assert_true(fx_step(&fx));
+  json_t *w = expect(p, "welcome");
+  assert_string_equal(json_string_value(json_object_get(w, "clientId")), "tab-7");
+  json_t *subs = json_object_get(w, "subs");
+  assert_int_equal(json_array_size(subs), 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(subs, 0), "conv")), "c1");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(subs, 1), "conv")), "c3");
+  json_decref(w);
+  expect_synced(p, 0, 0);
+  expect_synced(p, 0, 0);
+  send_frame(p, "c3", "m-read-only"); /* a read scope: no send */
+  expect_error_conv(p, "forbidden", "c3");
+
+  token = scoped_token("alice", "[\"c3\", \"c2\"]", NULL, "jti-second");
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", token);
+  free(token);
+  fx_send(p, text);
+  json_decref(expect(p, "refreshed"));
+  expect_error_conv(p, "forbidden", "c1");
+  expect_unsubscribed(p, "c1");
+  session_t *s = p->conn->session;
+  assert_string_equal(s->client_id, "tab-7");
+  assert_string_equal(s->user, "alice");
+  assert_string_equal(s->jti, "jti-second");
+  assert_int_equal(users_count(fx.sessions.users, "alice"), 1);
+  send_frame(p, "c3", "m-1"); /* read and write now */
+  fx_drain_pool(&fx);
+  json_t *a = next(p), *b = next(p);
+  assert_true((is_type(a, "sent") && is_type(b, "msg")) ||
+              (is_type(a, "msg") && is_type(b, "sent")));
+  json_decref(a);
+  json_decref(b);
+  subscribe_frame(p, "c2", -1); /* the second conversation of the new list */
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 0, 0, 0);
+  expect_synced(p, 0, 0);
+  session_revoke_jti(&fx.sessions, "jti-first"); /* the old token's: not this connection's now */
+  expect_open(p);
+  session_revoke_jti(&fx.sessions, "jti-second");
+  expect_error(p, "unauthorized");
+  assert_null(next(p));
+  assert_int_equal(p->close_code, WS_CLOSE_POLICY_VIOLATION);
+  fx_peer_free(p);
+  fx_run(&fx);
+  assert_int_equal(users_count(fx.sessions.users, "alice"), 0);
+  fx_free(&fx);
 }
 
 /* The send bucket (rate 2, burst 2): the third and fourth sends at once
@@ -1961,11 +2088,13 @@ int main(void) {
       cmocka_unit_test(test_subscribe_replays_then_live),
       cmocka_unit_test(test_subscribe_null_twice_and_reset),
       cmocka_unit_test(test_subscribe_refusals),
+      cmocka_unit_test(test_channel_deactivated),
       cmocka_unit_test(test_subscribe_job_failed),
       cmocka_unit_test(test_subscribe_queued_then_refused),
       cmocka_unit_test(test_subscribe_before_welcome),
       cmocka_unit_test(test_unsubscribe),
       cmocka_unit_test(test_refresh),
+      cmocka_unit_test(test_token_convs_scope_across_refresh),
       cmocka_unit_test(test_token_expiry),
       cmocka_unit_test(test_rate_limits),
       cmocka_unit_test(test_rate_abuse_closes),
