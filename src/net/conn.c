@@ -16,14 +16,17 @@
 #include "net/ws.h"
 
 #define SHUTDOWN_LINGER_MS 2000
+#define FLUSH_IOV          64 /* segments per writev(2) */
+
+static int write_out(conn_t *c);
 
 /* ---- queued output ---------------------------------------------------------- */
 
 static void seg_release(conn_seg_t *s) {
-  if (s->own)
-    free(s->own);
-  else if (s->release)
+  if (s->release)
     s->release(s->ud);
+  else
+    free(s->own);
 }
 
 /* Release segs[from .. to) and close the gap they leave. */
@@ -61,14 +64,14 @@ static conn_seg_t *seg_push(conn_t *c) {
 #define OWN_CHUNK_MAX (64u << 10)
 static int append_copy(conn_t *c, const void *data, size_t len) {
   conn_seg_t *last = c->nsegs > c->nflight ? &c->segs[c->nsegs - 1] : NULL;
-  if (last && last->own && last->room >= len) {
+  if (last && !last->release && last->room >= len) {
     memcpy((char *)last->p + last->len, data, len);
     last->len += (uint32_t)len;
     last->room -= (uint32_t)len;
     return 0;
   }
   size_t cap = OWN_CHUNK_MIN;
-  if (last && last->own) {
+  if (last && !last->release) {
     size_t prev = (size_t)(last->p - last->own) + last->len + last->room;
     cap = prev * 2 > OWN_CHUNK_MAX ? OWN_CHUNK_MAX : prev * 2;
   }
@@ -517,6 +520,13 @@ int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb r
   s->ud = ud;
   c->out_len += len;
   mark_dirty(c);
+  /* A burst queues one segment per message on every subscriber before the
+   * turn's flush, which writes FLUSH_IOV segments per writev(2) anyway:
+   * writing each FLUSH_IOV as they come costs no more system calls, and
+   * keeps the queue, and its array, that short while the socket takes
+   * them. The turn's flush still runs what follows a write (the shutdown
+   * after it, the writable callback): not from inside a fan-out. */
+  if (c->nsegs >= FLUSH_IOV && !c->writing) write_out(c);
   return 0;
 }
 
@@ -681,15 +691,13 @@ static int seal(conn_t *c) {
   return 0;
 }
 
-#define FLUSH_IOV 64 /* segments per writev(2) */
-
 /* Write what waits: writev(2) of the segments, FLUSH_IOV at a time, while
  * the socket takes it all; what it does not take goes to uv_write (at
  * most FLUSH_IOV segments, in flight until write_cb), and output queued
- * meanwhile waits behind it. */
-static void flush(conn_t *c) {
-  if (c->closing || c->writing) return;
-  if (c->tls && seal(c) != 0) return;
+ * meanwhile waits behind it. 1 when everything was written, 0 when a
+ * write is in flight or the connection closed. Plain TCP: TLS seals
+ * first (flush). */
+static int write_out(conn_t *c) {
   uv_buf_t bufs[FLUSH_IOV];
   while (c->out_len > 0) {
     uint32_t k = c->nsegs < FLUSH_IOV ? c->nsegs : FLUSH_IOV;
@@ -701,7 +709,7 @@ static void flush(conn_t *c) {
     int n = uv_try_write((uv_stream_t *)&c->tcp, bufs, k);
     if (n < 0 && n != UV_EAGAIN) {
       conn_close(c);
-      return;
+      return 0;
     }
     size_t done = n > 0 ? (size_t)n : 0;
     c->out_len -= done;
@@ -719,14 +727,23 @@ static void flush(conn_t *c) {
     if (!r || uv_write(&r->w, (uv_stream_t *)&c->tcp, bufs, k, write_cb) != 0) {
       if (r) req_done(c);
       conn_close(c);
-      return;
+      return 0;
     }
     c->nflight = k;
     c->wlen = total;
     c->out_len -= total;
     c->writing = 1;
-    return;
+    return 0;
   }
+  return 1;
+}
+
+/* Write what waits (write_out), then what follows a write: the shutdown
+ * asked for after it, the writable callback. */
+static void flush(conn_t *c) {
+  if (c->closing || c->writing) return;
+  if (c->tls && seal(c) != 0) return;
+  if (!write_out(c)) return;
   maybe_shutdown(c);
   writable(c);
 }

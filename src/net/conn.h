@@ -106,9 +106,13 @@ typedef void (*conn_release_cb)(void *ud);
  * connections share (one encoded frame for every subscriber). */
 typedef struct {
   const char *p;           /* the next byte to write */
-  char *own;               /* the owned chunk (freed once written), or NULL */
-  conn_release_cb release; /* shared bytes: called once written or dropped */
-  void *ud;
+  conn_release_cb release; /* shared bytes: called with `ud` once written or dropped;
+                              NULL: an owned chunk */
+  union {                  /* one or the other: a burst queues one segment per
+                              message on every subscriber, so each byte here counts */
+    char *own;             /* the owned chunk (release NULL), freed once written */
+    void *ud;              /* shared bytes: release's argument */
+  };
   uint32_t len;  /* bytes left to write */
   uint32_t room; /* owned chunk: bytes free after p + len */
 } conn_seg_t;

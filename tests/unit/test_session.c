@@ -356,6 +356,54 @@ static void test_shared_frames_to_many(void **state) {
   fx_free(&fx);
 }
 
+/* A burst of more messages than one writev(2) takes (FLUSH_IOV, 64 in
+ * net/conn.c), all published before the loop's flush, with frames large
+ * enough to be shared: a subscriber whose socket takes them gets them
+ * written from inside the fan-out, 64 at a time, and one whose socket is
+ * full (a write in flight) keeps them queued behind it. Each gets every
+ * message once and in order. */
+static void test_burst_beyond_one_writev(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_peer_t *fast = live_peer(&fx, "c1", 0, 1), *slow = live_peer(&fx, "c1", 0, 1);
+  size_t n = 400u << 10; /* a write in flight, below the high-water mark */
+  char *text = malloc(n + 32);
+  int h = snprintf(text, 32, "{\"type\":\"filler\",\"x\":\"");
+  memset(text + h, 'f', n);
+  strcpy(text + h + n, "\"}");
+  ws_send_text(slow->conn, text, strlen(text));
+  free(text);
+  fx_run(&fx);
+  assert_true(conn_pending_bytes(slow->conn) > 0);
+  enum { BURST = 200 };
+  for (int i = 0; i < BURST; i++) {
+    char id[32], body[256];
+    snprintf(id, sizeof id, "b-%d", i);
+    snprintf(body, sizeof body, "{\"text\":\"%0200d\"}", i); /* a frame over CONN_SHARED_MIN */
+    store_msg_t m;
+    int created = 0;
+    assert_int_equal(bus_append(fx.bus, fx.db, "c1", id, "fx", body, util_now_ms(), &m, &created),
+                     0);
+    assert_true(created);
+    store_msg_clear(&m);
+  }
+  fx_run(&fx);
+  expect_msgs(fast, 2, BURST + 1);
+  fx_expect_nothing(fast);
+  json_t *got = unstuff(slow), *js;
+  while (json_array_size(got) < BURST && (js = fx_recv(slow)) != NULL)
+    json_array_append_new(got, js);
+  assert_int_equal(json_array_size(got), BURST);
+  for (size_t k = 0; k < BURST; k++)
+    assert_int_equal(seq_of(json_array_get(got, k)), (int64_t)k + 2);
+  json_decref(got);
+  fx_expect_nothing(slow);
+  fx_peer_free(fast);
+  fx_peer_free(slow);
+  fx_free(&fx);
+}
+
 /* FILLING job done with the output high -> DEFERRED (the same page again
  * once drained). */
 static void test_fill_done_with_output_high_defers(void **state) {
@@ -2068,6 +2116,7 @@ int main(void) {
       cmocka_unit_test(test_head_hint_fills),
       cmocka_unit_test(test_slow_reader_defers_then_fills),
       cmocka_unit_test(test_shared_frames_to_many),
+      cmocka_unit_test(test_burst_beyond_one_writev),
       cmocka_unit_test(test_fill_done_with_output_high_defers),
       cmocka_unit_test(test_long_replay_pages),
       cmocka_unit_test(test_sync_granted),
