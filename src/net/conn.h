@@ -189,14 +189,19 @@ void conn_stop_listening(net_t *net);
 int conn_write(conn_t *c, const void *data, size_t len);
 
 /* Queue `len` bytes of output by reference, not copied: `data` stays
- * valid until `release(ud)`, which the connection calls exactly once,
- * when the bytes are written, dropped (close), or copied (TLS, which
+ * valid until `release(ud)` (not NULL), which the connection calls exactly
+ * once, when the bytes are written, dropped (close), or copied (TLS, which
  * seals them into records of its own, and writes under CONN_SHARED_MIN
  * bytes, cheaper copied than referenced). The caller hands over one
  * reference of its own with the call, also when it fails. Many
  * connections write the same frame this way: one copy of it in memory,
- * written with writev(2) among the connection's other output. Returns as
- * conn_write. Loop thread. */
+ * written with writev(2) among the connection's other output. When
+ * FLUSH_IOV (64) segments wait and no write is in flight, the call writes
+ * them at once (net/conn.c): `release` of those bytes, this call's
+ * included, may then run before it returns, and a socket error closes the
+ * connection (conn_close) with 0 returned, as a failed write at the turn's
+ * flush would. Returns 0, or -ENOBUFS after dropping a slow consumer, or
+ * -ENOMEM (closed). Loop thread. */
 #define CONN_SHARED_MIN 128
 int conn_write_shared(conn_t *c, const void *data, size_t len, conn_release_cb release, void *ud);
 

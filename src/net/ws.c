@@ -516,8 +516,6 @@ void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *jso
     ws_send_text(c, json, json_len);
 }
 
-int ws_takes_frames(const conn_t *c) { return c->ws_frames && !c->closing; }
-
 void ws_send_text(conn_t *c, const char *text, size_t len) {
   if (c->closing || !c->ws || c->ws->close_sent) return;
   if (c->ws->sse) {

@@ -114,7 +114,7 @@ void ws_send_msg(conn_t *c, const char *frame, size_t frame_len, const char *jso
  * stream, its close frame not queued. It reads a bit of the connection
  * alone (conn_t.ws_frames), not the WebSocket state: a fan-out to
  * thousands of connections asks it of each (proto/sub.c). Loop thread. */
-int ws_takes_frames(const conn_t *c);
+static inline int ws_takes_frames(const conn_t *c) { return c->ws_frames && !c->closing; }
 
 /* Free `net`'s encoder (conn_net_free calls it); it is made again when
  * next needed. */

@@ -356,12 +356,15 @@ static void test_shared_frames_to_many(void **state) {
   fx_free(&fx);
 }
 
-/* A burst of more messages than one writev(2) takes (FLUSH_IOV, 64 in
- * net/conn.c), all published before the loop's flush, with frames large
- * enough to be shared: a subscriber whose socket takes them gets them
- * written from inside the fan-out, 64 at a time, and one whose socket is
- * full (a write in flight) keeps them queued behind it. Each gets every
- * message once and in order. */
+/* Counts the releases of a frame queued with conn_write_shared. */
+static void count_release(void *ud) { (*(int *)ud)++; }
+
+/* A burst of more shared frames than one writev(2) takes (FLUSH_IOV, 64
+ * in net/conn.c), queued before the loop's flush: a connection whose
+ * socket takes them writes them 64 at a time from inside the calls, so
+ * its queue never holds more than 64 (the peak memory of a burst), and
+ * one whose socket is full (a write in flight) keeps them all queued
+ * behind it. Each peer reads every frame once and in order. */
 static void test_burst_beyond_one_writev(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
@@ -376,19 +379,35 @@ static void test_burst_beyond_one_writev(void **state) {
   free(text);
   fx_run(&fx);
   assert_true(conn_pending_bytes(slow->conn) > 0);
+
   enum { BURST = 200 };
+  char *frames[BURST];
+  size_t lens[BURST];
+  int released[BURST] = {0}, released_slow[BURST] = {0};
   for (int i = 0; i < BURST; i++) {
-    char id[32], body[256];
-    snprintf(id, sizeof id, "b-%d", i);
-    snprintf(body, sizeof body, "{\"text\":\"%0200d\"}", i); /* a frame over CONN_SHARED_MIN */
-    store_msg_t m;
-    int created = 0;
-    assert_int_equal(bus_append(fx.bus, fx.db, "c1", id, "fx", body, util_now_ms(), &m, &created),
-                     0);
-    assert_true(created);
-    store_msg_clear(&m);
+    char json[256];
+    snprintf(json, sizeof json, "{\"type\":\"msg\",\"conv\":\"c1\",\"seq\":%d,\"pad\":\"%0150d\"}",
+             i + 2, i);
+    frames[i] = ws_encode_text(&fx.net, json, strlen(json), &lens[i]);
+    assert_non_null(frames[i]);
+    assert_true(lens[i] >= CONN_SHARED_MIN);
   }
+  for (int i = 0; i < BURST; i++) {
+    assert_int_equal(conn_write_shared(fast->conn, frames[i], lens[i], count_release, &released[i]),
+                     0);
+    assert_true(fast->conn->nsegs < 64); /* written each time 64 waited */
+  }
+  int written = 0;
+  for (int i = 0; i < BURST; i++) written += released[i];
+  assert_int_equal(written, 3 * 64); /* before the loop ran at all */
+  for (int i = 0; i < BURST; i++) {
+    assert_int_equal(
+        conn_write_shared(slow->conn, frames[i], lens[i], count_release, &released_slow[i]), 0);
+  }
+  assert_true(slow->conn->nsegs >= BURST); /* behind the write in flight */
+  for (int i = 0; i < BURST; i++) assert_int_equal(released_slow[i], 0);
   fx_run(&fx);
+
   expect_msgs(fast, 2, BURST + 1);
   fx_expect_nothing(fast);
   json_t *got = unstuff(slow), *js;
@@ -399,6 +418,11 @@ static void test_burst_beyond_one_writev(void **state) {
     assert_int_equal(seq_of(json_array_get(got, k)), (int64_t)k + 2);
   json_decref(got);
   fx_expect_nothing(slow);
+  for (int i = 0; i < BURST; i++) {
+    assert_int_equal(released[i], 1);
+    assert_int_equal(released_slow[i], 1);
+    free(frames[i]);
+  }
   fx_peer_free(fast);
   fx_peer_free(slow);
   fx_free(&fx);
