@@ -1150,7 +1150,11 @@ int bench_peers_main(int argc, char **argv) {
             "rssPerConn",          "cpuPerHandshakeUs",     "cpuPerDeliveryUs", "fanoutP50Ms",
             "fanoutP99Ms",         "steadyP50Ms",           "steadyP99Ms",      "peakOverRestRss",
             "burstDeliveriesPerS", "bigBurstDeliveriesPerS"};
-        for (int f = 0; f < F_COUNT; f++) fprintf(json, ",\"%s\":%.3f", key[f], v[f]);
+        for (int f = 0; f < F_COUNT; f++) /* a figure left out (the peak RSS) is null */
+          if (isnan(v[f]))
+            fprintf(json, ",\"%s\":null", key[f]);
+          else
+            fprintf(json, ",\"%s\":%.3f", key[f], v[f]);
         fprintf(json, ",\"restRssKb\":%ld,\"peakRssKb\":%ld,\"steadyPublisherLateMs\":%.3f}\n",
                 r.rest_kb, r.peak_kb, (double)r.pace_late_ns / 1e6);
       }
