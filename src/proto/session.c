@@ -421,7 +421,7 @@ void session_free(session_t *s) {
 void session_revoke_jti(sessions_t *ss, const char *jti) {
   for (conn_t *c = ss->net->conns; c; c = c->next) {
     session_t *s = c->session;
-    if (!s || c->closing || !s->hello_seen || !s->jti) continue;
+    if (!s || c->closing || !s->hello_seen || !s->jti[0]) continue;
     if (jti ? strcmp(s->jti, jti) != 0 : !auth_is_revoked(ss->auth, s->jti)) continue;
     session_send_error(c, "unauthorized", "token revoked", NULL, 0, NULL);
     ws_close(c, WS_CLOSE_POLICY_VIOLATION, "token revoked");
