@@ -938,6 +938,15 @@ static void expect_subscribed(fx_peer_t *p, const char *conv, int64_t head, int 
   json_decref(js);
 }
 
+/* A subscribe of `conv` from its head (watermark null) on a live
+ * connection, answered: subscribed, then synced, at `head`. */
+static void subscribe_at_head(fx_t *fx, fx_peer_t *p, const char *conv, int64_t head) {
+  subscribe_frame(p, conv, -1);
+  assert_true(fx_step(fx));
+  expect_subscribed(p, conv, head, 0, 0);
+  expect_synced(p, head, 0);
+}
+
 static void expect_error_conv(fx_peer_t *p, const char *code, const char *conv) {
   json_t *js = expect(p, "error");
   assert_string_equal(json_string_value(json_object_get(js, "code")), code);
@@ -1032,10 +1041,7 @@ static void test_channel_deactivated(void **state) {
   fx_conv(&fx, "ch", "c1", 1);
   fx_conv(&fx, "other-channel", "c2", 1);
   fx_peer_t *p = star_peer(&fx, "c1", 1);
-  subscribe_frame(p, "c2", -1);
-  assert_true(fx_step(&fx));
-  expect_subscribed(p, "c2", 1, 0, 0);
-  expect_synced(p, 1, 0);
+  subscribe_at_head(&fx, p, "c2", 1);
   fx_peer_t *q = fx_connect(&fx);
   fx_hello(q, "c1", -1); /* its job not run yet: not announced */
   assert_int_equal(fx_sub_state(q, "c1"), SUB_FILLING);
@@ -1275,10 +1281,7 @@ static void test_refresh(void **state) {
   fx_conv(&fx, "ch", "c1", 1);
   fx_conv(&fx, "ch", "c2", 1);
   fx_peer_t *p = star_peer(&fx, "c1", 1);
-  subscribe_frame(p, "c2", -1);
-  assert_true(fx_step(&fx));
-  expect_subscribed(p, "c2", 1, 0, 0);
-  expect_synced(p, 1, 0);
+  subscribe_at_head(&fx, p, "c2", 1);
   char *narrow = fx_token(&fx, "alice", "c1"), text[2048];
   snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", narrow);
   fx_send(p, text);
@@ -1440,10 +1443,7 @@ static void test_token_convs_scope_across_refresh(void **state) {
               (is_type(a, "msg") && is_type(b, "sent")));
   json_decref(a);
   json_decref(b);
-  subscribe_frame(p, "c2", -1); /* the second conversation of the new list */
-  assert_true(fx_step(&fx));
-  expect_subscribed(p, "c2", 0, 0, 0);
-  expect_synced(p, 0, 0);
+  subscribe_at_head(&fx, p, "c2", 0);            /* the second conversation of the new list */
   session_revoke_jti(&fx.sessions, "jti-first"); /* the old token's: not this connection's now */
   expect_open(p);
   session_revoke_jti(&fx.sessions, "jti-second");

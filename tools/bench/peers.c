@@ -791,9 +791,9 @@ static void set_close(run_t *r) {
   r->n = r->next = 0;
 }
 
-/* A phase of `msgs` messages: published `per` at a time, the next group
- * once every subscriber has the last. */
-static int messages(run_t *r, int64_t msgs, int64_t per) {
+/* A message phase of `msgs` begins: its per-message arrays and its
+ * counts, fresh. 0, or -1 (the run failed: out of memory). */
+static int phase_begin(run_t *r, int64_t msgs) {
   free(r->count), free(r->pub_ns), free(r->done_ns);
   r->count = calloc((size_t)msgs, sizeof *r->count);
   r->pub_ns = calloc((size_t)msgs, sizeof *r->pub_ns);
@@ -802,13 +802,33 @@ static int messages(run_t *r, int64_t msgs, int64_t per) {
     fail(r, "out of memory");
     return -1;
   }
+  r->sent = r->done_msgs = 0;
+  r->deliveries = r->order_errors = 0;
+  return 0;
+}
+
+/* The phase ended: 0 when every subscriber got each of the `msgs`
+ * messages once and in order, else -1 (the run failed, with why). */
+static int phase_end(run_t *r, int64_t msgs) {
+  r->wait_for = 0;
+  if (r->failed) return -1;
+  if (r->order_errors || r->deliveries != (uint64_t)msgs * r->nsubs) {
+    fail(r, "%s: %" PRIu64 " deliveries of %" PRIu64 " expected, %" PRIu64 " out of order",
+         peer_name[r->peer], r->deliveries, (uint64_t)msgs * r->nsubs, r->order_errors);
+    return -1;
+  }
+  return 0;
+}
+
+/* A phase of `msgs` messages: published `per` at a time, the next group
+ * once every subscriber has the last. */
+static int messages(run_t *r, int64_t msgs, int64_t per) {
+  if (phase_begin(r, msgs) != 0) return -1;
   for (size_t i = 1; i < r->n; i++) {
     r->c[i].last = -1;
     r->c[i].got = 0;
     r->c[i].ncarry = 0;
   }
-  r->sent = r->done_msgs = 0;
-  r->deliveries = r->order_errors = 0;
   r->wait_for = msgs;
   while (r->done_msgs < msgs && !r->failed) {
     int64_t until = r->sent + per < msgs ? r->sent + per : msgs;
@@ -818,14 +838,7 @@ static int messages(run_t *r, int64_t msgs, int64_t per) {
     if (run_loop(r) != 0) break;
     r->wait_for = msgs;
   }
-  r->wait_for = 0;
-  if (r->failed) return -1;
-  if (r->order_errors || r->deliveries != (uint64_t)msgs * r->nsubs) {
-    fail(r, "%s: %" PRIu64 " deliveries of %" PRIu64 " expected, %" PRIu64 " out of order",
-         peer_name[r->peer], r->deliveries, (uint64_t)msgs * r->nsubs, r->order_errors);
-    return -1;
-  }
-  return 0;
+  return phase_end(r, msgs);
 }
 
 /* When the steady phase's message `i` is due: pace_t0 + i / steady_rate. */
@@ -853,16 +866,7 @@ static void pace_cb(uv_timer_t *t) {
  * loop: a slow server gets them as fast anyway, and its latencies grow),
  * until every subscriber has every one. */
 static int steady(run_t *r, int64_t msgs) {
-  free(r->count), free(r->pub_ns), free(r->done_ns);
-  r->count = calloc((size_t)msgs, sizeof *r->count);
-  r->pub_ns = calloc((size_t)msgs, sizeof *r->pub_ns);
-  r->done_ns = calloc((size_t)msgs, sizeof *r->done_ns);
-  if (!r->count || !r->pub_ns || !r->done_ns) {
-    fail(r, "out of memory");
-    return -1;
-  }
-  r->sent = r->done_msgs = 0;
-  r->deliveries = r->order_errors = 0;
+  if (phase_begin(r, msgs) != 0) return -1;
   r->wait_for = r->pace_msgs = msgs;
   r->pace_late_ns = 0;
   r->pace_t0 = run_now_ns();
@@ -870,14 +874,7 @@ static int steady(run_t *r, int64_t msgs) {
   /* --timeout from when the last one is due */
   run_loop_for(r, (uint64_t)r->o->timeout_s * 1000000000u + (pace_due_ns(r, msgs) - r->pace_t0));
   uv_timer_stop(&r->pace);
-  r->wait_for = 0;
-  if (r->failed) return -1;
-  if (r->order_errors || r->deliveries != (uint64_t)msgs * r->nsubs) {
-    fail(r, "%s: %" PRIu64 " deliveries of %" PRIu64 " expected, %" PRIu64 " out of order",
-         peer_name[r->peer], r->deliveries, (uint64_t)msgs * r->nsubs, r->order_errors);
-    return -1;
-  }
-  return 0;
+  return phase_end(r, msgs);
 }
 
 /* p50 and p99 (nearest rank) of the phase's `n` publish-to-last-receipt
