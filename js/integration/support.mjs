@@ -82,6 +82,15 @@ export function makeCerts(dir) {
   return { ca: join(dir, "ca.pem"), cert: join(dir, "srv.pem"), key: join(dir, "srv.key") };
 }
 
+// Lines of a node's log that fail the test owning it (harness.py's list).
+const SANITIZER_MARKERS = [
+  "ERROR: AddressSanitizer",
+  "ERROR: LeakSanitizer",
+  "runtime error:",
+  "AddressSanitizer:DEADLYSIGNAL",
+  "BUG:",
+];
+
 export class Node {
   /** `env` overrides the node's environment; with CONVERGER_TLS_CERT in it,
    * the client port speaks TLS: url and wsUrl are https:// and wss://
@@ -160,10 +169,16 @@ export class Node {
     await this.proc.exited;
   }
 
-  /** Stop it and remove its folder. */
+  /** Stop it and remove its folder; throws (failing the test that owns the
+   * node) when its log has a BUG line, the node's own invariant checks
+   * (a subscription moved outside its table, slots leaked at exit), or a
+   * sanitizer report, as tests/integration/harness.py does. */
   async finish() {
     await this.stop();
+    const log = existsSync(this.logPath) ? readFileSync(this.logPath, "utf8") : "";
+    const bad = log.split("\n").filter((l) => SANITIZER_MARKERS.some((m) => l.includes(m)));
     rmSync(this.dir, { recursive: true, force: true });
+    if (bad.length) throw new Error(`node test:${this.port}: BUG or sanitizer lines in its log:\n${bad.join("\n")}`);
   }
 
   log() {

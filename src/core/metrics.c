@@ -106,6 +106,9 @@ static const family_t families[] = {
     {"converger_resets_total", M_COUNTER,
      "Resumes answered with reset, by reason (ahead: watermark above the head; epoch: another "
      "epoch)."},
+    {"converger_subscription_transitions_refused_total", M_COUNTER,
+     "Subscription state moves outside the state table, refused (a bug: the connection was "
+     "closed 1011 and the log has a BUG line)."},
     {"converger_drain_state", M_GAUGE, "Drain state: 0 ready, 1 draining, 2 shedding."},
     {"converger_drain_migrated_total", M_COUNTER,
      "Connections told to move (drain or shed) that then closed by themselves."},

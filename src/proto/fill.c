@@ -132,7 +132,7 @@ static void replay_unavailable(sub_t *sub, const char *message, int64_t watermar
 static void fill_failed(sub_t *sub, const char *message) {
   long hint = config_retry_hint(sub->session->ss->cfg, sub->session->ss->rng);
   send_replay_unavailable(sub, message, sub->delivered, hint);
-  sub_set_state(sub, SUB_RETRY);
+  if (sub_set_state(sub, SUB_RETRY) != 0) return;
   sub->retry_at = util_mono_ms() + (uint64_t)hint;
   session_t *s = sub->session;
   if (!s->retry_due || sub->retry_at < s->retry_due) s->retry_due = sub->retry_at;
@@ -248,13 +248,16 @@ static void fill_submit(sub_t *sub, int64_t after, int64_t upto, int synced, int
   conn_t *c = sub->session->conn;
   if (!admitted && conn_pending_bytes(c) > OUT_HIGH_WATER) {
     /* Let the client read what it has first: session_on_writable resumes. */
-    sub_set_state(sub, SUB_DEFERRED);
+    if (sub_set_state(sub, SUB_DEFERRED) != 0) return;
     sub->deferred_after = after;
     sub->deferred_upto = upto;
     sub->deferred_synced = synced;
     return;
   }
-  sub_set_state(sub, SUB_FILLING);
+  if (sub_set_state(sub, SUB_FILLING) != 0) {
+    if (admitted) admission_release(c->session->ss->admission, &sub->adm, util_mono_ms());
+    return;
+  }
   fill_job_t *f = calloc(1, sizeof *f);
   if (!f) {
     if (admitted) admission_release(c->session->ss->admission, &sub->adm, util_mono_ms());
@@ -318,7 +321,8 @@ void sub_sync(sub_t *sub, int64_t watermark, const char *epoch) {
     session_observe_admission(ss, "ok", 0);
     sync_begin(sub);
   } else if (r == ADMISSION_QUEUED) {
-    sub_set_state(sub, SUB_QUEUED); /* live messages wait in `pending` meanwhile */
+    sub_set_state(sub,
+                  SUB_QUEUED); /* live messages wait in `pending` meanwhile; a refusal closes */
   } else {
     sync_refused(sub, "the replay queue is full; sync again later", 0);
   }

@@ -209,7 +209,7 @@ static void hello_submit(session_t *s) {
   s->hello = NULL;
   for (size_t i = 0; i < h->n; i++) { /* made at the hello; gone if unsubscribed meanwhile */
     sub_t *sub = session_find_sub_gen(s, h->items[i].conv, h->items[i].gen);
-    if (sub && sub->state == SUB_QUEUED) sub_set_state(sub, SUB_FILLING);
+    if (sub && sub->state == SUB_QUEUED) sub_set_state(sub, SUB_FILLING); /* a refusal closes */
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
@@ -306,7 +306,10 @@ void session_handle_hello(session_t *s, frame_client_t *f) {
       ws_close(c, WS_CLOSE_INTERNAL_ERROR, "out of memory");
       return;
     }
-    sub_set_state(sub, SUB_QUEUED);
+    if (sub_set_state(sub, SUB_QUEUED) != 0) {
+      free(h);
+      return;
+    }
     sub->presence_events = f->subs[i].presence_events;
     hello_item_t *it = &h->items[h->n++];
     strcpy(it->conv, conv);

@@ -152,9 +152,15 @@ void session_observe_admission(sessions_t *ss, const char *result, uint64_t wait
 
 /* ---- sub.c: the state machine, live delivery, epochs ---- */
 
-/* Move `sub` to `to`: a transition of the table in sub.c's design block
- * (an illegal one is a bug: logged, and an assertion in debug builds). */
-void sub_set_state(sub_t *sub, sub_state_t to);
+/* Move `sub` to `to`: a transition of the table in sub.c's design block.
+ * Returns 0, or -CV_EINVAL for a move outside the table, which is refused
+ * in every build: the state stays, a "BUG:" line is logged, the series
+ * converger_subscription_transitions_refused_total{from,to} counts it and
+ * the connection is closed with 1011 (internal error), so the client
+ * resumes from its watermark. A caller that gets -CV_EINVAL does nothing
+ * more for the subscription. Loop thread. (STYLE.md: a guard must hold in
+ * the build users run, as SQLite's NEVER() does.) */
+int sub_set_state(sub_t *sub, sub_state_t to);
 /* The state's name, for logs and tests ("live", "queued", ...). */
 const char *sub_state_name(sub_state_t st);
 

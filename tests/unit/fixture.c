@@ -214,6 +214,14 @@ void fx_free(fx_t *fx) {
   store_close(fx->db);
   config_free(&fx->cfg);
   conn_net_free(&fx->net);
+  /* A subscription moved outside its table is a bug wherever a test met
+   * it (sub_set_state refused it and logged "BUG:"): fail that test. */
+  size_t len = 0;
+  char *text = metrics_render(fx->metrics, &len);
+  assert_non_null(text);
+  if (strstr(text, "\nconverger_subscription_transitions_refused_total{"))
+    fail_msg("a subscription moved outside its table (the BUG line above)");
+  free(text);
   metrics_free(fx->metrics);
   util_mono_fake(NULL);
   char cmd[96];

@@ -1234,6 +1234,32 @@ static void test_subscribe_before_welcome(void **state) {
   fx_free(&fx);
 }
 
+/* A move outside the table (LIVE to RETRY has no row) is refused in every
+ * build, NDEBUG's included: the state stays, the metric counts it and the
+ * connection ends with 1011 (internal error), for the client to resume
+ * on a fresh session. */
+static void test_transition_outside_table_refused(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx_conv(&fx, "ch", "c1", 2);
+  fx_peer_t *p = star_peer(&fx, "c1", 2);
+  sub_t *sub = session_find_sub(p->conn->session, "c1");
+  assert_non_null(sub);
+  assert_int_equal(sub->state, SUB_LIVE);
+  assert_int_equal(sub_set_state(sub, SUB_RETRY), -CV_EINVAL);
+  assert_int_equal(sub->state, SUB_LIVE);
+  assert_true(metric_value(&fx, "converger_subscription_transitions_refused_total"
+                                "{from=\"live\",to=\"retry\"}") == 1);
+  assert_int_equal(sub_set_state(sub, SUB_QUEUED), 0); /* a row of the table: made */
+  assert_int_equal(sub->state, SUB_QUEUED);
+  for (json_t *js; (js = fx_recv(p));) json_decref(js);
+  assert_true(p->closed);
+  assert_int_equal(p->close_code, WS_CLOSE_INTERNAL_ERROR);
+  metrics_reset(fx.metrics); /* seen: fx_free fails a test that leaves one */
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
 /* unsubscribe: of a live subscription (nothing follows `unsubscribed`), of
  * one whose job is out (its result is dropped), and an unsubscribe and a
  * subscribe again before the first job ran (only the second answers). */
@@ -2166,6 +2192,7 @@ int main(void) {
       cmocka_unit_test(test_subscribe_queued_then_refused),
       cmocka_unit_test(test_subscribe_before_welcome),
       cmocka_unit_test(test_unsubscribe),
+      cmocka_unit_test(test_transition_outside_table_refused),
       cmocka_unit_test(test_refresh),
       cmocka_unit_test(test_token_convs_scope_across_refresh),
       cmocka_unit_test(test_token_expiry),
