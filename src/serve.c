@@ -315,15 +315,85 @@ static void set_max_connections(node_t *node) {
              limit, reserve);
 }
 
-static void walk_close(uv_handle_t *h, void *arg) {
-  if (!uv_is_closing(h)) uv_close(h, NULL);
+/* ---- a start that failed ------------------------------------------------------ */
+
+/* The handles on a loop, for telling node_open's own from the caller's. */
+typedef struct {
+  const uv_handle_t **h;
+  size_t n, cap;
+  int oom;
+} handle_set_t;
+
+static void collect_cb(uv_handle_t *h, void *arg) {
+  handle_set_t *set = arg;
+  if (set->n == set->cap) {
+    size_t cap = set->cap ? 2 * set->cap : 16;
+    const uv_handle_t **grown = realloc(set->h, cap * sizeof *grown);
+    if (!grown) {
+      set->oom = 1;
+      return;
+    }
+    set->h = grown;
+    set->cap = cap;
+  }
+  set->h[set->n++] = h;
+}
+
+static int set_has(const handle_set_t *set, const uv_handle_t *h) {
+  for (size_t i = 0; i < set->n; i++)
+    if (set->h[i] == h) return 1;
+  return 0;
+}
+
+/* Whether a handle of `made` (node_open's) is still on the loop. */
+static void made_left_cb(uv_handle_t *h, void *arg) {
+  void **a = arg;
+  if (set_has(a[0], h)) *(int *)a[1] = 1;
+}
+
+/* Undo a node_open that failed at any step: close what it made, and only
+ * that (serve.h: the caller's handles on the same loop stay as they
+ * were), then turn the loop until those handles are closed and freed and
+ * the node's requests (a LISTEN connection under way) have returned.
+ * `before`: the loop's handles when node_open began; `reqs_before` its
+ * active requests then. Frees `node`. */
+static void node_open_undo(node_t *node, const handle_set_t *before, unsigned reqs_before) {
+  uv_loop_t *loop = node->loop;
+  handle_set_t made = {0};
+  uv_walk(loop, collect_cb, &made);
+  size_t keep = 0; /* the handles made since node_open began */
+  for (size_t i = 0; i < made.n; i++)
+    if (!set_has(before, made.h[i])) made.h[keep++] = made.h[i];
+  made.n = keep;
+  conn_stop_listening(&node->net); /* listeners, when conn_listen got that far */
+  if (node->pool) pool_close(node->pool);
+  if (node->pgnotify) pgnotify_close(node->pgnotify);
+  if (node->drain) drain_close(node->drain);
+  if (node->bus) bus_close(node->bus);
+  if (!uv_is_closing((uv_handle_t *)&node->admission_timer))
+    uv_close((uv_handle_t *)&node->admission_timer, NULL);
+  for (;;) {
+    int left = 0;
+    void *arg[2] = {&made, &left};
+    uv_walk(loop, made_left_cb, arg);
+    if (!left && loop->active_reqs.count <= reqs_before) break;
+    uv_run(loop, left ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+  }
+  free(made.h);
+  node_free(node);
 }
 
 int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
   int r;
   *out = NULL;
-  node_t *node = calloc(1, sizeof *node);
+  /* What is on the caller's loop already: a failed start closes only
+   * the rest (node_open_undo). */
+  handle_set_t before = {0};
+  uv_walk(loop, collect_cb, &before);
+  unsigned reqs_before = loop->active_reqs.count;
+  node_t *node = before.oom ? NULL : calloc(1, sizeof *node);
   if (!node) {
+    free(before.h);
     log_error("cannot start the node: out of memory");
     return 1;
   }
@@ -490,16 +560,12 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
    * kept longer than a 0600 file. */
   if (key_from_file)
     log_info("API key in %s/api-key (not logged; CONVERGER_API_KEY sets one)", cfg->data_dir);
+  free(before.h);
   *out = node;
   return 0;
 fail:
-  if (node->pool) pool_close(node->pool);
-  if (node->pgnotify) pgnotify_close(node->pgnotify);
-  if (node->drain) drain_close(node->drain);
-  if (node->bus) bus_close(node->bus);
-  uv_walk(loop, walk_close, NULL);
-  uv_run(loop, UV_RUN_DEFAULT);
-  node_free(node);
+  node_open_undo(node, &before, reqs_before);
+  free(before.h);
   return 1;
 }
 

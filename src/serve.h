@@ -26,7 +26,9 @@ typedef struct node_s node_t;
  * Then run the loop: uv_run returns once the node has stopped (a signal,
  * POST /admin/drain, node_drain or node_stop, and lifecycle_tick). Returns
  * 0 with *out, or 1 after logging why, with everything it made closed
- * and freed (*out NULL). serve_main calls it with the default loop; tests
+ * and freed (*out NULL) and nothing else: handles the caller had on
+ * `loop` before the call stay open and active (the loop is turned until
+ * the node's own are gone). serve_main calls it with the default loop; tests
  * call it with a loop of their own. Loop thread. */
 int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out);
 

@@ -8,7 +8,8 @@
  *   - SIGTERM: ready -> draining -> stopping -> stopped, the loop ends;
  *   - SIGTERM with CONVERGER_DRAIN_SHUTDOWN_MS=0, and SIGINT: no draining;
  *   - a second SIGTERM, node_drain while draining: nothing changes;
- *   - two nodes in one process, each on its loop, stopped by one SIGTERM.
+ *   - two nodes in one process, each on its loop, stopped by one SIGTERM;
+ *   - a start that fails closes its own handles, not the caller's.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -18,6 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include <uv.h>
 
@@ -206,12 +211,64 @@ static void test_two_nodes_in_one_process(void **state) {
   tnode_free(&b);
 }
 
+/* A loop handle of the caller's, there before node_open and after it. */
+static void caller_timer_cb(uv_timer_t *h) { (void)h; }
+
+/* A start that fails (the listen port taken: after the store's pool, the
+ * bus and the drain were made; a public key file that does not exist:
+ * before the pool) closes what node_open made and nothing else (serve.h):
+ * the caller's timer on the same loop is neither closed nor stopped, and
+ * once the caller closes it the loop closes clean, so nothing of the
+ * node's was left on it. */
+static void test_failed_start_closes_only_its_own(void **state) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(fd, 1), 0);
+  socklen_t len = sizeof sa;
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  char taken[64];
+  snprintf(taken, sizeof taken, "--listen=127.0.0.1:%d", ntohs(sa.sin_port));
+  const char *cases[][2] = {{taken, NULL}, {"--token-public-keys=/nonexistent/keys.pem", NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tnode_t t;
+    memset(&t, 0, sizeof t);
+    strcpy(t.dir, "/tmp/converger-lc-XXXXXX");
+    assert_non_null(mkdtemp(t.dir));
+    char db[128];
+    snprintf(db, sizeof db, "--database-url=sqlite:%s/lc.db", t.dir);
+    char *argv[8] = {db,
+                     "--node-id=fails",
+                     "--listen=127.0.0.1:0",
+                     "--admin-listen=127.0.0.1:0",
+                     "--pool-size=2",
+                     (char *)cases[i][0]};
+    assert_int_equal(config_parse(&t.cfg, 6, argv), 0);
+    int key_from_file = 0;
+    assert_int_equal(config_load_secrets(&t.cfg, 1, &key_from_file), 0);
+    assert_int_equal(uv_loop_init(&t.loop), 0);
+    uv_timer_t mine;
+    uv_timer_init(&t.loop, &mine);
+    uv_timer_start(&mine, caller_timer_cb, 60000, 60000);
+    assert_int_equal(node_open(&t.loop, &t.cfg, key_from_file, &t.node), 1);
+    assert_null(t.node);
+    assert_false(uv_is_closing((uv_handle_t *)&mine));
+    assert_true(uv_is_active((uv_handle_t *)&mine));
+    uv_close((uv_handle_t *)&mine, NULL);
+    assert_int_equal(uv_run(&t.loop, UV_RUN_NOWAIT), 0);
+    tnode_free(&t); /* uv_loop_close: 0, every handle of the node's is gone */
+  }
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sigterm_drains_then_stops),
       cmocka_unit_test(test_sigterm_without_drain_stops),
       cmocka_unit_test(test_sigint_stops),
       cmocka_unit_test(test_two_nodes_in_one_process),
+      cmocka_unit_test(test_failed_start_closes_only_its_own),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
