@@ -402,8 +402,10 @@ static int restart_node(roll_t *r, size_t i, const char *phase) {
     ABORTF(r, "node %s did not come back: cannot run %s: %s", r->f.v[i].id, argv[0],
            strerror(errno));
   } else {
-    fprintf(stderr, "%sroll: %s: running %s\n", r->tty ? "\r\033[K" : "", r->f.v[i].id,
-            r->o.restart_cmd);
+    /* the words as run, {id} and {url} replaced */
+    fprintf(stderr, "%sroll: %s: running", r->tty ? "\r\033[K" : "", r->f.v[i].id);
+    for (int k = 0; k < argc; k++) fprintf(stderr, " %s", argv[k]);
+    fputc('\n', stderr);
     int status = 0, waited = 1;
     for (;;) {
       pid_t w = waitpid(pid, &status, WNOHANG);

@@ -435,6 +435,10 @@ class Roll(NodeCase):
                                              "touch %s/{id}" % marks))
         self.assertEqual(rc, 0, out + err)
         self.assertEqual(sorted(os.listdir(marks)), sorted(n.node_id for n in nodes))
+        # the progress names each command as run: the id in place of {id}
+        for n in nodes:
+            self.assertIn("roll: %s: running touch %s/%s\n" % (n.node_id, marks, n.node_id), err)
+        self.assertNotIn("{id}", err)
         # a command that fails stops the roll after its batch
         rc, out, err = self.finish(self.roll(nodes[0], "--no-balance", "--restart-cmd", "false"))
         self.assertEqual(rc, 4, out + err)
