@@ -47,7 +47,8 @@
 
 typedef struct {
   long long clients, pool, ops, runs, timeout_s;
-  int tls; /* --transport wss */
+  long long port; /* --port: the node's; 0, a free one */
+  int tls;        /* --transport wss */
 } options_t;
 
 /* ---- options -------------------------------------------------------------------- */
@@ -59,7 +60,7 @@ static void usage(FILE *out) {
                "     free slot each time and contended (1 slot, 64 waiters cycling);\n"
                "  2. a burst of N simultaneous hellos (libconverger-client, one loop, each\n"
                "     subscribed with watermark 0) against one node it starts (`converger\n"
-               "     serve` on a free 127.0.0.1 port, SQLite, pinned to the first CPU; the\n"
+               "     serve` on 127.0.0.1, a free port or --port, SQLite, pinned to the first CPU; the\n"
                "     bench on the second), with admission on (node defaults) and off\n"
                "     (WS_HANDSHAKE_CONCURRENCY=100000), alternating, medians over the runs.\n"
                "Results go to stdout (ending with Markdown tables), progress to stderr.\n\n"
@@ -70,6 +71,9 @@ static void usage(FILE *out) {
                "                max(N, 5) times\n"
                "  --timeout S   a burst ends after S seconds even if clients are left\n"
                "                unwelcomed (they count as not welcomed) [60]\n"
+               "  --port N      the node's port on 127.0.0.1, the same for every burst (each\n"
+               "                node is stopped before the next starts); 0: a free port the\n"
+               "                bench picks before each burst [0]\n"
                "  --transport T ws, or wss: each node serves TLS (CONVERGER_TLS_CERT, a\n"
                "                certificate the bench makes) and every client verifies it;\n"
                "                the TLS handshakes are in the first-welcome times [ws]\n"
@@ -92,7 +96,7 @@ static int parse_options(options_t *o, int argc, char **argv) {
   const run_int_opt_t opts[] = {
       {"clients", &o->clients, 1, 1000000},   {"pool", &o->pool, 1, 512},
       {"ops", &o->ops, 1000, 100000000000LL}, {"runs", &o->runs, 1, 100},
-      {"timeout", &o->timeout_s, 1, 86400},
+      {"timeout", &o->timeout_s, 1, 86400},   {"port", &o->port, 0, 65535},
   };
   int r = run_parse_int_options(cmd, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
@@ -253,13 +257,13 @@ static void print_run(int run, int on, const burst_result_t *r) {
   if (r->adm_overloaded > 0)
     snprintf(over, sizeof over, " (mean wait %.0f ms%s)", r->adm_over_mean_ms,
              r->adm_over_mean_ms < 1 ? ": the queue was full" : "");
-  printf("burst run %d, admission %s (node: %s): %zu/%zu welcomed (all started in %.0f ms); "
+  printf("burst run %d, admission %s (node 127.0.0.1:%d: %s): %zu/%zu welcomed (all started in %.0f ms); "
          "%zu clients refused at least once, %llu unavailable answers, %llu attempts; first "
          "welcome p50 %s, p95 %s, max %s; pool: %.0f jobs, wait mean %.1f ms, peak bucket %s, "
          "%.0f dropped; admission waits: %.0f ok (mean %.1f ms, peak bucket %s), %.0f "
          "overloaded%s; handshakes ok %.0f, overloaded "
          "%.0f, unavailable %.0f%s; %s\n",
-         run, on ? "on" : "off", r->node_line[0] ? r->node_line : "?", r->welcomed, r->clients,
+         run, on ? "on" : "off", r->port, r->node_line[0] ? r->node_line : "?", r->welcomed, r->clients,
          r->start_ms, r->refused, (unsigned long long)r->unavailable,
          (unsigned long long)r->attempts, p50, p95, mx, r->pool_jobs, r->pool_wait_mean_ms, pool,
          r->pool_dropped, r->adm_ok, r->adm_wait_mean_ms, adm, r->adm_overloaded, over, r->hs_ok,
@@ -372,7 +376,8 @@ static int part_bursts(const options_t *o, int node_cpu) {
                             .node_cpu = node_cpu,
                             .timeout_s = (int)o->timeout_s,
                             .admission_on = on,
-                            .tls = o->tls};
+                            .tls = o->tls,
+                            .port = (int)o->port};
       char err[512];
       if (run_interrupted) { /* start no node that would only be stopped again */
         fprintf(stderr, "converger bench admission: FAILED: interrupted by signal %d\n",

@@ -313,6 +313,8 @@ int burst_run(const burst_config_t *cfg, burst_result_t *out, char *err, size_t 
   b->timeout_s = cfg->timeout_s;
   b->phase = "burst";
   b->tls = cfg->tls;
+  b->port = cfg->port; /* 0: bnode_start picks a free one */
+  b->keep_port = cfg->port > 0;
   char pool[48], conc[48];
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%d", cfg->pool);
   snprintf(conc, sizeof conc, "WS_HANDSHAKE_CONCURRENCY=%d",
@@ -321,6 +323,7 @@ int burst_run(const burst_config_t *cfg, burst_result_t *out, char *err, size_t 
   int status = -1;
   if (bnode_start_env(b, env) != 0 || bnode_wait_ready(b) != 0 || restc_setup(b) != 0) goto out;
   node_line(b, out->node_line, sizeof out->node_line);
+  out->port = b->port;
   if (uv_loop_init(&b->loop) != 0) {
     run_fail(b, "uv_loop_init failed");
     goto out;

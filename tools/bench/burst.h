@@ -37,6 +37,7 @@ typedef struct {
   int timeout_s;    /* the burst ends after this many seconds at most */
   int admission_on; /* 1: node defaults; 0: WS_HANDSHAKE_CONCURRENCY=100000 */
   int tls;          /* 1: the node serves TLS and the clients connect with wss:// */
+  int port;         /* the node's 127.0.0.1 port; 0: a free one the bench picks */
 } burst_config_t;
 
 /* The figures of one burst. Times are in ms from the moment the first
@@ -54,6 +55,7 @@ typedef struct {
   double node_cpu_s;             /* the node's CPU time from the start to the end of the burst */
   char cpu_text[192];            /* bench/node.h's CPU summary of that interval */
   char node_line[160];           /* the node's start-up line: pool and admission settings */
+  int port;                      /* the node's 127.0.0.1 port */
 
   /* from /metrics */
   double pool_jobs;              /* converger_pool_wait_ms_count */
