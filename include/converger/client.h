@@ -94,7 +94,9 @@ extern "C" {
 #define CVG_CLOSE_ABORT 1006
 
 typedef enum {
-  CVG_BACKOFF_DECORRELATED = 0, /* min(cap, random in [base, 3 * previous]); the default */
+  CVG_BACKOFF_DECORRELATED = 0, /* random in [base, 3 * previous]; above the cap, random in
+                                   [cap - (cap - base) / 20, cap] (docs/protocol.md 8); the
+                                   default */
   CVG_BACKOFF_FULL,             /* random in [0, min(cap, base * 2^n)) */
   CVG_BACKOFF_EQUAL,            /* half of min(cap, base * 2^n) plus a random half */
   CVG_BACKOFF_EXPONENTIAL,      /* min(cap, base * 2^n), no jitter (experiments only) */
