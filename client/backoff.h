@@ -9,8 +9,10 @@
  * Strategies (n = attempts since the last welcome, c = min(cap, base * 2^n)):
  *   full          random in [0, c)                     (AWS "full jitter")
  *   equal         c/2 + random in [0, c/2]             (AWS "equal jitter")
- *   decorrelated  min(cap, random in [base, 3 * prev]) (AWS; the reconnect-
- *                 storm post-mortem's first action item); the default
+ *   decorrelated  random in [base, 3 * prev], and a draw above the cap
+ *                 drawn again in [cap - (cap - base) / 20, cap] (AWS's, with
+ *                 the cap spread: issue 31; the reconnect-storm post-mortem's
+ *                 first action item; jitter_decorrelated); the default
  *   exponential   c, no jitter                         (for experiments)
  *   additive      c + random in [0, jitter]            (the policy in the
  *                 reconnect-storm post-mortem: 250 ms, 30 s, 0-100 ms)

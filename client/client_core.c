@@ -1074,6 +1074,11 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   }
   int64_t hint = ra && !core->opt.ignore_hints ? clamp_ms(json_integer_value(ra)) : 0;
   int ended = 0;
+  if (conv && strcmp(code, "cancelled") == 0 && unsub_due_find(core, conv, t->id))
+    return; /* the answer to a subscribe our own unsubscribe overtook (protocol 4.6): that
+               subscription is gone from the set already, and one of the same conversation
+               made since is not the one cancelled; the `unsubscribed` that follows is the
+               unsubscribe's answer */
   csub_t *sub = conv ? find_sub(core, conv) : NULL;
   const char *frame = json_string_value(json_object_get(json_object_get(j, "details"), "frame"));
   struct unsub_due_s *unsub = conv && !sub && frame && strcmp(code, "rate_limited") == 0
@@ -1092,6 +1097,10 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     sub->subscribing = 0;
     sub->sub_retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
     if (code[0] == 'r') core->st.rate_limited++;
+  } else if (!send_id && sub && strcmp(code, "cancelled") == 0) {
+    /* an operator's unsubscribe overtook our subscribe: its `unsubscribed`
+     * follows (on_unsubscribed) */
+    sub->subscribing = 0;
   } else if (strcmp(code, "token_expired") == 0) {
     t->token_expired = 1; /* its 1008 close follows: a new token before the next hello */
   } else if (strcmp(code, "unavailable") == 0) {

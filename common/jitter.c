@@ -63,9 +63,13 @@ int64_t jitter_equal(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int att
 }
 
 int64_t jitter_decorrelated(jitter_rng_t *rng, int64_t base_ms, int64_t cap_ms, int64_t prev_ms) {
+  if (cap_ms <= base_ms) return cap_ms;
   if (prev_ms < base_ms) prev_ms = base_ms;
   int64_t d = jitter_range(rng, base_ms, prev_ms * 3);
-  return d < cap_ms ? d : cap_ms;
+  if (d <= cap_ms) return d;
+  /* Not min(cap, d): that puts every draw above the cap, about two thirds
+   * of them once the previous delay nears the cap, on one millisecond. */
+  return jitter_range(rng, cap_ms - (cap_ms - base_ms) / JITTER_CAP_BAND_DIV, cap_ms);
 }
 
 int64_t jitter_retry_hint(jitter_rng_t *rng, int64_t min_ms, int64_t max_ms) {

@@ -94,7 +94,9 @@ extern "C" {
 #define CVG_CLOSE_ABORT 1006
 
 typedef enum {
-  CVG_BACKOFF_DECORRELATED = 0, /* min(cap, random in [base, 3 * previous]); the default */
+  CVG_BACKOFF_DECORRELATED = 0, /* random in [base, 3 * previous]; above the cap, random in
+                                   [cap - (cap - base) / 20, cap] (docs/protocol.md 8); the
+                                   default */
   CVG_BACKOFF_FULL,             /* random in [0, min(cap, base * 2^n)) */
   CVG_BACKOFF_EQUAL,            /* half of min(cap, base * 2^n) plus a random half */
   CVG_BACKOFF_EXPONENTIAL,      /* min(cap, base * 2^n), no jitter (experiments only) */
@@ -174,7 +176,10 @@ typedef struct {
   /* The node ended the subscription of `conv` (protocol 1.1 `unsubscribed`
    * that the application did not ask for: an operator's POST
    * /admin/users/{user}/unsubscribe, a refreshed token that no longer
-   * covers it, a deactivated channel). It is gone from the set. */
+   * covers it, a deactivated channel). It is gone from the set. An
+   * operator's end of a subscribe not answered yet comes after on_error
+   * `cancelled`; the `cancelled` that answers a subscribe the application
+   * itself unsubscribed from (docs/protocol.md 4.6) is not told. */
   void (*on_unsubscribed)(void *ud, const char *conv);
 } cvg_callbacks_t;
 
@@ -386,8 +391,10 @@ CVG_API int cvg_core_subscribe(cvg_core_t *core, const char *conv, int64_t water
                                const char *epoch, int64_t now_ms);
 
 /* End the subscription of `conv`: no message of it is delivered after this
- * call, and later hellos leave it out. Returns 0, or CVG_ENOENT when there
- * is no such subscription. */
+ * call, and later hellos leave it out. A subscribe of it still unanswered
+ * ends here too: nothing of it (on_synced, on_error) follows, and a
+ * cvg_core_subscribe of the same conversation after this call is a new
+ * one. Returns 0, or CVG_ENOENT when there is no such subscription. */
 CVG_API int cvg_core_unsubscribe(cvg_core_t *core, const char *conv, int64_t now_ms);
 
 /* Replace the token (the same user's): sent at once in a `refresh` when a

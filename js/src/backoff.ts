@@ -5,7 +5,10 @@
  *  - n = attempts since the last welcome, c = min(cap, base * 2^n);
  *  - "full": random in [0, c); "equal": c/2 + random in [0, c/2];
  *    "decorrelated" (the default; the reconnect-storm post-mortem's first
- *    action item): min(cap, random in [base, 3 * previous]);
+ *    action item): random in [base, 3 * previous], and a draw above the
+ *    cap drawn again in [cap - floor((cap - base) / 20), cap], so that the
+ *    clients at the cap are spread, not all on its one millisecond
+ *    (docs/protocol.md section 8; common/jitter.c);
  *  - base 250 ms, cap 10 000 ms (the admission-queue decision record
  *    lowered the cap from 30 s to 10 s);
  *  - a server's retry hint (retryAfterMs of an `error` frame, or of a
@@ -24,6 +27,9 @@ export interface BackoffOptions {
 }
 
 export const BACKOFF_DEFAULTS = { strategy: "decorrelated", baseMs: 250, capMs: 10000 } as const;
+
+/** A decorrelated draw above the cap is drawn again in [cap - floor((cap - base) / CAP_BAND_DIV), cap]. */
+export const CAP_BAND_DIV = 20;
 
 /** min(cap, base * 2^attempt), ms. */
 export function expCeiling(baseMs: number, capMs: number, attempt: number): number {
@@ -73,7 +79,11 @@ export class Backoff {
       d = Math.floor(c / 2) + randomRange(this.random, 0, c - Math.floor(c / 2));
     } else {
       const prev = Math.max(this.prevMs, this.baseMs);
-      d = Math.min(randomRange(this.random, this.baseMs, prev * 3), this.capMs);
+      d = randomRange(this.random, this.baseMs, prev * 3);
+      if (d > this.capMs) {
+        // not min(cap, d): that would put every draw above the cap on one millisecond
+        d = randomRange(this.random, this.capMs - Math.floor((this.capMs - this.baseMs) / CAP_BAND_DIV), this.capMs);
+      }
     }
     this.prevMs = Math.max(d, this.baseMs);
     this.attempt++;

@@ -925,6 +925,13 @@ export class Core {
     const s = conv ? this.subs.get(conv) : undefined;
     const send = sendId && conv ? this.sends.get(conv + "\n" + sendId) : undefined;
     const query = conv ? this.presenceQueue.find((q) => q.conv === conv && q.sentOn === t.id) : undefined;
+    if (code === "cancelled" && conv && this.unsubDue.get(conv)?.has(t.id)) {
+      // the answer to a subscribe our own unsubscribe overtook (protocol 4.6): that
+      // Subscription ended at the unsubscribe call ("unsubscribed"), and one of the same
+      // conversation made since is not the one cancelled; the `unsubscribed` that follows
+      // is the unsubscribe's answer
+      return;
+    }
     if (code === "rate_limited") this.counters.rateLimited++;
     if (code === "rate_limited" && frame !== "signal") {
       // not acted on: the same frame again after the hint
@@ -963,6 +970,10 @@ export class Core {
       s.subscribing = 0;
       s.subAt = at; // a subscribe the node could not take now: again after the hint
       return;
+    } else if (!sendId && s && s.subscribing === t.id && code === "cancelled") {
+      // an operator's unsubscribe overtook our subscribe: its `unsubscribed` follows
+      s.subscribing = 0;
+      s.lastError = code;
     } else if (!sendId && s && code === "replay_unavailable") {
       s.syncing = false;
       s.syncAt = at;

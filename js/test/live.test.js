@@ -64,6 +64,39 @@ test("subscribe and unsubscribe on a live connection", () => {
   assert.equal(h.core.subscribed("r"), false);
 });
 
+test("a subscribe overtaken by an unsubscribe: its `cancelled` answer is not taken for a later subscribe", () => {
+  // issue 31, item 5 (docs/protocol.md 4.6): the node answers the subscribe with
+  // error cancelled, then the unsubscribe with unsubscribed
+  const h = harness();
+  const { id } = connect(h);
+  h.frames();
+  h.core.subscribe("r", { watermark: 0 });
+  h.core.unsubscribe("r"); // the pending subscribe ends here, told once
+  assert.deepEqual(h.log.unsubscribed, ["r:unsubscribed"]);
+  h.core.subscribe("r", { watermark: 0 }); // at once again
+  assert.deepEqual(h.frames().map((f) => f.type), ["subscribe", "unsubscribe", "subscribe"]);
+  h.rx(id, { type: "error", code: "cancelled", conv: "r", message: "m" }, 1);
+  h.rx(id, { type: "unsubscribed", conv: "r" }, 1);
+  assert.deepEqual(h.log.errors, []); // not the application's: it unsubscribed
+  assert.deepEqual(h.log.unsubscribed, ["r:unsubscribed"]);
+  assert.equal(h.core.subscribed("r"), true);
+  h.rx(id, { type: "subscribed", conv: "r", head: 2, epoch: "e1", presence: false }, 2);
+  h.rx(id, msg("r", 1), 2);
+  h.rx(id, msg("r", 2), 2);
+  h.rx(id, { type: "synced", conv: "r", head: 2, epoch: "e1" }, 2);
+  assert.deepEqual(h.log.subscribed, ["r"]);
+  assert.deepEqual(h.log.messages, ["r:1", "r:2"]);
+  assert.deepEqual(h.log.errors, []);
+  // the node's own: an operator's unsubscribe of a subscribe under way
+  h.core.subscribe("x", { watermark: 0 });
+  h.frames();
+  h.rx(id, { type: "error", code: "cancelled", conv: "x", message: "m" }, 3);
+  assert.deepEqual(h.log.errors, ["cancelled:x"]);
+  h.rx(id, { type: "unsubscribed", conv: "x" }, 3);
+  assert.deepEqual(h.log.unsubscribed, ["r:unsubscribed", "x:cancelled"]);
+  assert.equal(h.core.subscribed("x"), false);
+});
+
 test("a subscribe the node could not take is sent again after the hint; a refused one ends", () => {
   const h = harness();
   const { id } = connect(h);

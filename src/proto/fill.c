@@ -379,6 +379,7 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   sub->presence = f->presence != 0;
   sub->signals = f->signals != 0;
   sub->announced = 1;
+  sub->owes_answer = 0;
   if (f->reset) sub_count_reset(s->ss, f->reset);
   session_send_owned(
       c, frame_subscribed(sub->conv, f->upto, f->head_epoch, f->presence, f->reset != NULL, 0));
@@ -431,6 +432,7 @@ void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char
     return;
   }
   sub->presence_events = presence_events;
+  sub->owes_answer = 1; /* until `subscribed` or an error with its conv */
   sub->adm_watermark = watermark;
   snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
   if (!s->drain_mark.welcomed) {

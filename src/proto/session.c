@@ -139,13 +139,26 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   sub_subscribe(s, f->conv, f->watermark, f->epoch, f->presence_events);
 }
 
+/* End `sub` for an unsubscribe (the client's or an operator's) and tell
+ * it with `unsubscribed`. A subscription whose subscribe is still under
+ * way (waiting for the welcome or a slot, or its store job out) owes that
+ * subscribe its one answer: `error cancelled` with its conv, sent first,
+ * since the `subscribed` it would have had needs the store read the
+ * unsubscribe cancels (docs/protocol.md 4.6). */
+static void unsubscribe_sub(session_t *s, sub_t *sub, const char *conv) {
+  if (sub && sub->owes_answer)
+    session_send_error(s->conn, "cancelled",
+                       "an unsubscribe of this conversation came before the subscribe was answered",
+                       conv, 0, NULL);
+  if (sub) sub_remove(s, sub);
+  session_send_owned(s->conn, frame_unsubscribed(conv));
+}
+
 /* An unsubscribe: nothing of the conversation follows `unsubscribed` (its
  * kept messages are dropped, a store job's result is ignored). Answered
  * also when there was no subscription. */
 static void handle_unsubscribe(session_t *s, const frame_client_t *f) {
-  sub_t *sub = session_find_sub(s, f->conv);
-  if (sub) sub_remove(s, sub);
-  session_send_owned(s->conn, frame_unsubscribed(f->conv));
+  unsubscribe_sub(s, session_find_sub(s, f->conv), f->conv);
 }
 
 void session_observe_admission(sessions_t *ss, const char *result, uint64_t waited_ms) {
@@ -480,8 +493,7 @@ int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv)
   FOR_USER(ss, user, c, s) {
     sub_t *sub = session_find_sub(s, conv);
     if (!sub) continue;
-    sub_remove(s, sub);
-    session_send_owned(c, frame_unsubscribed(conv));
+    unsubscribe_sub(s, sub, conv);
     n++;
   }
   return n;

@@ -99,7 +99,9 @@ int session_disconnect_user(sessions_t *ss, const char *user, int code, const ch
                             long retry_after_ms);
 
 /* POST /admin/users/{user}/unsubscribe: end `user`'s subscriptions of
- * `conv` on this node, each told with `unsubscribed`. Returns how many. */
+ * `conv` on this node, each told with `unsubscribed` (after `error
+ * cancelled` with its conv for one whose subscribe was not answered yet:
+ * docs/protocol.md 4.6). Returns how many. */
 int session_unsubscribe_user(sessions_t *ss, const char *user, const char *conv);
 
 /* Presence and signals heard from the bus (store/notify.h:

@@ -52,6 +52,7 @@ typedef struct sub_s {
                                  subscription, not a later one of the same conversation */
   unsigned announced : 1;     /* its welcome entry or `subscribed` was sent */
   unsigned after_welcome : 1; /* a subscribe that came before the welcome: QUEUED until then */
+  unsigned owes_answer : 1;   /* made by a subscribe not answered yet (subscribed or an error) */
   unsigned presence : 1;      /* the channel's presence setting, as the store said */
   unsigned signals : 1;       /* the channel's signals setting, as the store said */
   unsigned present : 1;       /* counted in ss->presence (announced, channel with presence) */

@@ -53,6 +53,8 @@
  *   not LIVE  sync                                  keep the lowest: sync_pending same
  *   any       connection closes                     leave the queue; cancel job   (freed)
  *   any       unsubscribe, refresh narrows scope    leave; cancel a job not run   (freed)
+ *   (a subscribe's, not answered yet: QUEUED or FILLING, or (new) before
+ *   the welcome) unsubscribe: error cancelled (conv) first, then as above
  *
  * ("LIVE, ..." is finish's: LIVE, or QUEUED/FILLING/DEFERRED for what the
  * fill owed. A fill started from LIVE or RETRY may begin DEFERRED.)

@@ -1501,6 +1501,51 @@ static void test_subscribe_and_unsubscribe_live(void **state) {
   destroy(&h);
 }
 
+/* Issue 31, item 5: an unsubscribe that overtakes its subscribe makes the
+ * node answer that subscribe with `error cancelled` (conv), then the
+ * unsubscribe with `unsubscribed` (docs/protocol.md 4.6). Neither reaches
+ * the application, which asked for the unsubscribe, nor a subscribe of the
+ * same conversation made since: that one goes on to its `subscribed` and
+ * replay. An operator's unsubscribe of a subscribe under way is the
+ * node's: on_error cancelled, then on_unsubscribed. */
+static void test_subscribe_cancelled_by_an_unsubscribe(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 1, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  h.last_error[0] = '\0';
+  clear_acts(&h);
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 0, NULL, h.now), 0);
+  assert_int_equal(cvg_core_unsubscribe(h.core, "c2", h.now), 0);
+  assert_int_equal(cvg_core_subscribe(h.core, "c2", 0, NULL, h.now), 0); /* at once again */
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 3);
+  text(&h, t, "{\"type\":\"error\",\"code\":\"cancelled\",\"message\":\"m\",\"conv\":\"c2\"}");
+  text(&h, t, "{\"type\":\"unsubscribed\",\"conv\":\"c2\"}");
+  assert_string_equal(h.last_error, ""); /* not the application's: it unsubscribed */
+  assert_int_equal(h.nunsubs, 0);
+  text(&h, t,
+       "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":2,\"epoch\":\"e2\",\"presence\":false}");
+  msg_in(&h, t, "c2", 1, "e2");
+  msg_in(&h, t, "c2", 2, "e2");
+  text(&h, t, "{\"type\":\"synced\",\"conv\":\"c2\",\"head\":2,\"epoch\":\"e2\"}");
+  assert_int_equal(h.ngot, 2);
+  assert_int_equal(cvg_core_watermark(h.core, "c2"), 2);
+  assert_string_equal(h.last_error, "");
+
+  /* the node's own: an operator's unsubscribe of a subscribe under way */
+  assert_int_equal(cvg_core_subscribe(h.core, "c3", 0, NULL, h.now), 0);
+  take(&h);
+  text(&h, t, "{\"type\":\"error\",\"code\":\"cancelled\",\"message\":\"m\",\"conv\":\"c3\"}");
+  assert_string_equal(h.last_error, "cancelled");
+  text(&h, t, "{\"type\":\"unsubscribed\",\"conv\":\"c3\"}");
+  assert_int_equal(h.nunsubs, 1);
+  assert_string_equal(h.unsub_conv, "c3");
+  assert_int_equal(cvg_core_watermark(h.core, "c3"), CVG_EINVAL);
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  destroy(&h);
+}
+
 /* Subscriptions changed while no connection is welcomed go in the next
  * hello; one made while a hello is on its way (not in it) is subscribed
  * once that hello is welcomed, and one removed then is unsubscribed on
@@ -2032,6 +2077,7 @@ int main(void) {
       cmocka_unit_test(test_replay_unavailable_is_retried_after_its_hint),
       cmocka_unit_test(test_rate_limited_send_and_sync_are_retried),
       cmocka_unit_test(test_subscribe_and_unsubscribe_live),
+      cmocka_unit_test(test_subscribe_cancelled_by_an_unsubscribe),
       cmocka_unit_test(test_subscribe_across_a_reconnect),
       cmocka_unit_test(test_subscribe_during_a_drain_move),
       cmocka_unit_test(test_unsubscribe_during_a_drain_move),

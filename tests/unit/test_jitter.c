@@ -68,15 +68,21 @@ static void test_decorrelated_jitter(void **state) {
   jitter_rng_t r;
   jitter_seed(&r, 4);
   int64_t prev = 250;
-  int hit_cap = 0;
+  int hit_cap = 0, in_band = 0;
   for (int i = 0; i < N; i++) {
     int64_t d = jitter_decorrelated(&r, 250, 10000, prev);
     assert_true(d >= 250 && d <= 10000);
     assert_true(d <= prev * 3);
     hit_cap += d == 10000;
+    in_band += d >= 10000 - 9750 / JITTER_CAP_BAND_DIV;
     prev = d;
   }
-  assert_true(hit_cap > 0);
+  /* Draws above the cap are spread over the band below it (issue 31),
+   * not all on the cap: a third of the draws reach the band. */
+  assert_true(in_band > N / 4);
+  assert_true(hit_cap < N / 100);
+  assert_int_equal(jitter_decorrelated(&r, 500, 500, 500), 500); /* cap == base */
+  assert_int_equal(jitter_decorrelated(&r, 500, 400, 500), 400); /* cap < base: the cap */
 }
 
 /* A burst of refusals must not all carry one retry hint (the reconnect-storm

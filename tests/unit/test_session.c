@@ -7,8 +7,8 @@
  *    close while queued, close with its job not started, queue timeout;
  *  - v1.1: subscribe (replay, null, twice, reset, every refusal, queued
  *    and refused), unsubscribe (live, with its job out, racing a new
- *    subscribe), refresh (narrower scope, another user, a bad token) and
- *    the token's expiry with its leeway; the rate limits, the close for
+ *    subscribe; a subscribe it overtakes answered `error cancelled`), refresh (narrower scope,
+ * another user, a bad token) and the token's expiry with its leeway; the rate limits, the close for
  *    sustained abuse, and the per-user connection limit;
  *  - v1.2: presence (join and leave events by presenceEvents, the grace
  *    across a reconnect and a drain move, presence pages, refusals) and
@@ -1278,6 +1278,7 @@ static void test_unsubscribe(void **state) {
   subscribe_frame(p, "c2", 0);
   fx_append(&fx, "c2", 3); /* kept by the subscription under way */
   unsubscribe_frame(p, "c2");
+  expect_error_conv(p, "cancelled", "c2"); /* the subscribe's answer */
   expect_unsubscribed(p, "c2");
   assert_int_equal(admission_in_use(fx.admission), 0);
   fx_drain_pool(&fx); /* the job was taken back: nothing comes of it */
@@ -1285,6 +1286,7 @@ static void test_unsubscribe(void **state) {
 
   subscribe_frame(p, "c2", 0);
   unsubscribe_frame(p, "c2");
+  expect_error_conv(p, "cancelled", "c2");
   expect_unsubscribed(p, "c2");
   subscribe_frame(p, "c2", 1);
   fx_drain_pool(&fx);
@@ -1294,6 +1296,91 @@ static void test_unsubscribe(void **state) {
   fx_expect_nothing(p);
   unsubscribe_frame(p, "c9"); /* never subscribed: answered all the same */
   expect_unsubscribed(p, "c9");
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* Issue 31, item 5: every subscribe gets exactly one answer that names
+ * it. An unsubscribe that overtakes it (its store job out, waiting for a
+ * slot, before the welcome; a second subscribe of the same conversation
+ * under way too; an operator's unsubscribe) is answered `error cancelled`
+ * with its conv, then `unsubscribed`, and nothing of the subscribe comes
+ * after. */
+static void test_unsubscribe_answers_the_subscribe(void **state) {
+  fx_t fx;
+  fx_options_t o = {.slots = 1, .queue_max = 4, .queue_ms = 1000};
+  fx_init(&fx, &o);
+  fx_conv(&fx, "ch", "c1", 1);
+  fx_conv(&fx, "ch", "c2", 2);
+  fx_peer_t *p = star_peer(&fx, "c1", 1);
+
+  /* its store job out (FILLING), and a second subscribe under way: one
+   * answer serves both */
+  subscribe_frame(p, "c2", 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_FILLING);
+  subscribe_frame(p, "c2", 0);
+  fx_expect_nothing(p);
+  unsubscribe_frame(p, "c2");
+  json_t *e = expect(p, "error");
+  assert_string_equal(json_string_value(json_object_get(e, "code")), "cancelled");
+  assert_string_equal(json_string_value(json_object_get(e, "conv")), "c2");
+  assert_null(json_object_get(e, "retryAfterMs"));
+  json_decref(e);
+  expect_unsubscribed(p, "c2");
+  assert_int_equal(admission_in_use(fx.admission), 0);
+  assert_int_equal(fx_drain_pool(&fx), 0); /* the job was taken back */
+  fx_append(&fx, "c2", 3);
+  fx_expect_nothing(p);
+
+  /* waiting for a slot (QUEUED): another hello holds the only one */
+  fx_peer_t *b = fx_connect(&fx);
+  fx_hello(b, "c1", -1);
+  subscribe_frame(p, "c2", 0);
+  assert_int_equal(fx_sub_state(p, "c2"), SUB_QUEUED);
+  assert_int_equal(admission_waiting(fx.admission), 1);
+  unsubscribe_frame(p, "c2");
+  expect_error_conv(p, "cancelled", "c2");
+  expect_unsubscribed(p, "c2");
+  assert_int_equal(admission_waiting(fx.admission), 0);
+  fx_drain_pool(&fx); /* b's hello */
+  fx_advance(&fx, 1000);
+  fx_expect_nothing(p);
+  fx_peer_free(b);
+
+  /* an operator's unsubscribe (POST /admin/users/{user}/unsubscribe) of a
+   * subscribe under way, and of a live subscription: no error for that one */
+  subscribe_frame(p, "c2", 0);
+  assert_int_equal(session_unsubscribe_user(&fx.sessions, "alice", "c2"), 1);
+  expect_error_conv(p, "cancelled", "c2");
+  expect_unsubscribed(p, "c2");
+  assert_int_equal(fx_drain_pool(&fx), 0);
+  assert_int_equal(session_unsubscribe_user(&fx.sessions, "alice", "c1"), 1);
+  expect_unsubscribed(p, "c1");
+  fx_expect_nothing(p);
+
+  /* answered, then unsubscribed: no error */
+  subscribe_at_head(&fx, p, "c2", 3);
+  unsubscribe_frame(p, "c2");
+  expect_unsubscribed(p, "c2");
+  expect_open(p);
+
+  /* before the welcome: the hello's job still out */
+  fx_peer_t *q = fx_connect(&fx);
+  char *token = fx_token(&fx, "bob", "*");
+  fx_hello_token(q, token, "c1", 0);
+  free(token);
+  subscribe_frame(q, "c2", 0);
+  assert_int_equal(fx_sub_state(q, "c2"), SUB_QUEUED);
+  unsubscribe_frame(q, "c2");
+  expect_error_conv(q, "cancelled", "c2");
+  expect_unsubscribed(q, "c2");
+  assert_true(fx_step(&fx));
+  json_decref(expect(q, "welcome"));
+  expect_msgs(q, 1, 1);
+  expect_synced(q, 1, 0);
+  fx_drain_pool(&fx);
+  fx_expect_nothing(q); /* no subscribed after the welcome */
+  fx_peer_free(q);
   fx_peer_free(p);
   fx_free(&fx);
 }
@@ -2193,6 +2280,7 @@ int main(void) {
       cmocka_unit_test(test_subscribe_before_welcome),
       cmocka_unit_test(test_unsubscribe),
       cmocka_unit_test(test_transition_outside_table_refused),
+      cmocka_unit_test(test_unsubscribe_answers_the_subscribe),
       cmocka_unit_test(test_refresh),
       cmocka_unit_test(test_token_convs_scope_across_refresh),
       cmocka_unit_test(test_token_expiry),
