@@ -51,15 +51,18 @@ typedef enum { T_FREE = 0, T_OPENING, T_HELLO, T_WELCOMED } tstate_t;
 typedef struct {
   uint32_t id;
   tstate_t st;
-  int url;          /* index in urls[], -1 for a drain's reconnectTo */
-  int migration;    /* opened for a drain */
-  int unavailable;  /* an `unavailable` error was counted on it */
-  int unauthorized; /* the server refused the token on it */
+  int url;           /* its place in urls[]: the entry it opened; for a drain's reconnectTo, that
+                        URL's entry when it is one, else the place of the connection it moves from
+                        (a reconnect after its loss goes on from there); -1 none */
+  int tls;           /* opened on a wss:// URL */
+  int migration;     /* opened for a drain */
+  int unavailable;   /* an `unavailable` error was counted on it */
+  int unauthorized;  /* the server refused the token on it */
   int token_expired; /* the server said token_expired on it */
-  int64_t deadline; /* connect deadline until welcomed, then idle deadline */
-  int64_t idle_ms;  /* 0: no idle deadline (heartbeatMs 0) */
-  int64_t hint_ms;  /* retryAfterMs of an error frame on it */
-  char node[64];    /* from its welcome */
+  int64_t deadline;  /* connect deadline until welcomed, then idle deadline */
+  int64_t idle_ms;   /* 0: no idle deadline (heartbeatMs 0) */
+  int64_t hint_ms;   /* retryAfterMs of an error frame on it */
+  char node[64];     /* from its welcome */
 } ctrans_t;
 
 typedef struct {
@@ -244,8 +247,18 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     set_err(err, errlen, "at least one URL is needed");
     return CVG_EINVAL;
   }
-  for (size_t i = 0; i < opt->nurls; i++)
+  for (size_t i = 0; i < opt->nurls; i++) {
     if (!wsurl_parse(opt->urls[i], NULL, err, errlen)) return CVG_EINVAL;
+    /* a client on wss never moves to ws (docs/protocol.md 8): one list,
+     * one scheme */
+    if (wsurl_tls(opt->urls[i]) != wsurl_tls(opt->urls[0])) {
+      set_err(err, errlen,
+              "URLs '%s' and '%s' mix ws:// and wss://: give all of one (a client on wss never "
+              "moves to ws)",
+              opt->urls[0], opt->urls[i]);
+      return CVG_EINVAL;
+    }
+  }
   if (!opt->token || !opt->token[0]) {
     set_err(err, errlen, "a token is needed");
     return CVG_EINVAL;
@@ -440,9 +453,15 @@ static void open_transport(cvg_core_t *core, int url, const char *url_text, int 
   if (t->id == 0) t->id = ++core->next_id;
   t->st = T_OPENING;
   t->url = url;
+  if (url < 0 && url_text) { /* a reconnectTo: its entry in urls[], if any, else where we are */
+    t->url = core->last_url;
+    for (size_t i = 0; i < core->opt.nurls; i++)
+      if (strcmp(core->urls[i], url_text) == 0) t->url = (int)i;
+  }
   t->migration = migration;
   t->deadline = now + core->opt.connect_timeout_ms;
   char *u = strdup(url_text ? url_text : core->urls[url]);
+  t->tls = wsurl_tls(u);
   if (!u) {
     t->st = T_FREE;
     return;
@@ -1162,8 +1181,20 @@ static void on_drain(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
    * bring the move forward: its deadline is the one that counts. */
   if (core->migrate_at >= 0 && core->migrate_at <= at) return;
   const char *url = json_string_value(to);
+  if (url && !wsurl_parse(url, NULL, NULL, 0)) url = NULL; /* not a URL: as null */
+  if (url && t->tls && !wsurl_tls(url)) {
+    /* A connection over TLS never moves to plaintext (docs/protocol.md
+     * 5.6): the move goes to one of the configured URLs instead. */
+    if (core->opt.cb.on_error)
+      core->opt.cb.on_error(
+          core->opt.userdata, "downgrade_refused",
+          "drain: reconnectTo is ws:// but this connection is wss://; moving to a "
+          "configured URL instead",
+          NULL);
+    url = NULL;
+  }
   free(core->migrate_url);
-  core->migrate_url = url && wsurl_parse(url, NULL, NULL, 0) ? strdup(url) : NULL;
+  core->migrate_url = url ? strdup(url) : NULL;
   core->migrate_at = at;
   core->migrate_deadline = deadline ? now + clamp_ms(json_integer_value(deadline)) : -1;
   core->last_url = t->url;

@@ -42,3 +42,5 @@ int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
   }
   return 1;
 }
+
+int wsurl_tls(const char *u) { return u && strncmp(u, "wss://", 6) == 0; }

@@ -22,4 +22,10 @@ typedef struct {
  * a bad IPv6 literal, no host or a bad one, a port outside 1-65535). */
 int wsurl_parse(const char *url, wsurl_t *out, char *err, size_t errlen);
 
+/* 1 when `url` is a wss:// URL (TLS), 0 otherwise (ws://, anything else,
+ * NULL). No other check: wsurl_parse says whether it is a URL at all. The
+ * core's downgrade rule (docs/protocol.md 5.6 and 8: a client on wss never
+ * moves to ws) compares two of these. */
+int wsurl_tls(const char *url);
+
 #endif

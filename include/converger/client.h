@@ -49,7 +49,9 @@
  *     not fail;
  *   - on `drain`, opens a second connection after `afterMs`, says hello with
  *     the current watermarks, and closes the old one with 1000 only once the
- *     new one is welcomed (make-before-break). A move that fails keeps
+ *     new one is welcomed (make-before-break); a ws:// reconnectTo on a
+ *     wss:// connection is not followed (on_error "downgrade_refused"; the
+ *     move goes to a configured URL). A move that fails keeps
  *     the old connection and is tried again, on a random other URL, after
  *     the backoff (the hint a floor) when that is still before the frame's
  *     `deadlineMs`; otherwise the client waits for the server's close.
@@ -108,7 +110,11 @@ typedef enum {
 
 /* Which URL a reconnect goes to (cvg_options_t.reconnect). Either way the
  * first attempt goes to a random URL, and a drain frame's `reconnectTo`,
- * when it names a URL, is where the migration goes. */
+ * when it names a URL (and does not take a wss:// connection to ws://), is
+ * where the migration goes. Once the move is welcomed, that URL is the one
+ * the client is on: a reconnect after its loss goes on from its place in
+ * the list (from the place of the connection it left when it is not in the
+ * list). */
 typedef enum {
   CVG_RECONNECT_RANDOM = 0, /* a random URL other than the one that failed; the default (what a
                                load balancer spreading reconnects over ready nodes does) */
@@ -162,7 +168,10 @@ typedef struct {
   void (*on_state)(void *ud, cvg_state_t state, const char *detail);
   /* An `error` frame from the server (`conv` may be NULL). Errors that end a
    * subscription (forbidden, not_found, channel_inactive) remove it from
-   * later hellos. */
+   * later hellos. Also the client's own "downgrade_refused" (`conv` NULL):
+   * a `drain` frame on a wss:// connection named a ws:// reconnectTo, which
+   * the client did not follow (it moves to one of its own URLs instead;
+   * docs/protocol.md 5.6). */
   void (*on_error)(void *ud, const char *code, const char *message, const char *conv);
   /* `conv`'s history is not the one `old_watermark` was in: the watermark
    * was above the node's head, or the epoch changed (a store restored from
@@ -209,7 +218,8 @@ typedef void (*cvg_sent_cb)(void *ud, const char *conv, const char *id, int64_t 
                             const char *error);
 
 typedef struct {
-  const char *const *urls; /* ws://host:port/v1/ws; at least one */
+  const char *const *urls; /* ws://host:port/v1/ws; at least one, all ws:// or all wss:// (a
+                              client on wss never moves to ws: cvg_core_new refuses a mix) */
   size_t nurls;
   const char *token; /* the JWT for hello */
   const cvg_sub_t *subs;

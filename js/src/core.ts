@@ -16,8 +16,11 @@
  *  - sends kept until `sent`, and sent again with the same id on the next
  *    connection, so the node stores each once (its idempotency key);
  *  - `drain`: a new connection after `afterMs`, to `reconnectTo` when
- *    given, the old one closed only once the new one is welcomed; later
- *    reconnects use the configured URLs again;
+ *    given (never from wss:// to ws://: that one is refused, told as the
+ *    error `downgrade_refused`, and the move goes to a configured URL), the
+ *    old one closed only once the new one is welcomed; the target is then
+ *    the URL the client is on, and a later reconnect goes to another of the
+ *    configured URLs than it;
  *  - (1.1) subscribe and unsubscribe on a live connection, a refused
  *    subscribe or a `rate_limited` frame tried again after the hint, and
  *    the token refreshed at 75..85 % of its lifetime when the application
@@ -279,6 +282,9 @@ export class Core {
    */
   constructor(options: CoreOptions, private readonly events: CoreEvents = {}) {
     if (!options.urls || options.urls.length === 0) throw new TypeError("at least one URL is needed");
+    // a client on wss never moves to ws (docs/protocol.md 8): one list, one scheme
+    if (options.urls.some((u) => isTls(u) !== isTls(options.urls[0])))
+      throw new TypeError("the URLs mix ws:// and wss://: give all of one (a client on wss never moves to ws)");
     if (!options.token && !options.refreshable) throw new TypeError("a token (or getToken) is needed");
     this.urls = [...options.urls];
     this.token = options.token ?? "";
@@ -742,6 +748,10 @@ export class Core {
     }
     if (old && old !== t) {
       this.counters.migrations++;
+      // the move's target is the URL we are on now: a reconnect after its
+      // loss goes to another than it (a target not in the list: another
+      // than the one we left, as before the move)
+      if (this.urls.includes(t.url)) this.lastUrl = t.url;
       this.closeTransport(old, 1000, "moved"); // make-before-break: only now
     }
     this.moveAt = -1;
@@ -1004,7 +1014,14 @@ export class Core {
       return;
     }
     this.moveAt = now + after;
-    this.moveTo = typeof f.reconnectTo === "string" && f.reconnectTo ? f.reconnectTo : null;
+    let to = typeof f.reconnectTo === "string" && /^wss?:\/\/./.test(f.reconnectTo) ? f.reconnectTo : null;
+    if (to && isTls(t.url) && !isTls(to)) {
+      // A connection over TLS never moves to plaintext (docs/protocol.md
+      // 5.6): the move goes to one of the configured URLs instead.
+      this.events.error?.("downgrade_refused", "drain: reconnectTo is ws:// but this connection is wss://; moving to a configured URL instead");
+      to = null;
+    }
+    this.moveTo = to;
     this.moveDeadline = typeof f.deadlineMs === "number" ? now + f.deadlineMs : -1;
     this.setState("connected", { ...(t.node ? { node: t.node } : {}), delayMs: after, reason: "drain: moving" });
   }
@@ -1060,7 +1077,7 @@ export class Core {
     this.refreshAt = now + randomRange(this.random, Math.floor(lifetimeMs * 0.75), Math.floor(lifetimeMs * 0.85));
   }
 
-  /** A random URL, another than the last one when there are several. */
+  /** A random URL, another than the last one (the one we were on) when there are several. */
   private pickUrl(): string {
     if (this.urls.length === 1) return this.urls[0];
     const others = this.urls.filter((u) => u !== this.lastUrl);
@@ -1074,7 +1091,7 @@ export class Core {
       node: "", move, helloConvs: new Set(), expired: false, unauthorized: false, unavailable: false,
     });
     this.counters.attempts++;
-    if (!move) this.lastUrl = url; // a move's target is not sticky
+    if (!move) this.lastUrl = url; // a move's target: once it is welcomed (onWelcome)
     this.actions.push({ type: "connect", id, url }); // before the state: a listener may stop()
     if (!move) this.setState("connecting", { reason: url });
   }
@@ -1182,4 +1199,9 @@ export function randomId(random: Random): string {
   let s = "";
   for (let i = 0; i < 32; i++) s += "0123456789abcdef"[randomRange(random, 0, 15)];
   return `${s.slice(0, 8)}-${s.slice(8, 12)}-4${s.slice(13, 16)}-8${s.slice(17, 20)}-${s.slice(20, 32)}`;
+}
+
+/** A wss:// URL (TLS). */
+function isTls(url: string): boolean {
+  return url.startsWith("wss://");
 }

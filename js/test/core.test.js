@@ -172,12 +172,81 @@ test("drain: the new connection after afterMs to reconnectTo, the old closed aft
   h.core.closed(old, 1000, "moved", 541);
   assert.equal(h.log.states.at(-1).state, "connected");
   assert.equal(h.core.stats(0).migrations, 1);
-  // the move's target is not sticky: a later reconnect uses the URLs
+  // a later reconnect uses the URLs
   h.core.closed(c.id, 1006, "", 600);
   h.core.tick(h.core.nextTimer());
   const [c3] = h.take();
   assert.ok(URLS.includes(c3.url), c3.url);
   assert.deepEqual(h.log.messages, [1, 2]);
+});
+
+test("a wss connection never moves to ws: the drain's ws reconnectTo is refused, told, and a configured URL used", () => {
+  const TLS = ["wss://a/v1/ws", "wss://b/v1/ws", "wss://c/v1/ws"];
+  const h = harness({ urls: TLS });
+  h.core.subscribe("r", { watermark: 0 });
+  const old = connect(h);
+  h.core.text(old, JSON.stringify({ type: "drain", afterMs: 10, reconnectTo: "ws://plain/v1/ws", deadlineMs: 30000 }), 1);
+  assert.deepEqual(h.log.errors, ["downgrade_refused"]);
+  h.take();
+  h.core.tick(11);
+  const [c] = h.take();
+  assert.equal(c.type, "connect");
+  assert.ok(TLS.includes(c.url), c.url);
+  h.core.opened(c.id, 12);
+  h.take();
+  h.core.text(c.id, welcome([{ conv: "r", head: 0, epoch: "e1" }]), 13);
+  h.take();
+  // wss -> wss is followed
+  h.core.text(c.id, JSON.stringify({ type: "drain", afterMs: 10, reconnectTo: "wss://other/v1/ws", deadlineMs: 30000 }), 20);
+  h.core.tick(30);
+  assert.equal(h.take()[0].url, "wss://other/v1/ws");
+  assert.deepEqual(h.log.errors, ["downgrade_refused"]);
+  // a mixed list is refused
+  assert.throws(() => new Core({ urls: ["wss://a/v1/ws", "ws://b/v1/ws"], token: "T" }), /mix ws:\/\/ and wss:\/\//);
+});
+
+test("a ws client may move to wss, and from that wss connection not back to ws", () => {
+  const h = harness();
+  h.core.subscribe("r", { watermark: 0 });
+  const old = connect(h);
+  h.core.text(old, JSON.stringify({ type: "drain", afterMs: 10, reconnectTo: "wss://secure/v1/ws", deadlineMs: 30000 }), 1);
+  h.take();
+  h.core.tick(11);
+  const [c] = h.take();
+  assert.equal(c.url, "wss://secure/v1/ws");
+  h.core.opened(c.id, 12);
+  h.take();
+  h.core.text(c.id, welcome([{ conv: "r", head: 0, epoch: "e1" }]), 13);
+  h.take();
+  h.core.text(c.id, JSON.stringify({ type: "drain", afterMs: 10, reconnectTo: "ws://plain/v1/ws", deadlineMs: 30000 }), 20);
+  assert.deepEqual(h.log.errors, ["downgrade_refused"]);
+  h.core.tick(30);
+  const [c2] = h.take();
+  assert.ok(URLS.includes(c2.url), c2.url); // its own list's
+});
+
+test("after a move, the target is the URL the client is on: the reconnect after its loss goes elsewhere", () => {
+  for (let seed = 1; seed < 40; seed++) {
+    const h = harness({ random: seededRandom(seed) });
+    h.core.subscribe("r", { watermark: 0 });
+    const old = connect(h);
+    h.take();
+    const to = URLS[seed % 3];
+    h.core.text(old, JSON.stringify({ type: "drain", afterMs: 0, reconnectTo: to, deadlineMs: 30000 }), 1);
+    h.core.tick(1);
+    const [c] = h.take();
+    assert.equal(c.url, to);
+    h.core.opened(c.id, 2);
+    h.take();
+    h.core.text(c.id, welcome([{ conv: "r", head: 0, epoch: "e1" }]), 3);
+    h.take();
+    h.core.closed(old, 1000, "moved", 4);
+    h.core.closed(c.id, 1006, "", 5); // the new node is killed
+    h.core.tick(h.core.nextTimer());
+    const [c2] = h.take();
+    assert.equal(c2.type, "connect");
+    assert.notEqual(c2.url, to, `seed ${seed}: back to the dead target first`);
+  }
 });
 
 test("errors: a hint from an error frame, a refused send, an ended subscription", () => {

@@ -20,11 +20,14 @@
  * jittered retry hint at close_rate per second, and the node stops as soon
  * as none is left (at once with none).
  *
- * reconnectTo is spread.h's water-filling: when a batch's frames go, the
- * peers read last (ready, not this node: L_i), the connections of the other
- * nodes in state "draining" and the batch's own connections (C; so D = C +
- * the others) make one spread_t that every frame of the batch, also those
- * told later (drain_welcomed), draws from.
+ * reconnectTo is spread.h's water-filling, per scheme: when a batch's
+ * frames go, the peers read last (ready, not this node: L_i) whose public
+ * URL has a scheme, the connections of the other nodes in state "draining"
+ * and the batch's own connections of that scheme (C; so D = C + the
+ * others) make one spread_t that every frame of the batch to a connection
+ * of that scheme, also those told later (drain_welcomed), draws from. A
+ * wss client is never offered a ws peer, nor a ws client a wss one
+ * (docs/protocol.md 5.6); with none of its scheme its reconnectTo is null.
  *
  * Owns: the timer, the close queue (each entry holds a conn_ref), the
  * peers job while it runs, the peers and the spread of the last read.
@@ -64,6 +67,7 @@ typedef struct {
 typedef struct {
   char url[STORE_URL_MAX + 1];
   int64_t load; /* connections + admission waiters, plus those we sent there */
+  int tls;      /* its public URL is wss:// */
 } peer_t;
 
 typedef struct {
@@ -94,7 +98,13 @@ struct drain_s {
   size_t npeers;
   int peers_read;          /* a read of the nodes has succeeded: npeers is known */
   int64_t others_draining; /* connections of the other draining nodes, last read */
-  spread_t spread;         /* the current batch's reconnectTo picks (n 0: none) */
+  /* The current batch's reconnectTo picks, one spread per scheme ([0] ws,
+   * [1] wss: a connection is offered peers of its own scheme only), each
+   * over that scheme's peers, spread_peer[s][k] the index in peers of its
+   * k-th; spread_npeers the npeers they were built for (n 0: none). */
+  spread_t spread[2];
+  size_t *spread_peer[2];
+  size_t spread_npeers;
 };
 
 /* ---- close queue -------------------------------------------------------- */
@@ -183,30 +193,55 @@ static void release_queue(drain_t *d) {
 
 /* ---- frames ------------------------------------------------------------- */
 
-/* The batch's spread from the last read: L_i the peers' loads (with what
- * earlier batches sent them), C the batch's connections still to tell, D =
- * C + the other draining nodes' connections. Out of memory: no spread, and
- * the frames say reconnectTo null (the client picks from its own list). */
-static void spread_build(drain_t *d, batch_t *b) {
-  spread_free(&d->spread);
-  if (d->npeers == 0) return;
-  int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
-  if (!load) return;
-  for (size_t i = 0; i < d->npeers; i++) load[i] = d->peers[i].load;
-  for (conn_t *x = ws_next_open(d->env.net, NULL); x; x = ws_next_open(d->env.net, x)) {
-    drain_mark_t *m = mark(d, x);
-    c += m && m->batch == b->id && !m->told;
+static void spreads_free(drain_t *d) {
+  for (int s = 0; s < 2; s++) {
+    spread_free(&d->spread[s]);
+    free(d->spread_peer[s]);
+    d->spread_peer[s] = NULL;
   }
-  if (spread_init(&d->spread, load, d->npeers, c, c + d->others_draining) != 0)
-    log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
-             b->id == BATCH_DRAIN ? "drain" : "shed");
-  free(load);
+  d->spread_npeers = 0;
 }
 
-/* reconnectTo for the next connection (spread.h), counted on the peer. */
-static const char *pick_peer(drain_t *d) {
-  if (d->spread.n == 0 || d->spread.n != d->npeers) return NULL;
-  size_t k = spread_pick(&d->spread, d->env.rng);
+/* The batch's spreads from the last read, one per scheme (a wss client is
+ * never sent to a ws peer, nor a ws client to a wss one: docs/protocol.md
+ * 5.6): for scheme s, L_i the loads of the peers of that scheme (with what
+ * earlier batches sent them), C the batch's connections of that scheme
+ * still to tell, D = C + the other draining nodes' connections. A scheme
+ * with no peer, or out of memory: no spread, and its frames say
+ * reconnectTo null (the client picks from its own list). */
+static void spread_build(drain_t *d, batch_t *b) {
+  spreads_free(d);
+  if (d->npeers == 0) return;
+  for (int s = 0; s < 2; s++) {
+    int64_t *load = malloc(d->npeers * sizeof *load), c = 0;
+    size_t *idx = malloc(d->npeers * sizeof *idx), n = 0;
+    for (size_t i = 0; load && idx && i < d->npeers; i++)
+      if (d->peers[i].tls == s) {
+        idx[n] = i;
+        load[n++] = d->peers[i].load;
+      }
+    for (conn_t *x = ws_next_open(d->env.net, NULL); x; x = ws_next_open(d->env.net, x)) {
+      drain_mark_t *m = mark(d, x);
+      c += m && m->batch == b->id && !m->told && x->client_tls == (unsigned)s;
+    }
+    if (!load || !idx || spread_init(&d->spread[s], load, n, c, c + d->others_draining) != 0) {
+      log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
+               b->id == BATCH_DRAIN ? "drain" : "shed");
+      free(idx);
+      idx = NULL;
+    }
+    d->spread_peer[s] = idx;
+    free(load);
+  }
+  d->spread_npeers = d->npeers;
+}
+
+/* reconnectTo for connection `c` (spread.h): a peer of its scheme, counted
+ * on the peer; NULL (null) with none. */
+static const char *pick_peer(drain_t *d, const conn_t *c) {
+  int s = c->client_tls;
+  if (d->spread[s].n == 0 || !d->spread_peer[s] || d->spread_npeers != d->npeers) return NULL;
+  size_t k = d->spread_peer[s][spread_pick(&d->spread[s], d->env.rng)];
   d->peers[k].load++;
   return d->peers[k].url;
 }
@@ -215,7 +250,7 @@ static const char *pick_peer(drain_t *d) {
  * window_ms + DRAIN_GRACE_MS. */
 static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   int64_t after = window_ms > 0 ? jitter_range(d->env.rng, 0, window_ms - 1) : 0;
-  char *f = d->env.frame(d->env.ud, after, pick_peer(d), window_ms + DRAIN_GRACE_MS);
+  char *f = d->env.frame(d->env.ud, after, pick_peer(d, c), window_ms + DRAIN_GRACE_MS);
   if (!f) return; /* out of memory: it is closed at the deadline anyway */
   ws_send_text(c, f, strlen(f));
   free(f);
@@ -247,10 +282,11 @@ static void send_frames(drain_t *d, batch_t *b) {
     if (m && m->welcomed && m->batch == b->id && !m->told) tell(d, b, c, b->window_ms);
   }
   b->deadline = util_mono_ms() + (uint64_t)b->window_ms + DRAIN_GRACE_MS;
-  log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo, "
-           "level %.0f, %zu below it)",
+  log_info("%s: told %d connection(s) to move within %lld ms (%zu ready peer(s) for reconnectTo: "
+           "ws %zu, level %.0f, %zu below it; wss %zu, level %.0f, %zu below it)",
            b->id == BATCH_DRAIN ? "drain" : "shed", b->told, (long long)b->window_ms, d->npeers,
-           d->spread.target, d->spread.deficits);
+           d->spread[0].n, d->spread[0].target, d->spread[0].deficits, d->spread[1].n,
+           d->spread[1].target, d->spread[1].deficits);
 }
 
 static void peers_work(pool_job_t *job, store_t *db) {
@@ -273,6 +309,7 @@ static void peers_done(pool_job_t *job) {
       if (strcmp(nd->state, "draining") == 0) others += nd->connections;
       if (strcmp(nd->state, "ready") != 0) continue;
       snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
+      peers[np].tls = strncmp(nd->public_url, "wss://", 6) == 0;
       peers[np++].load = nd->connections + nd->waiters;
     }
     free(d->peers);
@@ -293,7 +330,7 @@ static void peers_done(pool_job_t *job) {
     else if (peers)
       spread_build(d, b);
   } else if (peers) {
-    spread_free(&d->spread);
+    spreads_free(d);
   }
   store_nodes_free(j->nodes);
   free(j);
@@ -400,7 +437,7 @@ static void closed_cb(uv_handle_t *h) {
   release_queue(d);
   free(d->queue);
   free(d->peers);
-  spread_free(&d->spread);
+  spreads_free(d);
   free(d);
 }
 

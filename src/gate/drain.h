@@ -11,7 +11,11 @@
  * below the level the fleet will reach once every draining node is empty
  * (connections + admission waiters; gate/spread.h), so that a restarted,
  * empty node gets most of the moves; two random choices once that share
- * is used up. With no ready peer (a single node, or every peer draining,
+ * is used up. A connection is offered peers of its own scheme only (a
+ * client that reached the node over TLS, conn_t.client_tls, a peer whose
+ * public URL is wss://; any other, a ws:// one; docs/protocol.md 5.6):
+ * reconnectTo is null when no ready peer has its scheme.
+ * With no ready peer (a single node, or every peer draining,
  * as the last successful read of the nodes says) no frame is sent: it
  * would send the clients back here. The connections are closed with 1012
  * and a jittered retry hint at once, paced, and the node stops as soon as

@@ -137,6 +137,10 @@ struct conn_s {
   unsigned tls_counted : 1;          /* its handshake is in converger_tls_handshakes_total */
   unsigned ws_frames : 1;            /* ws.c: an open WebSocket, not a stream, its close not queued
                                         (ws_takes_frames) */
+  unsigned client_tls : 1;           /* ws.c, at the upgrade: the client reached the node over TLS
+                                        (wss, https): TLS on our listener, or a proxy's that said
+                                        so (X-Forwarded-Proto); gate/drain.c offers it wss peers
+                                        only */
   int refs;                          /* pool jobs holding this conn */
   uint64_t last_rx_ms;               /* monotonic ms of the last bytes read */
   uint64_t deadline_ms;              /* monotonic ms; 0 = none (phase timeout) */

@@ -72,6 +72,7 @@ static void req_reset(http_request_t *r) {
   free(r->ws_protocol);
   free(r->idempotency_key);
   free(r->last_event_id);
+  free(r->forwarded_proto);
   free(r->expect);
   free(r->body);
   memset(r, 0, sizeof *r);
@@ -155,6 +156,7 @@ static int keep_header(http_t *h) {
       {"expect", offsetof(http_request_t, expect), 0, NULL},
       {"last-event-id", offsetof(http_request_t, last_event_id), 1,
        "duplicate Last-Event-ID header"},
+      {"x-forwarded-proto", offsetof(http_request_t, forwarded_proto), 0, NULL},
   };
   for (size_t i = 0; i < CV_ARRAY_SIZE(wanted); i++) {
     if (!h->field.p || strcasecmp(h->field.p, wanted[i].name) != 0) continue;

@@ -31,7 +31,8 @@ typedef struct http_request_s {
   const char *route; /* route label for metrics, set by the router */
   char *authorization, *upgrade, *connection, *ws_key, *ws_version, *ws_protocol, *idempotency_key,
       *expect, *last_event_id; /* last_event_id: Server-Sent Events (docs/protocol.md 12) */
-  char *body; /* NUL-terminated */
+  char *forwarded_proto;       /* X-Forwarded-Proto: the client's scheme, as a proxy says */
+  char *body;                  /* NUL-terminated */
   size_t body_len;
   int keep_alive;
   int http_major, http_minor; /* the request line's HTTP version */

@@ -180,10 +180,25 @@ static void maybe_release(ws_t *ws) {
   ws->ctx = NULL;
 }
 
+/* Whether the client of `c` spoke TLS (docs/protocol.md 5.6): the first
+ * entry of the upgrade's X-Forwarded-Proto when it has one (a proxy's word
+ * on the client's side of it: "https" or "wss"; anything else is
+ * plaintext), else TLS on this node's own listener. A client that sets the
+ * header itself only chooses the scheme of its own reconnectTo. */
+static int client_tls(const conn_t *c) {
+  const http_request_t *req = c->http ? http_current((conn_t *)c) : NULL;
+  const char *v = req ? req->forwarded_proto : NULL;
+  if (!v) return c->tls != NULL;
+  v += strspn(v, " \t");
+  size_t n = strcspn(v, ", \t");
+  return (n == 5 && strncasecmp(v, "https", 5) == 0) || (n == 3 && strncasecmp(v, "wss", 3) == 0);
+}
+
 /* `c` leaves HTTP for good: `ws` is its message state, counted in nws,
  * given its session by the handler; a hello due within `hello_ms` (0:
  * none). 0, or -1 (closed). */
 static int message_mode(conn_t *c, ws_t *ws, uint64_t hello_ms) {
+  c->client_tls = client_tls(c);
   http_free(c->http);
   c->http = NULL;
   c->ws = ws;

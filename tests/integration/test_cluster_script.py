@@ -253,6 +253,77 @@ class ClusterScript(unittest.TestCase):
                                capture_output=True, text=True, timeout=20)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertEqual(json.loads(p.stdout)["body"], {"over": "tls"})
+
+        # the nodes serve TLS themselves: their public URLs are wss, and the
+        # node URLs in the state file https
+        want = {"node-%d" % n: "wss://localhost:%d/v1/ws" % (lb + n) for n in (1, 2, 3)}
+        for n in (1, 2, 3):
+            self.assertEqual(state["NODE%d_URL" % n], "https://localhost:%d" % (lb + n))
+        deadline = time.monotonic() + 5
+        while True:
+            st, js = self.request(lb + 11, "GET", "/admin/cluster", key=key)
+            self.assertEqual(st, 200, js)
+            seen = {n["id"]: n["publicUrl"] for n in js["nodes"] if n["state"] == "ready"}
+            if seen == want:
+                break
+            if time.monotonic() > deadline:
+                self.fail("/admin/cluster: %r, want %r" % (seen, want))
+            time.sleep(0.2)
+
+        # A drain moves wss clients to wss peers only: one through HAProxy's
+        # TLS frontend (X-Forwarded-Proto https) and one straight to the
+        # node's own TLS port get a wss reconnectTo; one through the plain
+        # frontend (X-Forwarded-Proto http) is offered no wss peer: null.
+        import ssl
+        import websockets
+        ctx = ssl.create_default_context(cafile=ca)
+
+        async def client(url):
+            ws = await websockets.connect(url, ssl=ctx if url.startswith("wss") else None,
+                                          subprotocols=["converger.v1"], open_timeout=10)
+            await ws.send(json.dumps({"type": "hello", "token": tok, "subs": [{"conv": "secure", "watermark": 1}]}))
+            while True:
+                f = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if f["type"] == "welcome":
+                    return ws, f["node"]
+
+        async def until_drain(ws):
+            while True:
+                f = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                if f["type"] == "drain":
+                    return f
+
+        async def drain_one():
+            edge, node = await client("wss://localhost:%d/v1/ws" % self.tls_port)
+            n = int(node.rsplit("-", 1)[1])
+            direct, node2 = await client("wss://localhost:%d/v1/ws" % (lb + n))
+            self.assertEqual(node2, node)
+            # the plain frontend, until one lands on the same node (leastconn:
+            # the others are kept open, so that it does)
+            plain, others = None, []
+            for _ in range(12):
+                ws, on = await client("ws://127.0.0.1:%d/v1/ws" % lb)
+                if on == node:
+                    plain = ws
+                    break
+                others.append(ws)
+            st, js = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.request(lb + 10 + n, "POST", "/admin/drain", key=key))
+            self.assertIn(st, (200, 202), js)
+            frames = [await until_drain(edge), await until_drain(direct)]
+            if plain is not None:
+                frames.append(await until_drain(plain))
+            for ws in [edge, direct, plain] + others:
+                if ws is not None:
+                    await ws.close()
+            return n, frames, plain is not None
+
+        n, frames, plain = asyncio.run(drain_one())
+        peers = ["wss://localhost:%d/v1/ws" % (lb + m) for m in (1, 2, 3) if m != n]
+        self.assertIn(frames[0]["reconnectTo"], peers, frames[0])
+        self.assertIn(frames[1]["reconnectTo"], peers, frames[1])
+        self.assertTrue(plain, "no plain client landed on node-%d" % n)
+        self.assertIsNone(frames[2]["reconnectTo"], frames[2])
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 143, self.stderr())
 

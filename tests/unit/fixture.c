@@ -385,11 +385,16 @@ char *fx_take(fx_peer_t *p) {
   return out;
 }
 
-fx_peer_t *fx_connect(fx_t *fx) {
-  fx_peer_t *p =
-      fx_connect_raw(fx, "GET /v1/ws HTTP/1.1\r\nHost: fixture\r\nUpgrade: websocket\r\n"
-                         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                         "Sec-WebSocket-Version: 13\r\n\r\n");
+fx_peer_t *fx_connect(fx_t *fx) { return fx_connect_with(fx, ""); }
+
+fx_peer_t *fx_connect_with(fx_t *fx, const char *headers) {
+  char req[1024];
+  snprintf(req, sizeof req,
+           "GET /v1/ws HTTP/1.1\r\nHost: fixture\r\nUpgrade: websocket\r\n"
+           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+           "Sec-WebSocket-Version: 13\r\n%s\r\n",
+           headers);
+  fx_peer_t *p = fx_connect_raw(fx, req);
   pull(p);
   char *end = memmem(p->in, p->in_len, "\r\n\r\n", 4);
   assert_non_null(end);

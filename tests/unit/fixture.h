@@ -52,7 +52,7 @@ typedef struct fx_s {
   uv_loop_t loop;
   config_t cfg;
   metrics_t *metrics; /* the fixture node's registry */
-  uint64_t now; /* the fake monotonic clock, ms */
+  uint64_t now;       /* the fake monotonic clock, ms */
   char dir[64];
   char url[128];
   store_t *db; /* the test's own connection to the store (setup, appends) */
@@ -116,6 +116,9 @@ char *fx_token_ttl(fx_t *fx, const char *sub, const char *conv, int64_t ttl_s);
 
 /* A new client upgraded to WebSocket (the 101 read). Heap; fx_peer_free. */
 fx_peer_t *fx_connect(fx_t *fx);
+/* The same with `headers` (each line ending in "\r\n") in the upgrade
+ * request, e.g. "X-Forwarded-Proto: https\r\n". */
+fx_peer_t *fx_connect_with(fx_t *fx, const char *headers);
 /* A new client that wrote `request` (raw HTTP) and read nothing yet. The
  * fixture routes GET /v1/ws (upgraded) and GET /v1/sse?conv=A&conv=B
  * (up to 4) with Authorization: Bearer TOKEN and an optional

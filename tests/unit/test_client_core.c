@@ -174,8 +174,10 @@ typedef struct {
   int ignore_hints;
   int64_t base_ms;
   const char *const *epochs;
-  int token_cb;  /* 1: the token callback */
-  int ephemeral; /* 1: on_presence and on_signal */
+  int token_cb;            /* 1: the token callback */
+  int ephemeral;           /* 1: on_presence and on_signal */
+  const char *const *urls; /* NULL: URLS3 */
+  uint64_t seed;           /* 0: 42 */
 } more_t;
 
 static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
@@ -184,13 +186,13 @@ static void make_more(h_t *h, const cvg_sub_t *subs, size_t nsubs, size_t nurls,
   h->timer_at = -1;
   cvg_options_t o;
   cvg_options_init(&o);
-  o.urls = URLS3;
+  o.urls = more && more->urls ? more->urls : URLS3;
   o.nurls = nurls;
   o.token = "tok";
   o.subs = subs;
   o.nsubs = nsubs;
   o.backoff = strategy;
-  o.seed = 42;
+  o.seed = more && more->seed ? more->seed : 42;
   o.cb.on_message = on_message;
   o.cb.on_state = on_state;
   o.cb.on_error = on_error;
@@ -335,7 +337,11 @@ static void test_constructor_errors(void **state) {
   o.subs = subs;
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
   cvg_core_free(core);
-  o.nurls = 2; /* a wss:// URL is a URL like the others */
+  o.nurls = 2; /* ws:// and wss:// in one list: a client on wss never moves to ws */
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  assert_non_null(strstr(err, "mix ws:// and wss://"));
+  const char *tls2[] = {"wss://a.example/v1/ws", "wss://b.example:8443/v1/ws"};
+  o.urls = tls2; /* a wss:// URL is a URL like the others */
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
   cvg_core_free(core);
 }
@@ -629,6 +635,119 @@ static void test_second_drain_frame_only_brings_the_move_forward(void **state) {
   assert_int_equal(h.now, 5000);
   assert_string_equal(o->url, "ws://next:9/v1/ws");
   destroy(&h);
+}
+
+static int url_index(const char *const *urls, const char *url) {
+  for (int u = 0; u < 3; u++)
+    if (strcmp(url, urls[u]) == 0) return u;
+  return -1;
+}
+
+/* Move transport `old` by a drain naming `to` (NULL: null), make-before-
+ * break: returns the new transport, welcomed; its URL in *url. */
+static uint32_t move_by_drain(h_t *h, uint32_t old, const char *to, char *url, size_t cap) {
+  clear_acts(h);
+  if (to)
+    text(h, old, "{\"type\":\"drain\",\"afterMs\":10,\"reconnectTo\":\"%s\",\"deadlineMs\":30000}",
+         to);
+  else
+    text(h, old, "{\"type\":\"drain\",\"afterMs\":10,\"reconnectTo\":null,\"deadlineMs\":30000}");
+  fire(h);
+  act_t *o = last(h, CVG_ACT_OPEN, 0);
+  assert_non_null(o);
+  snprintf(url, cap, "%s", o->url);
+  uint32_t nt = o->t;
+  cvg_core_opened(h->core, nt, h->now);
+  take(h);
+  text(h, nt,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n-%u\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":false}]}",
+       nt);
+  assert_int_equal(last(h, CVG_ACT_CLOSE, 0)->t, old);
+  return nt;
+}
+
+/* A client on wss:// never moves to ws://: a drain's ws:// reconnectTo is
+ * not followed (the application hears downgrade_refused) and the move
+ * goes to one of its own (wss) URLs; wss:// is followed. A ws:// client
+ * may move to wss://, and from that wss connection not back to ws. */
+static void test_drain_never_moves_wss_to_ws(void **state) {
+  static const char *const tls3[] = {"wss://a:1/v1/ws", "wss://b:2/v1/ws", "wss://c:3/v1/ws"};
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t m = {.urls = tls3};
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &m);
+  uint32_t t = connect_first(&h, 0);
+  char url[256];
+  t = move_by_drain(&h, t, "ws://plain:9/v1/ws", url, sizeof url);
+  assert_true(url_index(tls3, url) >= 0); /* a configured wss URL, not the ws one */
+  assert_string_equal(h.last_error, "downgrade_refused");
+  h.last_error[0] = '\0';
+  t = move_by_drain(&h, t, "wss://other:9/v1/ws", url, sizeof url);
+  assert_string_equal(url, "wss://other:9/v1/ws");
+  assert_string_equal(h.last_error, "");
+  destroy(&h);
+  /* ws -> wss is fine; from that wss connection, not back to ws */
+  make(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED);
+  t = connect_first(&h, 0);
+  t = move_by_drain(&h, t, "wss://secure:9/v1/ws", url, sizeof url);
+  assert_string_equal(url, "wss://secure:9/v1/ws");
+  assert_string_equal(h.last_error, "");
+  t = move_by_drain(&h, t, "ws://plain:9/v1/ws", url, sizeof url);
+  assert_string_equal(h.last_error, "downgrade_refused");
+  assert_true(url_index(URLS3, url) >= 0); /* its own list's */
+  destroy(&h);
+}
+
+/* After a move, the move's target is the URL the client is on: the
+ * reconnect after its loss goes on from its place in the list (with
+ * CVG_RECONNECT_NEXT the entry after it), not from the node it left; a
+ * target not in the list keeps the place of the connection it left. */
+static void test_reconnect_after_a_move_goes_on_from_its_target(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  more_t next = {.reconnect = CVG_RECONNECT_NEXT};
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &next);
+  uint32_t t = connect_first(&h, 0);
+  int k = url_index(URLS3, last(&h, CVG_ACT_OPEN, 0)->url);
+  char url[256];
+  for (int round = 0; round < 6; round++) {
+    int target = (k + 1) % 3; /* a listed peer */
+    t = move_by_drain(&h, t, URLS3[target], url, sizeof url);
+    assert_string_equal(url, URLS3[target]);
+    if (round % 2 == 1) { /* and a move to a URL not in the list, on from there */
+      t = move_by_drain(&h, t, "ws://elsewhere:9/v1/ws", url, sizeof url);
+      assert_string_equal(url, "ws://elsewhere:9/v1/ws");
+    }
+    clear_acts(&h);
+    cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "killed", 6, h.now); /* the new node dies */
+    take(&h);
+    fire(&h);
+    act_t *o = last(&h, CVG_ACT_OPEN, 0);
+    assert_string_equal(o->url, URLS3[(target + 1) % 3]);
+    k = (target + 1) % 3;
+    t = o->t;
+    cvg_core_opened(h.core, t, h.now);
+    take(&h);
+    text(&h, t,
+         "{\"type\":\"welcome\",\"session\":\"4\",\"node\":\"n\",\"heartbeatMs\":0,"
+         "\"subs\":[{\"conv\":\"c1\",\"head\":0,\"presence\":false}]}");
+  }
+  destroy(&h);
+  /* the default policy: never back to the dead target first */
+  for (uint64_t seed = 1; seed <= 20; seed++) {
+    more_t m = {.seed = seed};
+    make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &m);
+    t = connect_first(&h, 0);
+    k = url_index(URLS3, last(&h, CVG_ACT_OPEN, 0)->url);
+    t = move_by_drain(&h, t, URLS3[(k + 1 + (int)(seed % 2)) % 3], url, sizeof url);
+    clear_acts(&h);
+    cvg_core_closed(h.core, t, CVG_CLOSE_ABORT, "killed", 6, h.now);
+    take(&h);
+    fire(&h);
+    assert_string_not_equal(last(&h, CVG_ACT_OPEN, 0)->url, url);
+    destroy(&h);
+  }
 }
 
 /* A move refused by the new node is tried again after the backoff (the
@@ -2065,6 +2184,8 @@ int main(void) {
       cmocka_unit_test(test_hint_is_a_floor_and_welcome_resets),
       cmocka_unit_test(test_unacknowledged_sends_resent_with_same_id),
       cmocka_unit_test(test_drain_is_make_before_break),
+      cmocka_unit_test(test_drain_never_moves_wss_to_ws),
+      cmocka_unit_test(test_reconnect_after_a_move_goes_on_from_its_target),
       cmocka_unit_test(test_second_drain_frame_only_brings_the_move_forward),
       cmocka_unit_test(test_failed_migration_keeps_the_old_connection),
       cmocka_unit_test(test_failed_migration_is_retried_before_the_deadline),

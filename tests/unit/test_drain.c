@@ -48,6 +48,11 @@ static void beat(fx_t *fx, const char *id, const char *state, int64_t conns) {
   assert_int_equal(store_node_beat(fx->db, id, url, "", state, conns, 0, 0, util_now_ms()), 0);
 }
 
+/* A peer `id` in `state` whose public URL is `url`. */
+static void beat_url(fx_t *fx, const char *id, const char *url, const char *state, int64_t conns) {
+  assert_int_equal(store_node_beat(fx->db, id, url, "", state, conns, 0, 0, util_now_ms()), 0);
+}
+
 static void setup_fx(fx_t *fx, int window_ms, int rate, int shutdown_ms) {
   fx_init(fx, NULL);
   fx->cfg.drain_window_ms = window_ms;
@@ -105,6 +110,60 @@ static void test_drain_moves_everyone_then_stops(void **state) {
   assert_non_null(strstr(fx.stop_why, "drain complete"));
   assert_non_null(strstr(fx.stop_why, "10 moved"));
   assert_int_equal(drain_state(fx.drain), 1);
+  fx_free(&fx);
+}
+
+/* A welcomed client whose upgrade carried `headers`. */
+static fx_peer_t *live_with(fx_t *fx, const char *headers) {
+  fx_peer_t *p = fx_connect_with(fx, headers);
+  fx_hello(p, "c1", -1);
+  fx_step(fx);
+  json_decref(fx_expect(p, "welcome"));
+  json_decref(fx_expect(p, "synced"));
+  return p;
+}
+
+/* reconnectTo never changes the scheme (docs/protocol.md 5.6): a client
+ * that came over TLS (here a proxy's: X-Forwarded-Proto https, or wss) is
+ * offered only wss:// peers, any other client only ws:// ones, however
+ * loaded; with no peer of its scheme, null. */
+static void test_reconnect_to_keeps_the_scheme(void **state) {
+  fx_t fx;
+  setup_fx(&fx, 10000, 100, 60000);
+  beat_url(&fx, "plain", "ws://plain.test/v1/ws", "ready", 0);
+  beat_url(&fx, "secure", "wss://secure.test/v1/ws", "ready", 1000);
+  fx_peer_t *p[6];
+  p[0] = live(&fx);
+  p[1] = live_with(&fx, "X-Forwarded-Proto: https\r\n");
+  p[2] = live_with(&fx, "X-Forwarded-Proto: HTTPS, http\r\n");
+  p[3] = live_with(&fx, "X-Forwarded-Proto: wss\r\n");
+  p[4] = live_with(&fx, "X-Forwarded-Proto: http\r\n");
+  p[5] = live_with(&fx, "X-Forwarded-Proto: httpsx\r\n");
+  const char *want[6] = {"ws://plain.test/v1/ws",   "wss://secure.test/v1/ws",
+                         "wss://secure.test/v1/ws", "wss://secure.test/v1/ws",
+                         "ws://plain.test/v1/ws",   "ws://plain.test/v1/ws"};
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  assert_true(fx_step(&fx));
+  for (int i = 0; i < 6; i++) {
+    char *to = expect_drain(p[i], 10000);
+    assert_non_null(to);
+    assert_string_equal(to, want[i]);
+    free(to);
+  }
+  for (int i = 0; i < 6; i++) fx_peer_free(p[i]);
+  fx_free(&fx);
+  /* only ws peers: a TLS client's reconnectTo is null, a plain one's not */
+  setup_fx(&fx, 10000, 100, 60000);
+  beat_url(&fx, "plain", "ws://plain.test/v1/ws", "ready", 0);
+  fx_peer_t *tls = live_with(&fx, "X-Forwarded-Proto: https\r\n"), *plain = live(&fx);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  assert_true(fx_step(&fx));
+  assert_null(expect_drain(tls, 10000));
+  char *to = expect_drain(plain, 10000);
+  assert_string_equal(to, "ws://plain.test/v1/ws");
+  free(to);
+  fx_peer_free(tls);
+  fx_peer_free(plain);
   fx_free(&fx);
 }
 
@@ -278,6 +337,7 @@ static void test_shed_a_fraction(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_drain_moves_everyone_then_stops),
+      cmocka_unit_test(test_reconnect_to_keeps_the_scheme),
       cmocka_unit_test(test_paced_closes_after_the_deadline),
       cmocka_unit_test(test_shutdown_deadline_stops),
       cmocka_unit_test(test_late_welcome_is_told),
