@@ -369,6 +369,7 @@ class SseOneNode(NodeCase):
             (q(conv=conv, token=tok, clientId="no spaces"), {}, 400, "bad_request"),
             (q(conv=conv, token=tok), {"Last-Event-ID": "%s 5abc" % conv}, 400, "bad_request"),
             (q(conv=conv, token=tok, lastEventId="%s -1" % conv), {}, 400, "bad_request"),
+            (q(conv=conv, token=tok), {"Last-Event-ID": "%s 1,%s 2" % (conv, conv)}, 400, "bad_request"),
         ]
         for query, headers, status, code in cases:
             s = Sse(n.port, query, headers)

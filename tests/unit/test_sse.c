@@ -68,7 +68,8 @@ static void test_watermark_good(void **state) {
 }
 
 /* Anything else is refused whole (the request's 400), also when the bad
- * entry names another conversation. */
+ * entry names another conversation, and so is an id that names a
+ * conversation twice (which of the two would it mean?). */
 static void test_watermark_bad(void **state) {
   static const char *const bad[] = {
       "garbage",
@@ -95,6 +96,10 @@ static void test_watermark_bad(void **state) {
       "c1 9223372036854775808",
       "c1 99999999999999999999",
       "c1 5 0123456789abcdef0" /* an epoch of 17 */,
+      "c1 5,c1 6" /* a conversation named twice */,
+      "c1 5 e1,c1 5 e1",
+      "c2 1,c1 5,c2 1" /* twice, but not the one asked for */,
+      "c1 5,c2 1,c3 2,c4 3,c1 9",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int64_t w = 12345;
