@@ -1084,8 +1084,14 @@ static void handle_sse(api_t *api, conn_t *c, http_request_t *req) {
   for (size_t i = 0; i < n; i++) {
     int64_t w;
     char ep[STORE_EPOCH_MAX + 1];
-    if (session_sse_watermark(lei, convs[i], &w, ep) != 0) {
-      bad_request(c, "Last-Event-ID must be an id this node gave: CONV SEQ EPOCH, joined by ','");
+    int rc = session_sse_watermark(lei, convs[i], &w, ep);
+    if (rc == -CV_ENOMEM) {
+      http_respond_error(c, 503, "unavailable", "out of memory", 1000);
+      goto out;
+    }
+    if (rc != 0) {
+      bad_request(c, "Last-Event-ID must be an id this node gave: CONV SEQ EPOCH, joined by ',', "
+                     "each conversation once");
       goto out;
     }
   }

@@ -29,8 +29,12 @@
  * wss client is never offered a ws peer, nor a ws client a wss one
  * (docs/protocol.md 5.6); with none of its scheme its reconnectTo is null.
  *
- * Owns: the timer, the close queue (each entry holds a conn_ref), the
- * peers job while it runs, the peers and the spread of the last read.
+ * A Server-Sent Events stream is told at its moment instead (a min-heap
+ * of moments, emptied by the same timer; see "streams' moments").
+ *
+ * Owns: the timer, the close queue and the streams' heap (each entry holds
+ * a conn_ref), the peers job while it runs, the peers and the spread of
+ * the last read.
  */
 #include "gate/drain.h"
 
@@ -70,6 +74,13 @@ typedef struct {
   int tls;      /* its public URL is wss:// */
 } peer_t;
 
+/* A Server-Sent Events stream told to move, ended at `due` (monotonic
+ * ms); it holds a conn_ref. */
+typedef struct {
+  uint64_t due;
+  conn_t *c;
+} sse_due_t;
+
 typedef struct {
   pool_job_t job;
   drain_t *d;
@@ -105,6 +116,8 @@ struct drain_s {
   spread_t spread[2];
   size_t *spread_peer[2];
   size_t spread_npeers;
+  sse_due_t *sse; /* streams told to move: a min-heap by their moment */
+  size_t nsse, sse_cap;
 };
 
 /* ---- close queue -------------------------------------------------------- */
@@ -191,6 +204,93 @@ static void release_queue(drain_t *d) {
   d->qhead = d->qlen = 0;
 }
 
+/* ---- streams' moments ---------------------------------------------------- */
+
+/* A Server-Sent Events stream cannot follow a reconnectTo (an EventSource
+ * reconnects to its own URL) nor move make-before-break, so the drain
+ * frame's afterMs would be the time it is away if the frame ended the
+ * stream at once. Instead the stream is told nothing until its moment,
+ * drawn as a WebSocket's afterMs is, and keeps its messages until then;
+ * at that moment it gets a drain event with a short retry (drain.h) and
+ * ends, and the reader is back at once, through its load balancer, on a
+ * ready node, with its Last-Event-ID. The spread over the window is the
+ * same as the WebSocket clients'. */
+
+static void sse_swap(drain_t *d, size_t i, size_t j) {
+  sse_due_t t = d->sse[i];
+  d->sse[i] = d->sse[j];
+  d->sse[j] = t;
+}
+
+/* Queue stream `c` to end at `due` (a conn_ref held). 0, or -1 when out
+ * of memory (then it stays until the deadline's 1012 close). */
+static int sse_push(drain_t *d, uint64_t due, conn_t *c) {
+  if (d->nsse == d->sse_cap) {
+    size_t cap = d->sse_cap ? d->sse_cap * 2 : 64;
+    sse_due_t *p = realloc(d->sse, cap * sizeof *p);
+    if (!p) return -1;
+    d->sse = p;
+    d->sse_cap = cap;
+  }
+  size_t i = d->nsse++;
+  d->sse[i] = (sse_due_t){due, c};
+  conn_ref(c);
+  while (i > 0 && d->sse[(i - 1) / 2].due > d->sse[i].due) {
+    sse_swap(d, i, (i - 1) / 2);
+    i = (i - 1) / 2;
+  }
+  return 0;
+}
+
+/* The earliest stream, taken off the heap (its conn_ref still held). */
+static conn_t *sse_pop(drain_t *d) {
+  conn_t *c = d->sse[0].c;
+  d->sse[0] = d->sse[--d->nsse];
+  for (size_t i = 0;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < d->nsse && d->sse[l].due < d->sse[m].due) m = l;
+    if (r < d->nsse && d->sse[r].due < d->sse[m].due) m = r;
+    if (m == i) break;
+    sse_swap(d, i, m);
+    i = m;
+  }
+  return c;
+}
+
+static void sse_release(drain_t *d) {
+  while (d->nsse) conn_unref(sse_pop(d));
+}
+
+/* Stream `c`'s moment: the drain event, afterMs a short jittered retry,
+ * reconnectTo null, deadlineMs 0 (net/ws.c writes afterMs as retry: and
+ * ends the stream). It counts as moved: it leaves now, and its reader
+ * comes back elsewhere after the retry. */
+static void sse_move(drain_t *d, conn_t *c) {
+  batch_t *b = batch_of(d, c);
+  drain_mark_t *m = mark(d, c);
+  char *f = d->env.frame(
+      d->env.ud, jitter_range(d->env.rng, SSE_DRAIN_RETRY_MIN_MS, SSE_DRAIN_RETRY_MAX_MS), NULL, 0);
+  if (!f) { /* out of memory: a close with the hint ends it all the same */
+    close_paced(d, c);
+    return;
+  }
+  if (m && !m->counted) {
+    m->counted = 1;
+    if (b) b->moved++;
+    metrics_add(d->env.metrics, "converger_drain_migrated_total", NULL, 1);
+  }
+  ws_send_text(c, f, strlen(f));
+  free(f);
+}
+
+/* End every stream whose moment has come. */
+static void sse_due(drain_t *d, uint64_t now) {
+  while (d->nsse && d->sse[0].due <= now) {
+    conn_t *c = sse_pop(d);
+    if (conn_unref(c) && ws_is_open(c)) sse_move(d, c);
+  }
+}
+
 /* ---- frames ------------------------------------------------------------- */
 
 static void spreads_free(drain_t *d) {
@@ -222,7 +322,8 @@ static void spread_build(drain_t *d, batch_t *b) {
       }
     for (conn_t *x = ws_next_open(d->env.net, NULL); x; x = ws_next_open(d->env.net, x)) {
       drain_mark_t *m = mark(d, x);
-      c += m && m->batch == b->id && !m->told && x->client_tls == (unsigned)s;
+      c += m && m->batch == b->id && !m->told && !ws_is_sse(x) && /* a stream takes none */
+           x->client_tls == (unsigned)s;
     }
     if (!load || !idx || spread_init(&d->spread[s], load, n, c, c + d->others_draining) != 0) {
       log_warn("%s: out of memory for reconnectTo's spread: reconnectTo null",
@@ -250,10 +351,14 @@ static const char *pick_peer(drain_t *d, const conn_t *c) {
  * window_ms + DRAIN_GRACE_MS. */
 static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   int64_t after = window_ms > 0 ? jitter_range(d->env.rng, 0, window_ms - 1) : 0;
-  char *f = d->env.frame(d->env.ud, after, pick_peer(d, c), window_ms + DRAIN_GRACE_MS);
-  if (!f) return; /* out of memory: it is closed at the deadline anyway */
-  ws_send_text(c, f, strlen(f));
-  free(f);
+  if (ws_is_sse(c)) { /* nothing now: its drain event at its moment (sse_move) */
+    if (sse_push(d, util_mono_ms() + (uint64_t)after, c) != 0) return; /* closed at the deadline */
+  } else {
+    char *f = d->env.frame(d->env.ud, after, pick_peer(d, c), window_ms + DRAIN_GRACE_MS);
+    if (!f) return; /* out of memory: it is closed at the deadline anyway */
+    ws_send_text(c, f, strlen(f));
+    free(f);
+  }
   mark(d, c)->told = 1; /* only connections with a mark are told */
   b->told++;
 }
@@ -387,11 +492,13 @@ void drain_tick(drain_t *d) {
              (unsigned long long)d->drain.moved, n, d->env.cfg->drain_close_rate);
     d->drain.deadline = UINT64_MAX; /* queued once */
   }
+  sse_due(d, now);
   pace(d, now);
   if (d->begun && !d->stopped && (d->env.net->nws == 0 || now >= d->shutdown_at)) {
     d->stopped = 1;
     release_queue(d);
-    int left = 0; /* open, with no close frame sent yet: the stop closes them */
+    sse_release(d); /* the stop closes them */
+    int left = 0;   /* open, with no close frame sent yet: the stop closes them */
     for (conn_t *c = ws_next_open(d->env.net, NULL); c; c = ws_next_open(d->env.net, c)) left++;
     if (left)
       metrics_add(d->env.metrics, "converger_drain_closed_total", "reason=\"shutdown\"",
@@ -402,7 +509,7 @@ void drain_tick(drain_t *d) {
              (unsigned long long)d->drain.moved, (unsigned long long)d->drain.closed, left);
     d->env.stop(d->env.ud, why);
   }
-  if (!d->begun && !d->shed.id && d->qhead == d->qlen) {
+  if (!d->begun && !d->shed.id && d->qhead == d->qlen && d->nsse == 0) {
     uv_timer_stop(&d->timer);
     return;
   }
@@ -436,6 +543,8 @@ static void closed_cb(uv_handle_t *h) {
   drain_t *d = h->data;
   release_queue(d);
   free(d->queue);
+  sse_release(d);
+  free(d->sse);
   free(d->peers);
   spreads_free(d);
   free(d);

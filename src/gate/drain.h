@@ -20,7 +20,13 @@
  * would send the clients back here. The connections are closed with 1012
  * and a jittered retry hint at once, paced, and the node stops as soon as
  * none is left (at once with none); the window does not apply.
- * Clients that move close with 1000 (make-before-break). deadlineMs is the
+ * Clients that move close with 1000 (make-before-break). A Server-Sent
+ * Events stream gets no frame when the drain begins: it keeps streaming
+ * until its own moment, drawn from [0, window) as afterMs is, and then
+ * gets the drain event (afterMs a short jittered retry,
+ * SSE_DRAIN_RETRY_*_MS, written as retry:; reconnectTo null, since an
+ * EventSource reconnects to its own URL; deadlineMs 0) and ends, counted
+ * as migrated. deadlineMs is the
  * window plus DRAIN_GRACE_MS, the time a client that drew an afterMs near
  * the end needs to open its new connection and be welcomed before the old
  * one may go. After that deadline, the connections still open are closed
@@ -56,6 +62,19 @@
 #include "store/pool.h"
 
 #define DRAIN_GRACE_MS 2000 /* past the window: a migration's connect, hello, welcome */
+
+/* A Server-Sent Events stream's drain event: its retry: (and afterMs),
+ * drawn uniformly from [MIN, MAX] ms. Short, because the spread over the
+ * window is already made by each stream's moment (drawn as a WebSocket's
+ * afterMs), so that the reader is away for about this long, not for its
+ * moment. Jittered all the same, because the moments are kept by the
+ * timer: the streams whose moments fall in one tick (20 ms; all of them
+ * with a window of 0, or after a stalled loop) end together, and a fixed
+ * retry would bring their readers back in the same millisecond. 400 ms of
+ * jitter makes that a flat arrival over 400 ms for at most 0.5 s of a
+ * reader's gap (the goal: at most 1 s across a drain). */
+#define SSE_DRAIN_RETRY_MIN_MS 100
+#define SSE_DRAIN_RETRY_MAX_MS 500
 
 typedef struct drain_s drain_t;
 

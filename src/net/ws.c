@@ -467,7 +467,8 @@ static void sse_id_line(conn_t *c, const char *id) {
  * none). The welcome starts the stream; an error or a close before it is
  * answered as an HTTP refusal; a drain event carries its afterMs as the
  * retry: field and ends the stream, so the browser's EventSource
- * reconnects after the jittered delay (the drain lesson). The welcome,
+ * reconnects after that delay (the drain sends it at the stream's own
+ * jittered moment with a short afterMs: gate/drain.h). The welcome,
  * synced and drain events carry the stream's id (sse_id_line) when given
  * none: a stream that had no msg yet is somewhere all the same, and its
  * reconnect must resume there, not at the head (docs/protocol.md 12). */

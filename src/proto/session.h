@@ -143,9 +143,12 @@ char *session_presence_page(sessions_t *ss, const char *conv, const char *after,
 /* The watermark and epoch of `conv` in a Last-Event-ID (NULL or "", or
  * entries joined by ',', each "CONV SEQ EPOCH" as session_sse_id writes
  * them or "CONV SEQ"; one space apart, SEQ decimal digits within int64_t,
- * CONV and EPOCH ids), or FRAME_WATERMARK_NONE and "" when it names none
- * (a conversation named twice: the last entry). 0, or -1 when the id is
- * not of that form (the caller answers 400). Any thread. */
+ * CONV and EPOCH ids, each CONV once), or FRAME_WATERMARK_NONE and ""
+ * when it names none. 0; -1 when the id is not of that form, a
+ * conversation named twice included (the caller answers 400; a browser's
+ * EventSource sends back only ids this node wrote, which name each
+ * conversation once); -CV_ENOMEM when out of memory. On an error
+ * *watermark and epoch are NONE and "". Any thread. */
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]);
 

@@ -77,24 +77,59 @@ static int parse_entry(const char *p, size_t len, char id[STORE_ID_MAX + 1], int
   return 0;
 }
 
+/* An entry's conversation id: where it starts and its length. */
+typedef struct {
+  const char *p;
+  size_t len;
+} id_span_t;
+
+static int span_cmp(const void *a, const void *b) {
+  const id_span_t *x = a, *y = b;
+  int c = memcmp(x->p, y->p, x->len < y->len ? x->len : y->len);
+  return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
 int session_sse_watermark(const char *last_event_id, const char *conv, int64_t *watermark,
                           char epoch[STORE_EPOCH_MAX + 1]) {
   *watermark = FRAME_WATERMARK_NONE;
   epoch[0] = '\0';
   if (!last_event_id || !*last_event_id) return 0;
+  size_t n = 1, k = 0;
+  for (const char *p = last_event_id; (p = strchr(p, ',')) != NULL; p++) n++;
+  /* Every entry's id, sorted, so that one named twice is found in
+   * O(n log n): an id is at most 16 KiB (rest.c), a stream asks once per
+   * conversation. */
+  id_span_t *ids = malloc(n * sizeof *ids);
+  if (!ids) return -CV_ENOMEM;
+  int rc = 0;
   for (const char *p = last_event_id;;) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     char id[STORE_ID_MAX + 1], ep[STORE_EPOCH_MAX + 1];
     int64_t seq;
-    if (parse_entry(p, len, id, &seq, ep) != 0) return -1;
+    if (parse_entry(p, len, id, &seq, ep) != 0) {
+      rc = -1;
+      break;
+    }
+    ids[k++] = (id_span_t){p, strlen(id)};
     if (strcmp(id, conv) == 0) {
       *watermark = seq;
       strcpy(epoch, ep);
     }
-    if (!end) return 0;
+    if (!end) break;
     p = end + 1;
   }
+  if (rc == 0) {
+    qsort(ids, k, sizeof *ids, span_cmp);
+    for (size_t i = 1; i < k && rc == 0; i++)
+      if (span_cmp(&ids[i - 1], &ids[i]) == 0) rc = -1; /* a conversation named twice */
+  }
+  free(ids);
+  if (rc != 0) {
+    *watermark = FRAME_WATERMARK_NONE;
+    epoch[0] = '\0';
+  }
+  return rc;
 }
 
 int session_sse_begin(conn_t *c, const char *token, const char *client_id, const char *const *convs,

@@ -72,7 +72,7 @@ HTTP = {
     "notfound.txt": b"DELETE /nope HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n",
     # Server-Sent Events (docs/protocol.md section 12): the watermarks in
     # Last-Event-ID, a stream that ends with a drain event, one that ends
-    # with a close, and a Last-Event-ID that is refused with 400
+    # with a close, and Last-Event-IDs that are refused with 400
     "sse.txt": b"GET /v1/sse?conv=support-42&conv=support-43&drain=1 HTTP/1.1\r\nHost: gw\r\n"
                b"Accept: text/event-stream\r\nAuthorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln\r\n"
                b"Last-Event-ID: support-42 17 9c4e01af,support-43 4 51d0b7e2\r\n\r\n",
@@ -82,6 +82,10 @@ HTTP = {
                       b"Last-Event-ID: support-42 5abc,,support-43 -1\r\n\r\n"
                       b"GET /v1/sse?conv=support-42 HTTP/1.1\r\nHost: gw\r\n"
                       b"Last-Event-ID: support-42 99999999999999999999 9c4e01af\r\n\r\n",
+    # a conversation named twice: refused (400) like any malformed id
+    "sse_dup_id.txt": b"GET /v1/sse?conv=support-42 HTTP/1.1\r\nHost: gw\r\n"
+                      b"Last-Event-ID: support-43 4 51d0b7e2,support-42 17 9c4e01af,"
+                      b"support-43 5 51d0b7e2\r\n\r\n",
 }
 
 WS = {

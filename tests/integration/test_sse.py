@@ -7,10 +7,11 @@ node that uses the browser's own EventSource and nothing else.
   their own event types, heartbeats as comments;
 - join and leave events with presenceEvents=true (a user's first client,
   its last after the grace) and presenceEvents=clients (every client);
-- a restart: the stream ends with a drain event whose retry: is the
-  jittered delay, and the reconnect with Last-Event-ID gets every message
-  once and in order, from Python and from Chromium; also for a stream that
-  got no msg before it (the welcome's, synced's and drain's id);
+- a restart: the stream ends at its moment in the drain window with a
+  drain event whose retry: is short, and the reconnect with Last-Event-ID
+  gets every message once and in order, from Python and from Chromium;
+  also for a stream that got no msg before it (the welcome's, synced's
+  and drain's id);
 - across a drain between two PostgreSQL nodes, with a sender running;
 - refusals as HTTP statuses with JSON bodies: 401, 403, 400 (conv,
   clientId, presenceEvents, Last-Event-ID), 404, 503 with Retry-After while
@@ -218,7 +219,7 @@ class SseOneNode(NodeCase):
             n.send(conv, {"i": i})
         _, seen = s.until(lambda e: e["event"] == "msg" and e["data"]["seq"] == 10)
         got = seqs(seen, conv)
-        # SIGTERM with a ready peer: the drain event carries the jittered delay as retry:
+        # SIGTERM with a ready peer: at its moment in the window, the drain event with a short retry:
         n.fake_peer()
         t = threading.Thread(target=n.stop)
         t.start()
@@ -369,6 +370,7 @@ class SseOneNode(NodeCase):
             (q(conv=conv, token=tok, clientId="no spaces"), {}, 400, "bad_request"),
             (q(conv=conv, token=tok), {"Last-Event-ID": "%s 5abc" % conv}, 400, "bad_request"),
             (q(conv=conv, token=tok, lastEventId="%s -1" % conv), {}, 400, "bad_request"),
+            (q(conv=conv, token=tok), {"Last-Event-ID": "%s 1,%s 2" % (conv, conv)}, 400, "bad_request"),
         ]
         for query, headers, status, code in cases:
             s = Sse(n.port, query, headers)

@@ -68,7 +68,8 @@ static void test_watermark_good(void **state) {
 }
 
 /* Anything else is refused whole (the request's 400), also when the bad
- * entry names another conversation. */
+ * entry names another conversation, and so is an id that names a
+ * conversation twice (which of the two would it mean?). */
 static void test_watermark_bad(void **state) {
   static const char *const bad[] = {
       "garbage",
@@ -95,6 +96,10 @@ static void test_watermark_bad(void **state) {
       "c1 9223372036854775808",
       "c1 99999999999999999999",
       "c1 5 0123456789abcdef0" /* an epoch of 17 */,
+      "c1 5,c1 6" /* a conversation named twice */,
+      "c1 5 e1,c1 5 e1",
+      "c2 1,c1 5,c2 1" /* twice, but not the one asked for */,
+      "c1 5,c2 1,c3 2,c4 3,c1 9",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int64_t w = 12345;
@@ -450,8 +455,12 @@ static void test_a_stream_with_no_msg_resumes_where_it_was(void **state) {
   fx_free(&fx);
 }
 
-/* A drain with a ready peer: the stream's drain event has its id (the
- * head it began at: no msg came), afterMs as retry:, and ends it. */
+/* A drain with a ready peer (gate/drain.h): the stream is told nothing
+ * when the drain begins and keeps getting its messages; at its own moment
+ * in the window (the fake clock) it gets the drain event, with its id (the
+ * watermark after the last msg), a short jittered afterMs as retry:,
+ * reconnectTo null (an EventSource reconnects to its own URL) and
+ * deadlineMs 0, and the stream ends. */
 static void test_drain_event_has_the_id(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
@@ -468,12 +477,25 @@ static void test_drain_event_has_the_id(void **state) {
   json_decref(expect_event(s, "synced").data);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
   fx_drain_pool(&fx); /* the peers' read */
-  sse_event_t ev = expect_event(s, "drain");
-  snprintf(at, sizeof at, "c1 2 %s", ep);
+  expect_no_event(s); /* the stream goes on */
+  assert_false(s->p->closed);
+  fx_append(&fx, "c1", 3);
+  snprintf(at, sizeof at, "c1 3 %s", ep);
+  expect_msg(s, "c1", 3, at, NULL);
+  sse_event_t ev;
+  uint64_t waited = 0;
+  while (!sse_next(s, &ev)) { /* its moment: in [0, 800) of the window */
+    assert_true(waited < 800);
+    fx_advance(&fx, 10);
+    waited += 10;
+  }
+  assert_string_equal(ev.event, "drain");
   assert_string_equal(ev.id, at);
   int64_t after = json_integer_value(json_object_get(ev.data, "afterMs"));
-  assert_true(after >= 0 && after < 800);
+  assert_true(after >= SSE_DRAIN_RETRY_MIN_MS && after <= SSE_DRAIN_RETRY_MAX_MS);
   assert_int_equal(ev.retry, after);
+  assert_true(json_is_null(json_object_get(ev.data, "reconnectTo")));
+  assert_int_equal(json_integer_value(json_object_get(ev.data, "deadlineMs")), 0);
   json_decref(ev.data);
   expect_end(s);
   sse_close(s);
