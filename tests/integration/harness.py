@@ -292,7 +292,8 @@ class Node:
                 raise
         raise last
 
-    def start(self):
+    def start(self, wait=True):
+        """Start the process; wait=True: until /readyz answers 200."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("node already running")
         logf = open(self.log_path, "ab")
@@ -312,7 +313,8 @@ class Node:
                                      cwd=self.tmpdir, preexec_fn=preexec)
         logf.close()
         _register(self.proc)
-        self.wait_ready(self.ready_timeout)
+        if wait:
+            self.wait_ready(self.ready_timeout)
 
     def wait_ready(self, timeout=10.0):
         deadline = time.monotonic() + timeout
