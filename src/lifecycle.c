@@ -112,6 +112,7 @@ static void store_after_cb(uv_work_t *req, int status) {
   if (err == 0 && (err = pool_launch(prepared, node->loop)) == 0) {
     node->pool = prepared;
     node->store_wait.waiting = 0;
+    uv_close((uv_handle_t *)&node->store_retry, NULL); /* no more attempts */
     log_info("store: open after %d attempt(s)", node->store_wait.attempts);
     node_store_opened(node);
     return;

@@ -101,6 +101,23 @@ class PgStartOutage(NodeCase):
         self.assertIn("store: open after %d attempt(s)" % (len(attempts) + 1), log)
         sys.stderr.write("node ready %.2f s after PostgreSQL started (%d failed attempts over %.1f s)\n"
                          % (waited, len(attempts), t_up - t_start))
+        # and it exits cleanly: every handle of the wait closed
+        self.assertEqual(node.stop(), 0)
+        self.assertNotIn("loop closed with open handles", node.log_text())
+
+    def test_sigterm_while_waiting_for_the_store_stops_at_once(self):
+        url = "postgres://postgres@127.0.0.1:%d/converger" % free_port()
+        node = self.node_start({"CONVERGER_DATABASE_URL": url, "CONVERGER_DRAIN_SHUTDOWN_MS": "30000"},
+                               start=False)
+        node.start(wait=False)
+        self.poll("a second attempt", lambda: self.status(node, "/readyz")[1].get("attempts", 0) >= 2
+                  if isinstance(self.status(node, "/readyz")[1], dict) else False, 10)
+        t0 = time.monotonic()
+        self.assertEqual(node.stop(), 0)
+        self.assertLess(time.monotonic() - t0, 5)  # no 30 s drain: nobody to drain
+        log = node.log_text()
+        self.assertIn("the store not open yet: nothing to drain", log)
+        self.assertNotIn("loop closed with open handles", log)
 
     def test_a_store_configuration_error_exits(self):
         d = tempfile.mkdtemp(prefix="cvg-sqlite-dir-")
