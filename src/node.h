@@ -59,6 +59,19 @@ typedef struct node_s {
   int max_connections; /* WebSocket connections allowed (serve.c); more: 503 */
 
   node_phase_t phase; /* the one lifecycle state (lifecycle.h) */
+  /* The store not open yet (lifecycle.c, "1. start"): a PostgreSQL node
+   * whose database was unreachable at start retries it with backoff,
+   * answering /livez but not /readyz; pool stays NULL until it opens. */
+  store_wait_t store_wait;
+  store_options_t store_opt;   /* the pool's options, for the retries */
+  store_shared_t store_shared; /* store_opt.shared: an outage logged once (store/pool.h) */
+  uv_timer_t store_retry;      /* the next attempt */
+  uv_work_t store_work;        /* an attempt (pool_prepare) on libuv's thread pool */
+  pool_t *store_prepared;      /* what that attempt opened */
+  int store_err;               /* and its result */
+  int store_working;           /* an attempt is on the thread pool */
+  int store_open;              /* node_store_opened ran: membership and refresh started */
+  int exit_status;             /* serve_main's status once the loop ends (0, or 1) */
   /* The loop's utilisation over the last second (serve.c, from libuv's
    * uv_metrics_idle_time): /admin/status, converger_loop_utilisation. */
   double loop_utilisation;
@@ -77,6 +90,11 @@ int node_drain(node_t *node, const char *why);
  * key a file lists is accepted, tokens signed with the first secret); on
  * an error the keys in use stay. Loop thread. */
 void node_reload_keys(node_t *node, const char *why);
+
+/* serve.c: the store is open (node->pool set): start what needs it (the
+ * pool's settings, the revocation refresh, the membership heartbeat,
+ * presence) and go ready (lifecycle_ready). Once. Loop thread. */
+void node_store_opened(node_t *node);
 
 /* lifecycle.c: -> stopping: the listener closes, WebSocket connections get
  * 1001, HTTP answers in flight finish, then the pool is joined and the

@@ -383,6 +383,27 @@ static void node_open_undo(node_t *node, const handle_set_t *before, unsigned re
   node_free(node);
 }
 
+void node_store_opened(node_t *node) {
+  const config_t *cfg = node->cfg;
+  if (node->store_open) return;
+  node->store_open = 1;
+  pool_set_queue_rule(node->pool, cfg->pool_queue_target_ms, cfg->pool_queue_interval_ms);
+  /* Group commit (store/pool.h): one batch at a time. SQLite's writer
+   * lock admits one transaction anyway; on PostgreSQL one lane gathered
+   * the largest groups and measured fastest (docs/benchmarks/store.md:
+   * 5 200 appends/s against 5 000 with 2 lanes and 3 400 with 8). */
+  pool_set_batch(node->pool, cfg->append_batch, 1);
+  if (cfg->test_store_delay_ms > 0) {
+    log_warn("test-only store delay of %d ms per store job is on", cfg->test_store_delay_ms);
+    pool_set_test_delay(node->pool, cfg->test_store_delay_ms);
+  }
+  rest_start_revocation_refresh(&node->api);
+  node->membership.recovered = membership_recovered;
+  membership_start(&node->membership, node->loop, &node->pool, node->cfg, membership_row, node);
+  if (node->sessions.shared) session_presence_restore(&node->sessions);
+  lifecycle_ready(node);
+}
+
 int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
   int r;
   *out = NULL;
@@ -430,6 +451,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                                                         : STORE_SYNC_FULL,
       .busy_timeout_ms = 5000,
   };
+
   /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
   const char *backend = dburl_backend(cfg->database_url);
   int shared_store = backend && strcmp(backend, "postgres") == 0;
@@ -437,6 +459,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
     opt.notify = 1;
     bus_set_remote(node->bus);
   }
+  node->store_opt = opt;
   char db_shown[512]; /* the URL without its password, for logs */
   dburl_redact(cfg->database_url, db_shown, sizeof db_shown);
   uv_timer_init(node->loop, &node->admission_timer);
@@ -487,6 +510,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                       .metrics = node->metrics,
                       .max_connections = &node->max_connections,
                       .phase = &node->phase,
+                      .store_wait = &node->store_wait,
                       .drain_begin = api_drain_cb,
                       .ud = node};
   if (!node->metrics || !node->auth || !node->users || !node->presence || !node->bus ||
@@ -504,17 +528,19 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
     log_info("token keys: %zu public key(s) for RS256 / ES256 tokens", keys->n);
     auth_set_keys(node->auth, keys);
   }
-  if ((r = pool_start(node->loop, cfg->database_url, &opt, cfg->pool_size, node->metrics,
-                      &node->pool)) != 0) {
-    log_error("cannot start the store (%s): %s", db_shown, cv_strerror(r));
+  /* The first attempt, here (nothing listens yet). A PostgreSQL server not
+   * up yet is waited for (lifecycle_store_wait); anything else exits 1: a
+   * URL libpq cannot parse (store/pgconn.h logs why), a database not in
+   * UTF8, any SQLite error (lifecycle_store_retryable). */
+  node->store_opt.shared = &node->store_shared; /* an outage is logged once */
+  pool_t *prepared = NULL;
+  int store_err =
+      pool_prepare(cfg->database_url, &node->store_opt, cfg->pool_size, node->metrics, &prepared);
+  if (store_err == 0 && (store_err = pool_launch(prepared, node->loop)) == 0) node->pool = prepared;
+  if (store_err != 0 && !lifecycle_store_retryable(cfg->database_url, store_err)) {
+    log_error("cannot start the store (%s): %s", db_shown, cv_strerror(store_err));
     goto fail;
   }
-  pool_set_queue_rule(node->pool, cfg->pool_queue_target_ms, cfg->pool_queue_interval_ms);
-  /* Group commit (store/pool.h): one batch at a time. SQLite's writer
-   * lock admits one transaction anyway; on PostgreSQL one lane gathered
-   * the largest groups and measured fastest (docs/benchmarks/store.md:
-   * 5 200 appends/s against 5 000 with 2 lanes and 3 400 with 8). */
-  pool_set_batch(node->pool, cfg->append_batch, 1);
   if (shared_store && (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg->node_id,
                                           cfg->database_url, &node->pgnotify)) != 0) {
     log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
@@ -526,10 +552,6 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                  util_mono_ms());
   if (cfg->accept_rate > 0) /* a second's worth of upgrades may come at once */
     limiter_init(&node->accept, cfg->accept_rate, cfg->accept_rate, util_mono_ms());
-  if (cfg->test_store_delay_ms > 0) {
-    log_warn("test-only store delay of %d ms per store job is on", cfg->test_store_delay_ms);
-    pool_set_test_delay(node->pool, cfg->test_store_delay_ms);
-  }
   set_max_connections(node);
   if (cfg->tls_cert) node->tls_stamp = tls_stamp(cfg); /* conn_listen loads them */
   if (conn_listen(&node->net) != 0 || config_listening(cfg) != 0) goto fail;
@@ -541,11 +563,10 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
   uint64_t iv = tick_interval(cfg);
   uv_timer_start(&node->tick, tick_cb, iv, iv);
   lifecycle_signals_start(node);
-  rest_start_revocation_refresh(&node->api);
-  node->membership.recovered = membership_recovered;
-  membership_start(&node->membership, node->loop, &node->pool, cfg, membership_row, node);
-  if (shared_store) session_presence_restore(&node->sessions);
-  lifecycle_ready(node);
+  if (store_err == 0)
+    node_store_opened(node);
+  else /* down for now: listen, not ready, and retry (lifecycle.c) */
+    lifecycle_store_wait(node, store_err);
   const char *s = cfg->tls_cert ? "s" : "";
   log_info("converger %s node %s listening on http%s://%s (WebSocket ws%s://%s/v1/ws), store %s, "
            "pool %d, admission %d slot(s), queue %d for %d ms, public URL %s",
@@ -613,7 +634,10 @@ int serve_main(int argc, char **argv) {
   node_t *node;
   uv_loop_t *loop = uv_default_loop();
   int status = node_open(loop, &cfg, key_from_file, &node);
-  if (status == 0) uv_run(loop, UV_RUN_DEFAULT); /* until lifecycle_tick ends it */
+  if (status == 0) {
+    uv_run(loop, UV_RUN_DEFAULT); /* until lifecycle_tick ends it */
+    status = node->exit_status;   /* 1: the store's configuration, found later */
+  }
   node_free(node);
   if (uv_loop_close(loop) != 0) log_warn("loop closed with open handles");
   config_free(&cfg);

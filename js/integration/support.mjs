@@ -252,11 +252,15 @@ export async function startNode(env, tls) {
   return new Node(env, tls).start();
 }
 
-/** A throwaway PostgreSQL server (scripts/pg-tmp), stopped by its watchdog if this process dies. */
+/**
+ * A throwaway PostgreSQL server (scripts/pg-tmp), stopped by its watchdog if this process dies.
+ * `--fast` (fsync and synchronous_commit off, not durable): these tests are about the clients'
+ * semantics and never crash the database.
+ */
 export class Postgres {
   constructor() {
     this.dir = mkdtempSync(join(tmpdir(), "pg-js-it-"));
-    this.url = this.run("start", "--owner", String(process.pid));
+    this.url = this.run("start", "--owner", String(process.pid), "--fast");
   }
 
   run(...args) {

@@ -1147,6 +1147,14 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
                                          "not on the client port",
                               0);
   }
+  if (!*api->pool && strcmp(path, "/livez") != 0 && strcmp(path, "/readyz") != 0 &&
+      strcmp(path, "/metrics") != 0 && strcmp(path, "/admin/status") != 0) {
+    /* The store is not open yet (lifecycle.c retries it): nothing else can
+     * be served, a WebSocket upgrade included. */
+    req->route = "store_wait";
+    return http_respond_error(c, 503, "unavailable", "the store is not open yet; retry later",
+                              config_retry_hint(api->cfg, api->rng));
+  }
   if (strcmp(path, "/v1/ws") == 0) {
     req->route = "/v1/ws";
     const char *why;
@@ -1185,6 +1193,13 @@ void rest_handle(api_t *api, conn_t *c, http_request_t *req) {
     if (!IS(GET)) return method_not_allowed(c, "GET");
     const char *state;
     int ready = readiness(api, &state);
+    const store_wait_t *w = api->store_wait;
+    if (!ready && w && w->waiting) /* why, for the operator: the store is not open yet */
+      return http_respond_json(c, 503,
+                               json_pack("{s:s, s:s, s:s, s:i}", "status", state, "reason",
+                                         "store_unavailable", "message", w->why, "attempts",
+                                         w->attempts),
+                               NULL);
     return http_respond_json(c, ready ? 200 : 503, json_pack("{s:s}", "status", state), NULL);
   }
   if (strcmp(path, "/metrics") == 0) {

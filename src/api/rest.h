@@ -23,6 +23,15 @@
 #include "proto/session.h"
 #include "store/pool.h"
 
+/* A store not open yet (lifecycle.c: a PostgreSQL node whose database was
+ * unreachable at start keeps trying with backoff): what /readyz says
+ * about it. Written by the loop thread only. */
+typedef struct {
+  int waiting;   /* 1 until the store opens */
+  int attempts;  /* attempts made so far */
+  char why[160]; /* the last attempt's error */
+} store_wait_t;
+
 /* What the routes work with, borrowed from the node (which fills it before
  * it listens and outlives every request), and the revocation refresh's own
  * state. References (`*const *`) are read at each use: the node sets them
@@ -44,6 +53,9 @@ typedef struct api_s {
   metrics_t *metrics;         /* the node's registry: counted here, rendered at /metrics */
   const int *max_connections; /* WebSocket connections allowed; more: 503 */
   const node_phase_t *phase;  /* the lifecycle's phase (core/phase.h) */
+  /* The store while it is not open (*pool NULL): every route but /livez,
+   * /readyz, /metrics and /admin/status answers 503 then. */
+  const store_wait_t *store_wait;
   const double *loop_utilisation; /* the loop's busy share of the last second (serve.c) */
   double started_at;              /* the process's start, s since the epoch (read once) */
   /* The lifecycle's drain (lifecycle.h, node_drain): 0, or -CV_EEXISTS. */

@@ -67,6 +67,30 @@ PGconn *pgconn_connect(const char *url, const char *app, int timeout_ms, char *w
   return NULL;
 }
 
+/* libpq checks these only when it connects, where a mistake looks like an
+ * outage: "5432", "5432,5433", "" (the default). */
+static int ports_ok(const char *v) {
+  for (const char *p = v;;) {
+    char *end;
+    long n = *p == ',' || *p == '\0' ? 5432 : strtol(p, &end, 10);
+    if (*p != ',' && *p != '\0') {
+      if (end == p || (*end != ',' && *end != '\0')) return 0;
+      p = end;
+    }
+    if (n < 1 || n > 65535) return 0;
+    if (*p == '\0') return 1;
+    p++; /* the comma */
+  }
+}
+
+static int sslmode_ok(const char *v) {
+  static const char *const modes[] = {"disable", "allow",     "prefer",
+                                      "require", "verify-ca", "verify-full"};
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+    if (strcmp(v, modes[i]) == 0) return 1;
+  return 0;
+}
+
 int pgconn_timeout_ms(const char *url, int *timeout_ms) {
   char *msg = NULL, line[512], red[512];
   PQconninfoOption *info = PQconninfoParse(url, &msg);
@@ -78,6 +102,18 @@ int pgconn_timeout_ms(const char *url, int *timeout_ms) {
     return -CV_EINVAL;
   }
   *timeout_ms = PGCONN_CONNECT_TIMEOUT_MS;
+  const char *bad = NULL;
+  for (const PQconninfoOption *o = info; o->keyword != NULL; o++)
+    if (o->val != NULL && strcmp(o->keyword, "port") == 0 && !ports_ok(o->val))
+      bad = "port: want a number from 1 to 65535 (a list for a list of hosts)";
+    else if (o->val != NULL && strcmp(o->keyword, "sslmode") == 0 && !sslmode_ok(o->val))
+      bad = "sslmode: want disable, allow, prefer, require, verify-ca or verify-full";
+  if (bad) {
+    dburl_redact(url, red, sizeof red);
+    log_error("store: %s: %s", red, bad);
+    PQconninfoFree(info);
+    return -CV_EINVAL;
+  }
   for (const PQconninfoOption *o = info; o->keyword != NULL; o++) {
     if (strcmp(o->keyword, "connect_timeout") != 0 || o->val == NULL) continue;
     char *end = NULL;

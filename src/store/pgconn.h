@@ -27,8 +27,10 @@ PGconn *pgconn_connect(const char *url, const char *app, int timeout_ms, char *w
 
 /* The URL's connect_timeout in ms (1..3600 s), or PGCONN_CONNECT_TIMEOUT_MS
  * when it has none or a value libpq would read as "wait for ever" (0 or
- * less). Returns 0, -CV_EINVAL when libpq cannot parse `url` (logged, with
- * the password redacted), or -CV_ENOMEM. */
+ * less). Returns 0, -CV_EINVAL when libpq cannot parse `url` or its port
+ * or sslmode is not one libpq takes (libpq itself says so only when it
+ * connects, like an outage; logged, with the password redacted: a
+ * configuration error, lifecycle.h), or -CV_ENOMEM. */
 int pgconn_timeout_ms(const char *url, int *timeout_ms);
 
 /* libpq's multi-line message `msg` (NULL allowed) as one line in `buf`

@@ -16,6 +16,7 @@
 #include "store/pool.h"
 
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -350,12 +351,15 @@ static void closed_cb(uv_handle_t *handle) {
   if (--pool->handles_open == 0) free_pool(pool);
 }
 
-/* pool_start, with `threads` workers (0: inline, pool_step runs the jobs). */
-static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
-                 int threads, metrics_t *metrics, pool_t **out) {
+/* The blocking half of pool_start: the pool, its `size` store connections
+ * and the schema migration; no thread, no handle yet. quiet: the caller
+ * logs a failure (pool_prepare's), and opt->shared carries the outage's
+ * log state from one attempt to the next. */
+static int prepare(const char *url, const store_options_t *opt, int size, metrics_t *metrics,
+                   int quiet, pool_t **out) {
+  *out = NULL;
   pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return -CV_ENOMEM;
-  pool->loop = loop;
   pool->metrics = metrics;
   /* NULL: store_open's defaults (FULL, 0 = its default busy timeout) */
   store_options_t o = opt ? *opt : (store_options_t){.sync = STORE_SYNC_FULL};
@@ -370,16 +374,32 @@ static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, i
   pool->stores = calloc((size_t)size, sizeof *pool->stores);
   uv_mutex_init(&pool->mu);
   uv_cond_init(&pool->cond);
+  store_shared_t *carry = quiet && opt ? opt->shared : NULL;
+  if (carry) atomic_store(&pool->shared.connect_failing, atomic_load(&carry->connect_failing));
   int r = 0;
   if (!pool->threads || !pool->stores) r = -CV_ENOMEM;
   for (int i = 0; r == 0 && i < size; i++) {
     if ((r = store_open(url, &o, &pool->stores[i])) != 0) {
       char shown[512]; /* without a password */
       dburl_redact(url, shown, sizeof shown);
-      log_error("store: cannot open %s: %s", shown, cv_strerror(r));
+      if (!quiet) log_error("store: cannot open %s: %s", shown, cv_strerror(r));
     } else if (i == 0 && (r = store_migrate(pool->stores[0])) != 0)
       log_error("store: migration failed: %s", cv_strerror(r));
   }
+  if (carry) atomic_store(&carry->connect_failing, atomic_load(&pool->shared.connect_failing));
+  if (r != 0) {
+    pool_discard(pool);
+    return r;
+  }
+  *out = pool;
+  return 0;
+}
+
+/* The loop half: `threads` workers (0: inline, pool_step runs the jobs)
+ * and the handles. On failure the pool is gone. */
+static int launch(pool_t *pool, uv_loop_t *loop, int threads) {
+  pool->loop = loop;
+  int r = 0;
   for (int i = 0; r == 0 && i < threads; i++) {
     worker_arg_t *wa = malloc(sizeof *wa);
     if (!wa) {
@@ -409,8 +429,29 @@ static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, i
   pool->async.data = pool->kick.data = pool->sweep.data = pool;
   uv_timer_start(&pool->sweep, sweep_cb, sweep_period(pool), sweep_period(pool));
   pool->handles_open = 3;
-  *out = pool;
   return 0;
+}
+
+int pool_prepare(const char *url, const store_options_t *opt, int size, metrics_t *metrics,
+                 pool_t **out) {
+  return prepare(url, opt, size, metrics, 1, out);
+}
+
+int pool_launch(pool_t *pool, uv_loop_t *loop) { return launch(pool, loop, pool->size); }
+
+void pool_discard(pool_t *pool) {
+  if (!pool) return;
+  for (int i = 0; pool->stores && i < pool->size; i++)
+    if (pool->stores[i]) store_close(pool->stores[i]);
+  free_pool(pool);
+}
+
+static int start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
+                 int threads, metrics_t *metrics, pool_t **out) {
+  pool_t *pool;
+  int r = prepare(url, opt, size, metrics, 0, &pool);
+  if (r == 0 && (r = launch(pool, loop, threads)) == 0) *out = pool;
+  return r;
 }
 
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
@@ -468,7 +509,7 @@ void pool_set_batch(pool_t *pool, int max_jobs, int lanes) {
   uv_mutex_unlock(&pool->mu);
 }
 
-int pool_in_flight(const pool_t *pool) { return pool->in_flight; }
+int pool_in_flight(const pool_t *pool) { return pool ? pool->in_flight : 0; }
 
 void pool_set_queue_rule(pool_t *pool, int target_ms, int interval_ms) {
   uv_mutex_lock(&pool->mu);

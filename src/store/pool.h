@@ -95,6 +95,29 @@ static inline int pool_job_unrun(const pool_job_t *job) {
 int pool_start(uv_loop_t *loop, const char *url, const store_options_t *opt, int size,
                metrics_t *metrics, pool_t **out);
 
+/* pool_start in two halves, for a caller that opens the store off the
+ * loop (serve.c: a node whose database is down at start retries on
+ * libuv's thread pool while it answers /livez).
+ * pool_prepare: open the `size` connections and migrate the schema, as
+ * pool_start does, but start no thread and no handle. opt->shared (may be
+ * NULL) carries the store's outage state (store.h, connect_failing) from
+ * one call to the next, so an outage met by every attempt is logged once;
+ * the pool's connections still share the pool's own. Blocking; any one
+ * thread. Returns 0 with *out a pool for pool_launch or pool_discard, or
+ * the store's error (*out NULL, nothing left open), which the caller logs
+ * (a migration's failure is logged here). */
+int pool_prepare(const char *url, const store_options_t *opt, int size, metrics_t *metrics,
+                 pool_t **out);
+
+/* pool_launch: start the workers and the handles of a prepared pool on
+ * `loop`; from then on it is a pool as pool_start's. Returns 0, or an
+ * error with the pool freed. Loop thread. */
+int pool_launch(pool_t *pool, uv_loop_t *loop);
+
+/* pool_discard: close the connections of a prepared pool that was never
+ * launched and free it (NULL: nothing). Any one thread. */
+void pool_discard(pool_t *pool);
+
 /* Tests only: a pool of one store connection and no worker thread. Jobs
  * wait in the queue (pool_cancel, deadlines and the queue-delay rule apply
  * as usual) until pool_step runs them on the caller's thread, so a test
@@ -150,7 +173,8 @@ void pool_submit_batch(pool_t *pool, pool_job_t *job, pool_batch_cb batch, pool_
 #define POOL_BATCH_MAX STORE_BATCH_MAX
 void pool_set_batch(pool_t *pool, int max_jobs, int lanes);
 
-/* Jobs submitted whose `done` has not run yet. Loop thread. */
+/* Jobs submitted whose `done` has not run yet; 0 for NULL (a node whose
+ * store is not open yet). Loop thread. */
 int pool_in_flight(const pool_t *pool);
 
 /* Stop: jobs not started yet are canceled (their `done` runs with

@@ -145,14 +145,33 @@ class PgCluster:
     """A throwaway PostgreSQL server from scripts/pg-tmp in its own directory,
     watched by a pg-tmp watchdog that stops it if this process dies. `url`
     is its postgres:// URL; down()/up() stop and restart the server on the
-    same port and data (outage tests); stop() removes it."""
+    same port and data (outage tests), kill() crashes it (SIGKILL of the
+    postmaster; up() then runs crash recovery); stop() removes it.
 
-    def __init__(self):
+    durable=True: pg-tmp's default, fsync, synchronous_commit and
+    full_page_writes on, for every test whose database crashes (kill()) or
+    that is about durability. durable=False (`--fast`): all three off, for
+    tests about semantics whose database never crashes: a fast shutdown
+    (down()) writes everything first, so nothing acknowledged is lost
+    there either."""
+
+    def __init__(self, durable=False, start=True, port=None):
         self.dir = tempfile.mkdtemp(prefix="pg-it-")
-        self.url = self._run("start", "--owner", str(os.getpid()))
+        self.durable = durable
+        self.port = port  # PG_TMP_PORT: a URL known before the server runs
+        self.url = None
+        if start:
+            self.start()
+
+    def start(self):
+        """Start the server (once): its URL."""
+        self.url = self._run("start", "--owner", str(os.getpid()), *(() if self.durable else ("--fast",)))
+        return self.url
 
     def _run(self, *args):
         env = dict(os.environ, PG_TMP_DIR=self.dir)
+        if self.port:
+            env["PG_TMP_PORT"] = str(self.port)
         r = subprocess.run([PG_TMP] + list(args), env=env, capture_output=True, text=True, timeout=90)
         if r.returncode != 0:
             raise AssertionError("scripts/pg-tmp %s failed (%d): %s" % (" ".join(args), r.returncode, r.stderr))
@@ -171,6 +190,11 @@ class PgCluster:
 
     def up(self):
         self._run("up")
+
+    def kill(self):
+        """SIGKILL the postmaster and wait until its children are gone too
+        (scripts/pg-tmp kill): a crash, for up() to recover from."""
+        self._run("kill")
 
     def stop(self):
         self._run("stop")
@@ -268,7 +292,8 @@ class Node:
                 raise
         raise last
 
-    def start(self):
+    def start(self, wait=True):
+        """Start the process; wait=True: until /readyz answers 200."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("node already running")
         logf = open(self.log_path, "ab")
@@ -288,7 +313,8 @@ class Node:
                                      cwd=self.tmpdir, preexec_fn=preexec)
         logf.close()
         _register(self.proc)
-        self.wait_ready(self.ready_timeout)
+        if wait:
+            self.wait_ready(self.ready_timeout)
 
     def wait_ready(self, timeout=10.0):
         deadline = time.monotonic() + timeout

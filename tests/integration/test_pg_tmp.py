@@ -59,7 +59,8 @@ class PgTmp(unittest.TestCase):
     def test_help_and_usage(self):
         r = self.pg_tmp("--help")
         self.assertEqual(r.returncode, 0)
-        for word in ("start", "stop", "url", "run", "PG_TMP_DIR", "--owner"):
+        for word in ("start", "stop", "url", "run", "kill", "PG_TMP_DIR", "--owner", "--fast",
+                     "synchronous_commit = on", "NOT durable"):
             self.assertIn(word, r.stdout)
         self.assertEqual(self.pg_tmp("frobnicate").returncode, 2)
         self.assertEqual(self.pg_tmp().returncode, 2)
@@ -68,9 +69,10 @@ class PgTmp(unittest.TestCase):
         self.assertIsNotNone(psql(), "psql not found (package postgresql)")
         a, b = self.new_dir(), self.new_dir()
         # Started in parallel: neither waits for the other, no shared state.
-        procs = [subprocess.Popen([PG_TMP, "start"], env=dict(os.environ, PG_TMP_DIR=d),
+        # a durable (the default), b fast
+        procs = [subprocess.Popen([PG_TMP, "start"] + extra, env=dict(os.environ, PG_TMP_DIR=d),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for d in (a, b)]
+                 for d, extra in ((a, []), (b, ["--fast"]))]
         outs = [p.communicate(timeout=60) for p in procs]
         for d in (a, b):
             self.addCleanup(self.pg_tmp, "stop", env={"PG_TMP_DIR": d})
@@ -83,7 +85,10 @@ class PgTmp(unittest.TestCase):
         self.assertEqual(self.pg_tmp("url", env={"PG_TMP_DIR": b}).stdout.strip(), url_b)
         self.assertEqual(self.query(url_a, "SELECT current_user || ' ' || current_database()"),
                          "postgres converger")
-        self.assertEqual(self.query(url_a, "SHOW fsync"), "off")
+        settings = "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings" \
+                   " WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')"
+        self.assertEqual(self.query(url_a, settings), "fsync=on full_page_writes=on synchronous_commit=on")
+        self.assertEqual(self.query(url_b, settings), "fsync=off full_page_writes=off synchronous_commit=off")
         pid = int(state_of(a)["PID"])
         self.assertTrue(pid_alive(pid))
         if os.getuid() == 0:  # the server never runs as root
@@ -115,6 +120,40 @@ class PgTmp(unittest.TestCase):
         r = self.pg_tmp("url", env={"PG_TMP_DIR": a})
         self.assertEqual(r.returncode, 1)
         self.assertEqual(self.query(url_b, "SELECT 1"), "1")
+
+    def test_kill_then_up_recovers_every_commit(self):
+        """kill: the postmaster SIGKILLed and its children gone (a crash);
+        up: crash recovery on the same data, every committed row there."""
+        d = self.new_dir()
+        os.rmdir(d)
+        url = self.start(d)
+        self.query(url, "CREATE TABLE t (n int); INSERT INTO t SELECT generate_series(1, 1000)")
+        pm = int(state_of(d)["PID"])
+        kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and self._ppid(int(p)) == pm]
+        self.assertTrue(kids)  # checkpointer, WAL writer, ...
+        r = self.pg_tmp("kill", env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(pid_alive(pm))
+        self.assertEqual([k for k in kids if pid_alive(k)], [])
+        r = self.pg_tmp("up", env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), url)
+        self.assertEqual(self.query(url, "SELECT count(*) FROM t"), "1000")
+        with open(os.path.join(d, "server.log")) as f:
+            self.assertIn("not properly shut down", f.read())  # recovery ran: it was a crash
+        # nothing running: a clear error
+        self.assertEqual(self.pg_tmp("kill", env={"PG_TMP_DIR": d}).returncode, 0)
+        r = self.pg_tmp("kill", env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not running", r.stderr)
+
+    @staticmethod
+    def _ppid(pid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
 
     def test_foreign_directory_is_left_alone(self):
         d = self.new_dir()

@@ -6,7 +6,7 @@
  *                     by each test's teardown;
  *   test_store --pg   PostgreSQL: every test gets a fresh database in the
  *                     cluster at PG_TMP_URL, dropped by its teardown. CTest
- *                     runs it as `scripts/pg-tmp run -- test_store --pg`,
+ *                     runs it as `scripts/pg-tmp run --fast -- test_store --pg`,
  *                     which starts a throwaway cluster and stops it after.
  *                     Without PG_TMP_URL it fails: never a silent skip.
  *
@@ -1717,7 +1717,7 @@ static void test_pg_invalid_utf8(void **state) {
 static int usage(void) {
   fprintf(stderr, "usage: test_store [--pg]\n"
                   "  --pg  run the suite against PostgreSQL at PG_TMP_URL; start one with\n"
-                  "        scripts/pg-tmp run -- test_store --pg\n");
+                  "        scripts/pg-tmp run --fast -- test_store --pg\n");
   return 2;
 }
 
@@ -1726,7 +1726,7 @@ static int pg_connect_admin(void) {
   const char *url = getenv("PG_TMP_URL");
   if (url == NULL || url[0] == '\0') {
     fprintf(stderr, "test_store --pg: PG_TMP_URL is not set; run it as\n"
-                    "  scripts/pg-tmp run -- test_store --pg\n");
+                    "  scripts/pg-tmp run --fast -- test_store --pg\n");
     return -1;
   }
   pg_admin = PQconnectdb(url);

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 int pgtmp_run_script(const char *script, const char *dir, const char *arg1, const char *arg2,
-                     const char *arg3, char *out, size_t cap) {
+                     const char *arg3, const char *arg4, char *out, size_t cap) {
   int fds[2] = {-1, -1};
   if (out && pipe2(fds, O_CLOEXEC) != 0) return -1;
   fflush(NULL);
@@ -22,7 +22,7 @@ int pgtmp_run_script(const char *script, const char *dir, const char *arg1, cons
     if (out) dup2(fds[1], 1);
     setenv("PG_TMP_DIR", dir, 1);
     signal(SIGPIPE, SIG_DFL);
-    execl(script, script, arg1, arg2, arg3, (char *)NULL);
+    execl(script, script, arg1, arg2, arg3, arg4, (char *)NULL);
     dprintf(2, "converger bench: cannot run %s: %s\n", script, strerror(errno));
     _exit(127);
   }
@@ -49,7 +49,7 @@ int pgtmp_run_script(const char *script, const char *dir, const char *arg1, cons
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-int pgtmp_start(const char *cmd, const char *script, char *dir, size_t dircap, char *url,
+int pgtmp_start(const char *cmd, const char *script, int fast, char *dir, size_t dircap, char *url,
                 size_t urlcap) {
   dir[0] = '\0';
   if (access(script, X_OK) != 0) {
@@ -67,9 +67,10 @@ int pgtmp_start(const char *cmd, const char *script, char *dir, size_t dircap, c
   }
   char owner[24], out[1024];
   snprintf(owner, sizeof owner, "%d", (int)getpid());
-  fprintf(stderr, "postgres: starting a throwaway cluster (%s start, PG_TMP_DIR=%s)\n", script,
-          dir);
-  int st = pgtmp_run_script(script, dir, "start", "--owner", owner, out, sizeof out);
+  fprintf(stderr, "postgres: starting a throwaway %s cluster (%s start%s, PG_TMP_DIR=%s)\n",
+          fast ? "fast, not durable," : "durable", script, fast ? " --fast" : "", dir);
+  int st = pgtmp_run_script(script, dir, "start", "--owner", owner, fast ? "--fast" : NULL, out,
+                            sizeof out);
   char *nl = strchr(out, '\n');
   if (nl) *nl = '\0';
   if (st != 0 || strncmp(out, "postgres://", 11) != 0 || strlen(out) >= urlcap) {
@@ -82,7 +83,7 @@ int pgtmp_start(const char *cmd, const char *script, char *dir, size_t dircap, c
 
 void pgtmp_stop(const char *cmd, const char *script, char *dir) {
   if (!dir[0]) return;
-  int st = pgtmp_run_script(script, dir, "stop", NULL, NULL, NULL, 0);
+  int st = pgtmp_run_script(script, dir, "stop", NULL, NULL, NULL, NULL, 0);
   if (st != 0) fprintf(stderr, "%s: %s stop ended with status %d\n", cmd, script, st);
   rmdir(dir); /* pg-tmp stop removed it, unless start never got far */
   dir[0] = '\0';

@@ -4,11 +4,14 @@
  * backend of --backends:
  *   sqlite          SQLite, synchronous=full (the node's default)
  *   sqlite-normal   SQLite, synchronous=normal
- *   postgres        PostgreSQL as the server is configured (scripts/pg-tmp:
- *                   fsync off, synchronous_commit off)
+ *   postgres        PostgreSQL as the server is configured: the bench's
+ *                   own cluster is `scripts/pg-tmp start --fast`, fsync,
+ *                   synchronous_commit and full_page_writes off, so NOT
+ *                   durable (a crash of the server loses acknowledged
+ *                   appends); with --pg-url, that server's settings
  *   postgres-fsync  the same cluster with fsync, synchronous_commit and
  *                   full_page_writes on (ALTER SYSTEM, only on a cluster the
- *                   bench started itself)
+ *                   bench started itself): durable
  *
  * Figures, for each backend and run:
  *   1. appends/s and per-append latency p50/p99 with N closed-loop REST
@@ -150,9 +153,10 @@ static void usage(FILE *out) {
           "     WebSocket subscriber on node A (same node) and, on PostgreSQL, on node B,\n"
           "     a second node on the same database (cross node).\n"
           "Backends: sqlite (synchronous=full, the default), sqlite-normal\n"
-          "(synchronous=normal), postgres (the server's settings; scripts/pg-tmp runs\n"
-          "with fsync off), postgres-fsync (fsync, synchronous_commit and\n"
-          "full_page_writes turned on; only on a cluster the bench starts).\n"
+          "(synchronous=normal), postgres (the server's settings; the bench's own\n"
+          "cluster is scripts/pg-tmp --fast: fsync, synchronous_commit and\n"
+          "full_page_writes off, NOT durable), postgres-fsync (the three turned on,\n"
+          "durable; only on a cluster the bench starts). Each run prints the settings.\n"
           "Results go to stdout, ending with Markdown tables of the medians; progress\n"
           "to stderr.\n\n"
           "  --backends LIST     of sqlite,sqlite-normal,postgres,postgres-fsync\n"
@@ -323,7 +327,10 @@ static int pg_start(ctx_t *x) {
             x->o->pg_tmp, strerror(errno));
     return -1;
   }
-  return pgtmp_start(CMD, x->o->pg_tmp, x->pg_dir, sizeof x->pg_dir, x->pg_url, sizeof x->pg_url);
+  /* fast: `postgres` measures the non-durable settings, `postgres-fsync`
+   * turns them on (pg_set_durable) and back off */
+  return pgtmp_start(CMD, x->o->pg_tmp, 1, x->pg_dir, sizeof x->pg_dir, x->pg_url,
+                     sizeof x->pg_url);
 }
 
 static void pg_stop(ctx_t *x) { pgtmp_stop(CMD, x->o->pg_tmp, x->pg_dir); }
@@ -927,7 +934,6 @@ static int write_json(const ctx_t *x, int argc, char **argv) {
 }
 
 /* ---- main ----------------------------------------------------------------------- */
-
 
 int bench_store_main(int argc, char **argv) {
   options_t o = {.duration_ms = 3000,
