@@ -333,6 +333,11 @@ static void spread_build(drain_t *d, batch_t *b) {
     }
     d->spread_peer[s] = idx;
     free(load);
+    if (n == 0 && c > 0) /* safe (null), but no targeted move: say why at each build */
+      log_warn("%s: %lld %s connection(s) and no ready peer with a %s:// public URL: their "
+               "reconnectTo is null (behind a proxy that ends TLS, is X-Forwarded-Proto set?)",
+               b->id == BATCH_DRAIN ? "drain" : "shed", (long long)c, s ? "TLS" : "plaintext",
+               s ? "wss" : "ws");
   }
   d->spread_npeers = d->npeers;
 }
