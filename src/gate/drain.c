@@ -32,9 +32,9 @@
  * A Server-Sent Events stream is told at its moment instead (a min-heap
  * of moments, emptied by the same timer; see "streams' moments").
  *
- * Owns: the timer, the close queue and the streams' heap (each entry holds
- * a conn_ref), the peers job while it runs, the peers and the spread of
- * the last read.
+ * Owns: the timer, the close queue (each entry holds a conn_ref), the
+ * streams' heap (no conn_ref: an entry leaves it with its stream's close),
+ * the peers job while it runs, the peers and the spread of the last read.
  */
 #include "gate/drain.h"
 
@@ -75,10 +75,12 @@ typedef struct {
 } peer_t;
 
 /* A Server-Sent Events stream told to move, ended at `due` (monotonic
- * ms); it holds a conn_ref. */
+ * ms). No conn_ref: the entry leaves the heap when the stream closes
+ * (drain_conn_closing), and m->sse_slot is its place. */
 typedef struct {
   uint64_t due;
   conn_t *c;
+  drain_mark_t *m; /* c's, kept by its session until the connection is freed */
 } sse_due_t;
 
 typedef struct {
@@ -214,17 +216,76 @@ static void release_queue(drain_t *d) {
  * at that moment it gets a drain event with a short retry (drain.h) and
  * ends, and the reader is back at once, through its load balancer, on a
  * ready node, with its Last-Event-ID. The spread over the window is the
- * same as the WebSocket clients'. */
+ * same as the WebSocket clients'.
+ *
+ * The moments are a min-heap that the timer empties, and it holds no
+ * reference to the streams. A conn_ref would keep a stream whose reader
+ * left before its moment allocated, and so counted in nws and nconns, until
+ * that moment, up to the whole window: the drain, which stops the node
+ * when nws reaches 0, would wait for it, and so would a stop during the
+ * drain (SIGINT: node_stop closes the streams, and lifecycle_tick waits
+ * for nconns to reach 0, logging a stop deadline passed after
+ * STOP_GRACE_MS). Instead an entry leaves the heap when its stream
+ * closes: every close path (the reader leaving, ws_close and so node_stop's
+ * 1001, the stream's own end, conn_close) calls the session's on_close and
+ * so drain_conn_closing, which takes the entry out through its place
+ * (drain_mark_t.sse_slot), in O(log n). An entry is therefore always an
+ * open stream, and a connection is freed only after its close; the drain's
+ * own stop (sse_release) only forgets the entries. Why not scan the open
+ * connections for due moments on each tick instead, keeping the moment in
+ * the mark: the drain's timer runs every 20 ms while it drains, and the
+ * drain otherwise does no per-connection work per tick (its walks of the
+ * connections run once per batch: the frames, the deadline's close queue,
+ * the stop); the node's own walk (conn_tick) runs at its tick, once a
+ * second with the default timeouts. A walk of every connection 50 times
+ * a second for the few streams among them would cost more than the whole
+ * drain; the heap costs O(log n) per stream, once at its push and once at
+ * its moment or close. */
 
-static void sse_swap(drain_t *d, size_t i, size_t j) {
-  sse_due_t t = d->sse[i];
-  d->sse[i] = d->sse[j];
-  d->sse[j] = t;
+static void sse_put(drain_t *d, size_t i, sse_due_t e) {
+  d->sse[i] = e;
+  e.m->sse_slot = (uint32_t)i + 1;
 }
 
-/* Queue stream `c` to end at `due` (a conn_ref held). 0, or -1 when out
- * of memory (then it stays until the deadline's 1012 close). */
-static int sse_push(drain_t *d, uint64_t due, conn_t *c) {
+static void sse_up(drain_t *d, size_t i) {
+  sse_due_t e = d->sse[i];
+  while (i > 0 && d->sse[(i - 1) / 2].due > e.due) {
+    sse_put(d, i, d->sse[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  sse_put(d, i, e);
+}
+
+static void sse_down(drain_t *d, size_t i) {
+  sse_due_t e = d->sse[i];
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    uint64_t least = e.due;
+    if (l < d->nsse && d->sse[l].due < least) {
+      m = l;
+      least = d->sse[l].due;
+    }
+    if (r < d->nsse && d->sse[r].due < least) m = r;
+    if (m == i) break;
+    sse_put(d, i, d->sse[m]);
+    i = m;
+  }
+  sse_put(d, i, e);
+}
+
+/* Queue stream `c` (its mark `m`) to end at `due`; one already queued (a
+ * shed's, told again by the drain) keeps the earlier of its two moments.
+ * 0, or -1 when out of memory (then it stays until the deadline's 1012
+ * close). */
+static int sse_push(drain_t *d, uint64_t due, conn_t *c, drain_mark_t *m) {
+  if (m->sse_slot) {
+    size_t i = m->sse_slot - 1;
+    if (due < d->sse[i].due) {
+      d->sse[i].due = due;
+      sse_up(d, i);
+    }
+    return 0;
+  }
   if (d->nsse == d->sse_cap) {
     size_t cap = d->sse_cap ? d->sse_cap * 2 : 64;
     sse_due_t *p = realloc(d->sse, cap * sizeof *p);
@@ -232,33 +293,27 @@ static int sse_push(drain_t *d, uint64_t due, conn_t *c) {
     d->sse = p;
     d->sse_cap = cap;
   }
-  size_t i = d->nsse++;
-  d->sse[i] = (sse_due_t){due, c};
-  conn_ref(c);
-  while (i > 0 && d->sse[(i - 1) / 2].due > d->sse[i].due) {
-    sse_swap(d, i, (i - 1) / 2);
-    i = (i - 1) / 2;
-  }
+  d->sse[d->nsse] = (sse_due_t){due, c, m};
+  sse_up(d, d->nsse++);
   return 0;
 }
 
-/* The earliest stream, taken off the heap (its conn_ref still held). */
-static conn_t *sse_pop(drain_t *d) {
-  conn_t *c = d->sse[0].c;
-  d->sse[0] = d->sse[--d->nsse];
-  for (size_t i = 0;;) {
-    size_t l = 2 * i + 1, r = l + 1, m = i;
-    if (l < d->nsse && d->sse[l].due < d->sse[m].due) m = l;
-    if (r < d->nsse && d->sse[r].due < d->sse[m].due) m = r;
-    if (m == i) break;
-    sse_swap(d, i, m);
-    i = m;
-  }
-  return c;
+/* Take stream `m`'s entry off the heap (nothing when it has none). */
+static void sse_remove(drain_t *d, drain_mark_t *m) {
+  if (!m->sse_slot) return;
+  size_t i = m->sse_slot - 1;
+  m->sse_slot = 0;
+  sse_due_t last = d->sse[--d->nsse];
+  if (i == d->nsse) return; /* it was the last */
+  d->sse[i] = last;
+  sse_up(d, i); /* one of the two moves it, or neither */
+  sse_down(d, last.m->sse_slot - 1);
 }
 
+/* The drain stops: forget every entry (the stop closes their streams). */
 static void sse_release(drain_t *d) {
-  while (d->nsse) conn_unref(sse_pop(d));
+  for (size_t i = 0; i < d->nsse; i++) d->sse[i].m->sse_slot = 0;
+  d->nsse = 0;
 }
 
 /* Stream `c`'s moment: the drain event, afterMs a short jittered retry,
@@ -283,11 +338,13 @@ static void sse_move(drain_t *d, conn_t *c) {
   free(f);
 }
 
-/* End every stream whose moment has come. */
+/* End every stream whose moment has come (each one open: a stream's
+ * close takes its entry off). */
 static void sse_due(drain_t *d, uint64_t now) {
   while (d->nsse && d->sse[0].due <= now) {
-    conn_t *c = sse_pop(d);
-    if (conn_unref(c) && ws_is_open(c)) sse_move(d, c);
+    conn_t *c = d->sse[0].c;
+    sse_remove(d, d->sse[0].m);
+    if (ws_is_open(c)) sse_move(d, c);
   }
 }
 
@@ -357,7 +414,8 @@ static const char *pick_peer(drain_t *d, const conn_t *c) {
 static void tell(drain_t *d, batch_t *b, conn_t *c, int64_t window_ms) {
   int64_t after = window_ms > 0 ? jitter_range(d->env.rng, 0, window_ms - 1) : 0;
   if (ws_is_sse(c)) { /* nothing now: its drain event at its moment (sse_move) */
-    if (sse_push(d, util_mono_ms() + (uint64_t)after, c) != 0) return; /* closed at the deadline */
+    if (sse_push(d, util_mono_ms() + (uint64_t)after, c, mark(d, c)) != 0)
+      return; /* closed at the deadline */
   } else {
     char *f = d->env.frame(d->env.ud, after, pick_peer(d, c), window_ms + DRAIN_GRACE_MS);
     if (!f) return; /* out of memory: it is closed at the deadline anyway */
@@ -548,8 +606,7 @@ static void closed_cb(uv_handle_t *h) {
   drain_t *d = h->data;
   release_queue(d);
   free(d->queue);
-  sse_release(d);
-  free(d->sse);
+  free(d->sse); /* its entries hold nothing; their marks may be freed already */
   free(d->peers);
   spreads_free(d);
   free(d);
@@ -650,6 +707,7 @@ void drain_welcomed(drain_t *d, conn_t *c) {
 
 void drain_conn_closing(drain_t *d, conn_t *c) {
   drain_mark_t *m = mark(d, c);
+  if (m) sse_remove(d, m); /* the drain keeps nothing of a closed stream */
   if (!m || !m->told || c->closed_by_us || m->counted || d->stopped) return;
   m->counted = 1;
   batch_t *b = batch_of(d, c);

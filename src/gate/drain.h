@@ -85,6 +85,8 @@ typedef struct {
   unsigned told : 1;     /* it was sent a drain frame */
   unsigned counted : 1;  /* counted as migrated */
   uint32_t batch;        /* the drain or shed it was chosen for; 0: none */
+  uint32_t sse_slot;     /* a stream waiting for its moment: its place in the drain's heap of
+                            moments, plus 1; 0: none (drain.c, "streams' moments") */
 } drain_mark_t;
 
 /* What a drain works with, all borrowed from its owner (the node), which
@@ -134,7 +136,9 @@ void drain_welcomed(drain_t *d, conn_t *c);
 
 /* `c` is closing: one that was told to move and that left by itself (its
  * close frame, or its connection ending, first: not ws_close) counts as
- * migrated. Idempotent. */
+ * migrated; a stream waiting for its moment leaves the drain's heap of
+ * moments, so that the drain keeps nothing of it. Every close path calls
+ * it (the session's on_close); idempotent. */
 void drain_conn_closing(drain_t *d, conn_t *c);
 
 /* What the drain's timer does, at util_mono_ms(): the frames once the

@@ -13,6 +13,9 @@ node that uses the browser's own EventSource and nothing else.
   also for a stream that got no msg before it (the welcome's, synced's
   and drain's id);
 - across a drain between two PostgreSQL nodes, with a sender running;
+- streams waiting for their moments in a long drain window: readers that
+  leave let the node exit at once, and SIGINT during the drain stops it
+  at once with no stop deadline passed;
 - refusals as HTTP statuses with JSON bodies: 401, 403, 400 (conv,
   clientId, presenceEvents, Last-Event-ID), 404, 503 with Retry-After while
   draining."""
@@ -21,6 +24,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -405,6 +409,59 @@ class SseOneNode(NodeCase):
         self.assertLess(int(ev["retry"]), 2000)
         s.close()
         ws.close()
+
+
+class SseDrainLeave(NodeCase):
+    """Streams waiting for their moments in a long drain window hold
+    nothing of the node once they have gone: readers that leave let the
+    drain end at once, and SIGINT during the drain stops the node without
+    waiting for the streams' moments (nor logging a stop deadline)."""
+
+    WINDOW_MS = 60000
+    READERS = 4
+
+    def draining_with_readers(self):
+        n = self.node_start({"CONVERGER_DRAIN_SHUTDOWN_MS": str(2 * self.WINDOW_MS),
+                             "CONVERGER_DRAIN_WINDOW_MS": str(self.WINDOW_MS)})
+        conv = n.new_conv()
+        tok = mint_token("ann", [conv])
+        readers = [Sse(n.port, q(conv=conv, token=tok)) for _ in range(self.READERS)]
+        for s in readers:
+            s.until(lambda e: e["event"] == "synced")
+        n.fake_peer()  # a ready peer: the streams wait for their moments
+        os.kill(n.proc.pid, signal.SIGTERM)
+        want = "drain: told %d connection(s)" % self.READERS
+        deadline = time.monotonic() + 5
+        while want not in n.log_text():
+            self.assertLess(time.monotonic(), deadline, "the drain told no stream")
+            time.sleep(0.02)
+        return n, readers
+
+    def test_readers_that_leave_end_the_drain_at_once(self):
+        n, readers = self.draining_with_readers()
+        t0 = time.monotonic()
+        for s in readers:
+            s.close()
+        self.assertEqual(n.proc.wait(10), 0)
+        took = time.monotonic() - t0
+        # their moments are spread over 60 s: the exit comes with the last
+        # reader's close, not with the last moment
+        self.assertLess(took, 3.0, "exit %.2f s after the readers left" % took)
+        self.assertIn("drain complete", n.log_text())
+
+    def test_sigint_during_the_drain_with_streams_waiting(self):
+        n, readers = self.draining_with_readers()
+        t0 = time.monotonic()
+        os.kill(n.proc.pid, signal.SIGINT)
+        for s in readers:
+            ev, _ = s.until(lambda e: e["event"] == "close", 5)
+            self.assertEqual(ev["data"]["code"], 1001)
+            self.assertTrue(s.at_eof())
+            s.close()
+        self.assertEqual(n.proc.wait(15), 0)
+        took = time.monotonic() - t0
+        self.assertLess(took, 3.0, "exit %.2f s after SIGINT" % took)
+        self.assertNotIn("stop deadline passed", n.log_text())
 
 
 class SseCluster(NodeCase):

@@ -12,7 +12,11 @@
  *    fields, a body of several lines as several data: lines, the heartbeat
  *    comment, events without id (signals);
  *  - the refusals before the stream begins as HTTP statuses with a JSON
- *    body: 401, 403, 404, 409, 429 and 503 with Retry-After. */
+ *    body: 401, 403, 404, 409, 429 and 503 with Retry-After;
+ *  - streams waiting for their moments in a drain: one whose reader leaves,
+ *    or that a stop during the drain closes, is gone at once (nws, nconns,
+ *    the drain's stop), from anywhere in the drain's heap of moments; one
+ *    told by a shed and again by the drain gets one drain event. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -503,6 +507,180 @@ static void test_drain_event_has_the_id(void **state) {
   fx_free(&fx);
 }
 
+/* Two streams told to move (waiting for their moments in a 30 s window),
+ * the drain begun with a ready peer. */
+static void two_waiting_streams(fx_t *fx, const char *tok, sse_t **s) {
+  fx->cfg.drain_window_ms = 30000;
+  fx_conv(fx, "ch", "c1", 1);
+  assert_int_equal(
+      store_node_beat(fx->db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
+      0);
+  for (int i = 0; i < 2; i++) {
+    s[i] = sse_open(fx, "conv=c1", tok, NULL);
+    json_decref(expect_event(s[i], "welcome").data);
+    json_decref(expect_event(s[i], "synced").data);
+  }
+  assert_int_equal(drain_start(fx->drain, "test"), 0);
+  fx_drain_pool(fx); /* the peers' read: both told, their moments ahead */
+  fx_advance(fx, 20);
+  for (int i = 0; i < 2; i++) expect_no_event(s[i]); /* still streaming */
+  assert_int_equal(fx->net.nws, 2);
+  assert_int_equal(fx->stops, 0);
+}
+
+/* A reader that leaves before its moment is gone at once: the drain keeps
+ * nothing of its connection (no reference until the moment), so it leaves
+ * nws and nconns with its close, and the drain stops at its next tick once
+ * the last reader has gone, not at the last one's moment. */
+static void test_drain_a_reader_that_leaves_is_gone_at_once(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  char *tok = fx_token(&fx, "ann", "c1");
+  sse_t *s[2];
+  two_waiting_streams(&fx, tok, s);
+  sse_close(s[0]); /* the reader goes away (EOF) */
+  assert_int_equal(fx.net.nws, 1);
+  assert_int_equal(fx.net.nconns, 1);
+  sse_close(s[1]);
+  assert_int_equal(fx.net.nws, 0);
+  assert_int_equal(fx.net.nconns, 0);
+  fx_advance(&fx, 20); /* one tick of the drain's timer */
+  assert_int_equal(fx.stops, 1);
+  assert_non_null(strstr(fx.stop_why, "drain complete"));
+  assert_non_null(strstr(fx.stop_why, "2 moved")); /* told, and left by themselves */
+  fx_advance(&fx, 31000);                          /* past every moment: nothing left to end */
+  assert_int_equal(fx.stops, 1);
+  free(tok);
+  fx_free(&fx);
+}
+
+/* The node stops during the drain (SIGINT: node_stop closes every stream
+ * with 1001) while streams wait for their moments: each gets its close
+ * event and ends, and once its reader has closed, its connection is gone
+ * at once (the node's stop waits for nconns to reach 0, STOP_GRACE_MS at
+ * most; a stream still counted would hold it for that long). */
+static void test_stop_during_a_drain_leaves_no_stream_behind(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  char *tok = fx_token(&fx, "ann", "c1");
+  sse_t *s[2];
+  two_waiting_streams(&fx, tok, s);
+  session_close_all(&fx.sessions, WS_CLOSE_GOING_AWAY, "server shutting down"); /* node_stop */
+  for (int i = 0; i < 2; i++) {
+    sse_event_t ev = expect_event(s[i], "close");
+    assert_int_equal(json_integer_value(json_object_get(ev.data, "code")), WS_CLOSE_GOING_AWAY);
+    json_decref(ev.data);
+    expect_end(s[i]);
+    sse_close(s[i]); /* the reader closes its end */
+  }
+  assert_int_equal(fx.net.nws, 0);
+  assert_int_equal(fx.net.nconns, 0);
+  fx_advance(&fx, 31000); /* past every moment: nothing left to end */
+  assert_int_equal(fx.stops, 1);
+  free(tok);
+  fx_free(&fx);
+}
+
+/* Many streams waiting, every third reader leaving at its own time
+ * through the window (from anywhere in the heap of moments, before or
+ * after others' moments): at every step nws is the streams still open,
+ * every stream that stayed gets its drain event once, within the window,
+ * and the drain stops at the tick after the last stream ended. */
+#define MANY 30
+static void test_drain_many_streams_some_leave(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.drain_window_ms = 3000;
+  fx_conv(&fx, "ch", "c1", 1);
+  assert_int_equal(
+      store_node_beat(fx.db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
+      0);
+  char *tok = fx_token(&fx, "ann", "c1");
+  sse_t *s[MANY];
+  int ended[MANY] = {0}, open = MANY;
+  for (int i = 0; i < MANY; i++) {
+    s[i] = sse_open(&fx, "conv=c1", tok, NULL);
+    json_decref(expect_event(s[i], "welcome").data);
+    json_decref(expect_event(s[i], "synced").data);
+  }
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  fx_drain_pool(&fx);
+  for (uint64_t t = 0; open > 0; t += 20) {
+    assert_true(t <= 3000 + 20);
+    fx_advance(&fx, 20);
+    for (int i = 0; i < MANY; i++) {
+      if (!s[i]) continue;
+      sse_event_t ev;
+      if (sse_next(s[i], &ev)) { /* its moment */
+        assert_string_equal(ev.event, "drain");
+        json_decref(ev.data);
+        expect_end(s[i]);
+        ended[i]++;
+      } else if (i % 3 == 0 && t >= (uint64_t)i * 100) { /* leaves before it */
+        ended[i] = -1;
+      } else {
+        continue;
+      }
+      sse_close(s[i]);
+      s[i] = NULL;
+      open--;
+      assert_int_equal(fx.net.nws, open);
+      assert_int_equal(fx.net.nconns, open);
+    }
+    if (open) assert_int_equal(fx.stops, 0);
+  }
+  fx_advance(&fx, 20);
+  assert_int_equal(fx.stops, 1);
+  assert_non_null(strstr(fx.stop_why, "drain complete"));
+  int left_early = 0;
+  for (int i = 0; i < MANY; i++) {
+    assert_true(ended[i] == 1 || (ended[i] == -1 && i % 3 == 0));
+    left_early += ended[i] == -1;
+  }
+  assert_true(left_early >= 3); /* some did leave before their moment */
+  free(tok);
+  fx_free(&fx);
+}
+
+/* A stream told by a shed and then again by the drain that takes the shed
+ * over waits once, for the earlier of its two moments, and gets one drain
+ * event. */
+static void test_shed_then_drain_one_event(void **state) {
+  fx_t fx;
+  fx_init(&fx, NULL);
+  fx.cfg.drain_window_ms = 3000;
+  fx_conv(&fx, "ch", "c1", 1);
+  assert_int_equal(
+      store_node_beat(fx.db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
+      0);
+  char *tok = fx_token(&fx, "ann", "c1");
+  sse_t *s = sse_open(&fx, "conv=c1", tok, NULL);
+  json_decref(expect_event(s, "welcome").data);
+  json_decref(expect_event(s, "synced").data);
+  int chosen, total;
+  assert_int_equal(drain_shed(fx.drain, 1.0, 3000, &chosen, &total), 0);
+  assert_int_equal(chosen, 1);
+  fx_drain_pool(&fx);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  fx_drain_pool(&fx);
+  sse_event_t ev;
+  uint64_t waited = 0;
+  while (!sse_next(s, &ev)) {
+    assert_true(waited < 3000);
+    fx_advance(&fx, 20);
+    waited += 20;
+  }
+  assert_string_equal(ev.event, "drain");
+  json_decref(ev.data);
+  expect_end(s);
+  sse_close(s);
+  assert_int_equal(fx.net.nconns, 0);
+  fx_advance(&fx, 20);
+  assert_int_equal(fx.stops, 1);
+  free(tok);
+  fx_free(&fx);
+}
+
 /* A Last-Event-ID in another epoch (the store was restored): the welcome
  * says reset, and its id is already the head in the conversation's
  * epoch, so that the reconnect after it does not reset again. */
@@ -651,6 +829,10 @@ int main(void) {
       cmocka_unit_test(test_resume_two_conversations),
       cmocka_unit_test(test_a_stream_with_no_msg_resumes_where_it_was),
       cmocka_unit_test(test_drain_event_has_the_id),
+      cmocka_unit_test(test_drain_a_reader_that_leaves_is_gone_at_once),
+      cmocka_unit_test(test_stop_during_a_drain_leaves_no_stream_behind),
+      cmocka_unit_test(test_drain_many_streams_some_leave),
+      cmocka_unit_test(test_shed_then_drain_one_event),
       cmocka_unit_test(test_reset_moves_the_id_to_the_new_epoch),
       cmocka_unit_test(test_data_of_several_lines),
       cmocka_unit_test(test_refusals_are_http_answers),
