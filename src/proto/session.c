@@ -139,24 +139,20 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   sub_subscribe(s, f->conv, f->watermark, f->epoch, f->presence_events);
 }
 
-/* End `sub` for an unsubscribe (the client's or an operator's) and tell
- * it with `unsubscribed`. A subscription whose subscribe is still under
- * way (waiting for the welcome or a slot, or its store job out) owes that
- * subscribe its one answer: `error cancelled` with its conv, sent first,
- * since the `subscribed` it would have had needs the store read the
- * unsubscribe cancels (docs/protocol.md 4.6). */
-static void unsubscribe_sub(session_t *s, sub_t *sub, const char *conv) {
-  if (sub && sub->owes_answer)
-    session_send_error(s->conn, "cancelled",
-                       "an unsubscribe of this conversation came before the subscribe was answered",
-                       conv, 0, NULL);
-  if (sub) sub_remove(s, sub);
-  session_send_owned(s->conn, frame_unsubscribed(conv));
-}
-
 /* An unsubscribe: nothing of the conversation follows `unsubscribed` (its
  * kept messages are dropped, a store job's result is ignored). Answered
- * also when there was no subscription. */
+ * also when there was no subscription. A subscribe still under way is
+ * answered first with `error cancelled` (sub_end; docs/protocol.md 4.6):
+ * the `subscribed` it would have had needs the store read the unsubscribe
+ * cancels. */
+static void unsubscribe_sub(session_t *s, sub_t *sub, const char *conv) {
+  if (sub)
+    sub_end(sub, "cancelled",
+            "an unsubscribe of this conversation came before the subscribe was answered", 0);
+  else
+    session_send_owned(s->conn, frame_unsubscribed(conv));
+}
+
 static void handle_unsubscribe(session_t *s, const frame_client_t *f) {
   unsubscribe_sub(s, session_find_sub(s, f->conv), f->conv);
 }
@@ -450,11 +446,7 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
     while (sub) {
       sub_t *next = sub->next;
       if (sub->channel && strcmp(sub->channel, channel) == 0) { /* NULL: not announced yet */
-        char *ended = frame_unsubscribed(sub->conv);
-        session_send_error(c, "channel_inactive", "the conversation's channel was deactivated",
-                           sub->conv, 0, NULL);
-        sub_remove(s, sub);
-        session_send_owned(c, ended);
+        sub_end(sub, "channel_inactive", "the conversation's channel was deactivated", 1);
       }
       sub = next;
     }

@@ -176,6 +176,15 @@ sub_t *sub_new(session_t *s, const char *conv);
 /* Leave the session, the admission queue (a store job not started is taken
  * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* End `sub` and tell the client, in this order (docs/protocol.md 4.6,
+ * 4.7, section 6): `error code` with its conv, then sub_remove, then
+ * `unsubscribed`. The error goes out when the subscribe that made `sub`
+ * is still owed its answer (sub_t.owes_answer: the error is that answer),
+ * and, when `told`, also for a subscription already answered: an end the
+ * client did not ask for (its channel deactivated, its token narrowed).
+ * An unsubscribe (the client's or an operator's) passes `told` 0 with
+ * `cancelled`. The one place for this order. Loop thread. */
+void sub_end(sub_t *sub, const char *code, const char *message, int told);
 /* The store named the subscription's channel `channel` (a hello's or a
  * subscribe's job, at the announce): a copy at its own length from now
  * on. 0 or -CV_ENOMEM (the subscription as it was). */

@@ -149,6 +149,14 @@ void sub_remove(session_t *s, sub_t *sub) {
   free(sub);
 }
 
+void sub_end(sub_t *sub, const char *code, const char *message, int told) {
+  session_t *s = sub->session;
+  char *ended = frame_unsubscribed(sub->conv); /* made now: sub->conv goes with sub */
+  if (sub->owes_answer || told) session_send_error(s->conn, code, message, sub->conv, 0, NULL);
+  sub_remove(s, sub);
+  session_send_owned(s->conn, ended);
+}
+
 int sub_set_channel(sub_t *sub, const char *channel) {
   char *copy = strdup(channel);
   if (!copy) return -CV_ENOMEM;
