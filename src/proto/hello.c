@@ -131,8 +131,10 @@ static void hello_done(pool_job_t *job) {
       if (it->status == 0 && session_deactivated_since(s->ss, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
-        session_send_conv_error(c, it->status, it->conv, NULL);
-        sub_remove(s, sub);
+        const char *message, *code = session_conv_error(it->status, &message);
+        /* the hello entry's answer, then each subscribe's sent meanwhile */
+        session_send_error(c, code, message, it->conv, 0, NULL);
+        sub_refuse(sub, code, message, 0);
         if (ws_close_sent(c)) { /* a stream refused whole (net/ws.h) */
           json_decref(subs);
           goto out;
@@ -169,11 +171,14 @@ static void hello_done(pool_job_t *job) {
                   (json_int_t)session_token_expires_in(s, util_mono_ms()), "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
-    for (size_t i = 0; i < h->n; i++) { /* present from the welcome on */
+    for (size_t i = 0; i < h->n; i++) { /* present from the welcome on; answered */
       sub_t *sub = h->items[i].status == 0
                        ? session_find_sub_gen(s, h->items[i].conv, h->items[i].gen)
                        : NULL;
-      if (sub && sub->announced) session_presence_on(sub);
+      if (sub && sub->announced) {
+        session_presence_on(sub);
+        sub_answer_already(sub); /* subscribes of it sent before the welcome */
+      }
     }
     metrics_observe(s->ss->metrics, "converger_hello_latency_ms",
                     (double)(util_mono_ms() - s->hello_ms));

@@ -60,12 +60,18 @@ void session_send_error(conn_t *c, const char *code, const char *message, const 
   session_send_owned(c, frame_error(code, message, conv, retry_after_ms, details));
 }
 
+const char *session_conv_error(int status, const char **message) {
+  if (status == -CV_ENOTFOUND) {
+    *message = "no such conversation";
+    return "not_found";
+  }
+  *message = "the conversation's channel is inactive";
+  return "channel_inactive";
+}
+
 void session_send_conv_error(conn_t *c, int status, const char *conv, json_t *details) {
-  if (status == -CV_ENOTFOUND)
-    session_send_error(c, "not_found", "no such conversation", conv, 0, details);
-  else
-    session_send_error(c, "channel_inactive", "the conversation's channel is inactive", conv, 0,
-                       details);
+  const char *message, *code = session_conv_error(status, &message);
+  session_send_error(c, code, message, conv, 0, details);
 }
 
 void session_count_handshake(sessions_t *ss, const char *result) {
@@ -109,9 +115,10 @@ static size_t count_subs(const session_t *s) {
 
 /* A subscribe (v1.1, docs/protocol.md 4.5): the token must cover the
  * conversation; a second one for the same conversation is answered from
- * where the subscription is, without a replay (or not at all while the
- * first is still under way: its answer serves both); the connection holds
- * at most max_subs. */
+ * where the subscription is, without a replay: at once when it is
+ * announced, else when it is (sub_answer_already), or with the error that
+ * ends it (sub_refuse, sub_end), each subscribe its own answer in the
+ * order sent; the connection holds at most max_subs. */
 static void handle_subscribe(session_t *s, const frame_client_t *f) {
   conn_t *c = s->conn;
   if (!session_may_read(s, f->conv)) {
@@ -126,6 +133,8 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
     if (sub->announced)
       session_send_owned(
           c, frame_subscribed(sub->conv, sub->delivered, sub->epoch, sub->presence, 0, 1));
+    else
+      sub->answers_owed++; /* made by a subscribe or the hello, not answered yet */
     return;
   }
   if (count_subs(s) >= (size_t)s->ss->cfg->max_subs) {
