@@ -1490,6 +1490,25 @@ static void test_every_subscribe_answered(void **state) {
   fx_expect_nothing(p);
   expect_open(p);
   fx_drain_pool(&fx);
+
+  /* a refresh whose token no longer covers it, its job out: forbidden
+   * for each, then unsubscribed (and one forbidden for a live one) */
+  subscribe_frame(p, "c3", 0);
+  subscribe_frame(p, "c3", 0);
+  assert_int_equal(fx_sub_state(p, "c3"), SUB_FILLING);
+  char *narrow = fx_token(&fx, "alice", "c1"), text[2048];
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", narrow);
+  free(narrow);
+  fx_send(p, text);
+  json_decref(expect(p, "refreshed"));
+  expect_error_conv(p, "forbidden", "c3"); /* the newest subscription first */
+  expect_error_conv(p, "forbidden", "c3");
+  expect_unsubscribed(p, "c3");
+  expect_error_conv(p, "forbidden", "c2");
+  expect_unsubscribed(p, "c2");
+  fx_expect_nothing(p);
+  assert_int_equal(fx_drain_pool(&fx), 0); /* the job was taken back */
+  fx_expect_nothing(p);
   free(token);
   fx_peer_free(b);
   fx_peer_free(r);
