@@ -214,7 +214,18 @@ static void hello_submit(session_t *s) {
   s->hello = NULL;
   for (size_t i = 0; i < h->n; i++) { /* made at the hello; gone if unsubscribed meanwhile */
     sub_t *sub = session_find_sub_gen(s, h->items[i].conv, h->items[i].gen);
-    if (sub && sub->state == SUB_QUEUED) sub_set_state(sub, SUB_FILLING); /* a refusal closes */
+    if (sub && sub->state == SUB_QUEUED && sub_set_state(sub, SUB_FILLING) != 0) {
+      /* Refused (sub_set_state logged a BUG and closed the connection
+       * with 1011): no store work for a closing connection. Its close
+       * passed this hello by (s->hello already NULL, hello_running not
+       * set: session_hello_leave and session_hello_cancel) and will
+       * again, so its job, never submitted, and the slot it was granted
+       * are given back here. Unreachable while the table has QUEUED to
+       * FILLING. */
+      free(h);
+      admission_release(s->ss->admission, &s->adm, util_mono_ms());
+      return;
+    }
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";
