@@ -349,9 +349,7 @@ void sub_cancel(sub_t *sub, uint64_t now) {
  * after the hint. */
 static void subscribe_refused(sub_t *sub, const char *message) {
   session_t *s = sub->session;
-  session_send_error(s->conn, "unavailable", message, sub->conv,
-                     config_retry_hint(s->ss->cfg, s->ss->rng), NULL);
-  sub_remove(s, sub);
+  sub_refuse(sub, "unavailable", message, config_retry_hint(s->ss->cfg, s->ss->rng));
 }
 
 static void subscribe_done(sub_t *sub, fill_job_t *f) {
@@ -360,8 +358,8 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   if (f->status == 0 && session_deactivated_since(s->ss, f->deact_gen, f->channel))
     f->status = -CV_EINACTIVE; /* deactivated after our read */
   if (f->status == -CV_ENOTFOUND || f->status == -CV_EINACTIVE) {
-    session_send_conv_error(c, f->status, sub->conv, NULL);
-    sub_remove(s, sub);
+    const char *message, *code = session_conv_error(f->status, &message);
+    sub_refuse(sub, code, message, 0);
     return;
   }
   if (f->status != 0) {
@@ -379,14 +377,15 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   sub->presence = f->presence != 0;
   sub->signals = f->signals != 0;
   sub->announced = 1;
-  sub->owes_answer = 0;
   if (f->reset) sub_count_reset(s->ss, f->reset);
   session_send_owned(
       c, frame_subscribed(sub->conv, f->upto, f->head_epoch, f->presence, f->reset != NULL, 0));
+  if (sub->answers_owed > 0) sub->answers_owed--; /* the first subscribe's answer */
   session_presence_on(sub);
   /* null and a reset start at the head (told in `subscribed`, as in a
    * welcome entry); the first page goes out unless the output is high */
   sub->delivered = f->reset ? f->upto : f->after;
+  sub_answer_already(sub); /* subscribes of it sent meanwhile */
   if (c->closing) return;
   if (conn_pending_bytes(c) <= OUT_HIGH_WATER) sub_send_replay(sub, f->msgs, f->n);
   if (sub->delivered < f->upto)
@@ -432,7 +431,7 @@ void sub_subscribe(session_t *s, const char *conv, int64_t watermark, const char
     return;
   }
   sub->presence_events = presence_events;
-  sub->owes_answer = 1; /* until `subscribed` or an error with its conv */
+  sub->answers_owed = 1; /* until `subscribed` or an error with its conv */
   sub->adm_watermark = watermark;
   snprintf(sub->adm_epoch, sizeof sub->adm_epoch, "%s", epoch);
   if (!s->drain_mark.welcomed) {

@@ -131,8 +131,10 @@ static void hello_done(pool_job_t *job) {
       if (it->status == 0 && session_deactivated_since(s->ss, h->deact_gen, it->info.channel))
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
-        session_send_conv_error(c, it->status, it->conv, NULL);
-        sub_remove(s, sub);
+        const char *message, *code = session_conv_error(it->status, &message);
+        /* the hello entry's answer, then each subscribe's sent meanwhile */
+        session_send_error(c, code, message, it->conv, 0, NULL);
+        sub_refuse(sub, code, message, 0);
         if (ws_close_sent(c)) { /* a stream refused whole (net/ws.h) */
           json_decref(subs);
           goto out;
@@ -169,11 +171,14 @@ static void hello_done(pool_job_t *job) {
                   (json_int_t)session_token_expires_in(s, util_mono_ms()), "subs", subs);
     session_send_owned(c, frame_dump(welcome));
     json_decref(welcome);
-    for (size_t i = 0; i < h->n; i++) { /* present from the welcome on */
+    for (size_t i = 0; i < h->n; i++) { /* present from the welcome on; answered */
       sub_t *sub = h->items[i].status == 0
                        ? session_find_sub_gen(s, h->items[i].conv, h->items[i].gen)
                        : NULL;
-      if (sub && sub->announced) session_presence_on(sub);
+      if (sub && sub->announced) {
+        session_presence_on(sub);
+        sub_answer_already(sub); /* subscribes of it sent before the welcome */
+      }
     }
     metrics_observe(s->ss->metrics, "converger_hello_latency_ms",
                     (double)(util_mono_ms() - s->hello_ms));
@@ -209,7 +214,18 @@ static void hello_submit(session_t *s) {
   s->hello = NULL;
   for (size_t i = 0; i < h->n; i++) { /* made at the hello; gone if unsubscribed meanwhile */
     sub_t *sub = session_find_sub_gen(s, h->items[i].conv, h->items[i].gen);
-    if (sub && sub->state == SUB_QUEUED) sub_set_state(sub, SUB_FILLING); /* a refusal closes */
+    if (sub && sub->state == SUB_QUEUED && sub_set_state(sub, SUB_FILLING) != 0) {
+      /* Refused (sub_set_state logged a BUG and closed the connection
+       * with 1011): no store work for a closing connection. Its close
+       * passed this hello by (s->hello already NULL, hello_running not
+       * set: session_hello_leave and session_hello_cancel) and will
+       * again, so its job, never submitted, and the slot it was granted
+       * are given back here. Unreachable while the table has QUEUED to
+       * FILLING. */
+      free(h);
+      admission_release(s->ss->admission, &s->adm, util_mono_ms());
+      return;
+    }
   }
   h->deact_gen = bus_channel_gen(s->ss->bus);
   h->job.kind = "hello";

@@ -60,12 +60,18 @@ void session_send_error(conn_t *c, const char *code, const char *message, const 
   session_send_owned(c, frame_error(code, message, conv, retry_after_ms, details));
 }
 
+const char *session_conv_error(int status, const char **message) {
+  if (status == -CV_ENOTFOUND) {
+    *message = "no such conversation";
+    return "not_found";
+  }
+  *message = "the conversation's channel is inactive";
+  return "channel_inactive";
+}
+
 void session_send_conv_error(conn_t *c, int status, const char *conv, json_t *details) {
-  if (status == -CV_ENOTFOUND)
-    session_send_error(c, "not_found", "no such conversation", conv, 0, details);
-  else
-    session_send_error(c, "channel_inactive", "the conversation's channel is inactive", conv, 0,
-                       details);
+  const char *message, *code = session_conv_error(status, &message);
+  session_send_error(c, code, message, conv, 0, details);
 }
 
 void session_count_handshake(sessions_t *ss, const char *result) {
@@ -109,9 +115,10 @@ static size_t count_subs(const session_t *s) {
 
 /* A subscribe (v1.1, docs/protocol.md 4.5): the token must cover the
  * conversation; a second one for the same conversation is answered from
- * where the subscription is, without a replay (or not at all while the
- * first is still under way: its answer serves both); the connection holds
- * at most max_subs. */
+ * where the subscription is, without a replay: at once when it is
+ * announced, else when it is (sub_answer_already), or with the error that
+ * ends it (sub_refuse, sub_end), each subscribe its own answer in the
+ * order sent; the connection holds at most max_subs. */
 static void handle_subscribe(session_t *s, const frame_client_t *f) {
   conn_t *c = s->conn;
   if (!session_may_read(s, f->conv)) {
@@ -126,6 +133,8 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
     if (sub->announced)
       session_send_owned(
           c, frame_subscribed(sub->conv, sub->delivered, sub->epoch, sub->presence, 0, 1));
+    else
+      sub->answers_owed++; /* made by a subscribe or the hello, not answered yet */
     return;
   }
   if (count_subs(s) >= (size_t)s->ss->cfg->max_subs) {
@@ -139,24 +148,20 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   sub_subscribe(s, f->conv, f->watermark, f->epoch, f->presence_events);
 }
 
-/* End `sub` for an unsubscribe (the client's or an operator's) and tell
- * it with `unsubscribed`. A subscription whose subscribe is still under
- * way (waiting for the welcome or a slot, or its store job out) owes that
- * subscribe its one answer: `error cancelled` with its conv, sent first,
- * since the `subscribed` it would have had needs the store read the
- * unsubscribe cancels (docs/protocol.md 4.6). */
-static void unsubscribe_sub(session_t *s, sub_t *sub, const char *conv) {
-  if (sub && sub->owes_answer)
-    session_send_error(s->conn, "cancelled",
-                       "an unsubscribe of this conversation came before the subscribe was answered",
-                       conv, 0, NULL);
-  if (sub) sub_remove(s, sub);
-  session_send_owned(s->conn, frame_unsubscribed(conv));
-}
-
 /* An unsubscribe: nothing of the conversation follows `unsubscribed` (its
  * kept messages are dropped, a store job's result is ignored). Answered
- * also when there was no subscription. */
+ * also when there was no subscription. A subscribe still under way is
+ * answered first with `error cancelled` (sub_end; docs/protocol.md 4.6):
+ * the `subscribed` it would have had needs the store read the unsubscribe
+ * cancels. */
+static void unsubscribe_sub(session_t *s, sub_t *sub, const char *conv) {
+  if (sub)
+    sub_end(sub, "cancelled",
+            "an unsubscribe of this conversation came before the subscribe was answered", 0);
+  else
+    session_send_owned(s->conn, frame_unsubscribed(conv));
+}
+
 static void handle_unsubscribe(session_t *s, const frame_client_t *f) {
   unsubscribe_sub(s, session_find_sub(s, f->conv), f->conv);
 }
@@ -450,11 +455,7 @@ void session_channel_changed(sessions_t *ss, const char *channel, int active) {
     while (sub) {
       sub_t *next = sub->next;
       if (sub->channel && strcmp(sub->channel, channel) == 0) { /* NULL: not announced yet */
-        char *ended = frame_unsubscribed(sub->conv);
-        session_send_error(c, "channel_inactive", "the conversation's channel was deactivated",
-                           sub->conv, 0, NULL);
-        sub_remove(s, sub);
-        session_send_owned(c, ended);
+        sub_end(sub, "channel_inactive", "the conversation's channel was deactivated", 1);
       }
       sub = next;
     }

@@ -52,11 +52,17 @@ typedef struct sub_s {
                                  subscription, not a later one of the same conversation */
   unsigned announced : 1;     /* its welcome entry or `subscribed` was sent */
   unsigned after_welcome : 1; /* a subscribe that came before the welcome: QUEUED until then */
-  unsigned owes_answer : 1;   /* made by a subscribe not answered yet (subscribed or an error) */
   unsigned presence : 1;      /* the channel's presence setting, as the store said */
   unsigned signals : 1;       /* the channel's signals setting, as the store said */
   unsigned present : 1;       /* counted in ss->presence (announced, channel with presence) */
   int presence_events;        /* FRAME_EVENTS_*: join and leave frames asked for */
+  /* `subscribe` frames of it not answered yet, each owed one answer
+   * (docs/protocol.md 4.5): the one that made it, until its `subscribed`
+   * or an error, and those sent while it was not announced (made by a
+   * subscribe or by the hello), answered when it is announced
+   * (sub_answer_already) or ends (sub_refuse, sub_end). 0 once
+   * announced. Bounded by the subscribe rate (section 4.8). */
+  unsigned answers_owed;
   char *channel; /* its channel's id, heap, as the store named it when announced; NULL before */
   char epoch[STORE_EPOCH_MAX + 1]; /* the conversation's epoch, as the store last said */
   int64_t delivered;
@@ -132,6 +138,9 @@ void session_send_owned(conn_t *c, char *text);
  * subscribe or a send whose conversation the store did not have or had
  * inactive. Steals `details`. */
 void session_send_conv_error(conn_t *c, int status, const char *conv, json_t *details);
+/* session_send_conv_error's code for `status`, and its message in
+ * `*message` (static strings). */
+const char *session_conv_error(int status, const char **message);
 /* `error` frame (frames.h: frame_error; `details` stolen). */
 void session_send_error(conn_t *c, const char *code, const char *message, const char *conv,
                         long retry_after_ms, json_t *details);
@@ -176,6 +185,27 @@ sub_t *sub_new(session_t *s, const char *conv);
 /* Leave the session, the admission queue (a store job not started is taken
  * back) and the bus, and free. */
 void sub_remove(session_t *s, sub_t *sub);
+/* End `sub` and tell the client, in this order (docs/protocol.md 4.6,
+ * 4.7, section 6): `error code` with its conv, then sub_remove, then
+ * `unsubscribed`. The error goes out once for each subscribe of `sub`
+ * still owed its answer (sub_t.answers_owed: the error is that answer),
+ * and, when `told`, once for a subscription owed none: an end the client
+ * did not ask for (its channel deactivated, its token narrowed). An
+ * unsubscribe (the client's or an operator's) passes `told` 0 with
+ * `cancelled`. The one place for this order. Loop thread. */
+void sub_end(sub_t *sub, const char *code, const char *message, int told);
+/* The subscription `sub` was being made for is refused (a subscribe's or
+ * a hello entry's store read: not found, inactive, failed; no admission
+ * slot): each subscribe of it still owed its answer gets `error code`
+ * with its conv (and `retry_after_ms` when > 0), then sub_remove. A hello
+ * entry's own error is the caller's. No `unsubscribed`: it never existed
+ * for the client (docs/protocol.md 4.5). Loop thread. */
+void sub_refuse(sub_t *sub, const char *code, const char *message, long retry_after_ms);
+/* `sub` was just announced (its `subscribed`, or its welcome entry, is
+ * out, and `delivered` set): each further subscribe of it still owed its
+ * answer gets `subscribed` with "already": true, as one sent now would
+ * (docs/protocol.md 4.5). answers_owed is 0 afterwards. Loop thread. */
+void sub_answer_already(sub_t *sub);
 /* The store named the subscription's channel `channel` (a hello's or a
  * subscribe's job, at the announce): a copy at its own length from now
  * on. 0 or -CV_ENOMEM (the subscription as it was). */

@@ -53,8 +53,16 @@
  *   not LIVE  sync                                  keep the lowest: sync_pending same
  *   any       connection closes                     leave the queue; cancel job   (freed)
  *   any       unsubscribe, refresh narrows scope    leave; cancel a job not run   (freed)
- *   (a subscribe's, not answered yet: QUEUED or FILLING, or (new) before
- *   the welcome) unsubscribe: error cancelled (conv) first, then as above
+ *
+ * Every subscribe gets one answer (sub_t.answers_owed counts those owed,
+ * docs/protocol.md 4.5). A subscribe of a subscription that is announced
+ * is answered at once (`subscribed` "already"). One of a subscription not
+ * announced yet (made by a subscribe or by the hello; QUEUED, FILLING or
+ * waiting for the welcome) changes no state: it is owed its answer, given
+ * when the subscription's is, in the order sent: `subscribed` "already"
+ * after its `subscribed` or welcome entry (sub_answer_already), the error
+ * that refuses it (sub_refuse), or, when an unsubscribe ends it first,
+ * `error cancelled` before the `unsubscribed` (sub_end).
  *
  * ("LIVE, ..." is finish's: LIVE, or QUEUED/FILLING/DEFERRED for what the
  * fill owed. A fill started from LIVE or RETRY may begin DEFERRED.)
@@ -147,6 +155,34 @@ void sub_remove(session_t *s, sub_t *sub) {
   free(sub->pending);
   free(sub->channel);
   free(sub);
+}
+
+/* `error code` with sub's conv `n` times: one for each subscribe owed. */
+static void send_errors(sub_t *sub, unsigned n, const char *code, const char *message,
+                        long retry_after_ms) {
+  for (unsigned i = 0; i < n; i++)
+    session_send_error(sub->session->conn, code, message, sub->conv, retry_after_ms, NULL);
+}
+
+void sub_end(sub_t *sub, const char *code, const char *message, int told) {
+  session_t *s = sub->session;
+  char *ended = frame_unsubscribed(sub->conv); /* made now: sub->conv goes with sub */
+  unsigned n = sub->answers_owed;
+  if (told && n == 0) n = 1; /* the notice of an end the client did not ask for */
+  send_errors(sub, n, code, message, 0);
+  sub_remove(s, sub);
+  session_send_owned(s->conn, ended);
+}
+
+void sub_refuse(sub_t *sub, const char *code, const char *message, long retry_after_ms) {
+  send_errors(sub, sub->answers_owed, code, message, retry_after_ms);
+  sub_remove(sub->session, sub);
+}
+
+void sub_answer_already(sub_t *sub) {
+  for (; sub->answers_owed > 0; sub->answers_owed--)
+    session_send_owned(sub->session->conn, frame_subscribed(sub->conv, sub->delivered, sub->epoch,
+                                                            sub->presence, 0, 1));
 }
 
 int sub_set_channel(sub_t *sub, const char *channel) {

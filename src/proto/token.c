@@ -124,14 +124,8 @@ void session_handle_refresh(session_t *s, frame_client_t *f) {
   sub_t *sub = s->subs;
   while (sub) {
     sub_t *next = sub->next;
-    if (!session_may_read(s, sub->conv)) {
-      char conv[STORE_ID_MAX + 1];
-      strcpy(conv, sub->conv);
-      session_send_error(c, "forbidden", "the refreshed token does not cover this conversation",
-                         conv, 0, NULL);
-      sub_remove(s, sub);
-      session_send_owned(c, frame_unsubscribed(conv));
-    }
+    if (!session_may_read(s, sub->conv))
+      sub_end(sub, "forbidden", "the refreshed token does not cover this conversation", 1);
     sub = next;
   }
 }

@@ -7,9 +7,12 @@
  *    close while queued, close with its job not started, queue timeout;
  *  - v1.1: subscribe (replay, null, twice, reset, every refusal, queued
  *    and refused), unsubscribe (live, with its job out, racing a new
- *    subscribe; a subscribe it overtakes answered `error cancelled`), refresh (narrower scope,
- * another user, a bad token) and the token's expiry with its leeway; the rate limits, the close for
- *    sustained abuse, and the per-user connection limit;
+ *    subscribe; a subscribe it overtakes answered `error cancelled`),
+ *    every subscribe answered (also one sent while the subscribe or hello
+ *    that makes its subscription is under way), refresh (narrower scope,
+ *    another user, a bad token) and the token's expiry with its leeway;
+ *    the rate limits, the close for sustained abuse, and the per-user
+ *    connection limit;
  *  - v1.2: presence (join and leave events by presenceEvents, the grace
  *    across a reconnect and a drain move, presence pages, refusals) and
  *    signals (fan-out, not stored, refusals, their rate). */
@@ -997,7 +1000,8 @@ static void test_subscribe_replays_then_live(void **state) {
 }
 
 /* A subscribe from null starts live at the head; a second subscribe is
- * answered "already", with no replay and no synced, and no message twice;
+ * answered "already" (after the first's answer when sent while the first
+ * was under way), with no replay and no synced, and no message twice;
  * a watermark above the head is a reset in `subscribed`. */
 static void test_subscribe_null_twice_and_reset(void **state) {
   fx_t fx;
@@ -1007,9 +1011,10 @@ static void test_subscribe_null_twice_and_reset(void **state) {
   fx_conv(&fx, "ch", "c3", 2);
   fx_peer_t *p = star_peer(&fx, "c1", 1);
   subscribe_frame(p, "c2", -1);
-  subscribe_frame(p, "c2", 0); /* while the first is under way: its answer serves both */
+  subscribe_frame(p, "c2", 0); /* while the first is under way: its own answer, after it */
   assert_true(fx_step(&fx));
   expect_subscribed(p, "c2", 3, 0, 0);
+  expect_subscribed(p, "c2", 3, 0, 1);
   expect_synced(p, 3, 0);
   fx_expect_nothing(p);
   assert_false(fx_step(&fx)); /* one job */
@@ -1314,8 +1319,8 @@ static void test_unsubscribe_answers_the_subscribe(void **state) {
   fx_conv(&fx, "ch", "c2", 2);
   fx_peer_t *p = star_peer(&fx, "c1", 1);
 
-  /* its store job out (FILLING), and a second subscribe under way: one
-   * answer serves both */
+  /* its store job out (FILLING), and a second subscribe under way: each
+   * is answered cancelled */
   subscribe_frame(p, "c2", 0);
   assert_int_equal(fx_sub_state(p, "c2"), SUB_FILLING);
   subscribe_frame(p, "c2", 0);
@@ -1326,6 +1331,7 @@ static void test_unsubscribe_answers_the_subscribe(void **state) {
   assert_string_equal(json_string_value(json_object_get(e, "conv")), "c2");
   assert_null(json_object_get(e, "retryAfterMs"));
   json_decref(e);
+  expect_error_conv(p, "cancelled", "c2");
   expect_unsubscribed(p, "c2");
   assert_int_equal(admission_in_use(fx.admission), 0);
   assert_int_equal(fx_drain_pool(&fx), 0); /* the job was taken back */
@@ -1380,6 +1386,132 @@ static void test_unsubscribe_answers_the_subscribe(void **state) {
   expect_synced(q, 1, 0);
   fx_drain_pool(&fx);
   fx_expect_nothing(q); /* no subscribed after the welcome */
+  fx_peer_free(q);
+  fx_peer_free(p);
+  fx_free(&fx);
+}
+
+/* Issue 31, item 5: every subscribe frame gets its own answer naming its
+ * conv, also one sent while the subscription is still being made, by a
+ * subscribe or by the hello (before the welcome), in the order sent:
+ * `subscribed` with "already" once that one is answered, its head what
+ * the connection had delivered then; the same refusal when it is refused;
+ * `cancelled` when an unsubscribe ends it (docs/protocol.md 4.5, 4.6). */
+static void test_every_subscribe_answered(void **state) {
+  fx_t fx;
+  fx_options_t o = {.slots = 1, .queue_max = 4, .queue_ms = 1000};
+  fx_init(&fx, &o);
+  fx_conv(&fx, "ch", "c1", 2);
+  fx_conv(&fx, "ch", "c2", 3);
+  fx_conv(&fx, "ch", "c3", 1);
+  char *token = fx_token(&fx, "alice", "*");
+
+  /* made by the hello, its job still out: the welcome answers the hello,
+   * then "already" the subscribe, before the replay */
+  fx_peer_t *p = fx_connect(&fx);
+  fx_hello_token(p, token, "c1", 0);
+  subscribe_frame(p, "c1", 0);
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx));
+  json_decref(expect(p, "welcome"));
+  expect_subscribed(p, "c1", 0, 0, 1);
+  expect_msgs(p, 1, 2);
+  expect_synced(p, 2, 0);
+  fx_expect_nothing(p);
+
+  /* made by the hello, then a subscribe and an unsubscribe before the
+   * welcome: cancelled answers the subscribe, unsubscribed the unsubscribe,
+   * and the welcome has no entry for it */
+  fx_peer_t *q = fx_connect(&fx);
+  fx_hello_token(q, token, "c1", 0);
+  subscribe_frame(q, "c1", 0);
+  assert_int_equal(fx_sub_state(q, "c1"), SUB_FILLING);
+  unsubscribe_frame(q, "c1");
+  expect_error_conv(q, "cancelled", "c1");
+  expect_unsubscribed(q, "c1");
+  assert_true(fx_step(&fx));
+  json_t *w = expect(q, "welcome");
+  assert_int_equal(json_array_size(json_object_get(w, "subs")), 0);
+  json_decref(w);
+  fx_append(&fx, "c1", 3);
+  expect_msgs(p, 3, 3);
+  fx_expect_nothing(q);
+
+  /* the hello's entry refused: its error, then the subscribe's */
+  fx_peer_t *r = fx_connect(&fx);
+  fx_hello_token(r, token, "c9", 0);
+  subscribe_frame(r, "c9", 0);
+  assert_true(fx_step(&fx));
+  expect_error_conv(r, "not_found", "c9");
+  expect_error_conv(r, "not_found", "c9");
+  json_decref(expect(r, "welcome"));
+  fx_expect_nothing(r);
+
+  /* a subscribe's store job out, and a second one: subscribed, then
+   * "already" from the watermark delivered so far, then the replay */
+  subscribe_frame(p, "c2", 1);
+  subscribe_frame(p, "c2", 1);
+  fx_expect_nothing(p);
+  assert_true(fx_step(&fx));
+  expect_subscribed(p, "c2", 3, 0, 0);
+  expect_subscribed(p, "c2", 1, 0, 1);
+  expect_msgs(p, 2, 3);
+  expect_synced(p, 3, 0);
+  subscribe_frame(p, "c2", 0); /* answered already: at once */
+  expect_subscribed(p, "c2", 3, 0, 1);
+  fx_expect_nothing(p);
+  assert_false(fx_step(&fx));
+
+  /* refused by the store read: each gets the refusal */
+  subscribe_frame(p, "c9", 0);
+  subscribe_frame(p, "c9", 0);
+  assert_true(fx_step(&fx));
+  expect_error_conv(p, "not_found", "c9");
+  expect_error_conv(p, "not_found", "c9");
+  fx_expect_nothing(p);
+
+  /* waiting for a slot, refused at the queue's timeout: each gets
+   * unavailable with a retry hint */
+  fx_peer_t *b = fx_connect(&fx);
+  fx_hello(b, "c1", -1); /* holds the only slot */
+  subscribe_frame(p, "c3", 0);
+  subscribe_frame(p, "c3", 0);
+  assert_int_equal(fx_sub_state(p, "c3"), SUB_QUEUED);
+  fx_expect_nothing(p);
+  fx_advance(&fx, 1000);
+  for (int i = 0; i < 2; i++) {
+    json_t *e = expect(p, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "unavailable");
+    assert_string_equal(json_string_value(json_object_get(e, "conv")), "c3");
+    assert_true(json_integer_value(json_object_get(e, "retryAfterMs")) > 0);
+    json_decref(e);
+  }
+  assert_int_equal(fx_sub_state(p, "c3"), -1);
+  fx_expect_nothing(p);
+  expect_open(p);
+  fx_drain_pool(&fx);
+
+  /* a refresh whose token no longer covers it, its job out: forbidden
+   * for each, then unsubscribed (and one forbidden for a live one) */
+  subscribe_frame(p, "c3", 0);
+  subscribe_frame(p, "c3", 0);
+  assert_int_equal(fx_sub_state(p, "c3"), SUB_FILLING);
+  char *narrow = fx_token(&fx, "alice", "c1"), text[2048];
+  snprintf(text, sizeof text, "{\"type\":\"refresh\",\"token\":\"%s\"}", narrow);
+  free(narrow);
+  fx_send(p, text);
+  json_decref(expect(p, "refreshed"));
+  expect_error_conv(p, "forbidden", "c3"); /* the newest subscription first */
+  expect_error_conv(p, "forbidden", "c3");
+  expect_unsubscribed(p, "c3");
+  expect_error_conv(p, "forbidden", "c2");
+  expect_unsubscribed(p, "c2");
+  fx_expect_nothing(p);
+  assert_int_equal(fx_drain_pool(&fx), 0); /* the job was taken back */
+  fx_expect_nothing(p);
+  free(token);
+  fx_peer_free(b);
+  fx_peer_free(r);
   fx_peer_free(q);
   fx_peer_free(p);
   fx_free(&fx);
@@ -2281,6 +2413,7 @@ int main(void) {
       cmocka_unit_test(test_unsubscribe),
       cmocka_unit_test(test_transition_outside_table_refused),
       cmocka_unit_test(test_unsubscribe_answers_the_subscribe),
+      cmocka_unit_test(test_every_subscribe_answered),
       cmocka_unit_test(test_refresh),
       cmocka_unit_test(test_token_convs_scope_across_refresh),
       cmocka_unit_test(test_token_expiry),
