@@ -883,7 +883,7 @@ int cvg_client_new(uv_loop_t *loop, const cvg_options_t *opt, cvg_client_t **out
     return rc;
   }
   int any_tls = 0;
-  for (size_t i = 0; i < opt->nurls; i++) any_tls |= strncmp(opt->urls[i], "wss://", 6) == 0;
+  for (size_t i = 0; i < opt->nurls; i++) any_tls |= wsurl_tls(opt->urls[i]);
   if (any_tls && (rc = tls_context(opt, &c->tls, err, errlen)) != 0) {
     cvg_core_free(c->core);
     free(c);

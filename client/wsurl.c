@@ -18,12 +18,13 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
-  int tls = u && strncmp(u, "wss://", 6) == 0;
-  if (!u || (!tls && strncmp(u, "ws://", 5) != 0)) {
+  int tls;
+  size_t scheme = urlauth_ws_scheme(u, &tls);
+  if (!scheme) {
     set_err(err, errlen, "URL '%s': must start with ws:// or wss://", u ? u : "(null)");
     return 0;
   }
-  const char *h = u + (tls ? 6 : 5), *end = h + strcspn(h, "/?#");
+  const char *h = u + scheme, *end = h + strcspn(h, "/?#");
   if (strlen(u) > 1024) {
     set_err(err, errlen, "URL is longer than 1024 bytes");
     return 0;
@@ -43,4 +44,8 @@ int wsurl_parse(const char *u, wsurl_t *out, char *err, size_t errlen) {
   return 1;
 }
 
-int wsurl_tls(const char *u) { return u && strncmp(u, "wss://", 6) == 0; }
+int wsurl_tls(const char *u) {
+  int tls;
+  urlauth_ws_scheme(u, &tls);
+  return tls;
+}

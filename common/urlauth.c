@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -75,4 +76,13 @@ int urlauth_parse(const char *url, const char *auth, size_t len, urlauth_t *out,
                 after + 1, url);
   out->port = (int)port;
   return 0;
+}
+
+size_t urlauth_ws_scheme(const char *url, int *tls) {
+  size_t n = !url                                 ? 0
+             : strncasecmp(url, "wss://", 6) == 0 ? 6
+             : strncasecmp(url, "ws://", 5) == 0  ? 5
+                                                  : 0;
+  if (tls) *tls = n == 6;
+  return n;
 }

@@ -3,7 +3,8 @@
  * node's HTTP client (net/httpc.c: http:// and https://) and the client
  * library (client/wsurl.c: ws:// and wss://), so both accept and refuse
  * the same hosts and ports. RFC 3986 section 3.2, without user
- * information. Pure function, any thread.
+ * information; and the test of a WebSocket URL's scheme (ws or wss) that
+ * both use. Pure functions, any thread.
  */
 #ifndef CONVERGER_COMMON_URLAUTH_H
 #define CONVERGER_COMMON_URLAUTH_H
@@ -27,5 +28,17 @@ typedef struct {
  * err[errlen] (err may be NULL; `out` is then undefined). */
 int urlauth_parse(const char *url, const char *auth, size_t len, urlauth_t *out, char *err,
                   size_t errlen);
+
+/* The scheme of a WebSocket URL (RFC 6455 section 3), read in any case
+ * (RFC 3986 section 3.1: "WSS://" is "wss://"). Returns the length of the
+ * "ws://" (5) or "wss://" (6) prefix that `url` starts with, *tls (may be
+ * NULL) set to 1 for wss (TLS) and 0 for ws; or 0 for anything else
+ * (another scheme such as https://, no scheme, NULL), *tls then 0. Only
+ * the prefix is read: the authority after it is urlauth_parse's. The one
+ * wss test of the node and the client library (client/wsurl.c,
+ * gate/drain.c, the configuration's public URL), so that all agree which
+ * URL is TLS: the scheme never goes down (docs/protocol.md 5.6 and 8).
+ * Pure function, any thread. */
+size_t urlauth_ws_scheme(const char *url, int *tls);
 
 #endif

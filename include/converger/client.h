@@ -218,8 +218,9 @@ typedef void (*cvg_sent_cb)(void *ud, const char *conv, const char *id, int64_t 
                             const char *error);
 
 typedef struct {
-  const char *const *urls; /* ws://host:port/v1/ws; at least one, all ws:// or all wss:// (a
-                              client on wss never moves to ws: cvg_core_new refuses a mix) */
+  const char *const *urls; /* ws://host:port/v1/ws; at least one, all ws:// or all wss://, the
+                              scheme in any case (a client on wss never moves to ws:
+                              cvg_core_new refuses a mix, and any other scheme) */
   size_t nurls;
   const char *token; /* the JWT for hello */
   const cvg_sub_t *subs;

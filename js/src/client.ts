@@ -37,7 +37,7 @@ export type WebSocketConstructor = new (url: string, protocols?: string | string
 export type TokenReason = "start" | "refresh" | "expired";
 
 export interface ClientOptions {
-  /** node WebSocket URLs (ws:// or wss://); reconnects go to a random other one */
+  /** node WebSocket URLs, absolute, all ws:// or all wss:// (scheme in any case); reconnects go to a random other one */
   urls: string[];
   /** the token; or getToken */
   token?: string;
@@ -209,15 +209,15 @@ export class Client extends Emitter<ClientEvents> {
   private closing: (() => void)[] = [];
 
   /**
-   * @throws TypeError without URLs, without a token or getToken, or
-   *   without a WebSocket (Node 20: pass the `ws` package's)
+   * @throws TypeError without URLs, with one that is not an absolute ws://
+   *   or wss:// URL (scheme in any case) or a mix of the two (Core's
+   *   constructor), without a token or getToken, or without a WebSocket
+   *   (Node 20: pass the `ws` package's)
    */
   constructor(options: ClientOptions) {
     super();
     const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
     if (!WS) throw new TypeError("no WebSocket here: pass one as the WebSocket option (in Node 20, the ws package's)");
-    for (const u of options.urls ?? [])
-      if (!/^wss?:\/\//.test(u)) throw new TypeError(`not a WebSocket URL (ws:// or wss://): ${u}`);
     this.WS = WS;
     this.getToken = options.getToken;
     this.storage = options.storage ?? new MemoryStorage();

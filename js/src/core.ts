@@ -145,6 +145,7 @@ export interface CoreEvents {
 }
 
 export interface CoreOptions {
+  /** absolute ws:// or wss:// URLs (the scheme in any case), all of one scheme */
   urls: string[];
   /** the first token; may be absent when `refreshable` (a `token` action asks for it) */
   token?: string;
@@ -278,12 +279,20 @@ export class Core {
    * @param options the URLs (one at least) and the token, or `refreshable`
    *   for one asked of the application at start
    * @param events the application's callbacks, called from the methods below
-   * @throws TypeError without a URL, or without a token when not refreshable
+   * @throws TypeError without a URL, with one that is not an absolute ws://
+   *   or wss:// URL (the scheme in any case: https:// and relative URLs are
+   *   refused), with a mix of ws:// and wss://, or without a token when not
+   *   refreshable
    */
   constructor(options: CoreOptions, private readonly events: CoreEvents = {}) {
     if (!options.urls || options.urls.length === 0) throw new TypeError("at least one URL is needed");
+    // Only ws: and wss:, in any case, as the C library (client/wsurl.c): a
+    // WebSocket also takes https: (and, in a browser, a relative URL on an
+    // https page) as TLS, which would pass here for plaintext.
+    for (const u of options.urls)
+      if (!wsScheme(u)) throw new TypeError(`not a WebSocket URL (ws:// or wss://, absolute): ${u}`);
     // a client on wss never moves to ws (docs/protocol.md 8): one list, one scheme
-    if (options.urls.some((u) => isTls(u) !== isTls(options.urls[0])))
+    if (options.urls.some((u) => wsScheme(u) !== wsScheme(options.urls[0])))
       throw new TypeError("the URLs mix ws:// and wss://: give all of one (a client on wss never moves to ws)");
     if (!options.token && !options.refreshable) throw new TypeError("a token (or getToken) is needed");
     this.urls = [...options.urls];
@@ -1014,8 +1023,8 @@ export class Core {
       return;
     }
     this.moveAt = now + after;
-    let to = typeof f.reconnectTo === "string" && /^wss?:\/\/./.test(f.reconnectTo) ? f.reconnectTo : null;
-    if (to && isTls(t.url) && !isTls(to)) {
+    let to = typeof f.reconnectTo === "string" && wsScheme(f.reconnectTo) ? f.reconnectTo : null;
+    if (to && wsScheme(t.url) === "wss" && wsScheme(to) !== "wss") {
       // A connection over TLS never moves to plaintext (docs/protocol.md
       // 5.6): the move goes to one of the configured URLs instead.
       this.events.error?.("downgrade_refused", "drain: reconnectTo is ws:// but this connection is wss://; moving to a configured URL instead");
@@ -1201,7 +1210,20 @@ export function randomId(random: Random): string {
   return `${s.slice(0, 8)}-${s.slice(8, 12)}-4${s.slice(13, 16)}-8${s.slice(17, 20)}-${s.slice(20, 32)}`;
 }
 
-/** A wss:// URL (TLS). */
-function isTls(url: string): boolean {
-  return url.startsWith("wss://");
+/**
+ * The scheme of an absolute WebSocket URL as a WebSocket reads it (the
+ * WHATWG URL parser, which Node's ws and browsers use; the scheme in any
+ * case, RFC 3986 section 3.1): "wss" (TLS) or "ws", or "" for anything
+ * else (another scheme such as https:, a relative URL, no host, not a URL).
+ * The one scheme test of this client: the mix rule and the downgrade rule
+ * (docs/protocol.md 8) compare two of these.
+ */
+function wsScheme(url: string): "ws" | "wss" | "" {
+  let p: URL;
+  try {
+    p = new URL(url);
+  } catch {
+    return "";
+  }
+  return p.protocol === "wss:" ? "wss" : p.protocol === "ws:" ? "ws" : "";
 }

@@ -205,6 +205,50 @@ test("a wss connection never moves to ws: the drain's ws reconnectTo is refused,
   assert.throws(() => new Core({ urls: ["wss://a/v1/ws", "ws://b/v1/ws"], token: "T" }), /mix ws:\/\/ and wss:\/\//);
 });
 
+test("only absolute ws:// and wss:// URLs are taken: https://, http://, relative ones are refused with the reason", () => {
+  // ws and browsers take https:// (and a relative URL on an https page) as
+  // TLS; taken here, it would count as plaintext for the downgrade rule
+  for (const u of ["https://gw/v1/ws", "http://gw/v1/ws", "HTTPS://gw/v1/ws", "ftp://gw/v1/ws", "/v1/ws", "gw/v1/ws", "ws://", ""])
+    assert.throws(() => new Core({ urls: [u], token: "T" }), (e) => e instanceof TypeError && /not a WebSocket URL/.test(e.message), u);
+  assert.throws(() => new Core({ urls: ["wss://a/v1/ws", "https://b/v1/ws"], token: "T" }), /not a WebSocket URL/);
+});
+
+test("the scheme in any case (RFC 3986 3.1): WSS:// and ws:// are a mix", () => {
+  for (const [a, b] of [["WSS://a/v1/ws", "ws://b/v1/ws"], ["wss://a/v1/ws", "WS://b/v1/ws"], ["Wss://a/v1/ws", "wS://b/v1/ws"]])
+    assert.throws(() => new Core({ urls: [a, b], token: "T" }), /mix ws:\/\/ and wss:\/\//, `${a} ${b}`);
+  new Core({ urls: ["WSS://a/v1/ws", "Wss://b/v1/ws", "wss://c/v1/ws"], token: "T" });
+});
+
+/** a client on `urls`, subscribed and welcomed, drained towards `to`; returns the harness and the move's connect action */
+function drainedTo(urls, to) {
+  const h = harness({ urls });
+  h.core.subscribe("r", { watermark: 0 });
+  const old = connect(h);
+  h.core.text(old, JSON.stringify({ type: "drain", afterMs: 10, reconnectTo: to, deadlineMs: 30000 }), 1);
+  h.take();
+  h.core.tick(11);
+  const [c] = h.take();
+  assert.equal(c.type, "connect");
+  return { h, c };
+}
+
+test("a WSS:// or Wss:// connection never moves to ws:// or WS://: refused and told", () => {
+  for (const urls of [["WSS://a/v1/ws", "WSS://b/v1/ws"], ["Wss://a/v1/ws"]])
+    for (const to of ["ws://plain/v1/ws", "WS://plain/v1/ws"]) {
+      const { h, c } = drainedTo(urls, to);
+      assert.deepEqual(h.log.errors, ["downgrade_refused"], `${urls[0]} -> ${to}`);
+      assert.ok(urls.includes(c.url), c.url);
+    }
+});
+
+test("a WSS:// reconnectTo is wss: a wss connection follows it", () => {
+  for (const urls of [["wss://a/v1/ws"], ["WSS://a/v1/ws"]]) {
+    const { h, c } = drainedTo(urls, "WSS://other/v1/ws");
+    assert.equal(c.url, "WSS://other/v1/ws");
+    assert.deepEqual(h.log.errors, []);
+  }
+});
+
 test("a ws client may move to wss, and from that wss connection not back to ws", () => {
   const h = harness();
   h.core.subscribe("r", { watermark: 0 });

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/urlauth.h"
+
 /* One request to `url` + `path`; the answer's JSON object (caller
  * decrefs) when it is `want`, else NULL with the reason in err. */
 static json_t *call(const fleet_t *f, const httpc_url_t *url, const char *method, const char *path,
@@ -90,15 +92,16 @@ int fleet_from_cluster(fleet_t *f, const char *url, char *err, size_t len) {
     }
     /* no admin listener: ws[s]://host:port/prefix/v1/ws -> http[s]://host:port/prefix */
     char base[600];
-    int tls = strncmp(pub, "wss://", 6) == 0;
-    if (!tls && strncmp(pub, "ws://", 5) != 0) {
+    int tls;
+    size_t scheme = urlauth_ws_scheme(pub, &tls);
+    if (!scheme) {
       snprintf(err, len,
                "node %s: publicUrl %s is not ws:// or wss:// (use --nodes with its admin URL)", id,
                pub);
       r = -1;
       break;
     }
-    snprintf(base, sizeof base, "http%s://%s", tls ? "s" : "", pub + (tls ? 6 : 5));
+    snprintf(base, sizeof base, "http%s://%s", tls ? "s" : "", pub + scheme);
     size_t bl = strlen(base);
     if (bl > 6 && strcmp(base + bl - 6, "/v1/ws") == 0) base[bl - 6] = '\0';
     if ((r = add(f, id, base, err, len)) != 0) break;

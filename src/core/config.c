@@ -288,9 +288,8 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
       return -CV_EINVAL;
     }
     break;
-  case K_WSURL:
-    if ((strncmp(v, "ws://", 5) != 0 || v[5] == '\0') &&
-        (strncmp(v, "wss://", 6) != 0 || v[6] == '\0')) {
+  case K_WSURL: /* the scheme in any case, as the clients read it */
+    if (urlauth_ws_scheme(v, NULL) == 0 || v[urlauth_ws_scheme(v, NULL)] == '\0') {
       fprintf(stderr, "converger: invalid %s \"%s\": want ws://HOST... or wss://HOST...\n", who, v);
       return -CV_EINVAL;
     }
@@ -300,7 +299,7 @@ static int apply(config_t *cfg, const setting_t *s, const char *v, const char *s
     }
     { /* its host and port as the client library reads them (common/urlauth.h):
          a URL it would refuse reaches no client */
-      const char *auth = v + (v[2] == 's' ? 6 : 5);
+      const char *auth = v + urlauth_ws_scheme(v, NULL);
       urlauth_t a;
       char why[CONFIG_URL_MAX + 160];
       if (urlauth_parse(v, auth, strcspn(auth, "/?#"), &a, why, sizeof why) != 0) {

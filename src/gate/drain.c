@@ -46,6 +46,7 @@
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "common/urlauth.h"
 #include "common/util.h"
 #include "gate/admission.h"
 #include "gate/spread.h"
@@ -477,7 +478,7 @@ static void peers_done(pool_job_t *job) {
       if (strcmp(nd->state, "draining") == 0) others += nd->connections;
       if (strcmp(nd->state, "ready") != 0) continue;
       snprintf(peers[np].url, sizeof peers[np].url, "%s", nd->public_url);
-      peers[np].tls = strncmp(nd->public_url, "wss://", 6) == 0;
+      urlauth_ws_scheme(nd->public_url, &peers[np].tls);
       peers[np++].load = nd->connections + nd->waiters;
     }
     free(d->peers);

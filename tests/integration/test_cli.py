@@ -180,7 +180,11 @@ class Cli(NodeCase):
         for url, why in (("ws://user:pw@gw.example:8080/v1/ws", "user info"),
                          ("ws://gw.example:0/v1/ws", "want 1..65535"),
                          ("ws://fe80::1/v1/ws", "brackets"),
-                         ("wss://gw_1!.example/v1/ws", "bad character")):
+                         ("wss://gw_1!.example/v1/ws", "bad character"),
+                         # the scheme in any case, as the clients read it:
+                         # its authority is checked as a lowercase one's
+                         ("WSS://user:pw@gw.example/v1/ws", "user info"),
+                         ("Ws://gw.example:0/v1/ws", "want 1..65535")):
             with self.subTest(url=url):
                 rc, out = self.serve_until_exit({"CONVERGER_PUBLIC_URL": url,
                                                  "CONVERGER_API_KEY": "k" * 32})

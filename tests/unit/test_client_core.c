@@ -344,6 +344,25 @@ static void test_constructor_errors(void **state) {
   o.urls = tls2; /* a wss:// URL is a URL like the others */
   assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
   cvg_core_free(core);
+  /* the scheme in any case (RFC 3986 section 3.1): WSS:// is wss, and a
+   * mix with ws:// (in any case) is refused as the lowercase one is */
+  const char *upper[] = {"WSS://a.example/v1/ws", "Wss://b.example:8443/v1/ws"};
+  o.urls = upper;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), 0);
+  cvg_core_free(core);
+  const char *mixes[][2] = {{"WSS://a.example/v1/ws", "ws://b.example/v1/ws"},
+                            {"wss://a.example/v1/ws", "WS://b.example/v1/ws"}};
+  for (size_t i = 0; i < 2; i++) {
+    o.urls = mixes[i];
+    err[0] = '\0';
+    assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+    assert_non_null(strstr(err, "mix ws:// and wss://"));
+  }
+  const char *https[] = {"HTTPS://a.example/v1/ws"}; /* not a WebSocket URL, in any case */
+  o.urls = https;
+  o.nurls = 1;
+  assert_int_equal(cvg_core_new(&o, &core, err, sizeof err), CVG_EINVAL);
+  assert_non_null(strstr(err, "must start with ws:// or wss://"));
 }
 
 static void test_hello_carries_watermarks_and_delivers_in_order(void **state) {
@@ -696,6 +715,24 @@ static void test_drain_never_moves_wss_to_ws(void **state) {
   t = move_by_drain(&h, t, "ws://plain:9/v1/ws", url, sizeof url);
   assert_string_equal(h.last_error, "downgrade_refused");
   assert_true(url_index(URLS3, url) >= 0); /* its own list's */
+  destroy(&h);
+  /* the scheme in any case: a WSS:// connection is TLS, refuses ws:// and
+   * WS://, and follows WSS:// */
+  static const char *const upper3[] = {"WSS://a:1/v1/ws", "Wss://b:2/v1/ws", "wSS://c:3/v1/ws"};
+  m.urls = upper3;
+  make_more(&h, subs, 1, 3, CVG_BACKOFF_DECORRELATED, &m);
+  t = connect_first(&h, 0);
+  t = move_by_drain(&h, t, "ws://plain:9/v1/ws", url, sizeof url);
+  assert_true(url_index(upper3, url) >= 0);
+  assert_string_equal(h.last_error, "downgrade_refused");
+  h.last_error[0] = '\0';
+  t = move_by_drain(&h, t, "WS://plain:9/v1/ws", url, sizeof url);
+  assert_true(url_index(upper3, url) >= 0);
+  assert_string_equal(h.last_error, "downgrade_refused");
+  h.last_error[0] = '\0';
+  t = move_by_drain(&h, t, "WSS://other:9/v1/ws", url, sizeof url);
+  assert_string_equal(url, "WSS://other:9/v1/ws");
+  assert_string_equal(h.last_error, "");
   destroy(&h);
 }
 

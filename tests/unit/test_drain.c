@@ -165,6 +165,26 @@ static void test_reconnect_to_keeps_the_scheme(void **state) {
   fx_peer_free(tls);
   fx_peer_free(plain);
   fx_free(&fx);
+  /* the scheme of a peer's public URL in any case (RFC 3986 section 3.1):
+   * WSS:// is wss, offered to the TLS client only, however loaded */
+  setup_fx(&fx, 10000, 100, 60000);
+  beat_url(&fx, "plain", "ws://plain.test/v1/ws", "ready", 1000);
+  beat_url(&fx, "upper", "WSS://upper.test/v1/ws", "ready", 0);
+  tls = live_with(&fx, "X-Forwarded-Proto: https\r\n");
+  plain = live(&fx);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  assert_true(fx_step(&fx));
+  to = expect_drain(tls, 10000);
+  assert_non_null(to);
+  assert_string_equal(to, "WSS://upper.test/v1/ws");
+  free(to);
+  to = expect_drain(plain, 10000);
+  assert_non_null(to);
+  assert_string_equal(to, "ws://plain.test/v1/ws");
+  free(to);
+  fx_peer_free(tls);
+  fx_peer_free(plain);
+  fx_free(&fx);
 }
 
 /* The n connections of p, each still open and sent nothing, closed one

@@ -112,10 +112,68 @@ static void test_bad(void **state) {
   }
 }
 
+/* The scheme of a WebSocket URL, in any case (RFC 3986 section 3.1): the
+ * one wss test of the node (gate/drain.c, the configuration) and the
+ * client library (wsurl.c), which agree with it. */
+static void test_ws_scheme(void **state) {
+  (void)state;
+  struct {
+    const char *url;
+    size_t len; /* of the ws:// or wss:// prefix; 0: not a WebSocket URL */
+    int tls;
+    const char *port; /* wsurl_parse's; NULL: it refuses the URL */
+  } cases[] = {
+      {"wss://h/v1/ws", 6, 1, "443"},
+      {"WSS://h/v1/ws", 6, 1, "443"},
+      {"Wss://h/v1/ws", 6, 1, "443"},
+      {"wSs://h:8443/v1/ws", 6, 1, "8443"},
+      {"ws://h/v1/ws", 5, 0, "80"},
+      {"WS://h/v1/ws", 5, 0, "80"},
+      {"wS://[::1]/v1/ws", 5, 0, "80"},
+      {"wss://", 6, 1, NULL}, /* the prefix only: the authority is urlauth_parse's */
+      {"https://h/v1/ws", 0, 0, NULL},
+      {"HTTPS://h/v1/ws", 0, 0, NULL},
+      {"http://h/v1/ws", 0, 0, NULL},
+      {"wss:/h/v1/ws", 0, 0, NULL},
+      {"wss:h", 0, 0, NULL},
+      {"wsss://h", 0, 0, NULL},
+      {" wss://h", 0, 0, NULL},
+      {"/v1/ws", 0, 0, NULL},
+      {"h/v1/ws", 0, 0, NULL},
+      {"wss", 0, 0, NULL},
+      {"", 0, 0, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *u = cases[i].url;
+    int tls = -1;
+    size_t n = urlauth_ws_scheme(u, &tls);
+    if (n != cases[i].len || tls != cases[i].tls)
+      fail_msg("\"%s\": %zu tls %d, want %zu tls %d", u, n, tls, cases[i].len, cases[i].tls);
+    assert_int_equal(urlauth_ws_scheme(u, NULL), cases[i].len);
+    /* the client library reads it the same way */
+    assert_int_equal(wsurl_tls(u), cases[i].tls);
+    wsurl_t w;
+    char err[256] = "";
+    int ok = wsurl_parse(u, &w, err, sizeof err);
+    if (ok != (cases[i].port != NULL)) fail_msg("wsurl \"%s\": %d (%s)", u, ok, err);
+    if (ok) {
+      assert_int_equal(w.tls, cases[i].tls);
+      assert_string_equal(w.port, cases[i].port);
+    } else if (!cases[i].len) {
+      assert_non_null(strstr(err, "must start with ws:// or wss://"));
+    }
+  }
+  int tls = -1;
+  assert_int_equal(urlauth_ws_scheme(NULL, &tls), 0);
+  assert_int_equal(tls, 0);
+  assert_int_equal(wsurl_tls(NULL), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_good),
       cmocka_unit_test(test_bad),
+      cmocka_unit_test(test_ws_scheme),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
