@@ -558,6 +558,39 @@ def _do_request(conn, method, path, body, headers, key, raw_body):
     return r.status, hdrs, js
 
 
+class Sender(threading.Thread):
+    """A steady REST sender, started at once: {"i": n} to `conv` through
+    `node` (a keep-alive session), Idempotency-Key "k<n>", one every
+    `every_s` seconds, until halt(). `acked` holds the seqs acknowledged,
+    in order; a refusal ends it with its (status, body) in `errors`, for
+    the test to assert empty after halt()."""
+
+    def __init__(self, node, conv, every_s=0.01, sender="bot"):
+        super().__init__(daemon=True)
+        self.node, self.conv, self.every_s, self.sender = node, conv, every_s, sender
+        self.acked, self.errors = [], []
+        self.halted = threading.Event()
+        self.start()
+
+    def run(self):
+        with self.node.session() as s:
+            i = 0
+            while not self.halted.is_set():
+                st, _, js = s.request("POST", "/v1/conversations/%s/messages" % self.conv,
+                                      {"sender": self.sender, "body": {"i": i}},
+                                      headers={"Idempotency-Key": "k%d" % i})
+                if st not in (200, 201):
+                    self.errors.append((st, js))
+                    return
+                self.acked.append(js["seq"])
+                i += 1
+                self.halted.wait(self.every_s)
+
+    def halt(self, timeout=10.0):
+        self.halted.set()
+        self.join(timeout)
+
+
 class RestSession:
     """A persistent keep-alive connection; same return shape as Node.request."""
 

@@ -35,7 +35,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import NodeCase, PgCluster, mint_token, open_client, uid  # noqa: E402
+from harness import NodeCase, PgCluster, Sender, mint_token, open_client, uid  # noqa: E402
 
 try:
     import websockets  # the DevTools protocol to Chromium
@@ -477,22 +477,7 @@ class SseCluster(NodeCase):
         a, b = self.node_start(env), self.node_start(env)
         conv = a.new_conv()
         tok = mint_token("ann", [conv])
-        stop = threading.Event()
-        acked = []
-
-        def sender():
-            with b.session() as s:
-                i = 0
-                while not stop.is_set():
-                    st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
-                                          {"sender": "bot", "body": {"i": i}},
-                                          headers={"Idempotency-Key": "k%d" % i})
-                    assert st in (200, 201), (st, js)
-                    acked.append(js["seq"])
-                    i += 1
-                    time.sleep(0.01)
-        th = threading.Thread(target=sender, daemon=True)
-        th.start()
+        sender = Sender(b, conv)
         try:
             s = Sse(a.port, q(conv=conv, token=tok), {"Last-Event-ID": "%s 0" % conv})
             _, seen = s.until(lambda e: e["event"] == "drain" or
@@ -510,9 +495,9 @@ class SseCluster(NodeCase):
             self.assertEqual(s.status, 200)
             time.sleep(0.5)
         finally:
-            stop.set()
-            th.join(10)
-        top = max(acked)
+            sender.halt()
+        self.assertEqual(sender.errors, [])
+        top = max(sender.acked)
         _, seen = s.until(lambda e: e["event"] == "msg" and e["data"]["seq"] >= top, 15)
         got += seqs(seen, conv)
         self.assertEqual(got, list(range(1, top + 1)))  # every acknowledged message once, in order

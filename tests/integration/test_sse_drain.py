@@ -39,7 +39,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import NodeCase, PgCluster, mint_token  # noqa: E402
+from harness import NodeCase, PgCluster, Sender, mint_token  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "deploy", "haproxy", "converger.cfg")
@@ -301,24 +301,7 @@ class SseDrainThroughHaproxy(NodeCase):
         moving = by_node[drained.node_id]
         self.assertGreaterEqual(len(moving), READERS // 2)
 
-        acked, stop = [], threading.Event()
-        errors = []
-
-        def sender():
-            with stays.session() as s:
-                i = 0
-                while not stop.is_set():
-                    st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
-                                          {"sender": "bot", "body": {"i": i}},
-                                          headers={"Idempotency-Key": "k%d" % i})
-                    if st not in (200, 201):
-                        errors.append((st, js))
-                        return
-                    acked.append(js["seq"])
-                    i += 1
-                    stop.wait(SEND_EVERY_S)
-        th = threading.Thread(target=sender, daemon=True)
-        th.start()
+        sender = Sender(stays, conv, SEND_EVERY_S)
         try:
             end = time.monotonic() + 10
             while time.monotonic() < end and not all(len(r.msgs) >= 20 for r in readers):
@@ -332,9 +315,9 @@ class SseDrainThroughHaproxy(NodeCase):
             self.assertEqual(drained.proc.returncode, 0, drained.log_tail())
             time.sleep(1.0)  # messages on the new streams
         finally:
-            stop.set()
-            th.join(10)
-        self.assertEqual(errors, [])
+            sender.halt()
+        self.assertEqual(sender.errors, [])
+        acked = sender.acked
         top = acked[-1]
         self.assertEqual(acked, list(range(acked[0], top + 1)))
         end = time.monotonic() + 15
