@@ -459,6 +459,23 @@ static void test_a_stream_with_no_msg_resumes_where_it_was(void **state) {
   fx_free(&fx);
 }
 
+/* A drain window of `window_ms`, conversation c1 with `msgs` messages, a
+ * ready peer for the drain's read, and `n` streams of c1 (token `tok`)
+ * open in `s`, their welcome and synced read. */
+static void streams_before_a_drain(fx_t *fx, int64_t window_ms, int msgs, const char *tok,
+                                   sse_t **s, int n) {
+  fx->cfg.drain_window_ms = window_ms;
+  fx_conv(fx, "ch", "c1", msgs);
+  assert_int_equal(
+      store_node_beat(fx->db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
+      0);
+  for (int i = 0; i < n; i++) {
+    s[i] = sse_open(fx, "conv=c1", tok, NULL);
+    json_decref(expect_event(s[i], "welcome").data);
+    json_decref(expect_event(s[i], "synced").data);
+  }
+}
+
 /* A drain with a ready peer (gate/drain.h): the stream is told nothing
  * when the drain begins and keeps getting its messages; at its own moment
  * in the window (the fake clock) it gets the drain event, with its id (the
@@ -468,17 +485,11 @@ static void test_a_stream_with_no_msg_resumes_where_it_was(void **state) {
 static void test_drain_event_has_the_id(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
-  fx.cfg.drain_window_ms = 800;
-  fx_conv(&fx, "ch", "c1", 2);
-  assert_int_equal(
-      store_node_beat(fx.db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
-      0);
+  char *tok = fx_token(&fx, "ann", "c1");
+  sse_t *s;
+  streams_before_a_drain(&fx, 800, 2, tok, &s, 1);
   char ep[STORE_EPOCH_MAX + 1], at[64];
   epoch_of(&fx, "c1", ep);
-  char *tok = fx_token(&fx, "ann", "c1");
-  sse_t *s = sse_open(&fx, "conv=c1", tok, NULL);
-  json_decref(expect_event(s, "welcome").data);
-  json_decref(expect_event(s, "synced").data);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
   fx_drain_pool(&fx); /* the peers' read */
   expect_no_event(s); /* the stream goes on */
@@ -510,16 +521,7 @@ static void test_drain_event_has_the_id(void **state) {
 /* Two streams told to move (waiting for their moments in a 30 s window),
  * the drain begun with a ready peer. */
 static void two_waiting_streams(fx_t *fx, const char *tok, sse_t **s) {
-  fx->cfg.drain_window_ms = 30000;
-  fx_conv(fx, "ch", "c1", 1);
-  assert_int_equal(
-      store_node_beat(fx->db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
-      0);
-  for (int i = 0; i < 2; i++) {
-    s[i] = sse_open(fx, "conv=c1", tok, NULL);
-    json_decref(expect_event(s[i], "welcome").data);
-    json_decref(expect_event(s[i], "synced").data);
-  }
+  streams_before_a_drain(fx, 30000, 1, tok, s, 2);
   assert_int_equal(drain_start(fx->drain, "test"), 0);
   fx_drain_pool(fx); /* the peers' read: both told, their moments ahead */
   fx_advance(fx, 20);
@@ -590,19 +592,10 @@ static void test_stop_during_a_drain_leaves_no_stream_behind(void **state) {
 static void test_drain_many_streams_some_leave(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
-  fx.cfg.drain_window_ms = 3000;
-  fx_conv(&fx, "ch", "c1", 1);
-  assert_int_equal(
-      store_node_beat(fx.db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
-      0);
   char *tok = fx_token(&fx, "ann", "c1");
   sse_t *s[MANY];
   int ended[MANY] = {0}, open = MANY;
-  for (int i = 0; i < MANY; i++) {
-    s[i] = sse_open(&fx, "conv=c1", tok, NULL);
-    json_decref(expect_event(s[i], "welcome").data);
-    json_decref(expect_event(s[i], "synced").data);
-  }
+  streams_before_a_drain(&fx, 3000, 1, tok, s, MANY);
   assert_int_equal(drain_start(fx.drain, "test"), 0);
   fx_drain_pool(&fx);
   for (uint64_t t = 0; open > 0; t += 20) {
@@ -648,15 +641,9 @@ static void test_drain_many_streams_some_leave(void **state) {
 static void test_shed_then_drain_one_event(void **state) {
   fx_t fx;
   fx_init(&fx, NULL);
-  fx.cfg.drain_window_ms = 3000;
-  fx_conv(&fx, "ch", "c1", 1);
-  assert_int_equal(
-      store_node_beat(fx.db, "peer", "ws://peer.test/v1/ws", "", "ready", 0, 0, 0, util_now_ms()),
-      0);
   char *tok = fx_token(&fx, "ann", "c1");
-  sse_t *s = sse_open(&fx, "conv=c1", tok, NULL);
-  json_decref(expect_event(s, "welcome").data);
-  json_decref(expect_event(s, "synced").data);
+  sse_t *s;
+  streams_before_a_drain(&fx, 3000, 1, tok, &s, 1);
   int chosen, total;
   assert_int_equal(drain_shed(fx.drain, 1.0, 3000, &chosen, &total), 0);
   assert_int_equal(chosen, 1);
