@@ -230,8 +230,11 @@ static void release_queue(drain_t *d) {
  * closes: every close path (the reader leaving, ws_close and so node_stop's
  * 1001, the stream's own end, conn_close) calls the session's on_close and
  * so drain_conn_closing, which takes the entry out through its place
- * (drain_mark_t.sse_slot), in O(log n). An entry is therefore always an
- * open stream, and a connection is freed only after its close; the drain's
+ * (drain_mark_t.sse_slot), in O(log n). So no entry outlives its
+ * connection, which is freed only after its close (a stream that ws_close
+ * ended while its hello job was out may still be welcomed and pushed after
+ * that close: its final conn_close takes the entry off again, and sse_due
+ * ends only an open stream); the drain's
  * own stop (sse_release) only forgets the entries. Why not scan the open
  * connections for due moments on each tick instead, keeping the moment in
  * the mark: the drain's timer runs every 20 ms while it drains, and the
@@ -309,6 +312,21 @@ static void sse_remove(drain_t *d, drain_mark_t *m) {
   d->sse[i] = last;
   sse_up(d, i); /* one of the two moves it, or neither */
   sse_down(d, last.m->sse_slot - 1);
+}
+
+int drain_check(const drain_t *d) {
+  for (size_t i = 0; i < d->nsse; i++) {
+    if (d->sse[i].m->sse_slot != i + 1) {
+      log_error("drain: the stream at %zu of the heap of moments says it is at %u", i,
+                (unsigned)d->sse[i].m->sse_slot);
+      return -1;
+    }
+    if (i > 0 && d->sse[(i - 1) / 2].due > d->sse[i].due) {
+      log_error("drain: the stream at %zu of the heap of moments is due before its parent", i);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 /* The drain stops: forget every entry (the stop closes their streams). */

@@ -148,6 +148,12 @@ void drain_conn_closing(drain_t *d, conn_t *c);
  * it again at the same time changes nothing. Loop thread. */
 void drain_tick(drain_t *d);
 
+/* For tests (tests/unit/fixture.c calls it after every loop turn): 0 when
+ * the streams' heap of moments holds its invariants (each entry due no
+ * later than its children; each entry's mark names its place), -1 with a
+ * log line saying which does not. O(streams waiting). Loop thread. */
+int drain_check(const drain_t *d);
+
 /* How far the drain (once begun), else the current or last shed, has got:
  * connections told to move, those that left by themselves, those closed
  * with 1012; and while draining, the WebSocket connections still open. */

@@ -562,8 +562,9 @@ class Sender(threading.Thread):
     """A steady REST sender, started at once: {"i": n} to `conv` through
     `node` (a keep-alive session), Idempotency-Key "k<n>", one every
     `every_s` seconds, until halt(). `acked` holds the seqs acknowledged,
-    in order; a refusal ends it with its (status, body) in `errors`, for
-    the test to assert empty after halt()."""
+    in order; a refusal ends it with its (status, body) in `errors`, and
+    an exception with ("exception", repr), for the test to assert empty
+    after halt()."""
 
     def __init__(self, node, conv, every_s=0.01, sender="bot"):
         super().__init__(daemon=True)
@@ -573,18 +574,21 @@ class Sender(threading.Thread):
         self.start()
 
     def run(self):
-        with self.node.session() as s:
-            i = 0
-            while not self.halted.is_set():
-                st, _, js = s.request("POST", "/v1/conversations/%s/messages" % self.conv,
-                                      {"sender": self.sender, "body": {"i": i}},
-                                      headers={"Idempotency-Key": "k%d" % i})
-                if st not in (200, 201):
-                    self.errors.append((st, js))
-                    return
-                self.acked.append(js["seq"])
-                i += 1
-                self.halted.wait(self.every_s)
+        try:
+            with self.node.session() as s:
+                i = 0
+                while not self.halted.is_set():
+                    st, _, js = s.request("POST", "/v1/conversations/%s/messages" % self.conv,
+                                          {"sender": self.sender, "body": {"i": i}},
+                                          headers={"Idempotency-Key": "k%d" % i})
+                    if st not in (200, 201):
+                        self.errors.append((st, js))
+                        return
+                    self.acked.append(js["seq"])
+                    i += 1
+                    self.halted.wait(self.every_s)
+        except Exception as e:  # a reset or a timeout: the test sees it in errors
+            self.errors.append(("exception", repr(e)))
 
     def halt(self, timeout=10.0):
         self.halted.set()

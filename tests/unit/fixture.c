@@ -233,6 +233,7 @@ void fx_run(fx_t *fx) {
   for (int i = 0; i < 4; i++) {
     uv_run(&fx->loop, UV_RUN_NOWAIT);
     conn_flush_all(&fx->net);
+    if (fx->drain) assert_int_equal(drain_check(fx->drain), 0);
   }
 }
 
