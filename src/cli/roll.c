@@ -86,11 +86,11 @@ static void usage(FILE *out, int balance_only) {
                  "of converger roll apply.\n\n");
   else
     fprintf(out, "Restarts a fleet of converger nodes in batches without a reconnect storm (the\n"
-                 "reconnect-storm post-mortem's controller): refuses to start without headroom,\n"
-                 "drains each batch (clients move make-before-break), restarts it, waits for\n"
-                 "/readyz, pauses while a survivor is hot, aborts on the connections-drop alarm,\n"
-                 "a survivor hot for too long, a node that does not come back, or Ctrl-C; then\n"
-                 "balances the fleet. Prints the plan first.\n\n");
+                 "reconnect-storm post-mortem's controller, docs/background.md): refuses to\n"
+                 "start without headroom, drains each batch (clients move make-before-break),\n"
+                 "restarts it, waits for /readyz, pauses while a survivor is hot, aborts on the\n"
+                 "connections-drop alarm, a survivor hot for too long, a node that does not come\n"
+                 "back, or Ctrl-C; then balances the fleet. Prints the plan first.\n\n");
   fprintf(out, "  --url URL              the admin URL (http://host:9090) of any node: the fleet\n"
                "                         is its GET /admin/cluster, each node at its adminUrl\n"
                "  --nodes URL,...        or the nodes' own http:// admin URLs (one of --url and\n"

@@ -84,7 +84,8 @@ int rollpolicy_headroom(const rollpolicy_params_t *p, const rollpolicy_node_t *n
     snprintf(
         why, len,
         "fleet utilisation %.0f %% is above the %.0f %% budget (--max-utilisation): the "
-        "survivors would have %.0f %% headroom, the reconnect-storm post-mortem asks for %.0f %%",
+        "survivors would have %.0f %% headroom, the reconnect-storm post-mortem asks for %.0f %% "
+        "(docs/background.md)",
         u * 100, p->max_utilisation * 100, (1 - u) * 100, (1 - p->max_utilisation) * 100);
     return 1;
   }

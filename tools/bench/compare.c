@@ -67,7 +67,8 @@ typedef struct {
 
 static const preset_t presets[] = {
     {"adr",
-     "The admission-queue decision record's 10 000-socket rolling restart, in three shapes. "
+     "The admission-queue decision record's 10 000-socket rolling restart (docs/background.md), "
+     "in three shapes. "
      "**before**: the harness it describes before its change (admission off, every dropped "
      "client reconnects to the next node, `retryAfterMs` ignored, backoff growing to 10 s drawn "
      "from [b/2, 3b/2], 1012 closes at 500/s with no drain frames). **after**: its change "
@@ -93,7 +94,8 @@ static const preset_t presets[] = {
         "random", "--backoff", "decorrelated:250:10000", NULL}}},
      3},
     {"gw05",
-     "The drain lesson's experiment: a drain that tells every client to reconnect at once "
+     "The drain lesson's experiment (docs/background.md): a drain that tells every client to "
+     "reconnect at once "
      "(**at-once**: `afterMs` 0 for all) against one that spreads the moves with full jitter "
      "over the window (**jitter**: `afterMs` uniform in the window). Both migrate "
      "make-before-break; only the window differs.",
@@ -116,8 +118,9 @@ static void usage(FILE *out) {
           "prints their figures side by side (issue 7; docs/benchmarks/rolling-restart/).\n\n"
           "  --preset adr|gw05      adr: the admission-queue decision record's harness before\n"
           "                         and after its change, and converger's default (migrate);\n"
-          "                         gw05: drain with every client told to move at once\n"
-          "                         against full jitter over the window\n"
+          "                         gw05: the drain lesson's drain with every client told to\n"
+          "                         move at once against full jitter over the window (both\n"
+          "                         documents: docs/background.md)\n"
           "  --drain-window-ms N    the window of the migrating scenarios [" DEFAULT_W "]\n"
           "  --out DIR              compare.md, the plots, one subdirectory per scenario\n"
           "                         [compare-PRESET]\n"
