@@ -77,6 +77,21 @@ def _unregister(proc):
         _LIVE_PROCS.pop(proc.pid, None)
 
 
+def stop_process(proc, timeout=10.0):
+    """Stops a process a test started (subprocess.Popen, registered): SIGTERM
+    by its pid, then SIGKILL after `timeout` seconds; unregisters it.
+    Returns its exit status (negative: the signal that ended it)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    _unregister(proc)
+    return proc.returncode
+
+
 @atexit.register
 def _kill_leftovers():
     with _LIVE_LOCK:

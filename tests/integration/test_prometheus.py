@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -109,14 +108,7 @@ class Prometheus:
             return f.read()[-3000:]
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        harness._unregister(self.proc)
+        harness.stop_process(self.proc, 15)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

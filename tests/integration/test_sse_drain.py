@@ -28,7 +28,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -240,14 +239,7 @@ class Haproxy:
             return f.read()
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        harness._unregister(self.proc)
+        harness.stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -95,14 +95,7 @@ class Tls(NodeCase):
             self.fail("HAProxy's TLS frontend never answered /readyz:\n" + f.read())
 
     def stop_haproxy(self):
-        if self.haproxy.poll() is None:
-            os.kill(self.haproxy.pid, signal.SIGTERM)
-            try:
-                self.haproxy.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.haproxy.pid, signal.SIGKILL)
-                self.haproxy.wait(5)
-        harness._unregister(self.haproxy)
+        harness.stop_process(self.haproxy)
 
     def https(self, path, method="GET", body=None, key=harness.API_KEY):
         ctx = ssl.create_default_context(cafile=self.ca)
