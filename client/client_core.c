@@ -67,16 +67,16 @@ typedef struct {
 
 typedef struct {
   char *conv;
-  int64_t wm;       /* watermark; CVG_WATERMARK_NONE until the first welcome */
-  char epoch[CVG_EPOCH_MAX + 1];           /* the epoch `wm` is in; "" unknown */
-  char left_epoch[CVG_EPOCH_MAX + 1];      /* the one a reset left: its late frames are dropped */
+  int64_t wm;                         /* watermark; CVG_WATERMARK_NONE until the first welcome */
+  char epoch[CVG_EPOCH_MAX + 1];      /* the epoch `wm` is in; "" unknown */
+  char left_epoch[CVG_EPOCH_MAX + 1]; /* the one a reset left: its late frames are dropped */
   char hello_epoch[NT][CVG_EPOCH_MAX + 1]; /* `epoch` when transport slot k's hello went out */
   char sync_epoch[CVG_EPOCH_MAX + 1];      /* `epoch` when the pending sync went out */
-  int ended;        /* forbidden, not found or inactive: left out of hellos */
-  int sync_pending; /* a gap sync is in flight on the active transport */
-  int64_t retry_at; /* replay_unavailable: sync again at this time; -1 none */
-  int in_hello[NT]; /* transport slot k's hello carried it */
-  int subscribing;  /* a `subscribe` is in flight on the active transport */
+  int ended;            /* forbidden, not found or inactive: left out of hellos */
+  int sync_pending;     /* a gap sync is in flight on the active transport */
+  int64_t retry_at;     /* replay_unavailable: sync again at this time; -1 none */
+  int in_hello[NT];     /* transport slot k's hello carried it */
+  int subscribing;      /* a `subscribe` is in flight on the active transport */
   int64_t sub_retry_at; /* a refused subscribe: again at this time; -1 none */
 } csub_t;
 
@@ -461,11 +461,11 @@ static void open_transport(cvg_core_t *core, int url, const char *url_text, int 
   t->migration = migration;
   t->deadline = now + core->opt.connect_timeout_ms;
   char *u = strdup(url_text ? url_text : core->urls[url]);
-  t->tls = wsurl_tls(u);
   if (!u) {
     t->st = T_FREE;
     return;
   }
+  t->tls = wsurl_tls(u);
   core->st.attempts++;
   push(core, (cvg_action_t){.type = CVG_ACT_OPEN, .transport = t->id, .url = u}, u);
   if (migration)

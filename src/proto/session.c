@@ -130,11 +130,8 @@ static void handle_subscribe(session_t *s, const frame_client_t *f) {
   sub_t *sub = session_find_sub(s, f->conv);
   if (sub) {
     sub->presence_events = f->presence_events; /* a second subscribe may change them */
-    if (sub->announced)
-      session_send_owned(
-          c, frame_subscribed(sub->conv, sub->delivered, sub->epoch, sub->presence, 0, 1));
-    else
-      sub->answers_owed++; /* made by a subscribe or the hello, not answered yet */
+    sub->answers_owed++; /* this one's answer: now when announced, else with the first's */
+    if (sub->announced) sub_answer_already(sub);
     return;
   }
   if (count_subs(s) >= (size_t)s->ss->cfg->max_subs) {
