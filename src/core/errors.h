@@ -20,7 +20,8 @@
   X(NOMEM, "out of memory")                                                                        \
   X(CANCELED, "canceled")                                                                          \
   X(UNAUTHORIZED, "unauthorized")                                                                  \
-  X(TIMEDOUT, "store deadline passed")
+  X(TIMEDOUT, "store deadline passed")                                                            \
+  X(SHARD, "shard unavailable")
 
 enum {
   CV_E_BASE_ = 9999,

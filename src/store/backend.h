@@ -85,12 +85,20 @@ struct store_ops_s {
   int (*presence_list)(store_t *s, const char *conv, const char *after, int limit,
                        store_member_t **out, size_t *n, int64_t *count);
   int (*presence_sweep)(store_t *s, int64_t since_ms, int64_t *removed);
+  /* Optional, as presence_sweep: `nodes` valid ids, n >= 1. */
+  int (*presence_sweep_nodes)(store_t *s, char *const *nodes, size_t n, int64_t *removed);
+  /* Optional (NULL: -CV_EINVAL): *ids NULL, *n 0. */
+  int (*nodes_gone)(store_t *s, int64_t since_ms, char ***ids, size_t *n);
+  /* Optional (NULL: -CV_EINVAL): `out` zeroed; urls checked, n >= 1. */
+  int (*shardmap_get)(store_t *s, store_shardmap_t *out);
+  int (*shardmap_init)(store_t *s, const char *const *urls, int n);
   int (*presence_of_node)(store_t *s, const char *node, char ***convs, char ***clients,
                           char ***users, size_t *n);
 };
 
 extern const store_ops_t store_sqlite_ops;
 extern const store_ops_t store_postgres_ops;
+extern const store_ops_t store_sharded_ops; /* sharded.c: routes to instances */
 
 /* Copy `src` into `dst` (`cap` bytes), truncated and NUL-terminated: the
  * backends' row copies into fixed fields. */

@@ -26,6 +26,19 @@ char *notify_message_template(const char *conv, const char *epoch, const char *i
   return out;
 }
 
+char *notify_message(const char *conv, const store_msg_t *m) {
+  char *out = NULL;
+  int ids = util_id_valid(conv) && util_id_valid(m->epoch) && util_id_valid(m->id) && m->sender &&
+            util_id_valid(m->sender) && m->body;
+  if (ids && asprintf(&out, "m %lld %s %s %lld %s %s\n%s", (long long)m->seq, conv, m->epoch,
+                      (long long)m->ts_ms, m->id, m->sender, m->body) < 0)
+    out = NULL;
+  if (!ids && asprintf(&out, "m %lld %s%s%s", (long long)m->seq, conv, m->epoch[0] ? " " : "",
+                       m->epoch) < 0)
+    out = NULL;
+  return out;
+}
+
 /* The next space- (or end-) delimited field at *p into dst (cap bytes);
  * 0, or -1 when it is empty or too long. `last`: ends at '\n' or the end. */
 static int field(const char **p, char *dst, size_t cap, int last) {

@@ -58,6 +58,12 @@
 char *notify_message_template(const char *conv, const char *epoch, const char *id,
                               const char *sender, const char *body, int64_t ts_ms);
 
+/* The payload of message `m` of `conv` with its seq and epoch, of any
+ * size (a sharded cluster's bus has no payload limit); a head hint when
+ * the sender is not an id. Heap string the caller frees; NULL when out of
+ * memory. */
+char *notify_message(const char *conv, const store_msg_t *m);
+
 typedef enum {
   NOTIFY_BAD = 0,
   NOTIFY_MESSAGE, /* the fields of a new message */

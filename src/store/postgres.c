@@ -228,6 +228,18 @@ static const char *const migrations[] = {
     "   FROM unnest(r_st, r_seq, r_ep, r_snd, r_body, r_ts) WITH ORDINALITY"
     "   AS u (st, s, e, snd, b, t, k) ORDER BY u.k;"
     " END $f$;",
+    /* 8: a sharded cluster's map (store.h, store_shardmap_t), read from
+     * the control database: its instances and, for each logical shard
+     * (core/shard.h), the instance that holds it. Every database gets the
+     * tables; only the control database's have rows. */
+    "CREATE TABLE shard_instances ("
+    " id INTEGER PRIMARY KEY CHECK (id >= 0),"
+    " url TEXT NOT NULL);"
+    "CREATE TABLE shard_map ("
+    " shard INTEGER PRIMARY KEY CHECK (shard >= 0 AND shard < 256),"
+    " instance INTEGER NOT NULL REFERENCES shard_instances (id));"
+    "CREATE TABLE shard_map_version (one INTEGER PRIMARY KEY CHECK (one = 1),"
+    " version BIGINT NOT NULL);",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -342,6 +354,11 @@ typedef struct {
   const char *prepared[PREPARED_MAX]; /* SQL of statement "c<i>" on `conn` */
   int nprepared;
   int notify; /* store_options_t.notify */
+  /* store_options_t.announce (without notify): presence changes go there
+   * after their COMMIT; `pending` is the one the open transaction has. */
+  store_announce_cb announce;
+  void *announce_ud;
+  char *pending;
   /* store_options_t.shared, or `own`: connect_failing is set by a failed
    * connect and cleared by a successful one, over every connection that
    * shares it (a pool's workers): an outage is logged once, not once per
@@ -681,6 +698,7 @@ static void op_close(store_t *base) {
   pg_t *s = pg(base);
   PQfinish(s->conn); /* NULL is fine */
   free(s->url);
+  free(s->pending);
   free(s);
 }
 
@@ -694,6 +712,8 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->connect_timeout_ms = timeout_ms;
   s->lock_timeout_ms = opt->busy_timeout_ms;
   s->notify = opt->notify;
+  s->announce = opt->notify ? NULL : opt->announce;
+  s->announce_ud = opt->announce_ud;
   s->shared = opt->shared ? opt->shared : &s->own;
   s->url = strdup(url);
   err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
@@ -1282,7 +1302,9 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
  * user's first (docs/operations.md, "Presence"). */
 #define SQL_PRESENCE_GONE                                                                          \
   "WITH d AS (DELETE FROM presence WHERE node_id IN"                                               \
-  " (SELECT id FROM nodes WHERE updated_ms < $1) RETURNING conv, client, user_id),"                \
+  " (SELECT id FROM nodes WHERE updated_ms < $1) RETURNING conv, client, "                         \
+  "user_id)," SQL_PRESENCE_GONE_TAIL
+#define SQL_PRESENCE_GONE_TAIL                                                                     \
   " k AS (SELECT conv, user_id, client, count(*) AS n FROM d GROUP BY conv, user_id, client),"     \
   " e AS (SELECT k.conv, k.user_id, k.client,"                                                     \
   "  (SELECT count(*) FROM presence q WHERE q.conv = k.conv AND q.user_id = k.user_id"             \
@@ -1299,14 +1321,33 @@ static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, si
   "', 'p l ' || g.conv || ' ' || g.client || ' ' || g.edge || ' ' || g.user_id))"                  \
   " FROM g"
 #define SQL_PRESENCE_SWEEP_QUIET SQL_PRESENCE_GONE " SELECT (SELECT count(*) FROM d), 0"
-#define SQL_PRESENCE_OF_NODE     "SELECT conv, client, user_id FROM presence WHERE node_id = $1"
+/* The rows of the nodes named in $1 (a sharded cluster's instance: the
+ * membership rows are in the control database): as SQL_PRESENCE_GONE, and
+ * the leaves' payloads as rows for the announce callback, after a first
+ * row with the count (k = 0). */
+#define SQL_PRESENCE_GONE_IN                                                                       \
+  "WITH d AS (DELETE FROM presence WHERE node_id = ANY ($1::text[])"                               \
+  " RETURNING conv, client, user_id)," SQL_PRESENCE_GONE_TAIL
+#define SQL_PRESENCE_SWEEP_ROWS                                                                    \
+  SQL_PRESENCE_GONE_IN " SELECT 0 AS k, (SELECT count(*) FROM d)::text UNION ALL"                  \
+                       " SELECT 1, 'p l ' || g.conv || ' ' || g.client || ' ' || g.edge || ' ' ||" \
+                       " g.user_id FROM g"
+#define SQL_NODES_GONE       "SELECT id FROM nodes WHERE updated_ms < $1 ORDER BY id"
+#define SQL_PRESENCE_OF_NODE "SELECT conv, client, user_id FROM presence WHERE node_id = $1"
 
-/* The payload of a presence change, announced in the open transaction. */
+/* The payload of a presence change, announced in the open transaction
+ * (NOTIFY), or kept for the announce callback after its COMMIT
+ * (presence_tx_end). */
 static int presence_announce(pg_t *s, int join, const char *conv, const char *client, int edge,
                              const char *user) {
-  if (!s->notify) return 0;
+  if (!s->notify && !s->announce) return 0;
   char *payload = notify_presence(join, conv, client, edge, user);
   if (!payload) return -CV_ENOMEM;
+  if (!s->notify) {
+    free(s->pending);
+    s->pending = payload;
+    return 0;
+  }
   const char *const p[] = {payload};
   int err = run(s, "presence notify", SQL_PRESENCE_NOTIFY, 1, p, NULL);
   free(payload);
@@ -1328,6 +1369,9 @@ static int presence_tx(pg_t *s, const char *conv, const char *user) {
  * 0 or the first failure. */
 static int presence_tx_end(pg_t *s, int err) {
   if (!err) err = tx_commit(s);
+  if (!err && s->pending) s->announce(s->announce_ud, s->pending);
+  free(s->pending);
+  s->pending = NULL;
   return err ? tx_rollback(s, err) : 0;
 }
 
@@ -1433,6 +1477,139 @@ static int op_presence_sweep(store_t *base, int64_t since_ms, int64_t *removed) 
   return 0;
 }
 
+static int op_presence_sweep_nodes(store_t *base, char *const *nodes, size_t n, int64_t *removed) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char *list = array_literal((const char *const *)nodes, n);
+  if (!list) return -CV_ENOMEM;
+  const char *p = list;
+  int err = conn_ready(s);
+  if (!err) err = run(s, "presence sweep", SQL_PRESENCE_SWEEP_ROWS, 1, &p, &r);
+  free(list);
+  if (err) return err;
+  for (int i = 0; i < PQntuples(r); i++) {
+    const char *v = PQgetvalue(r, i, 1);
+    if (strcmp(PQgetvalue(r, i, 0), "0") == 0)
+      *removed = strtoll(v, NULL, 10);
+    else if (s->announce) /* committed: the statement was its own transaction */
+      s->announce(s->announce_ud, v);
+  }
+  PQclear(r);
+  return 0;
+}
+
+static int op_nodes_gone(store_t *base, int64_t since_ms, char ***ids, size_t *n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char since[24];
+  const char *p = since;
+  fmt_i64(since, since_ms);
+  int err = conn_ready(s);
+  if (!err) err = run(s, "nodes gone", SQL_NODES_GONE, 1, &p, &r);
+  if (err) return err;
+  size_t len = (size_t)PQntuples(r);
+  char **v = len ? calloc(len, sizeof *v) : NULL;
+  if (len && !v) err = -CV_ENOMEM;
+  for (size_t i = 0; !err && i < len; i++)
+    if (!(v[i] = strdup(PQgetvalue(r, (int)i, 0)))) err = -CV_ENOMEM;
+  PQclear(r);
+  if (err) {
+    store_strings_free(v, len);
+    return err;
+  }
+  *ids = v;
+  *n = len;
+  return 0;
+}
+
+/* ---- the shard map (control database) --------------------------------- */
+
+#define SQL_SHARD_INSTANCES       "SELECT id, url FROM shard_instances ORDER BY id"
+#define SQL_SHARD_MAP             "SELECT shard, instance FROM shard_map ORDER BY shard"
+#define SQL_SHARD_VERSION         "SELECT version FROM shard_map_version"
+#define SQL_SHARD_INSTANCE_INSERT "INSERT INTO shard_instances (id, url) VALUES ($1, $2)"
+#define SQL_SHARD_MAP_INSERT                                                                       \
+  "INSERT INTO shard_map (shard, instance) SELECT k, k % $1 FROM generate_series(0, 255) AS k"
+#define SQL_SHARD_VERSION_INSERT "INSERT INTO shard_map_version (one, version) VALUES (1, 1)"
+
+static int op_shardmap_get(store_t *base, store_shardmap_t *out) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int own = !s->in_read; /* one snapshot for the three reads */
+  int err = conn_ready(s);
+  if (!err && own) err = tx_begin(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  if (err) return err;
+  err = run(s, "shard instances", SQL_SHARD_INSTANCES, 0, NULL, &r);
+  if (!err) {
+    int rows = PQntuples(r);
+    if (rows == 0) err = -CV_ENOTFOUND;
+    if (rows > STORE_INSTANCES_MAX) err = -CV_EINVAL;
+    for (int i = 0; !err && i < rows; i++) {
+      if (get_i64(r, i, 0) != i) { /* ids are 0..n-1 */
+        log_error("store: the shard map's instances are not numbered 0..%d", rows - 1);
+        err = -CV_EINVAL;
+      } else if (!(out->urls[i] = strdup(PQgetvalue(r, i, 1)))) {
+        err = -CV_ENOMEM;
+      } else {
+        out->n = i + 1;
+      }
+    }
+    PQclear(r);
+  }
+  if (!err) err = run(s, "shard map", SQL_SHARD_MAP, 0, NULL, &r);
+  if (!err) {
+    int rows = PQntuples(r);
+    if (rows != 256) {
+      log_error("store: the shard map has %d logical shards, not 256", rows);
+      err = -CV_EINVAL;
+    }
+    for (int i = 0; !err && i < rows; i++) {
+      int64_t inst = get_i64(r, i, 1);
+      if (get_i64(r, i, 0) != i || inst < 0 || inst >= out->n)
+        err = -CV_EINVAL;
+      else
+        out->map[i] = (uint8_t)inst;
+    }
+    PQclear(r);
+  }
+  if (!err) err = run(s, "shard map version", SQL_SHARD_VERSION, 0, NULL, &r);
+  if (!err) {
+    out->version = PQntuples(r) == 1 ? get_i64(r, 0, 0) : 0;
+    PQclear(r);
+  }
+  if (own) (void)tx_rollback(s, 0);
+  if (err) store_shardmap_clear(out);
+  return err;
+}
+
+static int op_shardmap_init(store_t *base, const char *const *urls, int n) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  int err = conn_ready(s);
+  if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+  if (err) return err;
+  /* two inits at once: the second waits, then finds the first's rows */
+  err = run(s, "shard map lock", "LOCK TABLE shard_instances IN EXCLUSIVE MODE", 0, NULL, NULL);
+  if (!err) err = run(s, "shard instances", SQL_SHARD_INSTANCES, 0, NULL, &r);
+  if (!err) {
+    if (PQntuples(r) > 0) err = -CV_EEXISTS;
+    PQclear(r);
+  }
+  for (int i = 0; !err && i < n; i++) {
+    char id[24];
+    fmt_i64(id, i);
+    const char *const p[] = {id, urls[i]};
+    err = run(s, "shard instance", SQL_SHARD_INSTANCE_INSERT, 2, p, NULL);
+  }
+  char count[24];
+  fmt_i64(count, n);
+  const char *cp = count;
+  if (!err) err = run(s, "shard map", SQL_SHARD_MAP_INSERT, 1, &cp, NULL);
+  if (!err) err = run(s, "shard map version", SQL_SHARD_VERSION_INSERT, 0, NULL, NULL);
+  if (!err) err = tx_commit(s);
+  return err ? tx_rollback(s, err) : 0;
+}
+
 static int op_presence_of_node(store_t *base, const char *node, char ***convs, char ***clients,
                                char ***users, size_t *n) {
   pg_t *s = pg(base);
@@ -1486,5 +1663,9 @@ const store_ops_t store_postgres_ops = {
     .presence_leave = op_presence_leave,
     .presence_list = op_presence_list,
     .presence_sweep = op_presence_sweep,
+    .presence_sweep_nodes = op_presence_sweep_nodes,
+    .nodes_gone = op_nodes_gone,
+    .shardmap_get = op_shardmap_get,
+    .shardmap_init = op_shardmap_init,
     .presence_of_node = op_presence_of_node,
 };

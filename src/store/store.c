@@ -39,6 +39,10 @@ int store_open(const char *url, const store_options_t *opt, store_t **out) {
     return -CV_EINVAL;
   if (o.busy_timeout_ms == 0) o.busy_timeout_ms = BUSY_TIMEOUT_DEFAULT_MS;
   const store_ops_t *ops = strcmp(name, "sqlite") == 0 ? &store_sqlite_ops : &store_postgres_ops;
+  if (o.shards != NULL) { /* a sharded cluster: the URL is its control database's */
+    if (ops != &store_postgres_ops) return -CV_EINVAL;
+    ops = &store_sharded_ops;
+  }
   return ops->open(url, &o, out);
 }
 
@@ -250,6 +254,46 @@ int store_presence_sweep(store_t *s, int64_t now_ms, int64_t max_age_ms, int64_t
   *removed = 0;
   if (s == NULL || !s->ops->presence_sweep || max_age_ms < 0) return -CV_EINVAL;
   return s->ops->presence_sweep(s, now_ms - max_age_ms, removed);
+}
+
+int store_presence_sweep_nodes(store_t *s, char *const *nodes, size_t n, int64_t *removed) {
+  int64_t dummy;
+  if (removed == NULL) removed = &dummy;
+  *removed = 0;
+  if (s == NULL || !s->ops->presence_sweep_nodes || (n > 0 && nodes == NULL)) return -CV_EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (!util_id_valid(nodes[i])) return -CV_EINVAL;
+  return n == 0 ? 0 : s->ops->presence_sweep_nodes(s, nodes, n, removed);
+}
+
+int store_nodes_gone(store_t *s, int64_t now_ms, int64_t max_age_ms, char ***ids, size_t *n) {
+  if (ids != NULL) *ids = NULL;
+  if (n != NULL) *n = 0;
+  if (s == NULL || !s->ops->nodes_gone || max_age_ms < 0 || ids == NULL || n == NULL)
+    return -CV_EINVAL;
+  return s->ops->nodes_gone(s, now_ms - max_age_ms, ids, n);
+}
+
+int store_shardmap_get(store_t *s, store_shardmap_t *out) {
+  if (out != NULL) memset(out, 0, sizeof *out);
+  if (s == NULL || out == NULL || !s->ops->shardmap_get) return -CV_EINVAL;
+  return s->ops->shardmap_get(s, out);
+}
+
+int store_shardmap_init(store_t *s, const char *const *urls, int n) {
+  if (s == NULL || urls == NULL || n < 1 || n > STORE_INSTANCES_MAX || !s->ops->shardmap_init)
+    return -CV_EINVAL;
+  for (int i = 0; i < n; i++)
+    if (urls[i] == NULL || !urls[i][0] || strlen(urls[i]) > STORE_URL_MAX ||
+        dburl_backend(urls[i]) == NULL || strcmp(dburl_backend(urls[i]), "postgres") != 0)
+      return -CV_EINVAL;
+  return s->ops->shardmap_init(s, urls, n);
+}
+
+void store_shardmap_clear(store_shardmap_t *m) {
+  if (m == NULL) return;
+  for (int i = 0; i < m->n && i < STORE_INSTANCES_MAX; i++) free(m->urls[i]);
+  memset(m, 0, sizeof *m);
 }
 
 int store_presence_of_node(store_t *s, const char *node, char ***convs, char ***clients,

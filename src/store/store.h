@@ -103,12 +103,31 @@ typedef struct {
   _Atomic int connect_failing;
 } store_shared_t;
 
+/* A sharded cluster's map and the health of its instances, shared by the
+ * connections of one node (store/sharded.h). */
+typedef struct store_shards_s store_shards_t;
+
+/* What a committed transaction announces to every node, when the store
+ * does not NOTIFY (a sharded cluster: the node's bus carries it). Called
+ * on the store's thread after the COMMIT, with a payload of store/notify.h
+ * the callee copies. */
+typedef void (*store_announce_cb)(void *ud, const char *payload);
+
 typedef struct {
   store_sync_t sync;      /* SQLite PRAGMA synchronous (PostgreSQL: ignored) */
   int busy_timeout_ms;    /* how long to wait for a lock (SQLite busy timeout,
                              PostgreSQL lock_timeout); 0 = 5000 */
   int notify;             /* PostgreSQL: NOTIFY as above (SQLite: ignored) */
   store_shared_t *shared; /* borrowed; NULL: the connection keeps its own */
+  /* Sharded (borrowed; NULL: one database): the URL is the control
+   * database's, and each conversation's rows live on the instance its
+   * logical shard is mapped to (store/sharded.h). */
+  store_shards_t *shards;
+  /* PostgreSQL without `notify`: presence changes (store_presence_*), and
+   * a sharded store's channel changes and store_announce, go here after
+   * their COMMIT. NULL: not announced. */
+  store_announce_cb announce;
+  void *announce_ud;
 } store_options_t;
 
 /* One row of the cluster's membership table: a node's last heartbeat. */
@@ -286,6 +305,32 @@ void store_nodes_free(store_node_t *v);
  * (SQLite). -CV_EINVAL for a payload too long. */
 int store_announce(store_t *s, const char *payload);
 
+/* ---- The shard map of a sharded cluster (PostgreSQL) ----------------------
+ * Kept in the control database (migration 8): the instances, each a
+ * PostgreSQL URL (a libpq multi-host URL follows a promoted standby), and
+ * for each of the SHARD_COUNT logical shards (core/shard.h) the instance
+ * that holds its conversations. SQLite: -CV_EINVAL. */
+
+#define STORE_INSTANCES_MAX 64 /* instances of one shard map */
+
+typedef struct {
+  int n;                           /* instances, 1..STORE_INSTANCES_MAX */
+  char *urls[STORE_INSTANCES_MAX]; /* heap strings; instance i's URL */
+  uint8_t map[256];                /* logical shard -> instance index (SHARD_COUNT) */
+  int64_t version;                 /* bumped by every change of the map */
+} store_shardmap_t;
+
+/* Read the map into `out` (cleared with store_shardmap_clear).
+ * -CV_ENOTFOUND when the database has none (`converger shards init`). */
+int store_shardmap_get(store_t *s, store_shardmap_t *out);
+
+/* Write a new map: `urls` (n of them, 1..STORE_INSTANCES_MAX, each at most
+ * STORE_URL_MAX bytes) become instances 0..n-1 and logical shard k goes to
+ * instance k mod n. -CV_EEXISTS when a map exists already. */
+int store_shardmap_init(store_t *s, const char *const *urls, int n);
+
+void store_shardmap_clear(store_shardmap_t *m);
+
 /* ---- Presence across nodes (PostgreSQL) -----------------------------------
  * One row per conversation, user (the token's sub), client instance and
  * node holding a connection of it, with since when (wall ms). Each node writes the rows of its own
@@ -329,6 +374,15 @@ int store_presence_list(store_t *s, const char *conv, const char *after, int lim
  * a row announced; *removed (may be NULL) counts the rows. Any node may
  * run it: a row goes once. */
 int store_presence_sweep(store_t *s, int64_t now_ms, int64_t max_age_ms, int64_t *removed);
+
+/* As store_presence_sweep, for the rows of the nodes named in `nodes` (n
+ * of them, valid ids; n 0: nothing): a sharded cluster's instance, whose
+ * membership rows are in the control database. */
+int store_presence_sweep_nodes(store_t *s, char *const *nodes, size_t n, int64_t *removed);
+
+/* The ids of the nodes whose membership row was last updated before
+ * now_ms - max_age_ms: a heap array of heap strings (store_strings_free). */
+int store_nodes_gone(store_t *s, int64_t now_ms, int64_t max_age_ms, char ***ids, size_t *n);
 
 /* The rows node `node` holds: parallel heap arrays of conversations,
  * clients and users (free each with store_strings_free), *n of them. A
