@@ -3,12 +3,17 @@
  *
  * In-process (one node, SQLite): a pool worker appends through bus_append;
  * under one mutex it commits the message and queues it, so messages reach
- * the loop in commit order. Across nodes (PostgreSQL, bus_set_remote): the
- * append transaction notifies every node, and each node's listener
- * (bus/pgnotify.h) hands what it hears to bus_publish. Either way, on the
- * loop each message is encoded into its WebSocket frame once and handed to
- * every local subscriber of its conversation (bus_sub_t.deliver), whatever
- * their number. The index and the delivery run on the loop thread only.
+ * the loop in commit order. Across nodes on one PostgreSQL (bus_set_remote):
+ * the append transaction notifies every node, and each node's listener
+ * (bus/pgnotify.h) hands what it hears to bus_publish. In a sharded cluster
+ * (bus_set_routed): the appending node queues what it committed as in
+ * process, and on the loop hands it to its own subscribers and publishes it
+ * to the other nodes through a bus_remote_t (bus/redis.h), which carries it
+ * only to the nodes that have a subscriber of its conversation; what they
+ * hear goes to bus_heard. Either way, on the loop each message is encoded
+ * into its WebSocket frame once and handed to every local subscriber of its
+ * conversation (bus_sub_t.deliver), whatever their number. The index and
+ * the delivery run on the loop thread only.
  */
 #ifndef CONVERGER_BUS_BUS_H
 #define CONVERGER_BUS_BUS_H
@@ -66,9 +71,13 @@ typedef struct bus_msg_s {
   char *frame;                     /* encoded WebSocket frame, built once on the loop */
   size_t frame_len;
   int64_t ts_ms; /* wall ms of its commit (converger_delivery_latency_ms); 0: unknown */
-  int remote; /* heard through PostgreSQL's NOTIFY (bus/pgnotify.h): this node's commit or another's
-               */
+  int remote; /* BUS_PATH_*: how it came (converger_delivery_latency_ms{path}) */
+  char *payload; /* routed: its store/notify.h payload, published after the commit; NULL none */
 } bus_msg_t;
+
+#define BUS_PATH_LOCAL  0 /* this node's commit, in process */
+#define BUS_PATH_NOTIFY 1 /* heard through PostgreSQL's NOTIFY (bus/pgnotify.h) */
+#define BUS_PATH_BUS    2 /* heard on a sharded cluster's bus (bus/redis.h) */
 
 typedef struct bus_sub_s bus_sub_t;
 /* Called on the loop for each message of the subscribed conversation. The
@@ -186,6 +195,45 @@ int bus_has_sub(const bus_t *bus, const char *conv);
  * only commits (the store notifies) and queues nothing. Call before the
  * pool runs appends. */
 void bus_set_remote(bus_t *bus);
+
+/* What a sharded cluster's bus (bus/redis.h) does for the bus, installed
+ * with bus_set_routed. Loop thread. */
+typedef struct {
+  /* Send store/notify.h payload `payload` to the other nodes that have a
+   * subscriber of conversation `conv`, or to every node when `conv` is
+   * NULL (channel changes and user controls). */
+  void (*publish)(void *ud, const char *conv, const char *payload);
+  /* Conversation `conv` has its first local subscriber (on 1), or lost
+   * its last (on 0). */
+  void (*interest)(void *ud, const char *conv, int on);
+  void *ud;
+} bus_remote_t;
+
+/* A sharded cluster: fan-out to other nodes through `remote` (copied).
+ * bus_append queues what it commits for this node's subscribers, and the
+ * loop then publishes it (also a message found by an idempotent retry: the
+ * first attempt's publish may have been lost); bus_announce's payloads are
+ * heard here and published. `node_id` (copied): this node's, whose own
+ * user controls are not acted on twice. Call before the pool runs
+ * appends. */
+void bus_set_routed(bus_t *bus, const bus_remote_t *remote, const char *node_id);
+
+/* 1 after bus_set_routed. */
+int bus_routed(const bus_t *bus);
+
+/* A payload to announce to every node (a store_announce_cb, store.h):
+ * copied and queued for the loop, which hears it here (bus_heard) and
+ * publishes it (bus_remote_t.publish). Any thread. */
+void bus_announce(void *bus, const char *payload);
+
+/* A payload of store/notify.h heard from another node: messages and head
+ * hints to bus_publish (only when the conversation has a subscriber
+ * here), channel changes to bus_channel_changed, user controls of another
+ * origin than `node_id` (this node's own were acted on where they were
+ * asked) to bus_user_control, presence and signals to bus_ephemeral. A
+ * group payload ("b") is split. `path` is BUS_PATH_NOTIFY or BUS_PATH_BUS.
+ * Loop thread. */
+void bus_heard(bus_t *bus, const char *payload, const char *node_id, int path);
 
 /* The distinct conversations with a local subscriber, as a heap array of
  * heap strings (free with store_strings_free). 0 or -CV_ENOMEM. Loop

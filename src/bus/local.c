@@ -16,6 +16,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "common/util.h"
+#include "store/notify.h"
 
 #define BUS_BUCKETS 65536
 
@@ -26,9 +27,14 @@ struct bus_s {
   bus_msg_t *head, *tail;
   _Atomic uint64_t appended; /* by this node's workers, not yet counted */
   int remote;                /* bus_set_remote: fan-out comes from a listener */
-  bus_handler_t h;           /* the owner's (bus.h) */
-  metrics_t *metrics;        /* the owner's registry, borrowed (loop thread) */
-  chanlog_t chans;           /* recent channel state changes */
+  int routed;                /* bus_set_routed: fan-out through `out` too */
+  bus_remote_t out;
+  char node_id[STORE_ID_MAX + 1];
+  char **announced; /* bus_announce's payloads, for the loop (queue_mu) */
+  size_t nannounced, announced_cap;
+  bus_handler_t h;    /* the owner's (bus.h) */
+  metrics_t *metrics; /* the owner's registry, borrowed (loop thread) */
+  chanlog_t chans;    /* recent channel state changes */
   size_t nsubs;
   bus_sub_t *buckets[BUS_BUCKETS];
 };
@@ -45,6 +51,7 @@ void bus_msg_unref(bus_msg_t *m) {
   if (--m->refs > 0) return;
   free(m->json);
   free(m->frame);
+  free(m->payload);
   free(m);
 }
 
@@ -90,11 +97,24 @@ void bus_publish(bus_t *bus, bus_msg_t *m) {
     if (m->frame && m->ts_ms > 0) {
       int64_t lat = util_now_ms() - m->ts_ms;
       metrics_observe_labels(bus->metrics, "converger_delivery_latency_ms",
-                             m->remote ? "path=\"notify\"" : "path=\"local\"",
+                             m->remote == BUS_PATH_NOTIFY ? "path=\"notify\""
+                             : m->remote == BUS_PATH_BUS  ? "path=\"bus\""
+                                                          : "path=\"local\"",
                              lat > 0 ? (double)lat : 0);
     }
   }
   bus_msg_unref(m);
+}
+
+/* An announced payload: told here as another node's would be, then sent
+ * to the others (to a conversation's nodes, or to all). */
+static void announce_one(bus_t *bus, const char *payload) {
+  notify_t n;
+  notify_kind_t kind = notify_decode(payload, &n);
+  bus_heard(bus, payload, bus->node_id, BUS_PATH_LOCAL);
+  int of_conv = kind == NOTIFY_PRESENCE_JOIN || kind == NOTIFY_PRESENCE_LEAVE ||
+                kind == NOTIFY_SIGNAL || kind == NOTIFY_MESSAGE || kind == NOTIFY_HINT;
+  bus->out.publish(bus->out.ud, of_conv ? n.conv : NULL, payload);
 }
 
 static void drain_cb(uv_async_t *handle) {
@@ -102,9 +122,17 @@ static void drain_cb(uv_async_t *handle) {
   uv_mutex_lock(&bus->queue_mu);
   bus_msg_t *m = bus->head;
   bus->head = bus->tail = NULL;
+  char **ann = bus->announced;
+  size_t nann = bus->nannounced;
+  bus->announced = NULL;
+  bus->nannounced = bus->announced_cap = 0;
   uv_mutex_unlock(&bus->queue_mu);
+  for (size_t i = 0; i < nann; i++) announce_one(bus, ann[i]);
+  store_strings_free(ann, nann);
   while (m) {
     bus_msg_t *next = m->next;
+    /* routed: the other nodes' subscribers hear it from the bus */
+    if (bus->routed && m->payload) bus->out.publish(bus->out.ud, m->conv, m->payload);
     bus_publish(bus, m);
     m = next;
   }
@@ -134,6 +162,7 @@ static void closed_cb(uv_handle_t *h) {
     bus_msg_unref(m);
     m = n;
   }
+  store_strings_free(bus->announced, bus->nannounced);
   uv_mutex_destroy(&bus->append_mu);
   uv_mutex_destroy(&bus->queue_mu);
   free(bus);
@@ -143,6 +172,7 @@ void bus_close(bus_t *bus) { uv_close((uv_handle_t *)&bus->async, closed_cb); }
 
 void bus_subscribe(bus_t *bus, bus_sub_t *sub) {
   if (sub->linked) return;
+  if (bus->routed && !first_sub(bus, sub->conv)) bus->out.interest(bus->out.ud, sub->conv, 1);
   bus_sub_t **b = &bus->buckets[hash(sub->conv)];
   sub->prev = NULL;
   sub->next = *b;
@@ -164,11 +194,102 @@ void bus_unsubscribe(bus_t *bus, bus_sub_t *sub) {
   sub->linked = 0;
   bus->nsubs--;
   metrics_set(bus->metrics, "converger_subscriptions", NULL, (double)bus->nsubs);
+  if (bus->routed && !first_sub(bus, sub->conv)) bus->out.interest(bus->out.ud, sub->conv, 0);
 }
 
 size_t bus_count(const bus_t *bus) { return bus->nsubs; }
 
 void bus_set_remote(bus_t *bus) { bus->remote = 1; }
+
+void bus_set_routed(bus_t *bus, const bus_remote_t *remote, const char *node_id) {
+  bus->routed = 1;
+  bus->out = *remote;
+  snprintf(bus->node_id, sizeof bus->node_id, "%s", node_id);
+}
+
+int bus_routed(const bus_t *bus) { return bus->routed; }
+
+void bus_announce(void *ud, const char *payload) {
+  bus_t *bus = ud;
+  char *copy = strdup(payload);
+  uv_mutex_lock(&bus->queue_mu);
+  if (copy && bus->nannounced == bus->announced_cap) {
+    size_t cap = bus->announced_cap ? 2 * bus->announced_cap : 16;
+    char **v = realloc(bus->announced, cap * sizeof *v);
+    if (v) {
+      bus->announced = v;
+      bus->announced_cap = cap;
+    }
+  }
+  int queued = copy && bus->nannounced < bus->announced_cap;
+  if (queued) bus->announced[bus->nannounced++] = copy;
+  uv_mutex_unlock(&bus->queue_mu);
+  if (!queued) {
+    free(copy);
+    log_error("bus: out of memory announcing %.40s; not told to other nodes", payload);
+    return;
+  }
+  uv_async_send(&bus->async);
+}
+
+void bus_heard(bus_t *bus, const char *payload, const char *node_id, int path) {
+  notify_t n;
+  if (notify_is_batch(payload)) {
+    /* a group commit's messages, in commit order (store/notify.h) */
+    char buf[STORE_NOTIFY_PAYLOAD_MAX + 1];
+    const char *p = payload + 2;
+    int r;
+    while ((r = notify_batch_next(&p, buf, sizeof buf)) == 1)
+      if (!notify_is_batch(buf)) bus_heard(bus, buf, node_id, path);
+    if (r < 0)
+      log_warn("bus: a malformed group payload; its subscribers read the rest from the store");
+    return;
+  }
+  switch (notify_decode(payload, &n)) {
+  case NOTIFY_CHANNEL:
+    bus_channel_changed(bus, n.conv, n.active);
+    return;
+  case NOTIFY_MESSAGE:
+  case NOTIFY_FRAME:
+  case NOTIFY_HINT: {
+    if (!bus_has_sub(bus, n.conv)) return; /* most conversations have no subscriber here */
+    char *json = NULL;
+    if (n.kind == NOTIFY_FRAME && !(json = strdup(n.body)))
+      log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
+                (long long)n.seq);
+    if (n.kind == NOTIFY_MESSAGE) {
+      store_msg_t m = {.seq = n.seq, .sender = n.sender, .body = (char *)n.body, .ts_ms = n.ts_ms};
+      memcpy(m.id, n.id, sizeof m.id);
+      memcpy(m.epoch, n.epoch, sizeof m.epoch);
+      if (!(json = bus_msg_json(bus, n.conv, &m)))
+        log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
+                  (long long)n.seq);
+    }
+    /* json NULL: a head hint (bus.h), for a message that did not fit */
+    bus_msg_t *m = bus_msg_new(n.conv, n.seq, json);
+    if (m) {
+      snprintf(m->epoch, sizeof m->epoch, "%s", n.epoch);
+      m->ts_ms = n.kind == NOTIFY_MESSAGE ? n.ts_ms : 0;
+      m->remote = path;
+      bus_publish(bus, m);
+    }
+    return;
+  }
+  case NOTIFY_USER_DISCONNECT:
+  case NOTIFY_USER_UNSUBSCRIBE:
+    /* the node the request came to acted on its own connections already */
+    if (strcmp(n.origin, node_id) != 0) bus_user_control(bus, &n);
+    return;
+  case NOTIFY_PRESENCE_JOIN:
+  case NOTIFY_PRESENCE_LEAVE:
+  case NOTIFY_SIGNAL:
+    if (bus_has_sub(bus, n.conv)) bus_ephemeral(bus, &n);
+    return;
+  case NOTIFY_BAD:
+    break;
+  }
+  log_warn("bus: ignoring a notification that is not converger's: %.80s", payload);
+}
 
 int bus_convs(const bus_t *bus, char ***convs, size_t *n) {
   *convs = NULL;
@@ -197,12 +318,17 @@ oom:
   return -CV_ENOMEM;
 }
 
-/* Queue the new message of `a` for fan-out on the loop. Under append_mu. */
+/* Queue the new message of `a` for fan-out on the loop (routed: with the
+ * payload the loop publishes). Under append_mu. */
 static void queue_new(bus_t *bus, const store_append_t *a) {
   bus_msg_t *m = bus_msg_new(a->conv, a->msg.seq, bus->h.msg_json(bus->h.ud, a->conv, &a->msg));
   if (m) {
     snprintf(m->epoch, sizeof m->epoch, "%s", a->msg.epoch);
     m->ts_ms = a->msg.ts_ms;
+    if (bus->routed && !(m->payload = notify_message(a->conv, &a->msg))) {
+      bus_msg_unref(m);
+      m = NULL;
+    }
   }
   if (m && m->json) {
     uv_mutex_lock(&bus->queue_mu);
@@ -228,17 +354,20 @@ int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size
   if (r != 0) /* failed as a whole: no item may look committed */
     for (size_t i = 0; i < n; i++)
       if (items[i]->status == 0) items[i]->status = r, items[i]->created = 0;
-  uint64_t created = 0;
+  uint64_t created = 0, found = 0;
   for (size_t i = 0; i < n; i++)
     if (items[i]->status == 0 && items[i]->created) {
       created++;
       if (!bus->remote) queue_new(bus, items[i]);
+    } else if (items[i]->status == 0 && bus->routed) {
+      /* an idempotent retry: the first attempt may have committed and
+       * then lost its publish (a crash, a timeout) */
+      found++;
+      queue_new(bus, items[i]);
     }
   if (!bus->remote) uv_mutex_unlock(&bus->append_mu);
-  if (created) {
-    atomic_fetch_add(&bus->appended, created);
-    uv_async_send(&bus->async);
-  }
+  if (created) atomic_fetch_add(&bus->appended, created);
+  if (created || found) uv_async_send(&bus->async);
   return r;
 }
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "bus/bus.h"
+#include "bus/heads.h"
 #include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -35,8 +36,6 @@
 #define TICK_MS 100
 
 typedef enum { PN_IDLE, PN_CONNECTING, PN_LISTEN_SENT, PN_LISTENING } pn_state_t;
-
-typedef struct resync_job_s resync_job_t;
 
 struct pgnotify_s {
   uv_loop_t *loop;
@@ -57,11 +56,11 @@ struct pgnotify_s {
   uint64_t deadline;                /* LISTEN_SENT, or a keepalive query in flight */
   uint64_t ping_due;                /* LISTENING: next keepalive query */
   int ping_out;                     /* a keepalive query is in flight */
-  int lost;             /* listened before and lost it (for the log: every LISTEN resyncs) */
-  int failures;         /* connection attempts failed in a row */
-  uint64_t resync_due;  /* monotonic ms: a check of the subscriptions is due; 0: none */
-  int resync_failures;  /* checks failed in a row */
-  resync_job_t *resync; /* in the pool */
+  int lost;            /* listened before and lost it (for the log: every LISTEN resyncs) */
+  int failures;        /* connection attempts failed in a row */
+  uint64_t resync_due; /* monotonic ms: a check of the subscriptions is due; 0: none */
+  int resync_failures; /* checks failed in a row */
+  int resync;          /* a check is in the pool (bus/heads.h) */
   int closing;
 };
 
@@ -71,16 +70,6 @@ typedef struct connect_req_s {
   PGconn *conn; /* NULL: failed, for the reason in `why` */
   char why[512];
 } connect_req_t;
-
-struct resync_job_s {
-  pool_job_t job;
-  pgnotify_t *l;
-  uint64_t chan_gen; /* bus_channel_gen() when submitted */
-  char **convs;
-  size_t n;
-  store_conv_t *info;
-  int *status;
-};
 
 static void want_resync(pgnotify_t *l);
 static void start_resync(pgnotify_t *l);
@@ -207,65 +196,6 @@ static void listening(pgnotify_t *l) {
 
 /* ---- notifications ---------------------------------------------------- */
 
-static void heard(pgnotify_t *l, const char *payload) {
-  notify_t n;
-  if (notify_is_batch(payload)) {
-    /* a group commit's messages, in commit order (store/notify.h) */
-    char buf[STORE_NOTIFY_PAYLOAD_MAX + 1];
-    const char *p = payload + 2;
-    int r;
-    while ((r = notify_batch_next(&p, buf, sizeof buf)) == 1)
-      if (!notify_is_batch(buf)) heard(l, buf);
-    if (r < 0)
-      log_warn("bus: a malformed group payload; its subscribers read the rest from the store");
-    return;
-  }
-  switch (notify_decode(payload, &n)) {
-  case NOTIFY_CHANNEL:
-    bus_channel_changed(l->bus, n.conv, n.active);
-    return;
-  case NOTIFY_MESSAGE:
-  case NOTIFY_FRAME:
-  case NOTIFY_HINT: {
-    if (!bus_has_sub(l->bus, n.conv)) return; /* most conversations have no subscriber here */
-    char *json = NULL;
-    if (n.kind == NOTIFY_FRAME && !(json = strdup(n.body)))
-      log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
-                (long long)n.seq);
-    if (n.kind == NOTIFY_MESSAGE) {
-      store_msg_t m = {.seq = n.seq, .sender = n.sender, .body = (char *)n.body, .ts_ms = n.ts_ms};
-      memcpy(m.id, n.id, sizeof m.id);
-      memcpy(m.epoch, n.epoch, sizeof m.epoch);
-      if (!(json = bus_msg_json(l->bus, n.conv, &m)))
-        log_error("bus: out of memory for %s seq %lld; subscribers read it from the store", n.conv,
-                  (long long)n.seq);
-    }
-    /* json NULL: a head hint (bus.h), for a message that did not fit */
-    bus_msg_t *m = bus_msg_new(n.conv, n.seq, json);
-    if (m) {
-      snprintf(m->epoch, sizeof m->epoch, "%s", n.epoch);
-      m->ts_ms = n.kind == NOTIFY_MESSAGE ? n.ts_ms : 0;
-      m->remote = 1;
-      bus_publish(l->bus, m);
-    }
-    return;
-  }
-  case NOTIFY_USER_DISCONNECT:
-  case NOTIFY_USER_UNSUBSCRIBE:
-    /* the node the request came to acted on its own connections already */
-    if (strcmp(n.origin, l->node_id) != 0) bus_user_control(l->bus, &n);
-    return;
-  case NOTIFY_PRESENCE_JOIN:
-  case NOTIFY_PRESENCE_LEAVE:
-  case NOTIFY_SIGNAL:
-    if (bus_has_sub(l->bus, n.conv)) bus_ephemeral(l->bus, &n);
-    return;
-  case NOTIFY_BAD:
-    break;
-  }
-  log_warn("bus: ignoring a notification that is not converger's: %.80s", payload);
-}
-
 /* Read what the server sent: answers to our queries, then notifications. */
 static void read_input(pgnotify_t *l) {
   if (!PQconsumeInput(l->conn)) return fail(l, NULL);
@@ -283,7 +213,8 @@ static void read_input(pgnotify_t *l) {
   }
   PGnotify *n;
   while (l->conn && (n = PQnotifies(l->conn)) != NULL) {
-    if (strcmp(n->relname, STORE_NOTIFY_CHANNEL) == 0) heard(l, n->extra);
+    if (strcmp(n->relname, STORE_NOTIFY_CHANNEL) == 0)
+      bus_heard(l->bus, n->extra, l->node_id, BUS_PATH_NOTIFY);
     PQfreemem(n);
   }
 }
@@ -332,83 +263,39 @@ static void tick_cb(uv_timer_t *t) {
 
 /* ---- resync: every local subscription against the store ---------------- */
 
-static void resync_work(pool_job_t *job, store_t *db) {
-  resync_job_t *j = container_of(job, resync_job_t, job);
-  /* One snapshot for every head. A store failure leaves the rest unread;
-   * done retries the whole check. */
-  int r = store_read_begin(db);
-  for (size_t i = 0; i < j->n; i++) {
-    if (r != 0) {
-      j->status[i] = r;
-      continue;
-    }
-    j->status[i] = store_conv_get(db, j->convs[i], &j->info[i]);
-    if (j->status[i] != 0 && j->status[i] != -CV_ENOTFOUND) r = j->status[i];
-  }
-  store_read_end(db);
-}
-
-static void resync_free(resync_job_t *j) {
-  store_strings_free(j->convs, j->n);
-  free(j->info);
-  free(j->status);
-  free(j);
-}
-
-static void resync_done(pool_job_t *job) {
-  resync_job_t *j = container_of(job, resync_job_t, job);
-  pgnotify_t *l = j->l;
-  l->resync = NULL;
-  if (job->canceled || l->closing) return resync_free(j);
-  int failed = job->dropped;
-  for (size_t i = 0; i < j->n && !failed; i++)
-    failed = j->status[i] != 0 && j->status[i] != -CV_ENOTFOUND;
-  if (failed) {
+static void resync_done(void *ud, int canceled, char **failed, size_t nfailed, size_t n,
+                        size_t inactive) {
+  pgnotify_t *l = ud;
+  l->resync = 0;
+  store_strings_free(failed, nfailed);
+  if (canceled || l->closing) return;
+  if (nfailed > 0) {
     /* The store is not answering yet (workers reconnect on their own
-     * schedule): check again a little later, never at once. */
+     * schedule): check them all again a little later, never at once. */
     if (l->resync_failures++ == 0)
       log_warn("bus: cannot check %zu conversation(s) against the store yet; retrying every %d ms",
-               j->n, PGNOTIFY_RETRY_MS);
+               n, PGNOTIFY_RETRY_MS);
     l->resync_due = util_mono_ms() + PGNOTIFY_RETRY_MS;
-    return resync_free(j);
+    return;
   }
   l->resync_failures = 0;
-  size_t inactive = 0;
-  for (size_t i = 0; i < j->n; i++) {
-    if (j->status[i] == -CV_ENOTFOUND) continue;
-    if (!j->info[i].channel_active) {
-      /* unless a notification heard since says otherwise: the newer wins */
-      if (!bus_channel_changed_since(l->bus, j->chan_gen, j->info[i].channel)) {
-        bus_channel_changed(l->bus, j->info[i].channel, 0);
-        inactive++;
-      }
-      continue;
-    }
-    bus_msg_t *m = bus_msg_new(j->convs[i], j->info[i].head, NULL);
-    if (m) bus_publish(l->bus, m);
-  }
-  log_info("bus: checked %zu conversation(s) against the store (%zu of an inactive channel)", j->n,
+  log_info("bus: checked %zu conversation(s) against the store (%zu of an inactive channel)", n,
            inactive);
-  resync_free(j);
 }
 
 /* Submit the check now (from the tick, once resync_due has come). */
 static void start_resync(pgnotify_t *l) {
   l->resync_due = 0;
-  resync_job_t *j = calloc(1, sizeof *j);
-  if (j && bus_convs(l->bus, &j->convs, &j->n) == 0 &&
-      (j->n == 0 || ((j->info = calloc(j->n, sizeof *j->info)) &&
-                     (j->status = calloc(j->n, sizeof *j->status))))) {
-    if (j->n == 0) return resync_free(j);
-    j->l = l;
-    j->chan_gen = bus_channel_gen(l->bus);
-    j->job.kind = "resync";
-    j->job.no_drop = 1; /* the outage is over: this must run */
-    l->resync = j;
-    pool_submit(*l->pool, &j->job, resync_work, resync_done);
-    return;
+  char **convs;
+  size_t n;
+  if (bus_convs(l->bus, &convs, &n) == 0) {
+    if (n == 0) return;
+    /* no_drop: the outage is over, this must run */
+    if (heads_check(l->bus, *l->pool, convs, n, 1, resync_done, l) == 0) {
+      l->resync = 1;
+      return;
+    }
   }
-  if (j) resync_free(j);
   log_error("bus: out of memory checking subscriptions; retrying");
   l->resync_due = util_mono_ms() + PGNOTIFY_RETRY_MS;
 }

@@ -102,7 +102,7 @@ static void bus_user(void *ud, const notify_t *n) {
     session_unsubscribe_user(ss, n->user, n->conv);
 }
 
-static void bus_heard(void *ud, const notify_t *n) {
+static void fixture_bus_heard(void *ud, const notify_t *n) {
   session_ephemeral(&((fx_t *)ud)->sessions, n);
 }
 
@@ -158,7 +158,7 @@ void fx_init(fx_t *fx, const fx_options_t *opt) {
                       .msg_wire = bus_wire,
                       .channel_changed = bus_channel,
                       .user_control = bus_user,
-                      .ephemeral = bus_heard,
+                      .ephemeral = fixture_bus_heard,
                       .ud = fx};
   fx->bus = bus_new(&fx->loop, &bh, fx->metrics);
   fx->auth = auth_new(fx->cfg.api_key, fx->cfg.token_secret);
