@@ -8,6 +8,7 @@
 #include "cli/epoch.h"
 #include "cli/roll.h"
 #include "cli/send.h"
+#include "cli/shards.h"
 #include "cli/tail.h"
 #include "cli/token.h"
 #include "serve.h"
@@ -24,6 +25,7 @@ static void usage(FILE *out) {
       "  send     send one message over REST, with retries (see converger send --help)\n"
       "  tail     print the messages of conversations as they come (see converger tail --help)\n"
       "  epoch    give conversations a new epoch after a restore (see converger epoch --help)\n"
+      "  shards   the shard map of a sharded cluster (see converger shards --help)\n"
       "  roll     restart a fleet in batches, with the reconnect-storm post-mortem's\n"
       "           thresholds (docs/background.md; see converger roll --help)\n"
       "  balance  move clients from the busiest nodes to the others (see --help)\n"
@@ -44,6 +46,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "send") == 0) return send_main(argc - 2, argv + 2);
   if (strcmp(cmd, "tail") == 0) return tail_main(argc - 2, argv + 2);
   if (strcmp(cmd, "epoch") == 0) return epoch_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "shards") == 0) return shards_main(argc - 2, argv + 2);
   if (strcmp(cmd, "roll") == 0) return roll_main(argc - 2, argv + 2, 0);
   if (strcmp(cmd, "balance") == 0) return roll_main(argc - 2, argv + 2, 1);
   if (strcmp(cmd, "bench") == 0) return bench_main(argc - 2, argv + 2);

@@ -37,6 +37,7 @@
 #include "bus/bus.h"
 #include "core/dburl.h"
 #include "bus/pgnotify.h"
+#include "bus/redis.h"
 #include "cluster/membership.h"
 #include "common/util.h"
 #include "core/errors.h"
@@ -225,6 +226,8 @@ void lifecycle_tick(node_t *node, uint64_t now) {
   if (uv_is_closing((uv_handle_t *)&node->tick)) return;
   if (node->pgnotify) pgnotify_close(node->pgnotify); /* after pool_close: see its header */
   node->pgnotify = NULL;
+  if (node->rbus) redis_bus_close(node->rbus); /* after pool_close: see its header */
+  node->rbus = NULL;
   drain_close(node->drain); /* after pool_close: its peers job has returned */
   node->drain = NULL;
   bus_close(node->bus);

@@ -28,6 +28,7 @@ typedef struct bus_s bus_t;
 typedef struct auth_s auth_t;
 typedef struct admission_s admission_t;
 typedef struct pgnotify_s pgnotify_t;
+typedef struct redis_bus_s redis_bus_t;
 typedef struct drain_s drain_t;
 
 typedef struct node_s {
@@ -37,6 +38,10 @@ typedef struct node_s {
   pool_t *pool;
   bus_t *bus;
   pgnotify_t *pgnotify; /* PostgreSQL: the LISTEN connection (bus/pgnotify.h); else NULL */
+  /* A sharded cluster (CONVERGER_BUS): the Redis bus (bus/redis.h) and
+   * what the store's routers share (store/sharded.h); else NULL. */
+  redis_bus_t *rbus;
+  store_shards_t *shards;
   auth_t *auth;
   users_t *users;              /* connections per user (gate/users.h) */
   struct presence_s *presence; /* who is present (proto/presence.h) */

@@ -22,6 +22,7 @@
 #include "api/rest.h"
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
+#include "bus/redis.h"
 #include "cluster/membership.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -35,6 +36,7 @@
 #include "proto/frames.h"
 #include "proto/presence.h"
 #include "proto/session.h"
+#include "store/sharded.h"
 
 /* Descriptors kept out of the open-file limit for everything but WebSocket
  * connections: 64 for the process (stdio, the loop, signals, the log, the
@@ -368,6 +370,7 @@ static void node_open_undo(node_t *node, const handle_set_t *before, unsigned re
   conn_stop_listening(&node->net); /* listeners, when conn_listen got that far */
   if (node->pool) pool_close(node->pool);
   if (node->pgnotify) pgnotify_close(node->pgnotify);
+  if (node->rbus) redis_bus_close(node->rbus);
   if (node->drain) drain_close(node->drain);
   if (node->bus) bus_close(node->bus);
   if (!uv_is_closing((uv_handle_t *)&node->admission_timer))
@@ -452,10 +455,19 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
       .busy_timeout_ms = 5000,
   };
 
-  /* On PostgreSQL, every node hears every commit (bus/pgnotify.h). */
+  /* On PostgreSQL, every node hears every commit (bus/pgnotify.h); in a
+   * sharded cluster, only the nodes that serve its conversation, through
+   * the Redis bus (bus/redis.h), which redis_bus_start installs below. */
   const char *backend = dburl_backend(cfg->database_url);
   int shared_store = backend && strcmp(backend, "postgres") == 0;
-  if (shared_store) {
+  int sharded = shared_store && cfg->bus != NULL;
+  if (sharded) {
+    /* an instance that hangs holds at most half the workers */
+    node->shards = store_shards_new(cfg->pool_size > 1 ? cfg->pool_size / 2 : 1, node->metrics);
+    opt.shards = node->shards;
+    opt.announce = bus_announce;
+    opt.announce_ud = node->bus;
+  } else if (shared_store) {
     opt.notify = 1;
     bus_set_remote(node->bus);
   }
@@ -514,7 +526,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                       .drain_begin = api_drain_cb,
                       .ud = node};
   if (!node->metrics || !node->auth || !node->users || !node->presence || !node->bus ||
-      !node->admission || !node->drain)
+      !node->admission || !node->drain || (sharded && !node->shards))
     goto fail;
   if (auth_set_claims(node->auth, cfg->token_issuer, cfg->token_audience) != 0) goto fail;
   if (cfg->token_public_keys && *cfg->token_public_keys) {
@@ -541,8 +553,14 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
     log_error("cannot start the store (%s): %s", db_shown, cv_strerror(store_err));
     goto fail;
   }
-  if (shared_store && (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg->node_id,
-                                          cfg->database_url, &node->pgnotify)) != 0) {
+  if (sharded && (r = redis_bus_start(node->loop, node->bus, &node->pool, cfg->node_id, cfg->bus,
+                                      cfg->bus_check_ms, node->metrics, &node->rbus)) != 0) {
+    log_error("cannot start the bus (%s): %s", cfg->bus, cv_strerror(r));
+    goto fail;
+  }
+  if (shared_store && !sharded &&
+      (r = pgnotify_start(node->loop, node->bus, &node->pool, cfg->node_id, cfg->database_url,
+                          &node->pgnotify)) != 0) {
     log_error("cannot listen on the store (%s): %s", db_shown, cv_strerror(r));
     goto fail;
   }
@@ -604,7 +622,8 @@ void node_free(node_t *node) {
     admission_free(node->admission);
   }
   conn_net_free(&node->net);
-  metrics_free(node->metrics); /* the pool's workers are joined: no one records now */
+  store_shards_free(node->shards); /* the pool's routers are closed */
+  metrics_free(node->metrics);     /* the pool's workers are joined: no one records now */
   free(node);
 }
 

@@ -139,6 +139,11 @@ static void set_error(rest_job_t *j, int r) {
     j->code = "unavailable";
     j->message = "the store did not answer in time; retry after the hint";
     break;
+  case -CV_ESHARD:
+    j->status = 503;
+    j->code = "unavailable";
+    j->message = "the conversation's shard is unavailable; retry after the hint";
+    break;
   default:
     j->status = 503;
     j->code = "unavailable";
@@ -271,7 +276,7 @@ static void job_finish(rest_job_t *j, pool_job_t *job) {
   /* On a shared store the change reaches this node's sockets as it
    * reaches every other node's, through the bus (bus/pgnotify.h), in
    * commit order with any other change of the channel. */
-  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !*api->pgnotify) {
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !*api->pgnotify && !bus_routed(api->bus)) {
     bus_channel_changed(api->bus, j->id, j->flag);
   }
   if (j->kind == J_MSG_APPEND && (j->status == 200 || j->status == 201))

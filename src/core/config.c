@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/busurl.h"
 #include "core/dburl.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -55,6 +56,15 @@ static const setting_t settings[] = {
       0, 0, NULL,
       "store: sqlite:PATH, or PostgreSQL as postgres://USER@HOST:PORT/DB or libpq keywords"
       " (host=... dbname=...)"),
+    S("CONVERGER_BUS", "bus", K_STR, bus, NULL, 0, 0, NULL,
+      "a sharded cluster (docs/operations.md, \"Scaling out\"): its Redis pub/sub instances, "
+      "comma-separated redis://HOST:PORT, the same list in the same order on every node; the "
+      "database URL is then the control database's, which holds the shard map; unset: one "
+      "database"),
+    S("CONVERGER_BUS_CHECK_MS", "bus-check-ms", K_INT, bus_check_ms, "30000", 100, 3600000, NULL,
+      "sharded cluster: a conversation with a subscriber here and nothing heard on the bus for "
+      "this long (ms) has its head read from the store (a publish lost in a crash is found "
+      "within this)"),
     S("CONVERGER_API_KEY", "api-key", K_STR, api_key, NULL, 0, 0, NULL,
       "REST/admin bearer key (unset: generated, stored in the data directory); several, "
       "separated by commas, are all accepted (a rotation)"),
@@ -428,6 +438,18 @@ int config_parse(config_t *cfg, int argc, char **argv) {
     fprintf(stderr, "converger: invalid CONVERGER_API_KEY: want 1 to %d keys (comma-separated)\n",
             CONFIG_KEYS_MAX);
     return -CV_EINVAL;
+  }
+  if (cfg->bus) {
+    char why[300];
+    if (strcmp(dburl_backend(cfg->database_url), "postgres") != 0) {
+      fprintf(stderr, "converger: CONVERGER_BUS needs a PostgreSQL CONVERGER_DATABASE_URL (the "
+                      "control database of a sharded cluster)\n");
+      return -CV_EINVAL;
+    }
+    if (busurl_parse(cfg->bus, NULL, NULL, why, sizeof why) != 0) {
+      fprintf(stderr, "converger: invalid CONVERGER_BUS: %s\n", why);
+      return -CV_EINVAL;
+    }
   }
   /* The data directory holds the generated secrets: SQLite's is the
    * database file's directory; with PostgreSQL it is data/ under the

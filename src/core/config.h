@@ -67,6 +67,8 @@ typedef struct {
   int rest_rate,
       rest_rate_burst;       /* REST appends and signals per second, one bucket per node; 0: off */
   int revocation_refresh_ms; /* revocation cache refresh period, ms */
+  char *bus;                 /* CONVERGER_BUS: Redis URLs of a sharded cluster; NULL: one database */
+  int bus_check_ms;          /* a conversation with nothing heard this long: its head is read */
   int retry_after_min_ms;    /* retry hint range, ms */
   int retry_after_max_ms;
   int handshake_concurrency;  /* admission slots; 0: half the pool (gate/admission.h) */

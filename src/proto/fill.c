@@ -365,8 +365,10 @@ static void subscribe_done(sub_t *sub, fill_job_t *f) {
   if (f->status != 0) {
     log_warn("session %llu: subscribe to %s failed: %s", (unsigned long long)s->id, sub->conv,
              cv_strerror(f->status));
-    subscribe_refused(sub, f->status == -CV_EBUSY ? "store overloaded; subscribe again later"
-                                                  : "store unavailable; subscribe again later");
+    subscribe_refused(sub, f->status == -CV_EBUSY    ? "store overloaded; subscribe again later"
+                           : f->status == -CV_ESHARD ? "the conversation's shard is unavailable; "
+                                                       "subscribe again later"
+                                                     : "store unavailable; subscribe again later");
     return;
   }
   if (sub_set_channel(sub, f->channel) != 0) {

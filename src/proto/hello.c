@@ -83,7 +83,7 @@ static void hello_work(pool_job_t *job, store_t *db) {
    * will be refused (a store error in any entry). */
   for (size_t i = 0; i < h->n; i++) {
     int st = h->items[i].status;
-    if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) r = st;
+    if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE && st != -CV_ESHARD) r = st;
   }
   for (size_t i = 0; i < h->n && r == 0 && h->ss->shared; i++)
     if (h->items[i].status == 0 && h->items[i].info.presence)
@@ -111,7 +111,7 @@ static void hello_done(pool_job_t *job) {
     session_t *s = c->session;
     for (size_t i = 0; i < h->n; i++) {
       int st = h->items[i].status;
-      if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE) {
+      if (st != 0 && st != -CV_ENOTFOUND && st != -CV_EINACTIVE && st != -CV_ESHARD) {
         /* The store failed or the pool dropped the job: the handshake
          * cannot be served now. */
         log_warn("session %llu: handshake failed: %s", (unsigned long long)s->id, cv_strerror(st));
@@ -132,9 +132,15 @@ static void hello_done(pool_job_t *job) {
         it->status = -CV_EINACTIVE; /* deactivated after our read */
       if (it->status != 0) {
         const char *message, *code = session_conv_error(it->status, &message);
+        long hint = 0;
+        if (it->status == -CV_ESHARD) { /* this conversation's shard only: subscribe again */
+          code = "unavailable";
+          message = "the conversation's shard is unavailable; subscribe again after the hint";
+          hint = config_retry_hint(s->ss->cfg, s->ss->rng);
+        }
         /* the hello entry's answer, then each subscribe's sent meanwhile */
-        session_send_error(c, code, message, it->conv, 0, NULL);
-        sub_refuse(sub, code, message, 0);
+        session_send_error(c, code, message, it->conv, hint, NULL);
+        sub_refuse(sub, code, message, hint);
         if (ws_close_sent(c)) { /* a stream refused whole (net/ws.h) */
           json_decref(subs);
           goto out;

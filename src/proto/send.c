@@ -40,6 +40,15 @@ static void send_done(pool_job_t *job) {
     case -CV_EINACTIVE:
       session_send_conv_error(c, j->status, j->conv, details);
       break;
+    case -CV_ESHARD:
+      /* A sharded cluster's instance of this conversation only: the
+       * connection stays for the others; the client sends again with the
+       * same id after the hint (docs/protocol.md, 4.3). */
+      log_warn("send to %s failed: %s", j->conv, cv_strerror(j->status));
+      session_send_error(
+          c, "unavailable", "the conversation's shard is unavailable; send again after the hint",
+          j->conv, config_retry_hint(c->session->ss->cfg, c->session->ss->rng), details);
+      break;
     default:
       /* The client reconnects after the hint and sends again with the same
        * id (docs/protocol.md: unavailable is followed by 1013). */
