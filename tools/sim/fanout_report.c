@@ -93,9 +93,9 @@ static void usage(FILE *out) {
   fanout_params_t def;
   fanout_params_default(&def);
   fprintf(out, "usage: converger sim fanout [options]\n\n"
-               "The fleet on paper (docs/benchmarks/scale-out.md): each node's bytes in from the\n"
-               "bus, for NOTIFY to all (one PostgreSQL; every node hears every append) and for\n"
-               "the interest-routed Redis bus (a node hears only the conversations it has\n"
+               "The fleet on paper (docs/benchmarks/scale-out.md): each node's bytes in from\n"
+               "the bus, for NOTIFY to all (one PostgreSQL; every node hears every append) and\n"
+               "for the interest-routed Redis bus (a node hears only the conversations it has\n"
                "subscribers for, once each, plus control traffic). Conversations are generated\n"
                "and placed one at a time, never stored: a few seconds at full scale.\n\n"
                "The defaults are the fleet of the reconnect-storm post-mortem: about 480 nodes\n"
