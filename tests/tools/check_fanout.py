@@ -30,7 +30,7 @@ r = run()
 want(r.returncode == 0, "defaults: exit %d, stderr %r" % (r.returncode, r.stderr))
 for text in ("480 nodes, 13000000 clients, R = 20000 appends/s of 300 B",
              "| bytes in, NOTIFY to all | 6.40 MB/s | 6.40 MB/s | 6.40 MB/s |",
-             "| bytes in, interest-routed |", "| NOTIFY / interest-routed (per node) |",
+             "| bytes in, interest-routed |", "| NOTIFY / interest-routed |",
              "| share of NOTIFY's messages the node keeps |", "| each bus instance (16) |",
              "| one PostgreSQL's NOTIFY egress (issue: 2.9 GB/s) | 2.88 GB/s |",
              "| NOTIFY bytes into each node (issue: 6 MB/s) | 6.00 MB/s |"):
