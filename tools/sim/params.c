@@ -285,13 +285,16 @@ json_t *sim_params_to_json(const sim_params_t *p) {
 void sim_params_usage(FILE *out) {
   sim_params_t def;
   preset_fixed(&def);
-  fprintf(out, "usage: converger sim [--scenario postmortem|fixed|bench|FILE] [options]\n\n"
-               "A discrete-event simulation (10 ms steps) of a rolling restart of a gateway\n"
-               "fleet and the reconnects it causes (docs/benchmarks/sim.md). The scenario sets\n"
-               "every parameter; a FILE is a JSON object with the flags below as keys (without\n"
-               "\"--\"; '_' or '-'). Flags override the scenario.\n\n"
-               "  --scenario NAME|FILE   postmortem, fixed (the default), bench, or a JSON file\n"
-               "  --out DIR              summary.json, timeline.csv, sim.png (default sim-out)\n");
+  fprintf(out,
+          "usage: converger sim [--scenario postmortem|fixed|bench|FILE] [options]\n"
+          "       converger sim fanout [options]   each node's bus bytes in, NOTIFY to all\n"
+          "                                        against interest-routed (see its --help)\n\n"
+          "A discrete-event simulation (10 ms steps) of a rolling restart of a gateway\n"
+          "fleet and the reconnects it causes (docs/benchmarks/sim.md). The scenario sets\n"
+          "every parameter; a FILE is a JSON object with the flags below as keys (without\n"
+          "\"--\"; '_' or '-'). Flags override the scenario.\n\n"
+          "  --scenario NAME|FILE   postmortem, fixed (the default), bench, or a JSON file\n"
+          "  --out DIR              summary.json, timeline.csv, sim.png (default sim-out)\n");
   for (size_t i = 0; i < NPARAMS; i++) {
     const param_t *d = &params[i];
     char flag[64], dflt[64];

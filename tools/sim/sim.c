@@ -4,8 +4,10 @@
 #include "sim/sim.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "common/util.h"
+#include "sim/fanout.h"
 #include "sim/model.h"
 #include "sim/params.h"
 #include "sim/report.h"
@@ -21,6 +23,7 @@ static void progress(const sim_t *s, int second) {
 }
 
 int sim_main(int argc, char **argv) {
+  if (argc > 0 && strcmp(argv[0], "fanout") == 0) return fanout_main(argc - 1, argv + 1);
   sim_params_t p;
   const char *out_dir;
   int rc = sim_params_parse(&p, &out_dir, argc, argv);
