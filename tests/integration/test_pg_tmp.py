@@ -326,6 +326,34 @@ class PgTmp(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertFalse(os.path.exists(s2))
 
+    def test_harness_pg_cluster_standby(self):
+        """harness.PgCluster: make_standby(), multi_url(), promote() after
+        kill() of the primary, stop() of both."""
+        self.assertIsNotNone(psql(), "psql not found (package postgresql)")
+        primary = harness.PgCluster(durable=True)
+        self.addCleanup(primary.stop)
+        sb = primary.make_standby()
+        self.addCleanup(sb.stop)
+        self.assertIs(primary.standby, sb)
+        self.assertIs(sb.primary, primary)
+        self.assertEqual(primary.sql("SELECT sync_state FROM pg_stat_replication"), ["sync"])
+        multi = primary.multi_url()
+        self.assertEqual(sb.multi_url(), multi)
+        self.assertIn("target_session_attrs=read-write", multi)
+        primary.sql("CREATE TABLE t (n int); INSERT INTO t VALUES (1)")  # waits for the standby's flush
+        pid_p, pid_s = primary.pid, sb.pid
+        primary.kill()
+        self.assertFalse(pid_alive(pid_p))
+        self.assertIsNone(primary.pid)
+        sb.promote()
+        self.assertEqual(sb.sql("SELECT pg_is_in_recovery()"), ["f"])
+        self.query(multi, "INSERT INTO t VALUES (2)")
+        self.assertEqual(sb.sql("SELECT count(*) FROM t"), ["2"])
+        primary.stop()
+        sb.stop()
+        self.assertFalse(pid_alive(pid_s))
+        self.assertFalse(os.path.exists(primary.dir) or os.path.exists(sb.dir))
+
     def test_foreign_directory_is_left_alone(self):
         d = self.new_dir()
         keep = os.path.join(d, "precious")
