@@ -16,7 +16,12 @@ What is here:
   HttpReader    reads raw HTTP/1.1 responses off a socket (pipelining tests).
   WsClient      async helpers over the `websockets` library for normal flows;
                 every await has a timeout.
-  PgCluster     a throwaway PostgreSQL server (scripts/pg-tmp) with down()/up().
+  PgCluster     a throwaway PostgreSQL server (scripts/pg-tmp) with down()/up(),
+                kill(); make_standby() gives it a synchronous standby (a
+                PgCluster too, with promote()), multi_url() the pair's
+                libpq multi-host URL.
+  RedisServer   a throwaway redis-server (scripts/redis-tmp) with
+                kill()/up(), pause()/resume(); stop() by its pid.
   Follower      a client of one conversation that resumes with its watermark
                 on the next node whenever its socket ends (like the SDK).
   NodeCase      unittest.TestCase base: node lifecycle, log dump on failure,
@@ -64,6 +69,7 @@ SUBPROTOCOL = "converger.v1"
 BINARY = None  # set by main() from --binary
 
 _LIVE_PROCS = {}  # pid -> Popen, every converger process still running
+_LIVE_PIDS = {}  # pid -> its working directory: servers started by a script
 _LIVE_LOCK = threading.Lock()
 
 
@@ -75,6 +81,18 @@ def _register(proc):
 def _unregister(proc):
     with _LIVE_LOCK:
         _LIVE_PROCS.pop(proc.pid, None)
+
+
+def _register_pid(pid, cwd):
+    """A server a script started (not our child): killed at exit, by pid,
+    if it is still there and still works in cwd (not a pid reused since)."""
+    with _LIVE_LOCK:
+        _LIVE_PIDS[pid] = os.path.realpath(cwd)
+
+
+def _unregister_pid(pid):
+    with _LIVE_LOCK:
+        _LIVE_PIDS.pop(pid, None)
 
 
 def stop_process(proc, timeout=10.0):
@@ -103,6 +121,14 @@ def _kill_leftovers():
                 p.wait(5)
             except (OSError, subprocess.TimeoutExpired):
                 pass
+    with _LIVE_LOCK:
+        pids = list(_LIVE_PIDS.items())
+    for pid, cwd in pids:
+        try:
+            if os.readlink("/proc/%d/cwd" % pid) == cwd:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def free_port():
@@ -175,6 +201,8 @@ class PgCluster:
         self.durable = durable
         self.port = port  # PG_TMP_PORT: a URL known before the server runs
         self.url = None
+        self.primary = None  # a standby's PgCluster (make_standby)
+        self.standby = None  # a primary's standby
         if start:
             self.start()
 
@@ -212,7 +240,121 @@ class PgCluster:
         self._run("kill")
 
     def stop(self):
+        """Stop the server by its pid and remove its directory. For a
+        standby whose primary runs, pg-tmp first takes it out of the
+        primary's synchronous_standby_names (else the primary's commits
+        would wait for it forever) and then drops its slot. Again: no-op."""
         self._run("stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def pid(self):
+        """The postmaster's pid (None while down or killed)."""
+        return _state_pid(os.path.join(self.dir, "pg-tmp.state"))
+
+    def make_standby(self):
+        """A synchronous standby of this running server (scripts/pg-tmp
+        standby --primary): a PgCluster on its own port whose url reads
+        what this one committed; every commit here waits until it has
+        flushed it (durable clusters; a `--fast` primary does not wait).
+        While it is killed or down, commits here wait; its stop() releases
+        them. Stop it as any PgCluster (the test's cleanup)."""
+        sb = PgCluster(durable=self.durable, start=False)
+        sb.primary = self
+        sb.url = sb._run("standby", "--primary", self.dir, "--owner", str(os.getpid()))
+        self.standby = sb
+        return sb
+
+    def promote(self):
+        """(A standby) pg_ctl promote; returns once it accepts writes."""
+        self._run("promote")
+
+    def multi_url(self):
+        """The pair's libpq multi-host URL (this one and its standby, or its
+        primary): postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/converger
+        ?target_session_attrs=read-write, the primary first. libpq keeps
+        the first host that accepts writes: it follows a promotion."""
+        return self._run("url", "--with-standby")
+
+
+def _state_pid(path):
+    """PID=N from a pg-tmp / redis-tmp state file; None when absent or empty."""
+    try:
+        with open(path) as f:
+            for line in f:
+                k, _, v = line.rstrip("\n").partition("=")
+                if k == "PID" and v.strip("'").isdigit():
+                    return int(v.strip("'"))
+    except FileNotFoundError:
+        pass
+    return None
+
+
+REDIS_TMP = os.path.join(os.path.dirname(PG_TMP), "redis-tmp")
+
+
+class RedisServer:
+    """A throwaway redis-server (scripts/redis-tmp: no persistence, loopback)
+    in its own directory, watched by a redis-tmp watchdog that stops it if
+    this process dies, and registered here: killed by its pid at interpreter
+    exit if a test left it. `url` is redis://127.0.0.1:PORT, `port` its
+    port, `pid` its pid (None while killed). kill() crashes it (SIGKILL),
+    up() starts it again on the same port, empty; pause()/resume() freeze
+    and thaw it (SIGSTOP/SIGCONT); stop() stops it by its pid and removes
+    the directory (again: no-op)."""
+
+    def __init__(self, start=True, port=None):
+        self.dir = tempfile.mkdtemp(prefix="redis-it-")
+        self.port = port  # REDIS_TMP_PORT: a URL known before the server runs
+        self.url = None
+        self.pid = None
+        if start:
+            self.start()
+
+    def _run(self, *args):
+        env = dict(os.environ, REDIS_TMP_DIR=self.dir)
+        if self.port:
+            env["REDIS_TMP_PORT"] = str(self.port)
+        r = subprocess.run([REDIS_TMP] + list(args), env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise AssertionError("scripts/redis-tmp %s failed (%d): %s" % (" ".join(args), r.returncode, r.stderr))
+        return r.stdout.strip()
+
+    def _record(self):
+        self.pid = _state_pid(os.path.join(self.dir, "redis-tmp.state"))
+        if self.pid:
+            _register_pid(self.pid, self.dir)
+
+    def start(self):
+        """Start the server (once); returns once it answers PING: its URL."""
+        self.url = self._run("start", "--owner", str(os.getpid()))
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self._record()
+        return self.url
+
+    def kill(self):
+        """SIGKILL by pid; returns once it is gone. Its data is lost."""
+        self._run("kill")
+        _unregister_pid(self.pid)
+        self.pid = None
+
+    def up(self):
+        """Start it again on the same port (after kill()), empty."""
+        self._run("up")
+        self._record()
+
+    def pause(self):
+        self._run("pause")
+
+    def resume(self):
+        self._run("resume")
+
+    def stop(self):
+        pid = self.pid
+        self._run("stop")
+        if pid:
+            _unregister_pid(pid)
+        self.pid = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -1,8 +1,12 @@
 """scripts/pg-tmp: throwaway PostgreSQL clusters side by side, each found again
 by its directory, stopped by its pid, removed; clear failures (port taken, a
 directory that is not ours) and a watchdog that stops a cluster whose owner
-died. The server is checked with a real connection (psql from the same
-PostgreSQL). Every cluster started here is stopped in the test's cleanup."""
+died; a synchronous standby (streaming, sync, reads what the primary
+committed), promoted after the primary's SIGKILL and reached through the
+pair's multi-host URL; a standby that is down holds the primary's commits,
+and stop of either still works. The server is checked with a real
+connection (psql from the same PostgreSQL). Every cluster started here is
+stopped in the test's cleanup."""
 
 import os
 import shutil
@@ -50,11 +54,40 @@ class PgTmp(unittest.TestCase):
         self.addCleanup(self.pg_tmp, "stop", env={"PG_TMP_DIR": d})
         return r.stdout.strip()
 
+    def standby(self, d, primary):
+        r = self.pg_tmp("standby", "--primary", primary, env={"PG_TMP_DIR": d})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.addCleanup(self.pg_tmp, "stop", env={"PG_TMP_DIR": d})
+        return r.stdout.strip()
+
     def query(self, url, sql):
         r = subprocess.run([psql(), "-X", "-At", "-d", url, "-c", sql], capture_output=True,
                            text=True, timeout=30)
         self.assertEqual(r.returncode, 0, r.stderr)
         return r.stdout.strip()
+
+    @staticmethod
+    def port_of(url):
+        return url.rsplit(":", 1)[1].split("/")[0]
+
+    def wait_sql(self, url, sql, want, timeout=15):
+        """Polls sql on url until it answers want (a condition the server
+        reaches by itself, e.g. a session's wait event); fails after timeout."""
+        deadline = time.time() + timeout
+        got = None
+        while time.time() < deadline:
+            got = self.query(url, sql)
+            if got == want:
+                return
+            time.sleep(0.1)
+        self.fail("%r answered %r, not %r, for %d s" % (sql, got, want, timeout))
+
+    def background_psql(self, url, sql):
+        p = subprocess.Popen([psql(), "-X", "-At", "-d", url, "-c", sql], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        return p
 
     def test_help_and_usage(self):
         r = self.pg_tmp("--help")
@@ -62,8 +95,13 @@ class PgTmp(unittest.TestCase):
         for word in ("start", "stop", "url", "run", "kill", "PG_TMP_DIR", "--owner", "--fast",
                      "synchronous_commit = on", "NOT durable"):
             self.assertIn(word, r.stdout)
+        for word in ("standby --primary DIR", "promote", "--with-standby", "synchronous_standby_names",
+                     "target_session_attrs=read-write", "redis-tmp"):
+            self.assertIn(word, r.stdout)
         self.assertEqual(self.pg_tmp("frobnicate").returncode, 2)
         self.assertEqual(self.pg_tmp().returncode, 2)
+        self.assertEqual(self.pg_tmp("standby").returncode, 2)  # no --primary
+        self.assertEqual(self.pg_tmp("url", "--frob").returncode, 2)
 
     def test_two_clusters_side_by_side(self):
         self.assertIsNotNone(psql(), "psql not found (package postgresql)")
@@ -154,6 +192,167 @@ class PgTmp(unittest.TestCase):
                 return int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             return None
+
+    def test_standby_streams_sync_and_follows_promotion(self):
+        """standby: synchronous (pg_stat_replication), a hot standby that
+        reads what the primary committed; after the primary's SIGKILL,
+        promote, and the pair's multi-host URL reaches the new primary."""
+        self.assertIsNotNone(psql(), "psql not found (package postgresql)")
+        p, s = self.new_dir(), self.new_dir()
+        url_p = self.start(p)
+        # Errors first: no such primary, a primary that is not running.
+        r = self.pg_tmp("standby", "--primary", os.path.join(p, "nowhere"), env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no cluster", r.stderr)
+        r = self.pg_tmp("promote", env={"PG_TMP_DIR": p})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not a standby", r.stderr)
+        r = self.pg_tmp("url", "--with-standby", env={"PG_TMP_DIR": p})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no standby", r.stderr)
+
+        url_s = self.standby(s, p)
+        self.assertRegex(url_s, r"^postgres://postgres@127\.0\.0\.1:\d+/converger$")
+        self.assertNotEqual(url_s, url_p)
+        self.assertEqual(self.pg_tmp("url", env={"PG_TMP_DIR": s}).stdout.strip(), url_s)
+        rep = self.query(url_p, "SELECT application_name || ' ' || state || ' ' || sync_state"
+                                " FROM pg_stat_replication")
+        self.assertRegex(rep, r"^pgtmp_[0-9a-f]{16} streaming sync$")
+        name = rep.split()[0]
+        self.assertEqual(self.query(url_p, "SHOW synchronous_standby_names"), '"%s"' % name)
+        self.assertEqual(self.query(url_p, "SELECT slot_type || ' ' || active FROM pg_replication_slots"
+                                           " WHERE slot_name = '%s'" % name), "physical true")
+        self.assertEqual(self.query(url_s, "SELECT pg_is_in_recovery()"), "t")
+        # Durable as its primary.
+        self.assertEqual(self.query(url_s, "SHOW fsync"), "on")
+
+        # A commit on the primary with remote_apply returns once the standby
+        # has applied it: readable there at once. The standby refuses writes.
+        self.query(url_p, "SET synchronous_commit = remote_apply; CREATE TABLE t (n int);"
+                          " INSERT INTO t SELECT generate_series(1, 1000)")
+        self.assertEqual(self.query(url_s, "SELECT count(*) FROM t"), "1000")
+        r = subprocess.run([psql(), "-X", "-At", "-d", url_s, "-c", "INSERT INTO t VALUES (0)"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("read-only", r.stderr)
+        # A second standby of the same primary is refused.
+        r = self.pg_tmp("standby", "--primary", p, env={"PG_TMP_DIR": self.new_dir()})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("has a standby already", r.stderr)
+
+        # The pair's multi-host URL, the same from either directory.
+        multi = self.pg_tmp("url", "--with-standby", env={"PG_TMP_DIR": p}).stdout.strip()
+        self.assertEqual(multi, "postgres://postgres@127.0.0.1:%s,127.0.0.1:%s/converger"
+                                "?target_session_attrs=read-write" % (self.port_of(url_p), self.port_of(url_s)))
+        self.assertEqual(self.pg_tmp("url", "--with-standby", env={"PG_TMP_DIR": s}).stdout.strip(), multi)
+        self.assertEqual(self.query(multi, "SELECT inet_server_port()"), self.port_of(url_p))
+
+        # The primary crashes; the standby is promoted and takes writes; the
+        # multi-host URL (still printed with the primary dead) reaches it.
+        pid_p = int(state_of(p)["PID"])
+        r = self.pg_tmp("kill", env={"PG_TMP_DIR": p})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(pid_alive(pid_p))
+        self.assertEqual(self.pg_tmp("url", "--with-standby", env={"PG_TMP_DIR": p}).stdout.strip(), multi)
+        r = self.pg_tmp("promote", env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), url_s)
+        self.assertEqual(self.query(url_s, "SELECT pg_is_in_recovery()"), "f")
+        self.query(multi, "INSERT INTO t VALUES (1001)")
+        self.assertEqual(self.query(multi, "SELECT count(*) || ' ' || inet_server_port() FROM t"),
+                         "1001 %s" % self.port_of(url_s))
+        r = self.pg_tmp("promote", env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not a standby", r.stderr)
+
+        # stop cleans both: no process, no directory.
+        pid_s = int(state_of(s)["PID"])
+        for d in (p, s):
+            r = self.pg_tmp("stop", env={"PG_TMP_DIR": d})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertFalse(os.path.exists(d))
+        self.assertFalse(pid_alive(pid_s))
+
+    def test_standby_down_holds_commits_and_stop_still_works(self):
+        """Synchronous replication: with the standby down, a commit on the
+        primary waits until it is up again. stop of the standby releases the
+        primary (synchronous_standby_names, slot); stop of a primary whose
+        commits wait for a dead standby works, and so does the standby's."""
+        self.assertIsNotNone(psql(), "psql not found (package postgresql)")
+        p, s = self.new_dir(), self.new_dir()
+        url_p = self.start(p)
+        self.standby(s, p)
+        self.query(url_p, "CREATE TABLE t (n int)")
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+
+        r = self.pg_tmp("kill", env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ins = self.background_psql(url_p, "INSERT INTO t VALUES (1)")
+        self.wait_sql(url_p, waiting, "1")
+        self.assertIsNone(ins.poll())
+        r = self.pg_tmp("up", env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out, err = ins.communicate(timeout=30)  # released by the standby's return
+        self.assertEqual(ins.returncode, 0, err)
+
+        # stop of the standby: the primary no longer waits for it.
+        pid_s = int(state_of(s)["PID"])
+        r = self.pg_tmp("stop", env={"PG_TMP_DIR": s})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(pid_alive(pid_s))
+        self.assertFalse(os.path.exists(s))
+        self.assertEqual(self.query(url_p, "SHOW synchronous_standby_names"), "")
+        self.assertEqual(self.query(url_p, "SELECT count(*) FROM pg_replication_slots"), "0")
+        self.assertEqual(state_of(p)["STANDBY"], "")
+        self.query(url_p, "INSERT INTO t VALUES (2)")  # psql's timeout: a hang fails here
+
+        # A new standby, killed: the primary's commits wait; stop of the
+        # primary cuts them and ends it; stop of the dead standby cleans up.
+        s2 = self.new_dir()
+        self.standby(s2, p)
+        r = self.pg_tmp("kill", env={"PG_TMP_DIR": s2})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ins = self.background_psql(url_p, "INSERT INTO t VALUES (3)")
+        self.wait_sql(url_p, waiting, "1")
+        pid_p = int(state_of(p)["PID"])
+        t0 = time.time()
+        r = self.pg_tmp("stop", env={"PG_TMP_DIR": p})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertLess(time.time() - t0, 9, "stop needed its SIGKILL fallback")
+        self.assertFalse(pid_alive(pid_p))
+        self.assertFalse(os.path.exists(p))
+        ins.communicate(timeout=30)
+        r = self.pg_tmp("stop", env={"PG_TMP_DIR": s2})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(os.path.exists(s2))
+
+    def test_harness_pg_cluster_standby(self):
+        """harness.PgCluster: make_standby(), multi_url(), promote() after
+        kill() of the primary, stop() of both."""
+        self.assertIsNotNone(psql(), "psql not found (package postgresql)")
+        primary = harness.PgCluster(durable=True)
+        self.addCleanup(primary.stop)
+        sb = primary.make_standby()
+        self.addCleanup(sb.stop)
+        self.assertIs(primary.standby, sb)
+        self.assertIs(sb.primary, primary)
+        self.assertEqual(primary.sql("SELECT sync_state FROM pg_stat_replication"), ["sync"])
+        multi = primary.multi_url()
+        self.assertEqual(sb.multi_url(), multi)
+        self.assertIn("target_session_attrs=read-write", multi)
+        primary.sql("CREATE TABLE t (n int); INSERT INTO t VALUES (1)")  # waits for the standby's flush
+        pid_p, pid_s = primary.pid, sb.pid
+        primary.kill()
+        self.assertFalse(pid_alive(pid_p))
+        self.assertIsNone(primary.pid)
+        sb.promote()
+        self.assertEqual(sb.sql("SELECT pg_is_in_recovery()"), ["f"])
+        self.query(multi, "INSERT INTO t VALUES (2)")
+        self.assertEqual(sb.sql("SELECT count(*) FROM t"), ["2"])
+        primary.stop()
+        sb.stop()
+        self.assertFalse(pid_alive(pid_s))
+        self.assertFalse(os.path.exists(primary.dir) or os.path.exists(sb.dir))
 
     def test_foreign_directory_is_left_alone(self):
         d = self.new_dir()
