@@ -112,6 +112,11 @@ static json_t *node_json(const store_node_t *nd) {
   return v;
 }
 
+/* Whether what this node's store commits is announced to other nodes:
+ * PostgreSQL's NOTIFY (bus/pgnotify.h) or a sharded cluster's bus
+ * (bus/redis.h). Alone (SQLite), the node acts on its own sockets. */
+static int announced(const api_t *api) { return *api->pgnotify || bus_routed(api->bus); }
+
 static void set_error(rest_job_t *j, int r) {
   switch (r) {
   case -CV_ENOTFOUND:
@@ -276,7 +281,7 @@ static void job_finish(rest_job_t *j, pool_job_t *job) {
   /* On a shared store the change reaches this node's sockets as it
    * reaches every other node's, through the bus (bus/pgnotify.h), in
    * commit order with any other change of the channel. */
-  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !*api->pgnotify && !bus_routed(api->bus)) {
+  if (j->kind == J_CHANNEL_PATCH && j->status == 200 && !announced(api)) {
     bus_channel_changed(api->bus, j->id, j->flag);
   }
   if (j->kind == J_MSG_APPEND && (j->status == 200 || j->status == 201))
@@ -643,7 +648,7 @@ static void handle_shed(api_t *api, conn_t *c, http_request_t *req) {
  * store it is announced to every other node first (payload taken), and
  * the answer waits for that; alone, it is the answer now. */
 static void user_control_answer(api_t *api, conn_t *c, json_t *answer, char *payload) {
-  if (!*api->pgnotify) {
+  if (!announced(api)) {
     free(payload);
     http_respond_json(c, 202, json_pack("{s:o, s:b}", "local", answer, "announced", 0), NULL);
     return;

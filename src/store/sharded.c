@@ -62,6 +62,7 @@ typedef struct {
   store_shards_t *sh;
   store_options_t opt; /* for the instances' connections: no shards, no NOTIFY */
   store_t *control;
+  char *control_url;
   int n;
   char *urls[STORE_INSTANCES_MAX]; /* copies of the map's, when this router opened */
   uint8_t map[SHARD_COUNT];
@@ -189,7 +190,9 @@ static int inst_get(sd_t *s, int i, store_t **db) {
   }
   atomic_fetch_add(&h->calls, 1);
   int err = 0;
-  if (!s->inst[i]) {
+  if (!s->inst[i] && strcmp(s->urls[i], s->control_url) == 0) {
+    s->inst[i] = s->control; /* the control database is this instance too: one connection */
+  } else if (!s->inst[i]) {
     store_options_t o = s->opt;
     o.shared = &h->shared;
     err = store_open(s->urls[i], &o, &s->inst[i]);
@@ -256,10 +259,11 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
 static void op_close(store_t *base) {
   sd_t *s = sd(base);
   for (int i = 0; i < STORE_INSTANCES_MAX; i++) {
-    store_close(s->inst[i]);
+    if (s->inst[i] != s->control) store_close(s->inst[i]);
     free(s->urls[i]);
   }
   store_close(s->control);
+  free(s->control_url);
   free(s);
 }
 
@@ -272,7 +276,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->opt.shards = NULL;
   s->opt.notify = 0; /* the bus carries what NOTIFY did (sharded mode) */
   store_options_t c = s->opt;
-  int err = store_open(url, &c, &s->control);
+  int err = (s->control_url = strdup(url)) ? store_open(url, &c, &s->control) : -CV_ENOMEM;
   if (!err) err = load_map(s);
   if (err) {
     op_close(&s->base);

@@ -1387,6 +1387,103 @@ class Follower:
 
 
 # --------------------------------------------------------------------------
+# A sharded cluster: PostgreSQL instances, Redis bus instances, a shard map
+# --------------------------------------------------------------------------
+
+SHARD_COUNT = 256
+
+
+def shard_key(conv):
+    """FNV-1a 64 of the id (src/core/shard.h)."""
+    h = 14695981039346656037
+    for b in conv.encode():
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def shard_of(conv):
+    """The logical shard of a conversation (src/core/shard.h)."""
+    return shard_key(conv) % SHARD_COUNT
+
+
+def bus_of(conv, buckets):
+    """Jump consistent hash of the conversation's key into `buckets`
+    (Lamping and Veach; src/core/shard.c): its bus instance."""
+    key, b, j = shard_key(conv), -1, 0
+    while j < buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) & 0xFFFFFFFFFFFFFFFF
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
+
+
+class Sharded:
+    """The databases and bus of a sharded cluster, started here and stopped
+    by stop(): `instances` PgClusters (the first also the control database
+    unless control=True gives it one of its own), `bus` RedisServers, the
+    shard map written with `converger shards init` (logical shard k on
+    instance k mod n, src/cli/shards.c). standby=i: instance i gets a
+    synchronous standby, and the map names the pair's multi-host URL.
+    env() is what a node needs (CONVERGER_DATABASE_URL, CONVERGER_BUS)."""
+
+    def __init__(self, instances=3, bus=2, durable=False, control=False, standby=None):
+        self.pgs, self.redis, self.standby = [], [], None
+        try:
+            self.control = PgCluster(durable=durable) if control else None
+            for _ in range(instances):
+                self.pgs.append(PgCluster(durable=durable))
+            if standby is not None:
+                self.standby = self.pgs[standby].make_standby()
+            for _ in range(bus):
+                self.redis.append(RedisServer())
+            self.urls = [pg.multi_url() if i == standby else pg.url for i, pg in enumerate(self.pgs)]
+            self.control_url = self.control.url if control else self.urls[0]
+            args = [binary(), "shards", "init", "--database-url", self.control_url]
+            for u in self.urls:
+                args += ["--instance", u]
+            r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise AssertionError("converger shards init failed: %s" % r.stderr)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def bus_urls(self):
+        return ",".join(r.url for r in self.redis)
+
+    def env(self, extra=None):
+        e = {"CONVERGER_DATABASE_URL": self.control_url, "CONVERGER_BUS": self.bus_urls}
+        e.update(extra or {})
+        return e
+
+    def instance_of(self, conv):
+        return shard_of(conv) % len(self.pgs)
+
+    def bus_index(self, conv):
+        return bus_of(conv, len(self.redis))
+
+    def conv_on(self, node, instance=None, bus=None, channel=None):
+        """A new conversation (through `node`) whose rows are on `instance`
+        and whose channel is on bus instance `bus` (None: any)."""
+        ch = channel or node.create_channel()["id"]
+        while True:
+            conv = uid("sc")
+            if (instance is None or self.instance_of(conv) == instance) and \
+                    (bus is None or self.bus_index(conv) == bus):
+                node.create_conv(ch, conv)
+                return conv
+
+    def stop(self):
+        for x in list(self.redis) + ([self.standby] if self.standby else []) + list(self.pgs) + \
+                ([self.control] if getattr(self, "control", None) else []):
+            try:
+                x.stop()
+            except Exception as e:  # the others still stop
+                sys.stderr.write("stopping %r: %s\n" % (x, e))
+
+
+# --------------------------------------------------------------------------
 # unittest glue
 # --------------------------------------------------------------------------
 
