@@ -5,7 +5,10 @@
 #                       flags of converger serve in ARGS, e.g. ARGS="--listen 127.0.0.1:8081"
 #   make cluster        build and start three nodes (PostgreSQL) behind HAProxy on
 #                       127.0.0.1:8080, until Ctrl-C (scripts/cluster --help);
-#                       ARGS=--tls: HTTPS and WSS on 127.0.0.1:8443 too
+#                       ARGS=--tls: HTTPS and WSS on 127.0.0.1:8443 too;
+#                       ARGS=--sharded: three PostgreSQL shards (one with a
+#                       standby) and two Redis bus instances instead of one
+#                       PostgreSQL
 #   make test           build and run every test through CTest
 #   make test SANITIZE=1  the same under ASan + UBSan
 SANITIZE ?= 0

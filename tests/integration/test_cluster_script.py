@@ -327,6 +327,59 @@ class ClusterScript(unittest.TestCase):
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(30), 143, self.stderr())
 
+    def test_sharded_through_haproxy_then_sigterm(self):
+        """--sharded: three PostgreSQL instances (one with a synchronous
+        standby, named by its multi-host URL), two Redis bus instances, the
+        shard map; a message sent to one node reaches a WebSocket held
+        through HAProxy live, whichever node holds it; SIGTERM stops every
+        process it started."""
+        lb, stats, state = self.start("--sharded")
+        self.pids = {"haproxy": int(state["HAPROXY_PID"]), "pg": int(state["PG_PID"])}
+        for n in (1, 2, 3):
+            self.pids["node-%d" % n] = int(state["NODE%d_PID" % n])
+        self.pg_dir = state["PG_TMP_DIR"]
+        others = [int(state[k]) for k in ("PG2_PID", "PG3_PID", "PG2_STANDBY_PID", "REDIS1_PID", "REDIS2_PID")]
+        self.assertEqual(len(state["BUS_URLS"].split(",")), 2)
+        self.assertIn("target_session_attrs=read-write", state["INSTANCE2_URL"])
+        r = subprocess.run([harness.binary(), "shards", "show", "--database-url", state["DATABASE_URL"]],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count(" yes "), 3, r.stdout)
+        with open(os.path.join(self.dir, "api-key")) as f:
+            key = f.read().strip()
+        st, js = self.request(lb, "POST", "/v1/channels", {"id": "g", "name": "G"}, key=key)
+        self.assertEqual(st, 201, js)
+        convs = ["room%d" % i for i in range(6)]  # over the instances
+        for c in convs:
+            st, js = self.request(lb, "POST", "/v1/conversations", {"id": c, "channel": "g"}, key=key)
+            self.assertEqual(st, 201, js)
+        tok = harness.mint_token("alice", convs, secret=open(os.path.join(self.dir, "token-secret")).read().strip())
+
+        async def go():
+            import websockets
+            ws = await websockets.connect("ws://127.0.0.1:%d/v1/ws" % lb, subprotocols=["converger.v1"])
+            await ws.send(json.dumps({"type": "hello", "token": tok,
+                                      "subs": [{"conv": c, "watermark": 0} for c in convs]}))
+            got = {}
+            loop = asyncio.get_running_loop()
+            for i, c in enumerate(convs):  # each to another node, directly
+                st, js = await loop.run_in_executor(None, lambda c=c, i=i: self.request(
+                    lb + 1 + i % 3, "POST", "/v1/conversations/%s/messages" % c,
+                    {"sender": "s", "body": {"to": c}}, key=key))
+                self.assertEqual(st, 201, js)
+            while sum(len(v) for v in got.values()) < len(convs):
+                f = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if f["type"] == "msg":
+                    got.setdefault(f["conv"], []).append(f["seq"])
+            await ws.close()
+            return got
+        got = asyncio.run(go())
+        self.assertEqual(got, {c: [1] for c in convs})
+        self.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.proc.wait(60), 143, self.stderr())
+        for pid in list(self.pids.values()) + others:
+            self.assertFalse(pid_alive(pid), pid)
+
     def test_cluster_through_haproxy_then_sigterm(self):
         lb, stats, state = self.start()
         nodes = [lb + 1, lb + 2, lb + 3]
