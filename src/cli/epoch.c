@@ -9,6 +9,7 @@
 #include "core/dburl.h"
 #include "core/errors.h"
 #include "common/util.h"
+#include "store/sharded.h"
 #include "store/store.h"
 
 #define MAX_CONVS 1000
@@ -24,7 +25,8 @@ static void usage(FILE *out) {
           "before the nodes take clients again: with SQLite, while the node is stopped;\n"
           "with PostgreSQL, right after the restore (docs/operations.md, \"Restoring a\n"
           "backup\"). Messages and heads are not changed. Migrates the schema first if the\n"
-          "store is older.\n");
+          "store is older. In a sharded cluster, give CONVERGER_BUS (--bus) too: the\n"
+          "conversations are then found on their instances through the control database.\n");
 }
 
 int epoch_main(int argc, char **argv) {
@@ -78,6 +80,14 @@ int epoch_main(int argc, char **argv) {
   dburl_redact(cfg.database_url, shown, sizeof shown);
   store_t *s = NULL;
   store_options_t opt = {.sync = STORE_SYNC_FULL, .busy_timeout_ms = 5000};
+  /* a sharded cluster (CONVERGER_BUS): the conversations are on the
+   * instances of the control database's shard map */
+  store_shards_t *shards = cfg.bus ? store_shards_new(1, NULL) : NULL;
+  if (cfg.bus && !shards) {
+    config_free(&cfg);
+    return 1;
+  }
+  opt.shards = shards;
   int status = 0;
   if ((r = store_open(cfg.database_url, &opt, &s)) != 0 || (r = store_migrate(s)) != 0) {
     fprintf(stderr, "converger epoch: cannot open the store %s: %s\n", shown, cv_strerror(r));
@@ -99,6 +109,7 @@ int epoch_main(int argc, char **argv) {
   if (total > 0 || status == 0)
     printf("converger epoch: new epoch for %lld conversation(s) in %s\n", (long long)total, shown);
   store_close(s);
+  store_shards_free(shards);
   config_free(&cfg);
   return status;
 }
