@@ -51,18 +51,20 @@ typedef enum { T_FREE = 0, T_OPENING, T_HELLO, T_WELCOMED } tstate_t;
 typedef struct {
   uint32_t id;
   tstate_t st;
-  int url;           /* its place in urls[]: the entry it opened; for a drain's reconnectTo, that
-                        URL's entry when it is one, else the place of the connection it moves from
-                        (a reconnect after its loss goes on from there); -1 none */
-  int tls;           /* opened on a wss:// URL */
-  int migration;     /* opened for a drain */
-  int unavailable;   /* an `unavailable` error was counted on it */
-  int unauthorized;  /* the server refused the token on it */
-  int token_expired; /* the server said token_expired on it */
-  int64_t deadline;  /* connect deadline until welcomed, then idle deadline */
-  int64_t idle_ms;   /* 0: no idle deadline (heartbeatMs 0) */
-  int64_t hint_ms;   /* retryAfterMs of an error frame on it */
-  char node[64];     /* from its welcome */
+  int url;            /* its place in urls[]: the entry it opened; for a drain's reconnectTo, that
+                         URL's entry when it is one, else the place of the connection it moves from
+                         (a reconnect after its loss goes on from there); -1 none */
+  int tls;            /* opened on a wss:// URL */
+  int migration;      /* opened for a drain */
+  int unavailable;    /* an `unavailable` error was counted on it */
+  int unauthorized;   /* the server refused the token on it */
+  int token_expired;  /* the server said token_expired on it */
+  int64_t deadline;   /* connect deadline until welcomed, then idle deadline */
+  int64_t idle_ms;    /* 0: no idle deadline (heartbeatMs 0) */
+  int64_t hint_ms;    /* retryAfterMs of an error frame on it */
+  int64_t hint_until; /* an answer that kept it open (a shard's `unavailable`) said "not before
+                         this time": the floor of a reconnect after its loss; 0 none */
+  char node[64];      /* from its welcome */
 } ctrans_t;
 
 typedef struct {
@@ -72,12 +74,15 @@ typedef struct {
   char left_epoch[CVG_EPOCH_MAX + 1]; /* the one a reset left: its late frames are dropped */
   char hello_epoch[NT][CVG_EPOCH_MAX + 1]; /* `epoch` when transport slot k's hello went out */
   char sync_epoch[CVG_EPOCH_MAX + 1];      /* `epoch` when the pending sync went out */
-  int ended;            /* forbidden, not found or inactive: left out of hellos */
-  int sync_pending;     /* a gap sync is in flight on the active transport */
-  int64_t retry_at;     /* replay_unavailable: sync again at this time; -1 none */
-  int in_hello[NT];     /* transport slot k's hello carried it */
-  int subscribing;      /* a `subscribe` is in flight on the active transport */
-  int64_t sub_retry_at; /* a refused subscribe: again at this time; -1 none */
+  int ended;                  /* forbidden, not found or inactive: left out of hellos */
+  int sync_pending;           /* a gap sync is in flight on the active transport */
+  int64_t retry_at;           /* replay_unavailable: sync again at this time; -1 none */
+  int in_hello[NT];           /* transport slot k's hello carried it */
+  int64_t hello_retry_at[NT]; /* slot k's hello entry was refused with `unavailable` (a shard
+                                 down, protocol 2.3): subscribe again then, once k is welcomed */
+  int live;                   /* granted on the active transport: in its welcome, or `subscribed` */
+  int subscribing;            /* a `subscribe` is in flight on the active transport */
+  int64_t sub_retry_at;       /* a refused subscribe: again at this time; -1 none */
 } csub_t;
 
 typedef struct psend_s {
@@ -340,6 +345,7 @@ int cvg_core_new(const cvg_options_t *opt, cvg_core_t **out, char *err, size_t e
     const char *e = opt->epochs ? opt->epochs[core->nsubs] : NULL;
     snprintf(s->epoch, sizeof s->epoch, "%s", e ? e : "");
     s->retry_at = s->sub_retry_at = -1;
+    for (int k = 0; k < NT; k++) s->hello_retry_at[k] = -1;
     if (!(s->conv = strdup(opt->subs[core->nsubs].conv))) {
       cvg_core_free(core);
       goto nomem;
@@ -546,7 +552,9 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
   int was_active = slot == core->active;
   int was_migration = t->migration && !was_active;
   int url = t->url;
-  int64_t hint = t->hint_ms;
+  /* a hint of an answer that kept the connection open counts from that
+   * answer: what is left of it (docs/protocol.md 4.3) */
+  int64_t hint = max64(t->hint_ms, t->hint_until > now ? t->hint_until - now : 0);
   unsub_due_forget(core, t->id, 0); /* its answers will not come */
   /* 1012, 1013 and an operator's disconnect with a hint (protocol 1.1)
    * carry {"retryAfterMs": n} as their reason; any other reason is no hint */
@@ -562,6 +570,7 @@ static void transport_lost(cvg_core_t *core, ctrans_t *t, int code, const char *
            reason ? reason : "");
   if (was_active) {
     core->active = -1;
+    for (size_t i = 0; i < core->nsubs; i++) core->subs[i].live = 0;
     core->offline_since = now;
     core->st.node[0] = '\0';
     core->migrate_at = -1;
@@ -659,6 +668,7 @@ static char *hello_frame(cvg_core_t *core, int slot) {
   for (size_t i = 0; i < core->nsubs; i++) {
     csub_t *s = &core->subs[i];
     s->in_hello[slot] = !s->ended;
+    s->hello_retry_at[slot] = -1;
     if (s->ended) continue;
     memcpy(s->hello_epoch[slot], s->epoch, sizeof s->epoch);
     json_t *e = json_pack("{s:s, s:o}", "conv", s->conv, "watermark",
@@ -849,6 +859,10 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     core->st.bad_frames++;
     return;
   }
+  /* live from now on: what this welcome lists. A hello entry it leaves out
+   * was refused (an error with its conv, before the welcome or after it):
+   * not live, and still in the set */
+  for (size_t k = 0; k < core->nsubs; k++) core->subs[k].live = 0;
   size_t i;
   json_t *it;
   json_array_foreach(subs, i, it) {
@@ -860,6 +874,7 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
         !get_epoch(json_object_get(it, "epoch"), &epoch))
       continue;
     int64_t h = (int64_t)json_integer_value(head);
+    s->live = 1;
     if (json_is_true(json_object_get(it, "reset")) && s->wm != CVG_WATERMARK_NONE) {
       if (!reset_already_made(s, s->hello_epoch[slot_of(core, t)], epoch))
         reset_sub(core, s, h, epoch);
@@ -895,7 +910,10 @@ static void on_welcome(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     s->sync_pending = 0;
     s->retry_at = -1;
     s->subscribing = 0;
-    s->sub_retry_at = -1;
+    /* its hello entry refused for now (unavailable: its shard is down,
+     * docs/protocol.md 2.3): subscribe again after that answer's hint */
+    s->sub_retry_at = s->in_hello[core->active] && !s->live ? s->hello_retry_at[core->active] : -1;
+    s->hello_retry_at[core->active] = -1;
     /* subscribed after that hello went out: subscribe on this connection */
     if (!s->ended && !s->in_hello[core->active]) send_subscribe(core, s);
   }
@@ -1021,6 +1039,7 @@ static void on_subscribed(cvg_core_t *core, ctrans_t *t, json_t *j) {
   }
   if (slot_of(core, t) != core->active || s->ended) return;
   s->subscribing = 0;
+  s->live = 1;
   if (json_is_true(json_object_get(j, "already"))) return;
   int64_t h = (int64_t)json_integer_value(head);
   if (json_is_true(json_object_get(j, "reset")) && s->wm != CVG_WATERMARK_NONE) {
@@ -1092,6 +1111,8 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
     return;
   }
   int64_t hint = ra && !core->opt.ignore_hints ? clamp_ms(json_integer_value(ra)) : 0;
+  int64_t at = now + (hint > 0 ? hint : core->backoff.opt.base_ms); /* a retry, if one */
+  int slot = slot_of(core, t);
   int ended = 0;
   if (conv && strcmp(code, "cancelled") == 0 && unsub_due_find(core, conv, t->id))
     return; /* the answer to a subscribe our own unsubscribe overtook (protocol 4.6): that
@@ -1106,22 +1127,52 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   if (unsub) {
     /* an unsubscribe over the rate (it shares the subscribe bucket): the
      * node still delivers; send it again after the hint */
-    unsub->retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
+    unsub->retry_at = at;
     core->st.rate_limited++;
-  } else if (!send_id && sub && sub->subscribing &&
-             (strcmp(code, "unavailable") == 0 ||
-              (strcmp(code, "rate_limited") == 0 && frame && strcmp(frame, "subscribe") == 0))) {
-    /* a subscribe the node could not take now (protocol 1.1): the
-     * connection stays; subscribe again after the hint */
+  } else if (!send_id && !frame && sub && !sub->ended && strcmp(code, "unavailable") == 0 &&
+             t->st == T_HELLO && sub->in_hello[slot]) {
+    /* A hello entry the node could not serve now (docs/protocol.md 2.3: a
+     * sharded cluster's node whose shard of this conversation is down):
+     * the connection stays and the welcome leaves it out; it stays in the
+     * set, and once this connection is welcomed it is subscribed again
+     * after the hint (on_welcome). The hint is also the floor of a
+     * reconnect should the connection be lost. */
+    sub->hello_retry_at[slot] = at;
+    t->hint_until = max64(t->hint_until, now + hint);
+  } else if (!send_id && !frame && sub && !sub->ended && strcmp(code, "unavailable") == 0 &&
+             slot == core->active && (sub->subscribing || (sub->in_hello[slot] && !sub->live))) {
+    /* a subscribe the node could not take now (protocol 4.5), or a hello
+     * entry refused so after the welcome (2.3): the connection stays;
+     * subscribe again after the hint */
     sub->subscribing = 0;
-    sub->sub_retry_at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
-    if (code[0] == 'r') core->st.rate_limited++;
+    sub->sub_retry_at = at;
+    t->hint_until = max64(t->hint_until, now + hint);
+  } else if (!send_id && sub && sub->subscribing && strcmp(code, "rate_limited") == 0 && frame &&
+             strcmp(frame, "subscribe") == 0) {
+    /* a subscribe over the rate (protocol 4.8): again after the hint */
+    sub->subscribing = 0;
+    sub->sub_retry_at = at;
+    core->st.rate_limited++;
   } else if (!send_id && sub && strcmp(code, "cancelled") == 0) {
     /* an operator's unsubscribe overtook our subscribe: its `unsubscribed`
      * follows (on_unsubscribed) */
     sub->subscribing = 0;
   } else if (strcmp(code, "token_expired") == 0) {
     t->token_expired = 1; /* its 1008 close follows: a new token before the next hello */
+  } else if (send_id && strcmp(code, "unavailable") == 0) {
+    /* A send the node could not take now (docs/protocol.md 4.3). A sharded
+     * cluster's node whose shard of this conversation is down keeps the
+     * connection: the same frame (the same id: idempotent) goes again
+     * after the hint, on this connection. An older node closes with 1013
+     * next; then the send goes again after the reconnect's welcome, once
+     * (its transmit there clears this retry), and the hint is the
+     * reconnect's floor. Each refusal counts as an `unavailable` answer;
+     * that 1013 is not counted again. */
+    psend_t **l = conv ? find_send(core, conv, send_id) : NULL;
+    if (l && (*l)->sent_on == t->id) (*l)->retry_at = at; /* else sent again since */
+    t->hint_until = max64(t->hint_until, now + hint);
+    core->st.unavailable++;
+    t->unavailable = 1;
   } else if (strcmp(code, "unavailable") == 0) {
     /* its close (1013) follows: the hint is the floor of the next attempt */
     t->hint_ms = max64(t->hint_ms, hint);
@@ -1132,7 +1183,6 @@ static void on_error(cvg_core_t *core, ctrans_t *t, json_t *j, int64_t now) {
   } else if (strcmp(code, "rate_limited") == 0) {
     /* over the connection's rate (protocol 1.1): the frame was not acted
      * on; the same frame again after the hint (or the first backoff step) */
-    int64_t at = now + (hint > 0 ? hint : core->backoff.opt.base_ms);
     psend_t **l = send_id && conv ? find_send(core, conv, send_id) : NULL;
     core->st.rate_limited++;
     if (l) (*l)->retry_at = at;
@@ -1367,7 +1417,9 @@ int cvg_core_subscribe(cvg_core_t *core, const char *conv, int64_t watermark, co
   s->left_epoch[0] = '\0';
   s->retry_at = s->sub_retry_at = -1;
   s->sync_pending = 0;
+  s->live = 0;
   memset(s->in_hello, 0, sizeof s->in_hello); /* a hello on its way does not carry it */
+  for (int k = 0; k < NT; k++) s->hello_retry_at[k] = -1;
   if (core->active >= 0) send_subscribe(core, s);
   finish(core);
   (void)now;

@@ -47,6 +47,15 @@
  *   - a frame the node refuses with rate_limited (a send, a sync, a
  *     subscribe, a refresh) is sent again after its retryAfterMs; it does
  *     not fail;
+ *   - an `unavailable` that keeps the connection open (a sharded cluster's
+ *     node whose shard of that conversation is down, docs/protocol.md 2.3,
+ *     4.3, 4.5) is retried on the same connection after its retryAfterMs
+ *     (the first backoff step without one): a refused hello entry or
+ *     subscribe is subscribed again (it stays in the set; the other
+ *     subscriptions go on), a refused send is sent again with its id. The
+ *     hint is also the floor of a reconnect should the connection be lost
+ *     (an older node closes with 1013 after `unavailable`; the send then
+ *     goes again once, after the next welcome);
  *   - on `drain`, opens a second connection after `afterMs`, says hello with
  *     the current watermarks, and closes the old one with 1000 only once the
  *     new one is welcomed (make-before-break); a ws:// reconnectTo on a
@@ -211,9 +220,10 @@ typedef int (*cvg_token_cb)(void *ud, const char *why, char *out, size_t cap);
  * (closed by the application), "unauthorized" (the token was refused) or
  * "no_subscription" (every subscription ended, so no hello is possible);
  * seq is then 0. A send the node refused with rate_limited is sent again
- * after the hint, and one refused with unavailable after the reconnect,
- * with the same id: neither completes it. Called exactly once per
- * accepted send. */
+ * after the hint, and one refused with unavailable after the hint on the
+ * same connection (a sharded cluster's node keeps it open) or, when the
+ * node closes with 1013, after the reconnect, with the same id: none of
+ * these completes it. Called exactly once per accepted send. */
 typedef void (*cvg_sent_cb)(void *ud, const char *conv, const char *id, int64_t seq,
                             const char *error);
 
@@ -244,8 +254,9 @@ typedef struct {
   /* 1: the server's retry hints are not a floor of the backoff: the
    * retryAfterMs of an `unavailable` error frame, of a close
    * reason and of an HTTP 503's Retry-After are ignored, and a
-   * `replay_unavailable` sync is retried after backoff_base_ms instead of
-   * its retryAfterMs. For experiments reproducing the old harness of the
+   * `replay_unavailable` sync (and a subscription or send refused with
+   * `unavailable` on a connection kept open) is retried after
+   * backoff_base_ms instead of its retryAfterMs. For experiments reproducing the old harness of the
    * admission-queue decision record only; 0 (the default) honours them. */
   int ignore_hints;
   /* NULL, or `nsubs` entries: the epoch of each subscription's watermark
@@ -305,7 +316,8 @@ typedef struct {
   uint64_t duplicates;   /* messages dropped because seq <= watermark */
   uint64_t gaps;         /* syncs sent because seq > watermark + 1 */
   uint64_t gaps_filled;  /* of those, syncs answered by `synced` */
-  uint64_t unavailable;  /* `unavailable` answers (error frame, 1013 close, HTTP 503) */
+  uint64_t unavailable;  /* `unavailable` answers (error frame, 1013 close, HTTP 503); a
+                            subscription's refusal is not counted, a send's is */
   uint64_t bad_frames;   /* server frames ignored: not JSON, unknown type, wrong field */
   uint64_t migrations;   /* drains completed make-before-break */
   uint64_t resent;       /* sends sent again after a reconnect */

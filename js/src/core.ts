@@ -27,7 +27,14 @@
  *    can give new ones (a `token` action), and fetched again after
  *    `token_expired`;
  *  - (1.2) the clientId in every hello, presence reads, presence events and
- *    signals.
+ *    signals;
+ *  - an `unavailable` that keeps the connection open (a sharded cluster's
+ *    node whose shard of that conversation is down, docs/protocol.md 2.3,
+ *    4.3, 4.5) retried on it after the hint: a refused hello entry or
+ *    subscribe is subscribed again (it stays in the set, not live
+ *    meanwhile; the others go on), a refused send is sent again with its
+ *    id; the hint is also a reconnect's floor (an older node closes with
+ *    1013 after it; the send then goes once on the next connection).
  *
  * Nothing here touches a socket or a clock: the transport (client.ts) runs
  * the actions and feeds the events, with `now` in ms on one monotonic
@@ -214,6 +221,8 @@ interface Transport {
   expired: boolean; // error token_expired came on it
   unauthorized: boolean; // error unauthorized came on it
   unavailable: boolean; // error unavailable came on it
+  refused: Map<string, number>; // hello entries refused with unavailable (a shard down): conv -> subscribe again then, once welcomed
+  hintUntil: number; // an answer that kept it open (a shard's unavailable) said "not before": a reconnect's floor after its loss; 0 none
 }
 
 interface PendingSend {
@@ -627,7 +636,9 @@ export class Core {
     }
     if (code === 1009) this.failLargestSend(id);
     if (this.state === "stopped") return;
-    const hint = hintOf(reason);
+    // the hint of an answer that kept the connection open counts from that
+    // answer: what is left of it (docs/protocol.md 4.3)
+    const hint = Math.max(hintOf(reason), t.hintUntil - now);
     if (hint > this.hintMs) this.hintMs = hint;
     if (code === 1013 && !t.unavailable) this.counters.unavailable++;
     const wasActive = this.active === id;
@@ -774,6 +785,15 @@ export class Core {
       if (!s || !t.helloConvs.has(s.conv)) continue;
       this.granted(s, e, s.resumeEpoch);
     }
+    // A hello entry the welcome leaves out is not live (its error came, or
+    // comes, with its conv) and stays in the set. One refused for now
+    // (unavailable: its shard is down, docs/protocol.md 2.3) is subscribed
+    // again on this connection after that answer's hint.
+    for (const [conv, at] of t.refused) {
+      const s = this.subs.get(conv);
+      if (s && !s.live) s.subAt = at;
+    }
+    t.refused.clear();
     for (const s of [...this.subs.values()]) {
       // subscribed since that hello went out: subscribe on this connection
       if (this.subs.get(s.conv) === s && !t.helloConvs.has(s.conv) && !s.live) this.writeSubscribe(s, t);
@@ -985,9 +1005,32 @@ export class Core {
       this.sends.delete(conv + "\n" + sendId);
       this.dirty = true;
       send.done({ error: code, message });
-    } else if (!sendId && s && s.subscribing === t.id && code === "unavailable") {
-      s.subscribing = 0;
-      s.subAt = at; // a subscribe the node could not take now: again after the hint
+    } else if (sendId && code === "unavailable") {
+      // A send the node could not take now (docs/protocol.md 4.3). A
+      // sharded cluster's node whose shard of this conversation is down
+      // keeps the connection: the same frame (the same id: idempotent) goes
+      // again after the hint, on this connection. An older node closes with
+      // 1013 next; then the send goes again after the reconnect's welcome,
+      // once (its transmit there clears this retry), and the hint is the
+      // reconnect's floor. (client_core.c, on_error: the same rule)
+      if (send && send.sentOn === t.id) send.retryAt = at; // else sent again since
+      if (now + hint > t.hintUntil) t.hintUntil = now + hint;
+      this.counters.unavailable++;
+      t.unavailable = true; // that 1013 is not counted again
+    } else if (!sendId && s && code === "unavailable" &&
+               (s.subscribing === t.id || (t.helloConvs.has(s.conv) && (t.st === "hello" || (t.id === this.active && !s.live))))) {
+      // A subscribe (docs/protocol.md 4.5) or a hello entry (2.3) the node
+      // could not take now (a sharded cluster's node whose shard of it is
+      // down): the connection stays, the subscription stays in the set;
+      // subscribe again after the hint, once this connection is welcomed
+      // (onWelcome) for a hello entry. The hint is also a reconnect's floor.
+      if (now + hint > t.hintUntil) t.hintUntil = now + hint;
+      if (t.st === "hello") {
+        t.refused.set(s.conv, at);
+      } else {
+        s.subscribing = 0;
+        s.subAt = at;
+      }
       return;
     } else if (!sendId && s && s.subscribing === t.id && code === "cancelled") {
       // an operator's unsubscribe overtook our subscribe: its `unsubscribed` follows
@@ -1098,6 +1141,7 @@ export class Core {
     this.transports.set(id, {
       id, url, st: "opening", deadline: now + this.connectTimeoutMs, pingAt: -1, heartbeatMs: DEFAULT_HEARTBEAT_MS,
       node: "", move, helloConvs: new Set(), expired: false, unauthorized: false, unavailable: false,
+      refused: new Map(), hintUntil: 0,
     });
     this.counters.attempts++;
     if (!move) this.lastUrl = url; // a move's target: once it is welcomed (onWelcome)

@@ -384,3 +384,86 @@ test("history: the last n messages first, once; a reconnect resumes from the wat
   connect(k, 0, [{ conv: "r", head: 10, epoch: "e1" }]);
   assert.deepEqual(k.frames(), []);
 });
+
+test("a hello entry refused for its shard is subscribed again after the hint on the same connection; the others go on", () => {
+  // docs/protocol.md 2.3: a sharded cluster's node whose shard of a
+  // conversation is down answers that hello entry with unavailable (conv,
+  // retryAfterMs) and welcomes the others; the connection stays
+  const h = harness();
+  h.core.subscribe("r", { watermark: 0 });
+  h.core.subscribe("q", { watermark: 3 });
+  h.core.subscribe("x", { watermark: 0 });
+  h.core.start(0);
+  const [c] = h.actions().filter((a) => a.type === "connect");
+  h.core.opened(c.id, 0);
+  assert.deepEqual(h.frames()[0].subs.map((e) => e.conv), ["r", "q", "x"]);
+  h.rx(c.id, { type: "error", code: "unavailable", conv: "q", retryAfterMs: 1500, message: "shard" }, 100);
+  h.rx(c.id, { type: "welcome", node: "n1", heartbeatMs: 60000, subs: [{ conv: "r", head: 0, epoch: "e1" }] }, 110);
+  // an answer after the welcome, without a hint: the first backoff step (250 ms)
+  h.rx(c.id, { type: "error", code: "unavailable", conv: "x", message: "shard" }, 200);
+  assert.deepEqual(h.frames(), []); // not at once
+  assert.deepEqual(h.log.subscribed, ["r"]);
+  h.rx(c.id, msg("q", 4), 210); // not live: not delivered
+  h.rx(c.id, msg("r", 1), 210); // the others go on
+  assert.deepEqual(h.log.messages, ["r:1"]);
+  assert.equal(h.core.nextTimer(), 450);
+  h.core.tick(450);
+  assert.deepEqual(h.frames(), [{ type: "subscribe", conv: "x", watermark: 0 }]);
+  assert.equal(h.core.nextTimer(), 1600); // q: its hint, from the error's time
+  h.core.tick(1599);
+  assert.deepEqual(h.frames(), []);
+  h.core.tick(1600);
+  const out = h.actions();
+  assert.deepEqual(out.map((a) => a.type), ["send"]); // the same connection: no connect, no close
+  assert.deepEqual(JSON.parse(out[0].text), { type: "subscribe", conv: "q", watermark: 3 });
+  assert.equal(out[0].id, c.id);
+  h.rx(c.id, { type: "subscribed", conv: "q", head: 4, epoch: "e1" }, 1700);
+  h.rx(c.id, msg("q", 4), 1700);
+  assert.deepEqual(h.log.messages, ["r:1", "q:4"]);
+  assert.equal(h.core.stats(1700).attempts, 1);
+  assert.deepEqual(h.log.unsubscribed, []);
+  assert.equal(h.core.subscribed("q") && h.core.subscribed("x"), true);
+});
+
+test("a send refused for its shard goes again after the hint on the same connection; after an older node's 1013, once on the next", () => {
+  // docs/protocol.md 4.3
+  const h = harness();
+  h.core.subscribe("r", { watermark: 0 });
+  const { id } = connect(h, 0, [{ conv: "r", head: 0, epoch: "e1" }]);
+  const done = [];
+  h.core.send("r", "k1", { n: 1 }, (r) => done.push(r));
+  const [first] = h.actions();
+  h.rx(id, { type: "error", code: "unavailable", conv: "r", retryAfterMs: 700, message: "shard", details: { id: "k1" } }, 50);
+  assert.deepEqual(h.actions(), []);
+  assert.equal(h.core.nextTimer(), 750);
+  h.core.tick(749);
+  assert.deepEqual(h.actions(), []);
+  h.core.tick(750);
+  assert.deepEqual(h.actions(), [first]); // the same frame on the same connection
+  h.rx(id, { type: "sent", conv: "r", id: "k1", seq: 1 }, 800);
+  assert.deepEqual(done, [{ seq: 1, id: "k1" }]);
+
+  // an older node: the same answer, then 1013
+  h.core.send("r", "k2", { n: 2 }, (r) => done.push(r));
+  h.actions();
+  h.rx(id, { type: "error", code: "unavailable", conv: "r", retryAfterMs: 2000, message: "busy", details: { id: "k2" } }, 1000);
+  h.core.closed(id, 1013, '{"retryAfterMs":2000}', 1000);
+  assert.equal(h.log.states.at(-1).state, "waiting");
+  assert.ok(h.core.nextTimer() >= 3000);
+  h.core.tick(h.core.nextTimer());
+  const [c2] = h.actions().filter((a) => a.type === "connect");
+  h.core.opened(c2.id, 3500);
+  h.actions();
+  h.rx(c2.id, { type: "welcome", node: "n2", heartbeatMs: 60000, subs: [{ conv: "r", head: 1, epoch: "e1" }] }, 3500);
+  const k2 = (fs) => fs.filter((f) => f.type === "send" && f.id === "k2").length;
+  assert.equal(k2(h.frames()), 1);
+  h.core.tick(10000); // no second resend by the timer
+  assert.equal(k2(h.frames().filter((f) => f.type !== "ping")), 0);
+  assert.equal(h.core.stats(10000).unavailable, 2); // two refusals; the 1013 not counted again
+
+  // a refusal with a 4 s hint, the connection lost 1 s later: not before 3 s
+  h.core.send("r", "k3", { n: 3 }, (r) => done.push(r));
+  h.rx(c2.id, { type: "error", code: "unavailable", conv: "r", retryAfterMs: 4000, message: "shard", details: { id: "k3" } }, 10000);
+  h.core.closed(c2.id, 1006, "", 11000);
+  assert.ok(h.core.nextTimer() >= 14000, `${h.core.nextTimer()}`);
+});

@@ -1799,6 +1799,144 @@ static void test_subscribe_during_a_drain_move(void **state) {
   destroy(&h);
 }
 
+/* A sharded cluster's node whose shard of a conversation is down
+ * (docs/protocol.md 2.3): that hello entry gets `error unavailable` with
+ * its conv and a hint, and the welcome lists the others. The connection
+ * stays; the refused subscription is not live, stays in the set, and is
+ * subscribed again on the same connection after the hint (the first
+ * backoff step without one). One refused so after the welcome is too. */
+static void test_hello_entry_refused_by_a_shard_is_subscribed_again(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}, {"c2", 3}, {"c3", 0}};
+  make(&h, subs, 3, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = open_first(&h);
+  clear_acts(&h);
+  h.now = 100;
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"shard\",\"conv\":\"c2\","
+       "\"retryAfterMs\":1500}");
+  assert_string_equal(h.last_error, "unavailable");
+  text(&h, t,
+       "{\"type\":\"welcome\",\"session\":\"1\",\"node\":\"n\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":0}]}");
+  assert_int_equal(h.state, CVG_STATE_CONNECTED);
+  h.now = 200; /* an answer after the welcome, without a hint */
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"shard\",\"conv\":\"c3\"}");
+  assert_int_equal(count(&h, CVG_ACT_SEND), 0); /* not at once */
+  assert_int_equal(h.timer_at, 450);            /* c3: the first backoff step, 250 ms */
+  msg(&h, t, "c1", 1);                          /* the others go on */
+  assert_int_equal(h.ngot, 1);
+  fire(&h);
+  assert_true(sent_with(&h, t, "{\"type\":\"subscribe\",\"conv\":\"c3\",\"watermark\":0}"));
+  assert_int_equal(h.timer_at, 1600); /* c2: its hint from the error's time */
+  clear_acts(&h);
+  fire(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_true(sent_with(&h, t, "{\"type\":\"subscribe\",\"conv\":\"c2\",\"watermark\":3}"));
+  assert_int_equal(count(&h, CVG_ACT_OPEN) + count(&h, CVG_ACT_CLOSE), 0); /* the same one */
+  text(&h, t, "{\"type\":\"subscribed\",\"conv\":\"c2\",\"head\":4,\"presence\":false}");
+  msg(&h, t, "c2", 4);
+  assert_int_equal(h.got[h.ngot - 1], 4);
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.attempts, 1);
+  assert_int_equal(st.unavailable, 0); /* a subscription's, as a subscribe's */
+  /* the set kept all three: the next hello carries them */
+  cvg_core_closed(h.core, t, 1006, "", 0, h.now);
+  take(&h);
+  clear_acts(&h);
+  fire(&h);
+  uint32_t t2 = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t2, h.now);
+  take(&h);
+  act_t *hello = last(&h, CVG_ACT_SEND, t2);
+  assert_non_null(strstr(hello->data, "{\"conv\":\"c1\",\"watermark\":1}"));
+  assert_non_null(strstr(hello->data, "{\"conv\":\"c2\",\"watermark\":4}"));
+  assert_non_null(strstr(hello->data, "{\"conv\":\"c3\",\"watermark\":0}"));
+  destroy(&h);
+}
+
+/* A send whose conversation's shard is down (docs/protocol.md 4.3): `error
+ * unavailable` with details.id and a hint, and the connection stays. The
+ * same frame (same id) goes again on it after the hint, and completes on
+ * its `sent`. An older node closes with 1013 after such an answer: then the
+ * send goes once on the next connection, not again by the timer. The hint
+ * of an answer that kept the connection open is the floor of a reconnect
+ * after a later loss, counted from that answer. */
+static void test_send_refused_by_a_shard_is_sent_again_on_the_same_connection(void **state) {
+  h_t h;
+  cvg_sub_t subs[] = {{"c1", 0}};
+  make(&h, subs, 1, 2, CVG_BACKOFF_DECORRELATED);
+  uint32_t t = connect_first(&h, 0);
+  assert_int_equal(cvg_core_send(h.core, "c1", "k-1", "{\"n\":1}", on_sent, &h, h.now), 0);
+  take(&h);
+  char frame[2048];
+  snprintf(frame, sizeof frame, "%s", last(&h, CVG_ACT_SEND, t)->data);
+  clear_acts(&h);
+  h.now = 50;
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"shard\",\"conv\":\"c1\","
+       "\"retryAfterMs\":700,\"details\":{\"id\":\"k-1\"}}");
+  assert_int_equal(h.nsent, 0); /* not failed */
+  assert_int_equal(count(&h, CVG_ACT_SEND), 0);
+  assert_int_equal(h.timer_at, 750);
+  h.now = 749;
+  cvg_core_timer(h.core, h.now); /* early: nothing */
+  take(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 0);
+  fire(&h);
+  assert_int_equal(count(&h, CVG_ACT_SEND), 1);
+  assert_string_equal(last(&h, CVG_ACT_SEND, t)->data, frame);
+  assert_int_equal(count(&h, CVG_ACT_OPEN) + count(&h, CVG_ACT_CLOSE), 0);
+  text(&h, t, "{\"type\":\"sent\",\"conv\":\"c1\",\"id\":\"k-1\",\"seq\":1}");
+  assert_int_equal(h.nsent, 1);
+  assert_int_equal(h.sent_seq, 1);
+  assert_string_equal(h.sent_err, "");
+
+  /* an older node: the same answer, then close 1013 */
+  assert_int_equal(cvg_core_send(h.core, "c1", "k-2", "{\"n\":2}", on_sent, &h, h.now), 0);
+  take(&h);
+  h.now = 1000;
+  text(&h, t,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"busy\",\"conv\":\"c1\","
+       "\"retryAfterMs\":2000,\"details\":{\"id\":\"k-2\"}}");
+  cvg_core_closed(h.core, t, 1013, "{\"retryAfterMs\":2000}", 21, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  assert_true(h.timer_at >= 3000);
+  clear_acts(&h);
+  fire(&h);
+  uint32_t t2 = last(&h, CVG_ACT_OPEN, 0)->t;
+  cvg_core_opened(h.core, t2, h.now);
+  take(&h);
+  text(&h, t2,
+       "{\"type\":\"welcome\",\"session\":\"2\",\"node\":\"n\",\"heartbeatMs\":0,"
+       "\"subs\":[{\"conv\":\"c1\",\"head\":1}]}");
+  int k2 = 0;
+  for (int i = 0; i < h.nacts; i++)
+    k2 += h.acts[i].type == CVG_ACT_SEND && strstr(h.acts[i].data, "\"id\":\"k-2\"") != NULL;
+  assert_int_equal(k2, 1);
+  assert_int_equal(h.timer_at, -1); /* no second resend due */
+  cvg_stats_t st;
+  cvg_core_stats(h.core, h.now, &st);
+  assert_int_equal(st.unavailable, 2); /* two refusals; the 1013 not counted again */
+
+  /* a refusal with a 4 s hint, the connection lost 1 s later: not before 3 s */
+  assert_int_equal(cvg_core_send(h.core, "c1", "k-3", "{\"n\":3}", on_sent, &h, h.now), 0);
+  take(&h);
+  int64_t refused_at = h.now;
+  text(&h, t2,
+       "{\"type\":\"error\",\"code\":\"unavailable\",\"message\":\"shard\",\"conv\":\"c1\","
+       "\"retryAfterMs\":4000,\"details\":{\"id\":\"k-3\"}}");
+  h.now += 1000;
+  cvg_core_closed(h.core, t2, 1006, "", 0, h.now);
+  take(&h);
+  assert_int_equal(h.state, CVG_STATE_WAITING);
+  assert_true(h.timer_at >= refused_at + 4000);
+  destroy(&h);
+}
+
 /* An unsubscribe during a drain move. While the new connection's hello
  * (which carried the conversation) waits for its welcome, the unsubscribe
  * goes on both connections; nothing of the conversation is delivered after
@@ -2238,6 +2376,8 @@ int main(void) {
       cmocka_unit_test(test_subscribe_cancelled_by_an_unsubscribe),
       cmocka_unit_test(test_subscribe_across_a_reconnect),
       cmocka_unit_test(test_subscribe_during_a_drain_move),
+      cmocka_unit_test(test_hello_entry_refused_by_a_shard_is_subscribed_again),
+      cmocka_unit_test(test_send_refused_by_a_shard_is_sent_again_on_the_same_connection),
       cmocka_unit_test(test_unsubscribe_during_a_drain_move),
       cmocka_unit_test(test_presence_and_signal_reach_their_callbacks),
       cmocka_unit_test(test_presence_and_signal_only_from_the_active_connection),
