@@ -218,6 +218,10 @@ typedef struct {
  * appends. */
 void bus_set_routed(bus_t *bus, const bus_remote_t *remote, const char *node_id);
 
+/* The registry the bus counts in (bus_new's; may be NULL), for the
+ * modules that feed it (bus/pgnotify.c, bus/redis.c). */
+metrics_t *bus_metrics(const bus_t *bus);
+
 /* 1 after bus_set_routed. */
 int bus_routed(const bus_t *bus);
 

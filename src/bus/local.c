@@ -209,6 +209,8 @@ void bus_set_routed(bus_t *bus, const bus_remote_t *remote, const char *node_id)
 
 int bus_routed(const bus_t *bus) { return bus->routed; }
 
+metrics_t *bus_metrics(const bus_t *bus) { return bus->metrics; }
+
 void bus_announce(void *ud, const char *payload) {
   bus_t *bus = ud;
   char *copy = strdup(payload);

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/rand.h>
+
 #include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -48,6 +50,7 @@
 #define CONV_PREFIX      "cvg.m."
 #define CONTROL_CHANNEL  "cvg.c"
 #define SEEN_MAX         256 /* control messages remembered, to drop the copies */
+#define TAG_LEN          12  /* hex digits of a node's origin tag: 48 random bits */
 
 typedef struct interest_s {
   struct interest_s *next;
@@ -95,6 +98,7 @@ struct redis_bus_s {
   pool_t *const *pool;
   metrics_t *metrics;
   char node_id[STORE_ID_MAX + 1];
+  char tag[TAG_LEN + 1]; /* this process's origin tag on the bus (random) */
   int check_ms;
   int n;
   inst_t inst[REDIS_BUS_MAX];
@@ -186,6 +190,46 @@ static void ops_clear(inst_t *ri) {
   ri->nops = 0;
 }
 
+/* ---- a message on a conversation's channel -------------------------------- */
+
+/* A message's payload, "m SEQ CONV ...", names its conversation, which
+ * the channel names already: on a conversation's channel it goes as
+ * "m SEQ . ..." (a third of the bytes the bus adds to a 300-byte message),
+ * and unfold() puts the conversation back. Other payloads go as they are.
+ * Returns the start of the part after CONV in `payload`, and the length
+ * of the part before it in *head; NULL when it is not such a payload. */
+static const char *fold_point(const char *payload, const char *conv, size_t *head) {
+  if (strncmp(payload, "m ", 2) != 0) return NULL;
+  const char *seq_end = strchr(payload + 2, ' ');
+  size_t clen = strlen(conv);
+  if (!seq_end || strncmp(seq_end + 1, conv, clen) != 0) return NULL;
+  const char *after = seq_end + 1 + clen;
+  if (*after != ' ' && *after != '\n' && *after != '\0') return NULL;
+  *head = (size_t)(seq_end + 1 - payload);
+  return after;
+}
+
+/* The payload heard on conversation `conv`'s channel as store/notify.h
+ * has it (a heap string), or NULL when out of memory. */
+static char *unfold(const char *data, size_t len, const char *conv) {
+  if (len >= 4 && strncmp(data, "m ", 2) == 0) {
+    const char *seq_end = memchr(data + 2, ' ', len - 2);
+    if (seq_end && (size_t)(seq_end + 2 - data) <= len && seq_end[1] == '.' &&
+        (seq_end + 2 == data + len || seq_end[2] == ' ' || seq_end[2] == '\n')) {
+      size_t head = (size_t)(seq_end + 1 - data), clen = strlen(conv);
+      size_t tail = len - head - 1;
+      char *out = malloc(head + clen + tail + 1);
+      if (!out) return NULL;
+      memcpy(out, data, head);
+      memcpy(out + head, conv, clen);
+      memcpy(out + head + clen, seq_end + 2, tail);
+      out[head + clen + tail] = '\0';
+      return out;
+    }
+  }
+  return strndup(data, len);
+}
+
 /* ---- what is heard --------------------------------------------------------- */
 
 /* Control messages come once from each instance: the first one counts. */
@@ -199,29 +243,43 @@ static int seen_before(redis_bus_t *rb, const char *origin_serial, size_t len) {
   return 0;
 }
 
+/* Digits of `n` in decimal. */
+static size_t digits(size_t n) {
+  size_t d = 1;
+  while (n >= 10) n /= 10, d++;
+  return d;
+}
+
 static void heard_message(inst_t *ri, const char *channel, const char *data, size_t len) {
   redis_bus_t *rb = ri->rb;
   char labels[32];
   snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  /* the whole RESP push, as it came over the socket:
+   * *3\r\n$7\r\nmessage\r\n$N\r\nCHANNEL\r\n$N\r\nDATA\r\n */
+  size_t chlen = strlen(channel);
+  size_t wire = 17 + 1 + digits(chlen) + 2 + chlen + 2 + 1 + digits(len) + 2 + len + 2;
   metrics_add(rb->metrics, "converger_bus_messages_in_total", labels, 1);
-  metrics_add(rb->metrics, "converger_bus_bytes_in_total", labels, len);
+  metrics_add(rb->metrics, "converger_bus_bytes_in_total", labels, wire);
   const char *nl = memchr(data, '\n', len);
-  const char *sp = nl ? memchr(data, ' ', (size_t)(nl - data)) : NULL;
-  if (!sp || memchr(data, '\0', len)) {
+  if (!nl || memchr(data, '\0', len)) {
     log_warn("bus: ignoring a message on %s that is not converger's", channel);
     return;
   }
-  size_t olen = (size_t)(sp - data);
-  if (olen == strlen(rb->node_id) && memcmp(data, rb->node_id, olen) == 0) return; /* our own */
+  const char *sp = memchr(data, ' ', (size_t)(nl - data));
+  size_t olen = (size_t)((sp ? sp : nl) - data);
+  if (olen == TAG_LEN && memcmp(data, rb->tag, TAG_LEN) == 0) return; /* our own */
   int control = strcmp(channel, CONTROL_CHANNEL) == 0;
   if (control && seen_before(rb, data, (size_t)(nl - data))) return;
-  char *payload = strndup(nl + 1, len - (size_t)(nl + 1 - data));
+  int of_conv = !control && strncmp(channel, CONV_PREFIX, strlen(CONV_PREFIX)) == 0;
+  size_t plen = len - (size_t)(nl + 1 - data);
+  char *payload =
+      of_conv ? unfold(nl + 1, plen, channel + strlen(CONV_PREFIX)) : strndup(nl + 1, plen);
   if (!payload) {
     log_error("bus: out of memory for a message on %s; its subscribers read it from the store",
               channel);
     return;
   }
-  if (!control && strncmp(channel, CONV_PREFIX, strlen(CONV_PREFIX)) == 0) {
+  if (of_conv) {
     interest_t *e = find(rb, channel + strlen(CONV_PREFIX));
     if (e) e->last_heard = util_mono_ms();
   }
@@ -402,7 +460,14 @@ static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t 
 static void remote_publish(void *ud, const char *conv, const char *payload) {
   redis_bus_t *rb = ud;
   char *msg = NULL;
-  int len = asprintf(&msg, "%s %" PRIu64 "\n%s", rb->node_id, ++rb->serial, payload);
+  /* a conversation's channel: "TAG\nPAYLOAD"; the control channel, which
+   * every instance carries: "TAG SERIAL\nPAYLOAD", the serial telling the
+   * copies of one message from another message */
+  size_t head = 0;
+  const char *after = conv ? fold_point(payload, conv, &head) : NULL;
+  int len = after  ? asprintf(&msg, "%s\n%.*s.%s", rb->tag, (int)head, payload, after)
+            : conv ? asprintf(&msg, "%s\n%s", rb->tag, payload)
+                   : asprintf(&msg, "%s %" PRIu64 "\n%s", rb->tag, ++rb->serial, payload);
   if (len < 0) {
     log_error("bus: out of memory publishing; subscribers elsewhere read it from the store");
     return;
@@ -574,7 +639,7 @@ int redis_bus_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char
     ri->index = i;
     memcpy(ri->host, urlv[i].host, sizeof ri->host);
     ri->port = urlv[i].port;
-    snprintf(ri->shown, sizeof ri->shown, "redis://%.255s:%d", ri->host, ri->port);
+    snprintf(ri->shown, sizeof ri->shown, "redis://%.255s:%d", urlv[i].host, urlv[i].port);
   }
   rb->loop = loop;
   rb->bus = bus;
@@ -582,7 +647,13 @@ int redis_bus_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char
   rb->metrics = metrics;
   rb->check_ms = check_ms;
   snprintf(rb->node_id, sizeof rb->node_id, "%s", node_id);
-  rb->serial = (uint64_t)util_now_ms() * 1000; /* a restarted node's serials are new ones */
+  unsigned char rnd[TAG_LEN / 2];
+  if (RAND_bytes(rnd, sizeof rnd) != 1) {
+    free(rb);
+    return -CV_ENOMEM;
+  }
+  for (size_t i = 0; i < sizeof rnd; i++) snprintf(rb->tag + 2 * i, 3, "%02x", rnd[i]);
+  rb->serial = 0;
   uint64_t now = util_mono_ms();
   rb->next_poll = now + REDIS_BUS_POLL_MS;
   rb->next_idle = now + (uint64_t)check_ms;

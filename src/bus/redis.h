@@ -6,10 +6,16 @@
  * Channels: conversation `conv` is published on "cvg.m.<conv>" on
  * instance shard_jump(shard_key(conv), B) (core/shard.h), and what
  * concerns every node (channel changes, user controls) on "cvg.c" on
- * every instance. A message is "<node> <serial>\n<payload>": the node that
- * published it (a node drops its own), a number that tells one control
- * message from another (the same one comes from each instance once),
- * then a payload of store/notify.h.
+ * every instance. A message is "<tag>\n<payload>" on a conversation's
+ * channel and "<tag> <serial>\n<payload>" on the control channel: the
+ * publishing process's origin tag (12 random hex digits drawn at start, so
+ * a restarted node is another origin; a node drops what it published
+ * itself), on the control channel a number that tells one message from
+ * another (the same one comes from each instance once), then a payload of
+ * store/notify.h, in which a message ("m SEQ CONV ...") names its
+ * conversation "." on the conversation's own channel (the channel names
+ * it). Kept short: the tag and Redis's framing are all the bus adds to a
+ * message (converger_bus_bytes_in_total counts the whole RESP push).
  *
  * Interest routing: a node subscribes to a conversation's channel when
  * its first local subscriber comes (bus_remote_t.interest), in batches of

@@ -53,9 +53,12 @@ static const family_t families[] = {
     {"converger_shard_up", M_GAUGE,
      "Sharded cluster: 1 while an instance answers, 0 while its calls fail at once."},
     {"converger_bus_bytes_in_total", M_COUNTER,
-     "Sharded cluster: bytes of pub/sub messages received from the bus, by bus instance."},
+     "Bytes received from other nodes' fan-out as they came over the socket: a sharded "
+     "cluster's RESP pushes by bus instance, or PostgreSQL's NotificationResponses "
+     "(instance=\"listen\")."},
     {"converger_bus_messages_in_total", M_COUNTER,
-     "Sharded cluster: pub/sub messages received from the bus, by bus instance."},
+     "Pub/sub messages (sharded cluster, by bus instance) or notifications "
+     "(instance=\"listen\") received."},
     {"converger_bus_bytes_out_total", M_COUNTER,
      "Sharded cluster: bytes of messages published to the bus, by bus instance."},
     {"converger_bus_subscriptions", M_GAUGE,
