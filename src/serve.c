@@ -467,6 +467,7 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
     opt.shards = node->shards;
     opt.announce = bus_announce;
     opt.announce_ud = node->bus;
+    bus_set_shards(node->bus, node->shards);
   } else if (shared_store) {
     opt.notify = 1;
     bus_set_remote(node->bus);

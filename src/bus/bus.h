@@ -222,6 +222,12 @@ void bus_set_routed(bus_t *bus, const bus_remote_t *remote, const char *node_id)
  * modules that feed it (bus/pgnotify.c, bus/redis.c). */
 metrics_t *bus_metrics(const bus_t *bus);
 
+/* A sharded cluster's store (borrowed; the node's): bus_append_submit
+ * batches the appends of each instance apart (pool_job_t.batch_key), so
+ * that an instance that hangs holds its own group commit only, and the
+ * instances commit in parallel. Loop thread, before appends. */
+void bus_set_shards(bus_t *bus, store_shards_t *shards);
+
 /* 1 after bus_set_routed. */
 int bus_routed(const bus_t *bus);
 

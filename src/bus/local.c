@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "common/util.h"
 #include "store/notify.h"
+#include "store/sharded.h"
 
 #define BUS_BUCKETS 65536
 
@@ -28,6 +29,7 @@ struct bus_s {
   _Atomic uint64_t appended; /* by this node's workers, not yet counted */
   int remote;                /* bus_set_remote: fan-out comes from a listener */
   int routed;                /* bus_set_routed: fan-out through `out` too */
+  store_shards_t *shards;    /* bus_set_shards: appends batched per instance */
   bus_remote_t out;
   char node_id[STORE_ID_MAX + 1];
   char **announced; /* bus_announce's payloads, for the loop (queue_mu) */
@@ -211,6 +213,8 @@ int bus_routed(const bus_t *bus) { return bus->routed; }
 
 metrics_t *bus_metrics(const bus_t *bus) { return bus->metrics; }
 
+void bus_set_shards(bus_t *bus, store_shards_t *shards) { bus->shards = shards; }
+
 void bus_announce(void *ud, const char *payload) {
   bus_t *bus = ud;
   char *copy = strdup(payload);
@@ -321,7 +325,7 @@ oom:
 }
 
 /* Queue the new message of `a` for fan-out on the loop (routed: with the
- * payload the loop publishes). Under append_mu. */
+ * payload the loop publishes). Under append_mu, or (routed) in its lane. */
 static void queue_new(bus_t *bus, const store_append_t *a) {
   bus_msg_t *m = bus_msg_new(a->conv, a->msg.seq, bus->h.msg_json(bus->h.ud, a->conv, &a->msg));
   if (m) {
@@ -351,7 +355,13 @@ int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size
   /* Across nodes the append transaction notifies every node, this one
    * included: no local queue, and no mutex (the database orders the
    * commits). In process the mutex makes commit order the queue's order. */
-  if (!bus->remote) uv_mutex_lock(&bus->append_mu);
+  /* Routed (a sharded cluster), no mutex either: the appends of one
+   * conversation are committed by one batch lane at a time, its
+   * instance's (bus_append_submit), so each conversation's messages are
+   * queued in seq order, and the lanes of the instances run side by side
+   * (one that hangs holds no other). */
+  int serial = !bus->remote && !bus->routed;
+  if (serial) uv_mutex_lock(&bus->append_mu);
   int r = store_append_batch(db, items, n);
   if (r != 0) /* failed as a whole: no item may look committed */
     for (size_t i = 0; i < n; i++)
@@ -367,7 +377,7 @@ int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size
       found++;
       queue_new(bus, items[i]);
     }
-  if (!bus->remote) uv_mutex_unlock(&bus->append_mu);
+  if (serial) uv_mutex_unlock(&bus->append_mu);
   if (created) atomic_fetch_add(&bus->appended, created);
   if (created || found) uv_async_send(&bus->async);
   return r;
@@ -398,6 +408,8 @@ static void append_batch_cb(pool_job_t **jobs, size_t n, store_t *db) {
 
 void bus_append_submit(bus_t *bus, pool_t *pool, bus_append_job_t *j, pool_done_cb done) {
   j->bus = bus;
+  /* its instance's lane; 0 (the one lane) before the map is read */
+  j->job.batch_key = bus->shards ? 1 + store_shards_instance_of(bus->shards, j->a.conv) : 0;
   pool_submit_batch(pool, &j->job, append_batch_cb, done);
 }
 

@@ -55,9 +55,9 @@ struct pool_s {
   int slow;               /* the last interval had no wait under the target */
   int test_delay_ms;
   /* pool_submit_batch (under mu) */
-  int batch_max;     /* jobs per batch */
-  int batch_lanes;   /* workers that may run batches at once */
-  int batch_running; /* workers running one now */
+  int batch_max;                      /* jobs per batch */
+  int batch_lanes;                    /* workers that may run batches of one key at once */
+  int batch_running[POOL_BATCH_KEYS]; /* workers running one now, per batch_key */
 };
 
 typedef struct {
@@ -178,7 +178,8 @@ static void sweep_cb(uv_timer_t *t) {
 static pool_job_t *eligible(pool_t *pool, pool_job_t **prev) {
   *prev = NULL;
   for (pool_job_t *j = pool->todo_head; j; *prev = j, j = j->next)
-    if (!j->batch || pool->batch_max == 1 || pool->batch_running < pool->batch_lanes) return j;
+    if (!j->batch || pool->batch_max == 1 || pool->batch_running[j->batch_key] < pool->batch_lanes)
+      return j;
   return NULL;
 }
 
@@ -209,12 +210,12 @@ static pool_job_t *take(pool_t *pool) {
   /* batches of one (CONVERGER_APPEND_BATCH=1): alone, on any worker */
   job->laned = job->batch && pool->batch_max > 1;
   if (!job->laned) return job;
-  pool->batch_running++;
+  pool->batch_running[job->batch_key]++;
   pool_job_t *last = job;
   int n = 1;
   for (pool_job_t *p = NULL, *j = pool->todo_head; j && n < pool->batch_max;) {
     pool_job_t *next = j->next;
-    if (j->batch == job->batch) {
+    if (j->batch == job->batch && j->batch_key == job->batch_key) {
       take_one(pool, p, j, now);
       last->next = j;
       last = j;
@@ -254,7 +255,14 @@ static void run(pool_t *pool, pool_job_t *job, store_t *db) {
   }
   if (job->batch) metrics_observe(pool->metrics, "converger_store_batch_jobs", (double)n);
   uv_mutex_lock(&pool->mu);
-  if (job->laned) pool->batch_running--;
+  if (job->laned) {
+    pool->batch_running[job->batch_key]--;
+    /* A batch of another key may have waited for this lane while this
+     * worker goes on to take the oldest job, which may be of a key whose
+     * store hangs: wake an idle one for the rest (a sharded cluster's
+     * instance lanes; with one key, this worker takes the next batch). */
+    if (pool->todo_head && pool->idle > 0) uv_cond_signal(&pool->cond);
+  }
   for (pool_job_t *j = job; j;) {
     pool_job_t *next = j->next;
     push(&pool->done_head, &pool->done_tail, j);
@@ -481,6 +489,7 @@ static void submit(pool_t *pool, pool_job_t *job, pool_work_cb work, pool_batch_
   job->canceled = 0;
   job->dropped = 0; /* (no_drop, kind and deadline_ms are the caller's, set before) */
   job->timed_out = 0;
+  if (job->batch_key < 0 || job->batch_key >= POOL_BATCH_KEYS) job->batch_key = 0;
   job->submit_ms = util_mono_ms();
   pool->in_flight++;
   uv_mutex_lock(&pool->mu);

@@ -73,6 +73,11 @@ struct pool_job_s {
   uint64_t deadline_ms;
   int timed_out; /* the deadline passed: before `work` (dropped is set too) or during it */
   int laned;     /* pool.c: a batch that holds a batch lane */
+  /* Set by the caller of pool_submit_batch: jobs are batched only with
+   * jobs of the same key, and each key has lanes of its own
+   * (0..POOL_BATCH_KEYS-1; a sharded cluster's appends: their instance, so
+   * that one instance that hangs holds only its own lane). */
+  int batch_key;
   pool_job_t *next;
 };
 
@@ -155,10 +160,10 @@ int pool_cancel(pool_t *pool, pool_job_t *job);
 
 /* As pool_submit, for work that is cheaper done together: when a worker
  * takes `job`, it also takes every job queued behind it with the same
- * `batch` callback (at most the pool's batch size), and runs them in one
- * call, `batch`, with the earliest deadline among them; each still gets
- * its own `done`. At most `lanes` workers (pool_set_batch) run batches at
- * once, so while they run, the next jobs gather into the next batch
+ * `batch` callback and job->batch_key (at most the pool's batch size), and
+ * runs them in one call, `batch`, with the earliest deadline among them;
+ * each still gets its own `done`. At most `lanes` workers (pool_set_batch)
+ * run batches of one key at once, so while they run, the next jobs gather into the next batch
  * instead of spreading over the workers one each: a group commit, like
  * PostgreSQL's own commit_delay without the delay. A lone job runs at
  * once. Each job of a batch is checked against its own deadline and the
@@ -166,11 +171,12 @@ int pool_cancel(pool_t *pool, pool_job_t *job);
 void pool_submit_batch(pool_t *pool, pool_job_t *job, pool_batch_cb batch, pool_done_cb done);
 
 /* The batches of pool_submit_batch: at most `max_jobs` jobs each
- * (1..POOL_BATCH_MAX), run by at most `lanes` workers at once (1..the
- * pool's size). `max_jobs` 1: every job alone and on any worker, as
+ * (1..POOL_BATCH_MAX), run by at most `lanes` workers at once per batch
+ * key (1..the pool's size). `max_jobs` 1: every job alone and on any worker, as
  * pool_submit's (no lane). Defaults 256 and 1. Loop thread, before jobs
  * are submitted. */
-#define POOL_BATCH_MAX STORE_BATCH_MAX
+#define POOL_BATCH_MAX  STORE_BATCH_MAX
+#define POOL_BATCH_KEYS (STORE_INSTANCES_MAX + 1)
 void pool_set_batch(pool_t *pool, int max_jobs, int lanes);
 
 /* Jobs submitted whose `done` has not run yet; 0 for NULL (a node whose

@@ -16,8 +16,8 @@
  *
  * A store_shards_t is what the routers of one node share: the map (read
  * by the first router opened) and each instance's health. An instance
- * that fails (a connection refused or broken, a statement not answered in
- * time) is "down" for STORE_SHARD_DOWN_MS: its calls fail at once with
+ * that fails (a connection refused or broken, a statement not answered
+ * within its deadline after at least STORE_SHARD_SLOW_MS) is "down" for STORE_SHARD_DOWN_MS: its calls fail at once with
  * -CV_ESHARD, except one probe at a time, whose success ends it. At most
  * `inflight_max` calls are inside one instance at once (more fail at once
  * with -CV_ESHARD), so an instance that hangs holds that many of the
@@ -33,6 +33,7 @@
 #include "store/store.h"
 
 #define STORE_SHARD_DOWN_MS 1000 /* an instance that failed: calls fail at once this long */
+#define STORE_SHARD_SLOW_MS 1000 /* a call that reached its deadline after this long: failed */
 
 /* New shared state for the routers of one node, recording per-instance
  * call latency (converger_shard_store_ms{instance}) in `metrics`

@@ -243,7 +243,10 @@ class PgCluster:
         """Stop the server by its pid and remove its directory. For a
         standby whose primary runs, pg-tmp first takes it out of the
         primary's synchronous_standby_names (else the primary's commits
-        would wait for it forever) and then drops its slot. Again: no-op."""
+        would wait for it forever) and then drops its slot. Again: no-op.
+        A frozen server is thawed first: a stopped one ignores its
+        shutdown signal."""
+        self.thaw()
         self._run("stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -251,6 +254,39 @@ class PgCluster:
     def pid(self):
         """The postmaster's pid (None while down or killed)."""
         return _state_pid(os.path.join(self.dir, "pg-tmp.state"))
+
+    def freeze(self):
+        """A server that hangs: SIGSTOP the postmaster first (it forks no
+        backend after that), then every process below it, until a pass
+        finds none left running. thaw() (also called by stop()) resumes it."""
+        pm = self.pid
+        if pm is None:
+            raise AssertionError("no postmaster to freeze")
+        self._frozen = getattr(self, "_frozen", [])
+        os.kill(pm, signal.SIGSTOP)
+        self._frozen.append(pm)
+        for _ in range(50):
+            if (proc_stat(pm) or ("T",))[0] == "T":
+                break
+            time.sleep(0.01)
+        for _ in range(3):
+            for pid in descendants(pm):
+                if pid not in self._frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                    self._frozen.append(pid)
+            time.sleep(0.05)
+        running = [p for p in [pm] + descendants(pm) if (proc_stat(p) or ("T",))[0] not in ("T", "Z")]
+        if running:
+            raise AssertionError("PostgreSQL processes still running: %r" % running)
+
+    def thaw(self):
+        """SIGCONT every process freeze() stopped."""
+        for pid in reversed(getattr(self, "_frozen", [])):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self._frozen = []
 
     def make_standby(self):
         """A synchronous standby of this running server (scripts/pg-tmp
@@ -275,6 +311,33 @@ class PgCluster:
         ?target_session_attrs=read-write, the primary first. libpq keeps
         the first host that accepts writes: it follows a promotion."""
         return self._run("url", "--with-standby")
+
+
+def proc_stat(pid):
+    """(state, ppid) of `pid`, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def descendants(root):
+    """Every process below `root`, by walking /proc's parent pids."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None:
+                parent[int(name)] = st[1]
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
 
 
 def _state_pid(path):

@@ -35,72 +35,17 @@ RECOVER_S = 20.0  # sends succeed and /readyz is 200 again within this after SIG
 SENDERS = 3
 
 
-def proc_stat(pid):
-    """(state, ppid) of `pid`, or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return fields[0], int(fields[1])
-
-
-def descendants(root):
-    """Every process below `root`, by walking /proc's parent pids."""
-    parent = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st is not None:
-                parent[int(name)] = st[1]
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        todo += kids
-    return out
-
-
 class PgHang(NodeCase):
     def setUp(self):
         super().setUp()
         self.pg = PgCluster()
         self.addCleanup(self.pg.stop)
-        self.frozen = []
-
-    def postmaster_pid(self):
-        with open(os.path.join(self.pg.dir, "data", "postmaster.pid")) as f:
-            return int(f.readline())
 
     def freeze(self):
-        """SIGSTOP the postmaster first (it forks no backend after that),
-        then every process below it, until a pass finds none left running."""
-        pm = self.postmaster_pid()
-        os.kill(pm, signal.SIGSTOP)
-        self.frozen.append(pm)
-        for _ in range(50):
-            if (proc_stat(pm) or ("T",))[0] == "T":
-                break
-            time.sleep(0.01)
-        for _ in range(3):
-            for pid in descendants(pm):
-                if pid not in self.frozen:
-                    os.kill(pid, signal.SIGSTOP)
-                    self.frozen.append(pid)
-            time.sleep(0.05)
-        running = [p for p in [pm] + descendants(pm) if (proc_stat(p) or ("T",))[0] not in ("T", "Z")]
-        self.assertEqual(running, [], "PostgreSQL processes still running")
+        self.pg.freeze()
 
     def thaw(self):
-        """SIGCONT every process frozen (also from the cleanup, before the
-        cluster is stopped: a stopped server ignores its shutdown signal)."""
-        for pid in reversed(self.frozen):
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        self.frozen = []
+        self.pg.thaw()
 
     def readyz(self, node):
         try:

@@ -179,6 +179,68 @@ class ShardedCluster(NodeCase):
         self.assertGreater(metric(a, "converger_shard_store_ms_count", {"instance": str(down)}), 0)
         self.assertIn("instance %d" % down, a.log_text())
 
+    def test_a_hung_shard_holds_only_its_own_conversations(self):
+        """A shard frozen (SIGSTOP: it answers nothing, not even a refusal)
+        under senders to it and to the other shards: the others' sends
+        keep being answered well inside the store timeout (their group
+        commits run in lanes of their own), the hung one's get 503 by the
+        timeout, and no node leaves its load balancer."""
+        timeout_ms = 6000
+        a, b = self.nodes(2, {"CONVERGER_STORE_TIMEOUT_MS": str(timeout_ms)})
+        hung = self.sh.conv_on(a, instance=2)
+        fine = [self.sh.conv_on(a, instance=k) for k in (0, 1)]
+        slow, answers, stop, refusals = [], {"fine": [], "hung": []}, [False], []
+
+        def send(node, conv, what):
+            with node.session() as s:
+                i = 0
+                while not stop[0]:
+                    t0 = time.time()
+                    st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
+                                          {"id": "%s-%d" % (what, i), "sender": "bot", "body": {}})
+                    answers[what].append((st, time.time() - t0))
+                    if st != 201 and what == "fine":
+                        refusals.append(js)
+                    if st == 201:
+                        i += 1
+        import threading
+        threads = [threading.Thread(target=send, args=(a, hung, "hung")),
+                   threading.Thread(target=send, args=(b, hung, "hung"))] + \
+            [threading.Thread(target=send, args=(n, c, "fine")) for n in (a, b) for c in fine]
+        for n in (a, b):  # connections to it are open when it hangs: its calls wait, not fail
+            for i in range(5):
+                n.send(hung, {"warm": i})
+                n.send(fine[0], {"warm": i})
+        self.sh.pgs[2].freeze()
+        try:
+            for t in threads:
+                t.start()
+            end = time.time() + 6
+            while time.time() < end:
+                for n in (a, b):
+                    st, _, _ = n.request("GET", "/readyz", key=None)
+                    if st != 200:
+                        slow.append(("readyz", n.node_id, st))
+                time.sleep(0.2)
+        finally:
+            stop[0] = True
+            for t in threads:
+                t.join(timeout_ms / 1000 + 10)
+            self.sh.pgs[2].thaw()
+        self.assertEqual(slow, [])
+        fine_st = [st for st, _ in answers["fine"]]
+        self.assertGreater(len(fine_st), 20)
+        self.assertEqual(set(fine_st), {201}, refusals[:5])
+        worst = max(t for _, t in answers["fine"])
+        # waiting for the hung one would take its whole store timeout; the
+        # margin is for a loaded 2-core machine
+        self.assertLess(worst, timeout_ms / 1000 * 2 / 3, "a healthy shard's send waited for the hung one")
+        hung_st = [st for st, _ in answers["hung"]]
+        self.assertIn(503, hung_st)
+        self.assertLess(max(t for _, t in answers["hung"]), timeout_ms / 1000 + 2)
+        print("hung shard: %d sends to the others, slowest %.0f ms; %d to it, %d refused"
+              % (len(fine_st), worst * 1000, len(hung_st), hung_st.count(503)))
+
     def test_a_bus_instance_down_is_replaced_by_head_polls(self):
         a, b = self.nodes(2)
         conv = self.sh.conv_on(a, bus=1)
