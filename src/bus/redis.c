@@ -142,13 +142,13 @@ static interest_t *find(redis_bus_t *rb, const char *conv) {
 
 static void gauge_subs(inst_t *ri) {
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_set(ri->rb->metrics, "converger_bus_subscriptions", labels, (double)ri->nlive);
 }
 
 static void gauge_up(inst_t *ri) {
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_set(ri->rb->metrics, "converger_bus_up", labels, ri->up ? 1 : 0);
 }
 
@@ -202,7 +202,7 @@ static int seen_before(redis_bus_t *rb, const char *origin_serial, size_t len) {
 static void heard_message(inst_t *ri, const char *channel, const char *data, size_t len) {
   redis_bus_t *rb = ri->rb;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_add(rb->metrics, "converger_bus_messages_in_total", labels, 1);
   metrics_add(rb->metrics, "converger_bus_bytes_in_total", labels, len);
   const char *nl = memchr(data, '\n', len);
@@ -395,7 +395,7 @@ static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t 
   }
   ri->publishes_out++;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_add(ri->rb->metrics, "converger_bus_bytes_out_total", labels, len);
 }
 

@@ -228,7 +228,7 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
   atomic_fetch_sub(&h->inflight, 1);
   if (store_deadline_hit(s->inst[i])) s->base.deadline_hit = 1;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", i);
+  snprintf(labels, sizeof labels, "db_instance=\"%d\"", i);
   metrics_observe_labels(s->sh->metrics, "converger_shard_store_ms", labels,
                          (double)(util_mono_ms() - t0));
   int failed = err == -CV_ESTORE || err == -CV_ETIMEDOUT;

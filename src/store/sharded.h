@@ -35,7 +35,7 @@
 #define STORE_SHARD_DOWN_MS 1000 /* an instance that failed: calls fail at once this long */
 
 /* New shared state for the routers of one node, recording per-instance
- * call latency (converger_shard_store_ms{instance}) in `metrics`
+ * call latency (converger_shard_store_ms{db_instance}) in `metrics`
  * (borrowed, may be NULL; any thread). `inflight_max` >= 1: calls inside
  * one instance at once. NULL when out of memory. Free with
  * store_shards_free once every router is closed. Any thread. */
