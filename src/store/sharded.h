@@ -56,6 +56,15 @@ typedef struct {
 int store_shards_count(store_shards_t *sh);
 void store_shards_stats(store_shards_t *sh, int i, store_shard_stats_t *out, char *url, size_t cap);
 
+/* Copy every instance's figures into the registry given to
+ * store_shards_new (nothing when it was NULL, or before the map is read):
+ * converger_shard_up{db_instance} set from `up`, and
+ * converger_shard_errors_total{db_instance} raised by the errors since the
+ * last call (its series exists from the first call, at 0). The node calls
+ * it once a second (serve.c). Loop thread (the registry's counters and
+ * gauges are the loop's), one caller. */
+void store_shards_export(store_shards_t *sh);
+
 /* The instance holding conversation `conv`'s rows (0..count-1), or -1
  * before the map is read. Any thread. */
 int store_shards_instance_of(store_shards_t *sh, const char *conv);
