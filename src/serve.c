@@ -522,6 +522,8 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                       .admission = node->admission,
                       .drain = &node->drain,
                       .pgnotify = &node->pgnotify,
+                      .shards = node->shards,
+                      .rbus = &node->rbus,
                       .loop_utilisation = &node->loop_utilisation,
                       .started_at = start.start_time_s,
                       .sessions = &node->sessions,

@@ -194,6 +194,9 @@ class PrometheusMetrics(NodeCase):
         self.assertTrue(js["ready"])
         self.assertTrue(0 <= js["loopUtilisation"] <= 1)
         self.assertEqual(js["drainProgress"], {"told": 0, "moved": 0, "closed": 0, "remaining": 0})
+        # a single database: no shard map and no Redis bus to report
+        self.assertNotIn("shards", js)
+        self.assertNotIn("bus", js)
         st, _, js = n.request("GET", "/admin/cluster")
         self.assertEqual(st, 200, js)
         self.assertEqual(js["nodes"][0]["capacity"], 5000)
