@@ -574,7 +574,7 @@ int redis_bus_start(uv_loop_t *loop, bus_t *bus, pool_t *const *pool, const char
     ri->index = i;
     memcpy(ri->host, urlv[i].host, sizeof ri->host);
     ri->port = urlv[i].port;
-    snprintf(ri->shown, sizeof ri->shown, "redis://%.255s:%d", ri->host, ri->port);
+    snprintf(ri->shown, sizeof ri->shown, "redis://%.255s:%d", urlv[i].host, urlv[i].port);
   }
   rb->loop = loop;
   rb->bus = bus;
