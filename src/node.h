@@ -42,6 +42,7 @@ typedef struct node_s {
    * what the store's routers share (store/sharded.h); else NULL. */
   redis_bus_t *rbus;
   store_shards_t *shards;
+  uint64_t shards_exported_ms; /* monotonic: store_shards_export last ran (serve.c) */
   auth_t *auth;
   users_t *users;              /* connections per user (gate/users.h) */
   struct presence_s *presence; /* who is present (proto/presence.h) */

@@ -81,6 +81,14 @@ static void sample_loop(node_t *node) {
   node->loop_sampled_ns = now;
 }
 
+/* Once a second: a sharded cluster's per-instance health into the
+ * registry (converger_shard_up, converger_shard_errors_total). */
+static void export_shards(node_t *node, uint64_t now) {
+  if (!node->shards || now - node->shards_exported_ms < 1000) return;
+  node->shards_exported_ms = now;
+  store_shards_export(node->shards);
+}
+
 /* The API keys and the HS256 secrets that came from the data directory's
  * files, read again (a rotation without a restart): a file that cannot be
  * read, or holds a key too short, leaves the ones in use. Never logs a key. */
@@ -179,6 +187,7 @@ static void tick_cb(uv_timer_t *t) {
   node_t *node = t->data;
   uint64_t now = util_mono_ms();
   sample_loop(node);
+  export_shards(node, now);
   watch_keys(node);
   conn_tick(&node->net, now);
   listener_tick(&node->net.listener, now);
@@ -514,6 +523,8 @@ int node_open(uv_loop_t *loop, config_t *cfg, int key_from_file, node_t **out) {
                       .admission = node->admission,
                       .drain = &node->drain,
                       .pgnotify = &node->pgnotify,
+                      .shards = node->shards,
+                      .rbus = &node->rbus,
                       .loop_utilisation = &node->loop_utilisation,
                       .started_at = start.start_time_s,
                       .sessions = &node->sessions,

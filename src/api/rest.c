@@ -557,6 +557,28 @@ static int readiness(const api_t *api, const char **word) {
   return ready;
 }
 
+/* A sharded cluster's part of /admin/status: each PostgreSQL instance of
+ * the shard map (store/sharded.h: its URL without the password) and the
+ * bus's instances (bus/redis.h). */
+static void add_sharded_status(api_t *api, json_t *v) {
+  json_t *shards = json_array();
+  int n = store_shards_count(api->shards);
+  for (int i = 0; i < n && shards; i++) {
+    store_shard_stats_t st;
+    char url[2 * STORE_URL_MAX];
+    store_shards_stats(api->shards, i, &st, url, sizeof url);
+    json_array_append_new(shards,
+                          json_pack("{s:i, s:s, s:b, s:I, s:I, s:i}", "instance", i, "url", url,
+                                    "up", st.up, "calls", (json_int_t)st.calls, "errors",
+                                    (json_int_t)st.errors, "inflight", st.inflight));
+  }
+  json_object_set_new(v, "shards", shards);
+  const redis_bus_t *rb = *api->rbus;
+  json_object_set_new(v, "bus",
+                      json_pack("{s:i, s:i}", "instances", rb ? redis_bus_count(rb) : 0, "up",
+                                rb ? redis_bus_up(rb) : 0));
+}
+
 static void handle_status(api_t *api, conn_t *c) {
   static const char *const drain_states[] = {"ready", "draining", "shedding"};
   drain_progress_t dp;
@@ -573,6 +595,7 @@ static void handle_status(api_t *api, conn_t *c) {
       drain_states[drain_state(*api->drain)], "drainProgress", "told", dp.told, "moved", dp.moved,
       "closed", dp.closed, "remaining", dp.remaining, "drainWindowMs", api->cfg->drain_window_ms,
       "drainShutdownMs", api->cfg->drain_shutdown_ms, "startedAt", api->started_at);
+  if (v && api->shards) add_sharded_status(api, v);
   http_respond_json(c, 200, v, NULL);
 }
 

@@ -10,6 +10,7 @@
 
 #include "bus/bus.h"
 #include "bus/pgnotify.h"
+#include "bus/redis.h"
 #include "common/jitter.h"
 #include "core/config.h"
 #include "core/metrics.h"
@@ -22,6 +23,7 @@
 #include "net/http.h"
 #include "proto/session.h"
 #include "store/pool.h"
+#include "store/sharded.h"
 
 /* A store not open yet (lifecycle.c: a PostgreSQL node whose database was
  * unreachable at start keeps trying with backoff): what /readyz says
@@ -45,6 +47,11 @@ typedef struct api_s {
   admission_t *admission;
   drain_t *const *drain;
   pgnotify_t *const *pgnotify; /* NULL target: no shared store */
+  /* A sharded cluster (CONVERGER_BUS): what the store's routers share,
+   * for /admin/status's "shards" (NULL: not sharded), and the Redis bus
+   * (NULL target: not sharded, or closed). */
+  store_shards_t *shards;
+  redis_bus_t *const *rbus;
   sessions_t *sessions;
   net_t *net;
   limiter_t *accept;          /* upgrades per second, when cfg->accept_rate > 0 */

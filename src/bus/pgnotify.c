@@ -216,8 +216,8 @@ static void read_input(pgnotify_t *l) {
     /* NotificationResponse as it came: 'A', int32 length, int32 pid, the
      * channel and the payload with their NULs (side by side with a
      * sharded cluster's bus, same family: docs/benchmarks/scale-out.md) */
-    metrics_add(bus_metrics(l->bus), "converger_bus_messages_in_total", "instance=\"listen\"", 1);
-    metrics_add(bus_metrics(l->bus), "converger_bus_bytes_in_total", "instance=\"listen\"",
+    metrics_add(bus_metrics(l->bus), "converger_bus_messages_in_total", "bus_instance=\"listen\"", 1);
+    metrics_add(bus_metrics(l->bus), "converger_bus_bytes_in_total", "bus_instance=\"listen\"",
                 9 + strlen(n->relname) + 1 + strlen(n->extra) + 1);
     if (strcmp(n->relname, STORE_NOTIFY_CHANNEL) == 0)
       bus_heard(l->bus, n->extra, l->node_id, BUS_PATH_NOTIFY);

@@ -146,13 +146,13 @@ static interest_t *find(redis_bus_t *rb, const char *conv) {
 
 static void gauge_subs(inst_t *ri) {
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_set(ri->rb->metrics, "converger_bus_subscriptions", labels, (double)ri->nlive);
 }
 
 static void gauge_up(inst_t *ri) {
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_set(ri->rb->metrics, "converger_bus_up", labels, ri->up ? 1 : 0);
 }
 
@@ -253,7 +253,7 @@ static size_t digits(size_t n) {
 static void heard_message(inst_t *ri, const char *channel, const char *data, size_t len) {
   redis_bus_t *rb = ri->rb;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   /* the whole RESP push, as it came over the socket:
    * *3\r\n$7\r\nmessage\r\n$N\r\nCHANNEL\r\n$N\r\nDATA\r\n */
   size_t chlen = strlen(channel);
@@ -453,7 +453,7 @@ static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t 
   }
   ri->publishes_out++;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", ri->index);
+  snprintf(labels, sizeof labels, "bus_instance=\"%d\"", ri->index);
   metrics_add(ri->rb->metrics, "converger_bus_bytes_out_total", labels, len);
 }
 

@@ -46,25 +46,28 @@ static const family_t families[] = {
     {"converger_http_requests_total", M_COUNTER, "HTTP requests by route and status code."},
     {"converger_pool_wait_ms", M_HISTOGRAM, "Time a store job waited for a pool worker (ms)."},
     {"converger_shard_store_ms", M_HISTOGRAM,
-     "Sharded cluster: time of one store call on a PostgreSQL instance, by instance (ms)."},
+     "Sharded cluster: time of one store call on a PostgreSQL instance, by db_instance (its index "
+     "in the shard map) (ms)."},
     {"converger_shard_errors_total", M_COUNTER,
-     "Sharded cluster: store calls that failed for their instance (down, hung, too busy), by "
-     "instance."},
+     "Sharded cluster: store calls that failed for their PostgreSQL instance (refused, broken, "
+     "hung), by db_instance."},
     {"converger_shard_up", M_GAUGE,
-     "Sharded cluster: 1 while an instance answers, 0 while its calls fail at once."},
+     "Sharded cluster: 1 while a PostgreSQL instance answers, 0 from its failure until a call "
+     "succeeds again (meanwhile its calls fail at once), by db_instance."},
     {"converger_bus_bytes_in_total", M_COUNTER,
      "Bytes received from other nodes' fan-out as they came over the socket: a sharded "
-     "cluster's RESP pushes by bus instance, or PostgreSQL's NotificationResponses "
-     "(instance=\"listen\")."},
+     "cluster's RESP pushes by bus_instance, or PostgreSQL's NotificationResponses "
+     "(bus_instance=\"listen\")."},
     {"converger_bus_messages_in_total", M_COUNTER,
-     "Pub/sub messages (sharded cluster, by bus instance) or notifications "
-     "(instance=\"listen\") received."},
+     "Pub/sub messages (sharded cluster, by bus_instance) or notifications "
+     "(bus_instance=\"listen\") received."},
     {"converger_bus_bytes_out_total", M_COUNTER,
-     "Sharded cluster: bytes of messages published to the bus, by bus instance."},
+     "Sharded cluster: bytes of messages published to the bus, by bus_instance."},
     {"converger_bus_subscriptions", M_GAUGE,
-     "Sharded cluster: conversation channels this node holds subscribed on a bus instance."},
+     "Sharded cluster: conversation channels this node holds subscribed on a bus instance, by "
+     "bus_instance."},
     {"converger_bus_up", M_GAUGE,
-     "Sharded cluster: 1 while this node's connections to a bus instance work."},
+     "Sharded cluster: 1 while this node's connections to a bus instance work, by bus_instance."},
     {"converger_bus_head_polls_total", M_COUNTER,
      "Sharded cluster: conversations whose head was read from the store instead of heard on the "
      "bus, by reason (subscribed: a new bus subscription; down: its bus instance is down; idle: "

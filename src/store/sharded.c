@@ -55,6 +55,7 @@ struct store_shards_s {
   int inflight_max;
   metrics_t *metrics;
   inst_health_t inst[STORE_INSTANCES_MAX];
+  uint64_t errors_exported[STORE_INSTANCES_MAX]; /* store_shards_export's last read (loop) */
 };
 
 typedef struct {
@@ -111,6 +112,21 @@ void store_shards_stats(store_shards_t *sh, int i, store_shard_stats_t *out, cha
   pthread_mutex_lock(&sh->mu);
   if (url && cap && sh->loaded && i < sh->map.n) dburl_redact(sh->map.urls[i], url, cap);
   pthread_mutex_unlock(&sh->mu);
+}
+
+void store_shards_export(store_shards_t *sh) {
+  if (!sh || !sh->metrics) return;
+  int n = store_shards_count(sh);
+  for (int i = 0; i < n; i++) {
+    store_shard_stats_t st;
+    store_shards_stats(sh, i, &st, NULL, 0);
+    char labels[32];
+    snprintf(labels, sizeof labels, "db_instance=\"%d\"", i);
+    metrics_set(sh->metrics, "converger_shard_up", labels, st.up);
+    metrics_add(sh->metrics, "converger_shard_errors_total", labels,
+                st.errors - sh->errors_exported[i]);
+    sh->errors_exported[i] = st.errors;
+  }
 }
 
 int store_shards_instance_of(store_shards_t *sh, const char *conv) {
@@ -231,7 +247,7 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
   atomic_fetch_sub(&h->inflight, 1);
   if (store_deadline_hit(s->inst[i])) s->base.deadline_hit = 1;
   char labels[32];
-  snprintf(labels, sizeof labels, "instance=\"%d\"", i);
+  snprintf(labels, sizeof labels, "db_instance=\"%d\"", i);
   metrics_observe_labels(s->sh->metrics, "converger_shard_store_ms", labels,
                          (double)(util_mono_ms() - t0));
   /* A deadline hit counts against the instance only when the call itself

@@ -36,7 +36,7 @@
 #define STORE_SHARD_SLOW_MS 1000 /* a call that reached its deadline after this long: failed */
 
 /* New shared state for the routers of one node, recording per-instance
- * call latency (converger_shard_store_ms{instance}) in `metrics`
+ * call latency (converger_shard_store_ms{db_instance}) in `metrics`
  * (borrowed, may be NULL; any thread). `inflight_max` >= 1: calls inside
  * one instance at once. NULL when out of memory. Free with
  * store_shards_free once every router is closed. Any thread. */
@@ -56,6 +56,15 @@ typedef struct {
  * `cap` bytes; may be NULL). Any thread. */
 int store_shards_count(store_shards_t *sh);
 void store_shards_stats(store_shards_t *sh, int i, store_shard_stats_t *out, char *url, size_t cap);
+
+/* Copy every instance's figures into the registry given to
+ * store_shards_new (nothing when it was NULL, or before the map is read):
+ * converger_shard_up{db_instance} set from `up`, and
+ * converger_shard_errors_total{db_instance} raised by the errors since the
+ * last call (its series exists from the first call, at 0). The node calls
+ * it once a second (serve.c). Loop thread (the registry's counters and
+ * gauges are the loop's), one caller. */
+void store_shards_export(store_shards_t *sh);
 
 /* The instance holding conversation `conv`'s rows (0..count-1), or -1
  * before the map is read. Any thread. */

@@ -12,6 +12,12 @@ the alert rules and the dashboard against a real Prometheus.
   deploy/prometheus/converger-rules.yml loaded. Every rule is healthy,
   every metric a rule reads has a series, every rule expression evaluates,
   and every expression of deploy/grafana/converger.json returns a result.
+  The metrics of a sharded cluster (metrics.c's "Sharded cluster:"
+  families) are one series without labels at 0 on this single-database
+  node: the alerts and panels that read only them must evaluate to
+  nothing there (no shard "down", no empty line), and every such family
+  is on the dashboard (tests/prometheus/rules_test.yml fires those alerts
+  on sample series).
 """
 
 import asyncio
@@ -37,6 +43,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RULES = os.path.join(REPO, "deploy", "prometheus", "converger-rules.yml")
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "converger.json")
 METRIC = re.compile(r"\b((?:converger|process)_[a-z_]+|converger:[a-z_:]+)\b")
+
+
+def sharded_families():
+    """The families only a sharded cluster's node has: metrics.c's help
+    text begins with "Sharded cluster:"."""
+    with open(os.path.join(REPO, "src", "core", "metrics.c")) as f:
+        return set(re.findall(r'\{"(converger_[a-z_]+)", M_[A-Z]+,\s*"Sharded cluster:', f.read()))
+
+
+def sharded_expr(expr, sharded):
+    """Whether `expr` is about a sharded cluster only: it reads only the
+    families of sharded_families(), or selects series by a PostgreSQL
+    instance of the shard map or a bus instance."""
+    read = {family_of(n) for n in METRIC.findall(expr)}
+    by_instance = re.search(r'\b(db|bus)_instance!=""', expr) is not None
+    return bool(read) and (read <= sharded or by_instance)
+
+
+def family_of(name):
+    """A series name's family (a histogram's _bucket, _count, _sum)."""
+    return re.sub(r"_(bucket|count|sum)$", "", name)
 
 
 def parse_metrics(text):
@@ -194,6 +221,9 @@ class PrometheusMetrics(NodeCase):
         self.assertTrue(js["ready"])
         self.assertTrue(0 <= js["loopUtilisation"] <= 1)
         self.assertEqual(js["drainProgress"], {"told": 0, "moved": 0, "closed": 0, "remaining": 0})
+        # a single database: no shard map and no Redis bus to report
+        self.assertNotIn("shards", js)
+        self.assertNotIn("bus", js)
         st, _, js = n.request("GET", "/admin/cluster")
         self.assertEqual(st, 200, js)
         self.assertEqual(js["nodes"][0]["capacity"], 5000)
@@ -233,24 +263,42 @@ class PrometheusMetrics(NodeCase):
         firing = [r["name"] for r in got if r.get("state") == "firing"]
         self.assertEqual(firing, [])
 
+        sharded = sharded_families()
+        self.assertTrue({"converger_shard_up", "converger_shard_errors_total",
+                         "converger_shard_store_ms", "converger_bus_up",
+                         "converger_bus_subscriptions", "converger_bus_head_polls_total"}
+                        <= sharded, sharded)
         names = set()
         for r in rules:
             res = prom.query(r["expr"])
             self.assertEqual(res["status"], "success", (r["expr"], res))
             names.update(METRIC.findall(r["expr"]))
+            if sharded_expr(r["expr"], sharded):  # a sharded cluster's alert: nothing to say here
+                self.assertEqual(res["data"]["result"], [], (r["expr"], "on a single database"))
         self.assertIn("converger_loop_utilisation", names)
+        self.assertTrue({"converger_shard_up", "converger_bus_up"} <= names, names)
         for name in sorted(names):
             res = prom.query(name)
             self.assertTrue(res["data"]["result"], "no series of %s, read by a rule" % name)
 
         with open(DASHBOARD) as f:
             dash = json.load(f)
-        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+        self.assertTrue(any(t.startswith("Shards") for t in rows), rows)
+        self.assertTrue(any(t.startswith("Bus") for t in rows), rows)
+        exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
         self.assertGreaterEqual(len(exprs), 10)
+        read = set()
         for e in exprs:
             res = prom.query(e)
             self.assertEqual(res["status"], "success", (e, res))
+            read |= {family_of(n) for n in METRIC.findall(e)}
+            if sharded_expr(e, sharded):  # a sharded cluster's panel: empty here
+                self.assertEqual(res["data"]["result"], [], (e, "on a single database"))
+                continue
             self.assertTrue(res["data"]["result"], "the dashboard's %r has no result" % e)
+        # every family of a sharded cluster is on the dashboard
+        self.assertEqual(sharded - read, set())
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@
 #include "core/dburl.h"
 #include "core/log.h"
 #include "common/util.h"
+#include "core/metrics.h"
 #include "store/notify.h"
+#include "store/sharded.h"
 #include "store/store.h"
 
 #define SQL_EVIL "'; DROP TABLE messages; --"
@@ -1628,6 +1630,62 @@ static void test_pg_closed_port_fails_fast(void **state) {
   assert_null(s);
 }
 
+/* A sharded router whose map has a working instance (0) and one on a
+ * closed port (1): the migration's visit of instance 1 fails, and
+ * store_shards_export shows it in the registry as up 0 with one error,
+ * instance 0 as up 1 with none; a second export adds no error that did
+ * not happen (the counter rises by the errors since the last export). */
+static void test_pg_shard_health_exported(void **state) {
+  fx_t *f = *state;
+  char good[URL_MAX], bad[128];
+  new_db(f, "instance0", good, sizeof good);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd); /* bound, never listened: now closed */
+  snprintf(bad, sizeof bad, "postgres://u:s3cret@127.0.0.1:%d/converger", ntohs(a.sin_port));
+  const char *urls[] = {good, bad};
+  assert_int_equal(store_shardmap_init(f->s, urls, 2), 0);
+
+  metrics_t *m = metrics_new();
+  assert_non_null(m);
+  store_shards_t *sh = store_shards_new(2, m);
+  assert_non_null(sh);
+  store_shards_export(sh); /* before the map is read: nothing */
+  size_t n;
+  char *text = metrics_render(m, &n);
+  assert_null(strstr(text, "converger_shard_up{"));
+  free(text);
+
+  store_options_t o = test_opt;
+  o.shards = sh;
+  store_t *r = NULL;
+  assert_int_equal(store_open(f->url, &o, &r), 0);
+  assert_int_equal(store_migrate(r), 0); /* visits both instances; 1 refuses */
+  assert_int_equal(store_shards_count(sh), 2);
+  store_shard_stats_t st;
+  char shown[128];
+  store_shards_stats(sh, 1, &st, shown, sizeof shown);
+  assert_int_equal(st.up, 0);
+  assert_int_equal(st.errors, 1);
+  assert_null(strstr(shown, "s3cret"));
+
+  for (int round = 0; round < 2; round++) {
+    store_shards_export(sh);
+    text = metrics_render(m, &n);
+    assert_non_null(strstr(text, "converger_shard_up{db_instance=\"0\"} 1\n"));
+    assert_non_null(strstr(text, "converger_shard_up{db_instance=\"1\"} 0\n"));
+    assert_non_null(strstr(text, "converger_shard_errors_total{db_instance=\"0\"} 0\n"));
+    assert_non_null(strstr(text, "converger_shard_errors_total{db_instance=\"1\"} 1\n"));
+    free(text);
+  }
+  store_close(r);
+  store_shards_free(sh);
+  metrics_free(m);
+}
+
 /* A server that accepts TCP connections but never answers (a hung host, a
  * black-holing proxy): store_open gives up after the connect timeout, 1 s
  * by default, or the URL's connect_timeout. */
@@ -2027,6 +2085,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_pg_deactivation_during_append_wait, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pg_default_isolation_does_not_matter, setup, teardown),
       cmocka_unit_test(test_pg_closed_port_fails_fast),
+      cmocka_unit_test_setup_teardown(test_pg_shard_health_exported, setup, teardown),
       cmocka_unit_test(test_pg_silent_server_times_out),
       cmocka_unit_test_setup_teardown(test_pg_reconnect, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pg_invalid_utf8, setup, teardown),
