@@ -122,7 +122,8 @@ class Following:
             raise self.error
         if self.thread.is_alive():
             raise AssertionError("followers did not reach the heads %r: %r" % (
-                heads, {f.conv: f.watermark for f in self.followers}))
+                heads, {f.conv: (f.watermark, f.welcomes, f.nodes_used[-3:], f.errors[-2:])
+                        for f in self.followers}))
         return self.followers
 
 
