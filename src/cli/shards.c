@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/shards_move.h"
 #include "core/busurl.h"
 #include "core/config.h"
 #include "core/dburl.h"
@@ -21,7 +22,11 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: converger shards init --instance URL [--instance URL ...] [serve settings]\n"
           "       converger shards show [serve settings]\n"
-          "       converger shards where CONV [serve settings]\n\n"
+          "       converger shards where CONV [serve settings]\n"
+          "       converger shards move SHARD --to INSTANCE [--keep-source] [--wait S]\n"
+          "                             [--lock-wait MS] [serve settings]\n"
+          "       converger shards add-instance URL [serve settings]\n"
+          "       converger shards cleanup SHARD [--wait S] [serve settings]\n\n"
           "The shard map of a sharded cluster (docs/operations.md, \"Scaling out\"), kept in\n"
           "its control database, CONVERGER_DATABASE_URL (--database-url).\n\n"
           "  init   write the map once: each --instance URL (a PostgreSQL URL, or a libpq\n"
@@ -33,7 +38,18 @@ static void usage(FILE *out) {
           "  show   print the instances (passwords hidden), how many logical shards each\n"
           "         holds, whether it answers, and the map's version.\n"
           "  where  print the logical shard and instance of conversation CONV, and with\n"
-          "         CONVERGER_BUS (--bus) its bus instance.\n\n"
+          "         CONVERGER_BUS (--bus) its bus instance.\n"
+          "  move   move logical shard SHARD's rows to instance INSTANCE: copied while its\n"
+          "         writes go on, then its writes frozen (503 with a retry hint; other\n"
+          "         shards unaffected) for the rest of the copy and the map's switch,\n"
+          "         thawed, and once every live node follows the new map (--wait, 30 s)\n"
+          "         the source's copies deleted (unless --keep-source). --lock-wait: how\n"
+          "         long the freeze waits for writes in flight (5000 ms). Prints the time\n"
+          "         frozen and the rows copied.\n"
+          "  add-instance  add PostgreSQL instance URL to the map (migrated first) with\n"
+          "         no shards; move shards onto it with `move`.\n"
+          "  cleanup  delete the copies of SHARD kept by instances it moved away from,\n"
+          "         once every live node follows the map.\n\n"
           "Exit status: 0; 1 when the store fails; 2 for a usage error.\n",
           SHARD_COUNT);
 }
@@ -161,17 +177,32 @@ static int cmd_where(const config_t *cfg, const char *conv) {
   return status;
 }
 
+/* `v` a decimal integer in lo..hi into *out: 1, else 0. */
+static int int_arg(const char *v, int lo, int hi, int *out) {
+  char *end = NULL;
+  if (!v || !*v) return 0;
+  long x = strtol(v, &end, 10);
+  if (*end || x < lo || x > hi) return 0;
+  *out = (int)x;
+  return 1;
+}
+
 int shards_main(int argc, char **argv) {
   if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
     usage(argc < 1 ? stderr : stdout);
     return argc < 1 ? 2 : 0;
   }
   const char *sub = argv[0];
-  if (strcmp(sub, "init") != 0 && strcmp(sub, "show") != 0 && strcmp(sub, "where") != 0) {
-    fprintf(stderr, "converger shards: unknown subcommand \"%s\" (init, show, where; see --help)\n",
+  if (strcmp(sub, "init") != 0 && strcmp(sub, "show") != 0 && strcmp(sub, "where") != 0 &&
+      strcmp(sub, "move") != 0 && strcmp(sub, "add-instance") != 0 && strcmp(sub, "cleanup") != 0) {
+    fprintf(stderr,
+            "converger shards: unknown subcommand \"%s\" (init, show, where, move, "
+            "add-instance, cleanup; see --help)\n",
             sub);
     return 2;
   }
+  shards_move_t mv = {.shard = -1, .to = -1};
+  const char *shard_arg = NULL, *to_arg = NULL, *wait_arg = NULL, *lock_arg = NULL;
   const char *urls[STORE_INSTANCES_MAX];
   int nurls = 0;
   const char *conv = NULL;
@@ -192,12 +223,24 @@ int shards_main(int argc, char **argv) {
         return cli_usage_error("shards", "at most 64 --instance");
       }
       urls[nurls++] = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--to", &missing))) {
+      to_arg = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--wait", &missing))) {
+      wait_arg = v;
+    } else if ((v = cli_flag_value(argc, argv, &i, "--lock-wait", &missing))) {
+      lock_arg = v;
+    } else if (strcmp(argv[i], "--keep-source") == 0) {
+      mv.keep_source = 1;
     } else if (missing) {
       fprintf(stderr, "converger shards: %s needs a value\n", argv[i]);
       free(rest);
       return 2;
-    } else if (strcmp(sub, "where") == 0 && !conv && argv[i][0] != '-') {
+    } else if ((strcmp(sub, "where") == 0 || strcmp(sub, "add-instance") == 0) && !conv &&
+               argv[i][0] != '-') {
       conv = argv[i];
+    } else if ((strcmp(sub, "move") == 0 || strcmp(sub, "cleanup") == 0) && !shard_arg &&
+               argv[i][0] != '-') {
+      shard_arg = argv[i];
     } else {
       rest[nrest++] = argv[i];
     }
@@ -209,9 +252,28 @@ int shards_main(int argc, char **argv) {
     config_free(&cfg);
     return r == 1 ? 0 : 2;
   }
-  int status = strcmp(sub, "init") == 0   ? cmd_init(&cfg, urls, nurls)
-               : strcmp(sub, "show") == 0 ? cmd_show(&cfg)
-                                          : cmd_where(&cfg, conv);
+  int status;
+  if (strcmp(sub, "move") == 0 || strcmp(sub, "cleanup") == 0) {
+    if (!int_arg(shard_arg, 0, SHARD_COUNT - 1, &mv.shard) ||
+        (strcmp(sub, "move") == 0 && !int_arg(to_arg, 0, STORE_INSTANCES_MAX - 1, &mv.to)) ||
+        (wait_arg && !int_arg(wait_arg, 1, 3600, &mv.wait_s)) ||
+        (lock_arg && !int_arg(lock_arg, 1, 600000, &mv.lock_wait_ms)))
+      status = cli_usage_error("shards", strcmp(sub, "move") == 0
+                                             ? "move needs SHARD (0..255) and --to INSTANCE; "
+                                               "--wait 1..3600 s, --lock-wait 1..600000 ms"
+                                             : "cleanup needs SHARD (0..255); --wait 1..3600 s");
+    else if (strcmp(sub, "move") == 0)
+      status = shards_move(&cfg, &mv);
+    else
+      status = shards_cleanup(&cfg, mv.shard, mv.wait_s);
+  } else if (strcmp(sub, "add-instance") == 0) {
+    status = conv ? shards_add_instance(&cfg, conv)
+                  : cli_usage_error("shards", "add-instance needs a PostgreSQL URL");
+  } else {
+    status = strcmp(sub, "init") == 0   ? cmd_init(&cfg, urls, nurls)
+             : strcmp(sub, "show") == 0 ? cmd_show(&cfg)
+                                        : cmd_where(&cfg, conv);
+  }
   config_free(&cfg);
   return status;
 }

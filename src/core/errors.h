@@ -20,8 +20,9 @@
   X(NOMEM, "out of memory")                                                                        \
   X(CANCELED, "canceled")                                                                          \
   X(UNAUTHORIZED, "unauthorized")                                                                  \
-  X(TIMEDOUT, "store deadline passed")                                                            \
-  X(SHARD, "shard unavailable")
+  X(TIMEDOUT, "store deadline passed")                                                             \
+  X(SHARD, "shard unavailable")                                                                    \
+  X(MOVED, "shard moved to another instance")
 
 enum {
   CV_E_BASE_ = 9999,

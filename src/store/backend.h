@@ -92,6 +92,8 @@ struct store_ops_s {
   /* Optional (NULL: -CV_EINVAL): `out` zeroed; urls checked, n >= 1. */
   int (*shardmap_get)(store_t *s, store_shardmap_t *out);
   int (*shardmap_init)(store_t *s, const char *const *urls, int n);
+  /* Optional (NULL: -CV_EINVAL): `node` valid, *current zeroed. */
+  int (*shardmap_sync)(store_t *s, const char *node, int64_t used, int64_t *current);
   int (*presence_of_node)(store_t *s, const char *node, char ***convs, char ***clients,
                           char ***users, size_t *n);
 };

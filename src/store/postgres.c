@@ -76,6 +76,7 @@
 #include "store/backend.h"
 #include "store/notify.h"
 #include "store/pgconn.h"
+#include "core/shard.h"
 
 #define STATEMENT_TIMEOUT_MS  30000 /* any one statement, lock waits included */
 #define IDLE_IN_TX_TIMEOUT_MS 10000 /* a transaction left open by a stuck peer */
@@ -85,6 +86,9 @@
 /* pg_advisory_xact_lock key serializing store_migrate across nodes
  * ("converge" in ASCII). */
 #define MIGRATE_LOCK_KEY "7164779185366738789"
+
+#define PG_STR_(x) #x
+#define PG_STR(x)  PG_STR_(x) /* a number macro as SQL text */
 
 /* Migrations, oldest first: migrations[i] brings the schema to version i+1,
  * the same numbers as sqlite.c's, for the same tables. Append only; never
@@ -240,6 +244,92 @@ static const char *const migrations[] = {
     " instance INTEGER NOT NULL REFERENCES shard_instances (id));"
     "CREATE TABLE shard_map_version (one INTEGER PRIMARY KEY CHECK (one = 1),"
     " version BIGINT NOT NULL);",
+    /* 9: moving a logical shard (`converger shards move`, cli/shards_move.c).
+     * On an instance: shard_moved, the shards that moved away from it (and
+     * where to), and the guard every write of a sharded cluster passes in
+     * its transaction (store_options_t.guard): the shard's advisory lock,
+     * taken shared without waiting (1: the mover holds it exclusive, the
+     * shard is frozen), then shard_moved read by a statement of its own, so
+     * with a snapshot taken after the lock: a move that committed before
+     * releasing its lock is always seen (2: moved). The group commit's
+     * guarded form passes each distinct shard of the group once, in shard
+     * order, and answers the items of a frozen or moved shard with status
+     * 5 or 6 (the others are appended as converger_append_batch does). In
+     * the control database: the map version each node routes by
+     * (store_shardmap_sync). */
+    "CREATE TABLE shard_moved ("
+    " shard INTEGER PRIMARY KEY CHECK (shard >= 0 AND shard < 256),"
+    " instance INTEGER NOT NULL);"
+    "ALTER TABLE nodes ADD COLUMN map_version BIGINT NOT NULL DEFAULT 0;"
+    "CREATE OR REPLACE FUNCTION converger_shard_guard(p_shard integer) RETURNS integer"
+    " LANGUAGE plpgsql VOLATILE AS $f$"
+    " BEGIN"
+    "  IF NOT pg_try_advisory_xact_lock_shared(" PG_STR(
+        STORE_SHARD_LOCK_KEY) ", p_shard) THEN"
+                              "   RETURN 1;"
+                              "  END IF;"
+                              "  IF EXISTS (SELECT 1 FROM shard_moved WHERE shard = p_shard) THEN "
+                              "RETURN 2; END IF;"
+                              "  RETURN 0;"
+                              " END $f$;"
+                              "CREATE OR REPLACE FUNCTION converger_append_batch_guarded(p_shards "
+                              "integer[], p_convs text[],"
+                              " p_ids text[], p_senders text[], p_bodies text[], p_ts bigint[], "
+                              "p_notes text[])"
+                              " RETURNS TABLE (o_k integer, o_status integer, o_seq bigint, "
+                              "o_epoch text, o_sender text,"
+                              " o_body text, o_ts bigint) LANGUAGE plpgsql AS $f$"
+                              " DECLARE v_bad integer[] := '{}'; v_why integer[] := '{}'; v_k "
+                              "integer; v_g integer;"
+                              "  v_keep integer[];"
+                              " BEGIN"
+                              "  FOR v_k IN SELECT DISTINCT x FROM unnest(p_shards) AS x ORDER BY "
+                              "x LOOP"
+                              "   v_g := converger_shard_guard(v_k);"
+                              "   IF v_g <> 0 THEN v_bad := v_bad || v_k; v_why := v_why || v_g; "
+                              "END IF;"
+                              "  END LOOP;"
+                              "  IF cardinality(v_bad) = 0 THEN"
+                              "   RETURN QUERY SELECT * FROM converger_append_batch(p_convs, "
+                              "p_ids, p_senders, p_bodies,"
+                              "    p_ts, p_notes);"
+                              "   RETURN;"
+                              "  END IF;"
+                              "  SELECT array_agg(i ORDER BY i) INTO v_keep FROM "
+                              "generate_subscripts(p_shards, 1) AS i"
+                              "   WHERE NOT (p_shards[i] = ANY (v_bad));"
+                              "  IF v_keep IS NULL THEN"
+                              "   RETURN QUERY SELECT i::integer, 4 + v_why[array_position(v_bad, "
+                              "p_shards[i])],"
+                              "    NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::bigint"
+                              "    FROM generate_subscripts(p_shards, 1) AS i ORDER BY i;"
+                              "   RETURN;"
+                              "  END IF;"
+                              "  RETURN QUERY SELECT * FROM ("
+                              "   SELECT i::integer AS k, 4 + v_why[array_position(v_bad, "
+                              "p_shards[i])] AS st,"
+                              "    NULL::bigint AS s, NULL::text AS e, NULL::text AS snd, "
+                              "NULL::text AS b, NULL::bigint AS t"
+                              "    FROM generate_subscripts(p_shards, 1) AS i WHERE p_shards[i] = "
+                              "ANY (v_bad)"
+                              "   UNION ALL"
+                              "   SELECT v_keep[g.o_k], g.o_status, g.o_seq, g.o_epoch, "
+                              "g.o_sender, g.o_body, g.o_ts"
+                              "    FROM converger_append_batch("
+                              "     ARRAY(SELECT p_convs[j] FROM unnest(v_keep) WITH ORDINALITY AS "
+                              "u (j, o) ORDER BY o),"
+                              "     ARRAY(SELECT p_ids[j] FROM unnest(v_keep) WITH ORDINALITY AS u "
+                              "(j, o) ORDER BY o),"
+                              "     ARRAY(SELECT p_senders[j] FROM unnest(v_keep) WITH ORDINALITY "
+                              "AS u (j, o) ORDER BY o),"
+                              "     ARRAY(SELECT p_bodies[j] FROM unnest(v_keep) WITH ORDINALITY "
+                              "AS u (j, o) ORDER BY o),"
+                              "     ARRAY(SELECT p_ts[j] FROM unnest(v_keep) WITH ORDINALITY AS u "
+                              "(j, o) ORDER BY o),"
+                              "     ARRAY(SELECT p_notes[j] FROM unnest(v_keep) WITH ORDINALITY AS "
+                              "u (j, o) ORDER BY o)) g"
+                              "  ) x ORDER BY 1;"
+                              " END $f$;",
 };
 
 #define SCHEMA_VERSION ((int)CV_ARRAY_SIZE(migrations))
@@ -365,6 +455,7 @@ typedef struct {
    * worker per try. */
   store_shared_t *shared;
   store_shared_t own;
+  int guard; /* store_options_t.guard: writes pass their shard's guard (shard_guard) */
 } pg_t;
 
 static pg_t *pg(store_t *base) { return container_of(base, pg_t, base); }
@@ -653,6 +744,29 @@ static int tx_rollback(pg_t *s, int err) {
   return err;
 }
 
+/* ---- a sharded cluster's shard guard (migration 9) -------------------- */
+
+#define SQL_SHARD_GUARD "SELECT converger_shard_guard($1::integer)"
+
+/* In the open transaction, with the guard on (store_options_t.guard):
+ * conversation `conv`'s logical shard is neither frozen by a move
+ * (-CV_ESHARD: retry after the hint) nor moved away from this instance
+ * (-CV_EMOVED: the router reads the map again); its advisory lock is then
+ * held shared until COMMIT, so a move waits for this transaction. 0 at
+ * once without the guard (one database: no statement). */
+static int shard_guard(pg_t *s, const char *conv) {
+  if (!s->guard) return 0;
+  char k[24];
+  const char *p = k;
+  PGresult *r = NULL;
+  fmt_i64(k, shard_of(conv));
+  int err = run(s, "shard guard", SQL_SHARD_GUARD, 1, &p, &r);
+  if (err) return err;
+  int64_t g = get_i64(r, 0, 0);
+  PQclear(r);
+  return g == 1 ? -CV_ESHARD : g == 2 ? -CV_EMOVED : 0;
+}
+
 /* ---- row copies ------------------------------------------------------- */
 
 /* Columns from `col`: seq, id, sender, body, ts_ms, and the epoch when
@@ -715,6 +829,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->announce = opt->notify ? NULL : opt->announce;
   s->announce_ud = opt->announce_ud;
   s->shared = opt->shared ? opt->shared : &s->own;
+  s->guard = opt->guard;
   s->url = strdup(url);
   err = s->url != NULL ? connect_db(s) : -CV_ENOMEM;
   if (err) {
@@ -885,7 +1000,19 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
   const char *const p[] = {id, channel, now};
   fmt_i64(now, util_now_ms());
   int err = conn_ready(s);
-  if (!err) err = run(s, "conv create", SQL_CONV_INSERT, 3, p, &r);
+  if (err) return err;
+  if (!s->guard) {
+    err = run(s, "conv create", SQL_CONV_INSERT, 3, p, &r);
+  } else { /* one transaction that passed the shard's guard */
+    err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+    if (!err) err = shard_guard(s, id);
+    if (!err) err = run(s, "conv create", SQL_CONV_INSERT, 3, p, &r);
+    if (!err) err = tx_commit(s);
+    if (err) {
+      PQclear(r);
+      err = tx_rollback(s, err);
+    }
+  }
   if (err) return err;
   if (PQntuples(r) == 0) {
     PQclear(r);
@@ -940,7 +1067,8 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
   if (err) return err;
 
   int active = 0, found = 0;
-  err = run(s, "append lock", SQL_APPEND_LOCK, 1, &conv, &r);
+  err = shard_guard(s, conv); /* a sharded cluster's instance: before the row lock */
+  if (!err) err = run(s, "append lock", SQL_APPEND_LOCK, 1, &conv, &r);
   if (!err) {
     if (PQntuples(r) == 0) {
       err = -CV_ENOTFOUND;
@@ -1024,6 +1152,24 @@ static char *array_literal(const char *const *v, size_t n) {
 #define SQL_APPEND_BATCH                                                                           \
   "SELECT o_k, o_status, o_seq, o_epoch, o_sender, o_body, o_ts FROM converger_append_batch("      \
   "$1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[])"
+/* The same behind each item's shard guard (store_options_t.guard,
+ * migration 9): $7 the items' logical shards. */
+#define SQL_APPEND_BATCH_GUARDED                                                                   \
+  "SELECT o_k, o_status, o_seq, o_epoch, o_sender, o_body, o_ts FROM"                              \
+  " converger_append_batch_guarded($7::integer[], $1::text[], $2::text[], $3::text[], $4::text[]," \
+  " $5::bigint[], $6::text[])"
+
+/* An int[] literal of the logical shards of the items' conversations.
+ * Heap string, NULL when out of memory. */
+static char *shards_literal(store_append_t *const *items, size_t n) {
+  char *out = malloc(n * 5 + 3), *o = out;
+  if (!out) return NULL;
+  *o++ = '{';
+  for (size_t i = 0; i < n; i++) o += sprintf(o, i ? ",%d" : "%d", shard_of(items[i]->conv));
+  *o++ = '}';
+  *o = '\0';
+  return out;
+}
 
 /* Group commit (store.h): SQL_APPEND_BATCH, one statement and so one
  * round trip, in its own transaction (READ COMMITTED: connect_db). Its
@@ -1044,7 +1190,7 @@ static int op_append_batch(store_t *base, store_append_t *const *items, size_t n
   const char **col[5];
   char(*ts)[24] = calloc(n, sizeof *ts);
   for (int c = 0; c < 5; c++) col[c] = calloc(n, sizeof(char *));
-  char *lit[6] = {0};
+  char *lit[7] = {0};
   err = ts && col[0] && col[1] && col[2] && col[3] && col[4] ? 0 : -CV_ENOMEM;
   for (size_t i = 0; !err && i < n; i++) {
     col[0][i] = items[i]->conv;
@@ -1063,11 +1209,14 @@ static int op_append_batch(store_t *base, store_append_t *const *items, size_t n
   for (int c = 0; !err && c < 5; c++)
     if (!(lit[c] = array_literal(col[c], n))) err = -CV_ENOMEM;
   if (!err && notes && !(lit[5] = array_literal((const char *const *)notes, n))) err = -CV_ENOMEM;
+  if (!err && s->guard && !(lit[6] = shards_literal(items, n))) err = -CV_ENOMEM;
   PGresult *r = NULL;
-  if (!err) err = run(s, "append batch", SQL_APPEND_BATCH, 6, (const char *const *)lit, &r);
+  if (!err)
+    err = run(s, "append batch", s->guard ? SQL_APPEND_BATCH_GUARDED : SQL_APPEND_BATCH,
+              s->guard ? 7 : 6, (const char *const *)lit, &r);
   for (size_t i = 0; notes && i < n; i++) free(notes[i]);
   free(notes);
-  for (int c = 0; c < 6; c++) free(lit[c]);
+  for (int c = 0; c < 7; c++) free(lit[c]);
   for (int c = 0; c < 5; c++) free(col[c]);
   free(ts);
   if (!err && (size_t)PQntuples(r) != n) {
@@ -1080,6 +1229,10 @@ static int op_append_batch(store_t *base, store_append_t *const *items, size_t n
     store_copy_str(a->msg.epoch, sizeof a->msg.epoch, PQgetvalue(r, (int)i, 3));
     if (st == 2 || st == 3) {
       a->status = st == 2 ? -CV_ENOTFOUND : -CV_EINACTIVE;
+      continue;
+    }
+    if (st == 5 || st == 6) { /* its shard's guard: frozen, or moved away */
+      a->status = st == 5 ? -CV_ESHARD : -CV_EMOVED;
       continue;
     }
     if (st == 4) { /* the answer of the earlier item with this (conv, id) */
@@ -1170,7 +1323,19 @@ static int op_epoch_rotate(store_t *base, const char *conv, int64_t *count) {
   PGresult *r = NULL;
   const char *p = conv; /* NULL: a NULL parameter, every conversation */
   int err = conn_ready(s);
-  if (!err) err = run(s, "epoch rotate", SQL_EPOCH_ROTATE, 1, &p, &r);
+  if (err) return err;
+  if (!s->guard || conv == NULL) { /* every conversation: not guarded (docs/operations.md) */
+    err = run(s, "epoch rotate", SQL_EPOCH_ROTATE, 1, &p, &r);
+  } else { /* one transaction that passed the shard's guard */
+    err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
+    if (!err) err = shard_guard(s, conv);
+    if (!err) err = run(s, "epoch rotate", SQL_EPOCH_ROTATE, 1, &p, &r);
+    if (!err) err = tx_commit(s);
+    if (err) {
+      PQclear(r);
+      err = tx_rollback(s, err);
+    }
+  }
   if (err) return err;
   *count = strtoll(PQcmdTuples(r), NULL, 10);
   PQclear(r);
@@ -1361,7 +1526,8 @@ static int presence_tx(pg_t *s, const char *conv, const char *user) {
   int err = conn_ready(s);
   if (!err) err = tx_begin(s, "BEGIN ISOLATION LEVEL READ COMMITTED");
   if (err) return err;
-  err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
+  err = shard_guard(s, conv);
+  if (!err) err = run(s, "presence lock", SQL_PRESENCE_LOCK, 2, lock, NULL);
   return err ? tx_rollback(s, err) : 0;
 }
 
@@ -1610,6 +1776,26 @@ static int op_shardmap_init(store_t *base, const char *const *urls, int n) {
   return err ? tx_rollback(s, err) : 0;
 }
 
+/* The node's row records `used`, and the current version comes back, in
+ * one statement (the CTE's UPDATE runs whether or not it is read). */
+#define SQL_SHARD_SYNC                                                                             \
+  "WITH u AS (UPDATE nodes SET map_version = $2 WHERE id = $1 RETURNING 1)"                        \
+  " SELECT coalesce((SELECT version FROM shard_map_version), 0)"
+
+static int op_shardmap_sync(store_t *base, const char *node, int64_t used, int64_t *current) {
+  pg_t *s = pg(base);
+  PGresult *r = NULL;
+  char v[24];
+  const char *const p[] = {node, v};
+  fmt_i64(v, used);
+  int err = conn_ready(s);
+  if (!err) err = run(s, "shard map sync", SQL_SHARD_SYNC, 2, p, &r);
+  if (err) return err;
+  *current = get_i64(r, 0, 0);
+  PQclear(r);
+  return 0;
+}
+
 static int op_presence_of_node(store_t *base, const char *node, char ***convs, char ***clients,
                                char ***users, size_t *n) {
   pg_t *s = pg(base);
@@ -1667,5 +1853,6 @@ const store_ops_t store_postgres_ops = {
     .nodes_gone = op_nodes_gone,
     .shardmap_get = op_shardmap_get,
     .shardmap_init = op_shardmap_init,
+    .shardmap_sync = op_shardmap_sync,
     .presence_of_node = op_presence_of_node,
 };

@@ -52,6 +52,7 @@ struct store_shards_s {
   pthread_mutex_t mu; /* map, loaded */
   int loaded;
   store_shardmap_t map;
+  _Atomic int64_t version; /* map.version once loaded: what routers compare theirs with */
   int inflight_max;
   metrics_t *metrics;
   inst_health_t inst[STORE_INSTANCES_MAX];
@@ -65,14 +66,21 @@ typedef struct {
   store_t *control;
   char *control_url;
   int n;
-  char *urls[STORE_INSTANCES_MAX]; /* copies of the map's, when this router opened */
+  char *urls[STORE_INSTANCES_MAX]; /* copies of the shared map's, as of `version` */
   uint8_t map[SHARD_COUNT];
+  int64_t version; /* of the copy: refreshed before a call when the shared one is newer */
   store_t *inst[STORE_INSTANCES_MAX]; /* opened when first needed */
   int in_read;                        /* between read_begin and read_end */
   int read_open[STORE_INSTANCES_MAX]; /* its read transaction is open */
 } sd_t;
 
 static sd_t *sd(store_t *base) { return container_of(base, sd_t, base); }
+
+/* After a call on the control database: its deadline hit is the router's. */
+static int ctl(sd_t *s, int err) {
+  if (store_deadline_hit(s->control)) s->base.deadline_hit = 1;
+  return err;
+}
 
 /* ---- shared state ------------------------------------------------------ */
 
@@ -136,33 +144,94 @@ int store_shards_instance_of(store_shards_t *sh, const char *conv) {
   return i;
 }
 
-/* The map, read from the control database by the first router (the others
- * copy it). */
-static int load_map(sd_t *s) {
+/* This router's copy of the shared map brought up to date (outside a read
+ * section, whose transactions are on the instances of the copy it began
+ * with): the instance count, the shard -> instance table and the URLs; an
+ * instance whose URL changed gets a new connection when next used.
+ * Called before every call; a mutex only when the version changed. */
+static int refresh(sd_t *s) {
   store_shards_t *sh = s->sh;
+  if (s->in_read || (s->n > 0 && atomic_load(&sh->version) == s->version)) return 0;
   int err = 0;
   pthread_mutex_lock(&sh->mu);
-  if (!sh->loaded) {
-    err = store_shardmap_get(s->control, &sh->map);
-    if (err == -CV_ENOTFOUND)
-      log_error("store: the control database has no shard map; write one with "
-                "`converger shards init` (docs/operations.md, \"Scaling out\")");
-    else if (err)
-      log_error("store: cannot read the shard map: %s", cv_strerror(err));
-    else {
-      sh->loaded = 1;
-      log_info("store: sharded over %d instance(s), map version %lld", sh->map.n,
-               (long long)sh->map.version);
+  if (!sh->loaded) err = -CV_ENOTFOUND;
+  for (int i = 0; !err && i < sh->map.n; i++) {
+    if (s->urls[i] && strcmp(s->urls[i], sh->map.urls[i]) == 0) continue;
+    char *u = strdup(sh->map.urls[i]);
+    if (!u) {
+      err = -CV_ENOMEM;
+      break;
     }
+    if (s->inst[i] != s->control) store_close(s->inst[i]);
+    s->inst[i] = NULL;
+    free(s->urls[i]);
+    s->urls[i] = u;
   }
   if (!err) {
     s->n = sh->map.n;
     memcpy(s->map, sh->map.map, sizeof s->map);
-    for (int i = 0; i < s->n && !err; i++)
-      if (!(s->urls[i] = strdup(sh->map.urls[i]))) err = -CV_ENOMEM;
+    s->version = sh->map.version;
   }
   pthread_mutex_unlock(&sh->mu);
   return err;
+}
+
+/* The map read from the control database into the shared state when it
+ * is newer than the one there (the first router's, a beat that saw a new
+ * version, an instance that answered "moved"), then this router's copy
+ * refreshed. */
+static int reload_map(sd_t *s) {
+  store_shards_t *sh = s->sh;
+  store_shardmap_t m;
+  int err = ctl(s, store_shardmap_get(s->control, &m));
+  if (err == -CV_ENOTFOUND)
+    log_error("store: the control database has no shard map; write one with "
+              "`converger shards init` (docs/operations.md, \"Scaling out\")");
+  else if (err)
+    log_error("store: cannot read the shard map: %s", cv_strerror(err));
+  if (err) return err;
+  pthread_mutex_lock(&sh->mu);
+  if (!sh->loaded || m.version > sh->map.version) {
+    if (sh->loaded)
+      log_info("store: shard map version %lld (was %lld), %d instance(s)", (long long)m.version,
+               (long long)sh->map.version, m.n);
+    else
+      log_info("store: sharded over %d instance(s), map version %lld", m.n, (long long)m.version);
+    store_shardmap_clear(&sh->map);
+    sh->map = m;
+    sh->loaded = 1;
+    atomic_store(&sh->version, m.version);
+  } else {
+    store_shardmap_clear(&m);
+  }
+  pthread_mutex_unlock(&sh->mu);
+  return refresh(s);
+}
+
+/* The map of the first router opened (the others copy it). */
+static int load_map(sd_t *s) {
+  pthread_mutex_lock(&s->sh->mu);
+  int loaded = s->sh->loaded;
+  pthread_mutex_unlock(&s->sh->mu);
+  return loaded ? refresh(s) : reload_map(s);
+}
+
+/* An instance answered that conversation `conv`'s logical shard moved
+ * away from it (its shard_moved row, written by `converger shards move`
+ * after the map changed): the map read again. 0 when the conversation now
+ * lives on another instance (call it there), else -CV_ESHARD (retry after
+ * the hint). */
+static int moved(sd_t *s, const char *conv, int from) {
+  int err = reload_map(s);
+  if (err) return -CV_ESHARD;
+  int to = s->map[shard_of(conv)];
+  if (to == from) {
+    log_warn("store: instance %d says logical shard %d moved, but the map (version %lld) still "
+             "names it",
+             from, shard_of(conv), (long long)s->version);
+    return -CV_ESHARD;
+  }
+  return 0;
 }
 
 /* ---- instances ----------------------------------------------------------- */
@@ -268,11 +337,30 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
 
 /* The instance of `conv`, taken: see inst_get. */
 #define ON_CONV(s, conv, i, db, t0)                                                                \
+  int err_ = refresh(s);                                                                           \
+  if (err_) return err_;                                                                           \
   int i = inst_of(s, conv);                                                                        \
   store_t *db = NULL;                                                                              \
   uint64_t t0 = util_mono_ms();                                                                    \
-  int err_ = inst_get(s, i, &db);                                                                  \
+  err_ = inst_get(s, i, &db);                                                                      \
   if (err_) return err_
+
+/* `call` (an expression of `db`, the conversation's instance) returned
+ * as the op's result; when the instance answers that the shard moved, the
+ * map is read again and `call` made once more on its new instance (a
+ * write only: reads are not guarded). The caller never sees -CV_EMOVED. */
+#define CONV_WRITE(s, conv, db, call)                                                              \
+  for (int try_ = 0;; try_++) {                                                                    \
+    int e_ = refresh(s);                                                                           \
+    if (e_) return e_;                                                                             \
+    int i_ = inst_of(s, conv);                                                                     \
+    store_t *db = NULL;                                                                            \
+    uint64_t t0_ = util_mono_ms();                                                                 \
+    if ((e_ = inst_get(s, i_, &db)) != 0) return e_;                                               \
+    e_ = inst_put(s, i_, (call), t0_);                                                             \
+    if (e_ != -CV_EMOVED) return e_;                                                               \
+    if (try_ > 0 || moved(s, conv, i_) != 0) return -CV_ESHARD;                                    \
+  }
 
 /* ---- the ops ------------------------------------------------------------ */
 
@@ -295,6 +383,7 @@ static int op_open(const char *url, const store_options_t *opt, store_t **out) {
   s->opt = *opt;
   s->opt.shards = NULL;
   s->opt.notify = 0; /* the bus carries what NOTIFY did (sharded mode) */
+  s->opt.guard = 1;  /* every write passes its shard's guard (a move's freeze) */
   store_options_t c = s->opt;
   int err = (s->control_url = strdup(url)) ? store_open(url, &c, &s->control) : -CV_ENOMEM;
   if (!err) err = load_map(s);
@@ -313,7 +402,7 @@ static int op_migrate(store_t *base) {
   sd_t *s = sd(base);
   int err = store_migrate(s->control);
   if (err) return err;
-  if (s->n == 0 && (err = load_map(s)) != 0) return err;
+  if ((err = load_map(s)) != 0) return err;
   for (int i = 0; i < s->n; i++) {
     store_t *db;
     uint64_t t0 = util_mono_ms();
@@ -325,8 +414,10 @@ static int op_migrate(store_t *base) {
 static int op_schema_version(store_t *base) { return store_schema_version(sd(base)->control); }
 
 static int op_read_begin(store_t *base) {
-  sd(base)->in_read = 1;
-  return 0;
+  sd_t *s = sd(base);
+  int err = refresh(s); /* the section reads by one copy of the map */
+  if (!err) s->in_read = 1;
+  return err;
 }
 
 static void op_read_end(store_t *base) {
@@ -346,12 +437,6 @@ static void op_set_deadline(store_t *base, uint64_t deadline_ms) {
   store_set_deadline(s->control, deadline_ms);
 }
 
-/* After a call on the control database: its deadline hit is the router's. */
-static int ctl(sd_t *s, int err) {
-  if (store_deadline_hit(s->control)) s->base.deadline_hit = 1;
-  return err;
-}
-
 static int op_channel_create(store_t *base, const char *id, const char *name, unsigned flags,
                              store_channel_t *out) {
   sd_t *s = sd(base);
@@ -369,6 +454,8 @@ static int op_channel_get(store_t *base, const char *id, store_channel_t *out) {
  * setting a state twice is harmless). Then announced to every node. */
 static int op_channel_set_active(store_t *base, const char *id, int active, store_channel_t *out) {
   sd_t *s = sd(base);
+  int e = refresh(s);
+  if (e) return e;
   for (int i = 0; i < s->n; i++) {
     store_t *db;
     uint64_t t0 = util_mono_ms();
@@ -402,15 +489,21 @@ static int copy_channel(sd_t *s, store_t *db, const char *channel) {
   return store_channel_set_active(db, channel, ch.active, NULL);
 }
 
-static int op_conv_create(store_t *base, const char *id, const char *channel, store_conv_t *out) {
-  sd_t *s = sd(base);
-  ON_CONV(s, id, i, db, t0);
+/* The conversation on `db`, with its channel's row copied there first
+ * when it is the channel's first conversation on that instance. */
+static int conv_create_on(sd_t *s, store_t *db, const char *id, const char *channel,
+                          store_conv_t *out) {
   int err = store_conv_create(db, id, channel, out);
-  if (err == -CV_ENOTFOUND) { /* the channel's first conversation on this instance */
+  if (err == -CV_ENOTFOUND) {
     err = copy_channel(s, db, channel);
     if (!err) err = store_conv_create(db, id, channel, out);
   }
-  return inst_put(s, i, err, t0);
+  return err;
+}
+
+static int op_conv_create(store_t *base, const char *id, const char *channel, store_conv_t *out) {
+  sd_t *s = sd(base);
+  CONV_WRITE(s, id, db, conv_create_on(s, db, id, channel, out));
 }
 
 static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
@@ -422,15 +515,18 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
 static int op_append(store_t *base, const char *conv, const char *id, const char *sender,
                      const char *body, int64_t ts_ms, store_msg_t *out, int *created) {
   sd_t *s = sd(base);
-  ON_CONV(s, conv, i, db, t0);
-  return inst_put(s, i, store_append(db, conv, id, sender, body, ts_ms, out, created), t0);
+  CONV_WRITE(s, conv, db, store_append(db, conv, id, sender, body, ts_ms, out, created));
 }
 
 /* One group commit per instance, in the order of the instances; an
  * instance that fails fails only its own items. Each item gets its own
  * status: the group as a whole never fails. */
-static int op_append_batch(store_t *base, store_append_t *const *items, size_t n) {
-  sd_t *s = sd(base);
+static int batch_once(sd_t *s, store_append_t *const *items, size_t n) {
+  int e = refresh(s);
+  if (e) {
+    for (size_t j = 0; j < n; j++) items[j]->status = e;
+    return 0;
+  }
   store_append_t **part = malloc(n * sizeof *part);
   if (!part) return -CV_ENOMEM;
   for (int i = 0; i < s->n; i++) {
@@ -455,6 +551,35 @@ static int op_append_batch(store_t *base, store_append_t *const *items, size_t n
   return 0;
 }
 
+/* As batch_once; the items whose instance answered that their shard moved
+ * are appended once more after the map is read again (CONV_WRITE), and
+ * get -CV_ESHARD when it still names that instance. */
+static int op_append_batch(store_t *base, store_append_t *const *items, size_t n) {
+  sd_t *s = sd(base);
+  int err = batch_once(s, items, n);
+  if (err) return err;
+  store_append_t **again = NULL;
+  size_t k = 0;
+  for (size_t j = 0; j < n; j++) {
+    if (items[j]->status != -CV_EMOVED) continue;
+    if (!again && !(again = malloc(n * sizeof *again))) return -CV_ENOMEM;
+    items[j]->status = 0;
+    again[k++] = items[j];
+  }
+  if (k == 0) return 0;
+  (void)moved(s, again[0]->conv, inst_of(s, again[0]->conv)); /* the map read again */
+  err = batch_once(s, again, k);
+  for (size_t j = 0; j < k; j++)
+    if (err || again[j]->status == -CV_EMOVED) { /* not where the map says, yet */
+      store_msg_clear(&again[j]->msg);
+      memset(&again[j]->msg, 0, sizeof again[j]->msg);
+      again[j]->created = 0;
+      again[j]->status = -CV_ESHARD;
+    }
+  free(again);
+  return 0;
+}
+
 static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upto, int limit,
                      size_t max_bytes, store_msg_t **msgs, size_t *n) {
   sd_t *s = sd(base);
@@ -465,15 +590,16 @@ static int op_replay(store_t *base, const char *conv, int64_t after, int64_t upt
 static int op_epoch_rotate(store_t *base, const char *conv, int64_t *count) {
   sd_t *s = sd(base);
   if (conv) {
-    ON_CONV(s, conv, i, db, t0);
-    return inst_put(s, i, store_epoch_rotate(db, conv, count), t0);
+    CONV_WRITE(s, conv, db, store_epoch_rotate(db, conv, count));
   }
+  int err = refresh(s);
+  if (err) return err;
   *count = 0;
   for (int i = 0; i < s->n; i++) {
     store_t *db;
     int64_t k = 0;
     uint64_t t0 = util_mono_ms();
-    int err = inst_get(s, i, &db);
+    err = inst_get(s, i, &db);
     if (!err) err = inst_put(s, i, store_epoch_rotate(db, NULL, &k), t0);
     if (err) return err;
     *count += k;
@@ -495,8 +621,17 @@ static int op_node_beat(store_t *base, const char *id, const char *public_url,
                         const char *admin_url, const char *state, int64_t connections,
                         int64_t waiters, int64_t capacity, int64_t now_ms) {
   sd_t *s = sd(base);
-  return ctl(s, store_node_beat(s->control, id, public_url, admin_url, state, connections, waiters,
-                                capacity, now_ms));
+  int err = ctl(s, store_node_beat(s->control, id, public_url, admin_url, state, connections,
+                                   waiters, capacity, now_ms));
+  if (err) return err;
+  /* The map version: this node's recorded, the control database's read in
+   * the same statement; a newer one is read at once, and recorded. */
+  int64_t used = atomic_load(&s->sh->version), cur = 0;
+  int e = ctl(s, store_shardmap_sync(s->control, id, used, &cur));
+  if (!e && cur > used && reload_map(s) == 0)
+    e = ctl(s, store_shardmap_sync(s->control, id, atomic_load(&s->sh->version), &cur));
+  if (e) log_debug("store: shard map version not synced: %s", cv_strerror(e));
+  return 0;
 }
 
 static int op_nodes_live(store_t *base, int64_t since_ms, store_node_t **out, size_t *n) {
@@ -520,6 +655,11 @@ static int op_shardmap_init(store_t *base, const char *const *urls, int n) {
   return ctl(s, store_shardmap_init(s->control, urls, n));
 }
 
+static int op_shardmap_sync(store_t *base, const char *node, int64_t used, int64_t *current) {
+  sd_t *s = sd(base);
+  return ctl(s, store_shardmap_sync(s->control, node, used, current));
+}
+
 static int op_announce(store_t *base, const char *payload) {
   sd_t *s = sd(base);
   if (s->opt.announce) s->opt.announce(s->opt.announce_ud, payload);
@@ -529,16 +669,14 @@ static int op_announce(store_t *base, const char *payload) {
 static int op_presence_join(store_t *base, const char *conv, const char *client, const char *user,
                             const char *node, int64_t since_ms, int *joined, int *first) {
   sd_t *s = sd(base);
-  ON_CONV(s, conv, i, db, t0);
-  return inst_put(s, i, store_presence_join(db, conv, client, user, node, since_ms, joined, first),
-                  t0);
+  CONV_WRITE(s, conv, db,
+             store_presence_join(db, conv, client, user, node, since_ms, joined, first));
 }
 
 static int op_presence_leave(store_t *base, const char *conv, const char *client, const char *user,
                              const char *node, int *left, int *last) {
   sd_t *s = sd(base);
-  ON_CONV(s, conv, i, db, t0);
-  return inst_put(s, i, store_presence_leave(db, conv, client, user, node, left, last), t0);
+  CONV_WRITE(s, conv, db, store_presence_leave(db, conv, client, user, node, left, last));
 }
 
 static int op_presence_list(store_t *base, const char *conv, const char *after, int limit,
@@ -554,7 +692,8 @@ static int op_presence_sweep(store_t *base, int64_t since_ms, int64_t *removed) 
   sd_t *s = sd(base);
   char **gone = NULL;
   size_t ngone = 0;
-  int err = ctl(s, store_nodes_gone(s->control, since_ms, 0, &gone, &ngone));
+  int err = refresh(s);
+  if (!err) err = ctl(s, store_nodes_gone(s->control, since_ms, 0, &gone, &ngone));
   if (err || ngone == 0) return err;
   *removed = 0;
   for (int i = 0; i < s->n; i++) {
@@ -570,6 +709,8 @@ static int op_presence_sweep(store_t *base, int64_t since_ms, int64_t *removed) 
 
 static int op_presence_sweep_nodes(store_t *base, char *const *nodes, size_t n, int64_t *removed) {
   sd_t *s = sd(base);
+  int e = refresh(s);
+  if (e) return e;
   *removed = 0;
   for (int i = 0; i < s->n; i++) {
     store_t *db;
@@ -605,7 +746,7 @@ static int op_presence_of_node(store_t *base, const char *node, char ***convs, c
                                char ***users, size_t *n) {
   sd_t *s = sd(base);
   size_t lc = 0, lk = 0, lu = 0;
-  int err = 0;
+  int err = refresh(s);
   for (int i = 0; i < s->n && !err; i++) {
     store_t *db;
     char **c, **k, **u;
@@ -661,5 +802,6 @@ const store_ops_t store_sharded_ops = {
     .nodes_gone = op_nodes_gone,
     .shardmap_get = op_shardmap_get,
     .shardmap_init = op_shardmap_init,
+    .shardmap_sync = op_shardmap_sync,
     .presence_of_node = op_presence_of_node,
 };

@@ -290,6 +290,14 @@ int store_shardmap_init(store_t *s, const char *const *urls, int n) {
   return s->ops->shardmap_init(s, urls, n);
 }
 
+int store_shardmap_sync(store_t *s, const char *node, int64_t used, int64_t *current) {
+  if (current != NULL) *current = 0;
+  if (s == NULL || node == NULL || !node[0] || strlen(node) > STORE_ID_MAX || current == NULL ||
+      used < 0 || !s->ops->shardmap_sync)
+    return -CV_EINVAL;
+  return s->ops->shardmap_sync(s, node, used, current);
+}
+
 void store_shardmap_clear(store_shardmap_t *m) {
   if (m == NULL) return;
   for (int i = 0; i < m->n && i < STORE_INSTANCES_MAX; i++) free(m->urls[i]);

@@ -128,6 +128,13 @@ typedef struct {
    * their COMMIT. NULL: not announced. */
   store_announce_cb announce;
   void *announce_ud;
+  /* PostgreSQL, a sharded cluster's instance (set by the router,
+   * store/sharded.h): every write of a conversation's rows first passes
+   * its logical shard's guard in the same transaction (migration 9,
+   * converger_shard_guard): -CV_ESHARD while `converger shards move`
+   * freezes the shard, -CV_EMOVED once the shard lives on another
+   * instance. 0 (one database): no guard, the statements of before. */
+  int guard;
 } store_options_t;
 
 /* One row of the cluster's membership table: a node's last heartbeat. */
@@ -312,6 +319,11 @@ int store_announce(store_t *s, const char *payload);
  * that holds its conversations. SQLite: -CV_EINVAL. */
 
 #define STORE_INSTANCES_MAX 64 /* instances of one shard map */
+/* The first key of a logical shard's freeze on its instance:
+ * pg_advisory_lock(STORE_SHARD_LOCK_KEY, shard), exclusive, held by
+ * `converger shards move`; every guarded write takes it shared for its
+ * transaction (store_options_t.guard). "CNVS" in ASCII. */
+#define STORE_SHARD_LOCK_KEY 1129207379
 
 typedef struct {
   int n;                           /* instances, 1..STORE_INSTANCES_MAX */
@@ -330,6 +342,14 @@ int store_shardmap_get(store_t *s, store_shardmap_t *out);
 int store_shardmap_init(store_t *s, const char *const *urls, int n);
 
 void store_shardmap_clear(store_shardmap_t *m);
+
+/* A node of a sharded cluster routes by map version `used`: recorded in
+ * its membership row (nodes.map_version, migration 9; a node without a
+ * row yet records nothing), so that `converger shards move` can wait for
+ * every live node to follow a change. *current is the control database's
+ * version (0 when there is no map). One statement. Thread: the store's
+ * owner. SQLite: -CV_EINVAL. */
+int store_shardmap_sync(store_t *s, const char *node, int64_t used, int64_t *current);
 
 /* ---- Presence across nodes (PostgreSQL) -----------------------------------
  * One row per conversation, user (the token's sub), client instance and
