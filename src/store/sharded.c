@@ -402,32 +402,87 @@ static int op_append(store_t *base, const char *conv, const char *id, const char
   return inst_put(s, i, store_append(db, conv, id, sender, body, ts_ms, out, created), t0);
 }
 
-/* One group commit per instance, in the order of the instances; an
- * instance that fails fails only its own items. Each item gets its own
- * status: the group as a whole never fails. */
+/* One instance's part of a group commit, run on its own thread when the
+ * group spans several instances (op_append_batch). */
+typedef struct {
+  store_t *db;
+  store_append_t **items;
+  size_t n;
+  int err;
+  pthread_t th;
+  int threaded;
+} batch_part_t;
+
+static void *part_run(void *arg) {
+  batch_part_t *p = arg;
+  p->err = store_append_batch(p->db, p->items, p->n);
+  return NULL;
+}
+
+/* One group commit per instance, the instances' transactions at the same
+ * time: instance i's part runs on a thread of its own, the first on this
+ * worker, so that a group spanning k instances waits for the slowest
+ * commit, not for the sum of k (docs/benchmarks/scale-out.md, "Appends
+ * over shards"). Each part uses only its instance's connection, which no
+ * other thread touches meanwhile; taking and releasing the instances
+ * (inst_get, inst_put) stays on this thread. A part whose thread cannot
+ * be started runs here after the others. An instance that fails fails
+ * only its own items. Each item gets its own status: the group as a whole
+ * never fails. */
 static int op_append_batch(store_t *base, store_append_t *const *items, size_t n) {
   sd_t *s = sd(base);
-  store_append_t **part = malloc(n * sizeof *part);
-  if (!part) return -CV_ENOMEM;
-  for (int i = 0; i < s->n; i++) {
-    size_t k = 0;
-    for (size_t j = 0; j < n; j++)
-      if (inst_of(s, items[j]->conv) == i) part[k++] = items[j];
-    if (k == 0) continue;
-    store_t *db;
-    uint64_t t0 = util_mono_ms();
-    int err = inst_get(s, i, &db);
-    if (!err) err = inst_put(s, i, store_append_batch(db, part, k), t0);
-    for (size_t j = 0; err && j < k; j++) {
-      if (part[j]->status == 0) part[j]->created = 0;
-      if (part[j]->status == 0 || part[j]->status == -CV_ESTORE || part[j]->status == -CV_ETIMEDOUT)
-        part[j]->status = err;
-    }
-    for (size_t j = 0; !err && j < k; j++) /* an item's own failure of the instance */
-      if (part[j]->status == -CV_ESTORE || part[j]->status == -CV_ETIMEDOUT)
-        part[j]->status = -CV_ESHARD;
+  store_append_t **all = malloc(n * sizeof *all);
+  batch_part_t *part = calloc((size_t)s->n, sizeof *part);
+  uint64_t *t0 = calloc((size_t)s->n, sizeof *t0);
+  int *got = calloc((size_t)s->n, sizeof *got);
+  if (!all || !part || !t0 || !got) {
+    free(all);
+    free(part);
+    free(t0);
+    free(got);
+    return -CV_ENOMEM;
   }
+  size_t k = 0;
+  int first = -1;
+  for (int i = 0; i < s->n; i++) { /* the items by instance, each instance taken */
+    part[i].items = all + k;
+    for (size_t j = 0; j < n; j++)
+      if (inst_of(s, items[j]->conv) == i) all[k++] = items[j];
+    part[i].n = (size_t)(all + k - part[i].items);
+    if (part[i].n == 0) continue;
+    t0[i] = util_mono_ms();
+    part[i].err = inst_get(s, i, &part[i].db);
+    got[i] = part[i].err == 0;
+    if (!got[i]) continue;
+    if (first < 0)
+      first = i;
+    else
+      part[i].threaded = pthread_create(&part[i].th, NULL, part_run, &part[i]) == 0;
+  }
+  if (first >= 0) part_run(&part[first]);
+  for (int i = 0; i < s->n; i++) {
+    if (part[i].threaded)
+      pthread_join(part[i].th, NULL);
+    else if (got[i] && i != first)
+      part_run(&part[i]);
+  }
+  for (int i = 0; i < s->n; i++) {
+    if (part[i].n == 0) continue;
+    int err = got[i] ? inst_put(s, i, part[i].err, t0[i]) : part[i].err;
+    for (size_t j = 0; err && j < part[i].n; j++) {
+      store_append_t *it = part[i].items[j];
+      if (it->status == 0) it->created = 0;
+      if (it->status == 0 || it->status == -CV_ESTORE || it->status == -CV_ETIMEDOUT)
+        it->status = err;
+    }
+    for (size_t j = 0; !err && j < part[i].n; j++) /* an item's own failure of the instance */
+      if (part[i].items[j]->status == -CV_ESTORE || part[i].items[j]->status == -CV_ETIMEDOUT)
+        part[i].items[j]->status = -CV_ESHARD;
+  }
+  free(all);
   free(part);
+  free(t0);
+  free(got);
   return 0;
 }
 
