@@ -28,8 +28,17 @@
  *      Messages not received --wait-ms after the last write are "lost";
  *      received ones slower than --late-ms are "late".
  *
+ * With --shards N the PostgreSQL figures run on a sharded cluster instead
+ * (docs/benchmarks/scale-out.md, "Appends over shards"): N durable
+ * clusters of scripts/pg-tmp, the shard map written into instance 0 (the
+ * control database) as `converger shards init` does, one redis-server as
+ * the bus, and nodes started with CONVERGER_BUS. On PostgreSQL each appends
+ * cell also reports appends/s by instance and the CPU of each postmaster's
+ * tree, the nodes, the bench, redis and the machine (bench/proccpu.h).
+ *
  * What it owns: the options, the PostgreSQL cluster it starts (scripts/pg-tmp
- * start/stop in a temporary PG_TMP_DIR, stopped by that script by pid), the
+ * start/stop in a temporary PG_TMP_DIR, stopped by that script by pid; with
+ * --shards one per instance, and the redis-server, stopped by its pid), the
  * nodes of each backend run (bench/node.h: node A in `b`, node B in its own
  * bench_t used for its process and blocking REST calls only; every client
  * connection runs in b's loop), the results, the tables and the JSON.
