@@ -137,6 +137,7 @@ static void tput_answer(sender_t *c, uint64_t now) {
     }
     t->lat_ns[t->nlat++] = now - c->sent_ns;
     t->answered++;
+    t->win[c->conv_index]++;
   }
   /* the next append goes to the next of this sender's conversations:
    * i, i + senders, i + 2 senders, ... (one each when there are as many
@@ -311,7 +312,9 @@ int appender_throughput(bench_t *b, size_t nsenders, const char *const *convs, s
   memset(out, 0, sizeof *out);
   body_init();
   phase_t ph = {.b = b, .nsnd = nsenders, .convs = convs, .tput = out};
-  if (!(out->acks = calloc(nconvs, sizeof *out->acks))) {
+  out->acks = calloc(nconvs, sizeof *out->acks);
+  out->win = calloc(nconvs, sizeof *out->win);
+  if (!out->acks || !out->win) {
     run_fail(b, "out of memory");
     return -1;
   }
@@ -337,6 +340,7 @@ int appender_throughput(bench_t *b, size_t nsenders, const char *const *convs, s
 void appender_tput_free(appender_tput_t *t) {
   free(t->lat_ns);
   free(t->acks);
+  free(t->win);
   memset(t, 0, sizeof *t);
 }
 

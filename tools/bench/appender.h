@@ -49,6 +49,7 @@ typedef struct {
   uint64_t retry_200; /* appends acknowledged by a 200 to their retry */
   size_t nlat;
   uint64_t *acks; /* per conversation: every 201 answer, warm-up and tail included */
+  uint64_t *win;  /* per conversation: the answers counted in `answered` (inside the window) */
   size_t nconvs;
 } appender_tput_t;
 

@@ -28,8 +28,17 @@
  *      Messages not received --wait-ms after the last write are "lost";
  *      received ones slower than --late-ms are "late".
  *
+ * With --shards N the PostgreSQL figures run on a sharded cluster instead
+ * (docs/benchmarks/scale-out.md, "Appends over shards"): N durable
+ * clusters of scripts/pg-tmp, the shard map written into instance 0 (the
+ * control database) as `converger shards init` does, one redis-server as
+ * the bus, and nodes started with CONVERGER_BUS. On PostgreSQL each appends
+ * cell also reports appends/s by instance and the CPU of each postmaster's
+ * tree, the nodes, the bench, redis and the machine (bench/proccpu.h).
+ *
  * What it owns: the options, the PostgreSQL cluster it starts (scripts/pg-tmp
- * start/stop in a temporary PG_TMP_DIR, stopped by that script by pid), the
+ * start/stop in a temporary PG_TMP_DIR, stopped by that script by pid; with
+ * --shards one per instance, and the redis-server, stopped by its pid), the
  * nodes of each backend run (bench/node.h: node A in `b`, node B in its own
  * bench_t used for its process and blocking REST calls only; every client
  * connection runs in b's loop), the results, the tables and the JSON.
@@ -45,27 +54,34 @@
  */
 #include "bench/bench.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <libpq-fe.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench/appender.h"
 #include "bench/node.h"
 #include "bench/pgtmp.h"
+#include "bench/proccpu.h"
 #include "bench/restc.h"
 #include "bench/run.h"
 #include "cli/args.h"
 #include "common/util.h"
 #include "core/dburl.h"
+#include "core/errors.h"
+#include "core/shard.h"
 #include "stats/rank.h"
 #include "store/store.h"
 
@@ -73,12 +89,14 @@
 #define CONVERGER_PG_TMP_DEFAULT "scripts/pg-tmp"
 #endif
 
-#define CMD         "converger bench store"
-#define MAX_RUNS    20
-#define MAX_COUNTS  8 /* values of --senders */
-#define MAX_SENDERS 256
-#define LIST_BUF    (4u << 20) /* one GET .../messages answer */
-#define PG_WAIT_MS  10000      /* for a reloaded setting to show */
+#define CMD           "converger bench store"
+#define MAX_RUNS      20
+#define MAX_COUNTS    8 /* values of --senders */
+#define MAX_SENDERS   256
+#define LIST_BUF      (4u << 20) /* one GET .../messages answer */
+#define PG_WAIT_MS    10000      /* for a reloaded setting to show */
+#define MAX_SHARDS    8          /* --shards */
+#define REDIS_WAIT_MS 10000      /* for the bus's redis-server to answer PING */
 
 enum { BK_SQLITE, BK_SQLITE_NORMAL, BK_POSTGRES, BK_POSTGRES_FSYNC, BK_COUNT };
 static const char *const bk_name[BK_COUNT] = {"sqlite", "sqlite-normal", "postgres",
@@ -99,6 +117,7 @@ typedef struct {
   size_t nsenders;
   int mode[CONV_MODES]; /* which of shared/own/spread run */
   long long spread;     /* conversations of the spread mode */
+  long long shards;     /* PostgreSQL instances of a sharded cluster; 0: one database */
   const char *pg_url, *pg_tmp, *out;
 } options_t;
 
@@ -106,6 +125,16 @@ typedef struct {
   int have;
   uint64_t answered, verified, refused, retry_200;
   double rate, p50_ms, p99_ms;
+  /* PostgreSQL only: appends/s of the window by instance (one for a single
+   * database), and the CPU use over the whole phase (warm-up, window and
+   * tail) in cores, -1 when unreadable: the PostgreSQL servers (all, and
+   * each instance's postmaster with its children), the nodes (A + B), this
+   * bench, the bus's redis-server, and the machine (every process, the
+   * neighbours' too); and CPU ms per acknowledged append over the phase */
+  int ninst;
+  double inst_rate[MAX_SHARDS];
+  double cpu_pg, cpu_inst[MAX_SHARDS], cpu_node, cpu_bench, cpu_redis, cpu_machine;
+  double pg_ms_per_append, node_ms_per_append;
 } tput_t;
 
 typedef struct {
@@ -117,7 +146,7 @@ typedef struct {
 typedef struct {
   tput_t tput[MAX_RUNS][BK_COUNT][MAX_COUNTS][CONV_MODES];
   lat_t lat[MAX_RUNS][BK_COUNT][PATHS];
-  char pg_settings[BK_COUNT][128]; /* as the last run read them */
+  char pg_settings[BK_COUNT][640]; /* as the last run read them (each instance's) */
 } results_t;
 
 /* The run of one backend: its nodes, ids and tokens. */
@@ -135,6 +164,14 @@ typedef struct {
   char pg_url[STORE_URL_MAX];
   char pg_dir[128]; /* PG_TMP_DIR of the cluster we started; "" when none */
   int pg_durable;   /* -1 unknown, 0 off, 1 on */
+  /* --shards: the instances (instance 0 also holds the control database),
+   * the map read back from it, and the bus's redis-server */
+  int nshards;
+  char sh_dir[MAX_SHARDS][128];
+  char sh_url[MAX_SHARDS][STORE_URL_MAX];
+  uint8_t sh_map[SHARD_COUNT];
+  pid_t redis_pid;
+  int redis_port;
 } ctx_t;
 
 /* ---- options -------------------------------------------------------------------- */
@@ -168,7 +205,7 @@ static void usage(FILE *out) {
           "  --duration-ms N     measured window of each appends cell [3000]\n"
           "  --warmup-ms N       sending before the window opens [500]\n"
           "  --rate N            messages/s of the latency phase [1000]\n"
-          "  --latency-ms N      length of the latency phase [3000]\n"
+          "  --latency-ms N      length of the latency phase; 0: no latency phase [3000]\n"
           "  --latency-conns N   REST connections carrying its sends [32]\n"
           "  --wait-ms N         wait for missing deliveries after the last send [3000]\n"
           "  --late-ms N         a delivery slower than this is late [1000]\n"
@@ -178,10 +215,18 @@ static void usage(FILE *out) {
           "                      (the bench adds its own rows with fresh ids; it never\n"
           "                      deletes anything)\n"
           "  --pg-tmp PATH       the script that starts one [%s]\n"
+          "  --shards N          a sharded cluster instead of one database: N PostgreSQL\n"
+          "                      instances (1..%d, each its own cluster from --pg-tmp,\n"
+          "                      durable: fsync, synchronous_commit and full_page_writes\n"
+          "                      on; instance 0 also holds the control database), the\n"
+          "                      shard map written over them, one redis-server (from\n"
+          "                      PATH, no persistence) as the nodes' bus; backends:\n"
+          "                      postgres-fsync only (its default then). Also reports\n"
+          "                      appends/s per instance\n"
           "  --out FILE          also write every run and the medians as JSON\n"
           "  --timeout S         limit of each phase in seconds [60]\n"
           "  --help              this text\n",
-          MAX_SENDERS, MAX_RUNS, CONVERGER_PG_TMP_DEFAULT);
+          MAX_SENDERS, MAX_RUNS, CONVERGER_PG_TMP_DEFAULT, MAX_SHARDS);
 }
 
 /* Split a comma list into `words`; returns the count or -1 (too many). */
@@ -262,8 +307,7 @@ static int parse_lists(options_t *o, const char *backends, const char *senders, 
 
 /* Returns 0, 1 after --help, or -1 after printing why (exit status 2). */
 static int parse_options(options_t *o, int argc, char **argv) {
-  const char *backends = "sqlite,sqlite-normal,postgres,postgres-fsync", *senders = "1,8,32",
-             *convs = "shared,own";
+  const char *backends = NULL, *senders = "1,8,32", *convs = "shared,own";
   /* The string options first; the rest goes to run_parse_int_options. */
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   if (!rest) return -1;
@@ -280,18 +324,36 @@ static int parse_options(options_t *o, int argc, char **argv) {
       {"duration-ms", &o->duration_ms, 100, 3600000},
       {"warmup-ms", &o->warmup_ms, 0, 600000},
       {"rate", &o->rate, 1, 100000},
-      {"latency-ms", &o->latency_ms, 10, 600000},
+      {"latency-ms", &o->latency_ms, 0, 600000},
       {"latency-conns", &o->latency_conns, 1, MAX_SENDERS},
       {"wait-ms", &o->wait_ms, 0, 600000},
       {"late-ms", &o->late_ms, 1, 600000},
       {"runs", &o->runs, 1, MAX_RUNS},
       {"pool", &o->pool, 1, 512},
       {"spread", &o->spread, 1, 100000},
+      {"shards", &o->shards, 1, MAX_SHARDS},
       {"timeout", &o->timeout_s, 1, 86400},
   };
   int r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
   if (r != 0) return r;
+  if (o->latency_ms > 0 && o->latency_ms < 10) {
+    fprintf(stderr, CMD ": --latency-ms is 0 (no latency phase) or 10..600000\n");
+    return -1;
+  }
+  if (!backends)
+    backends = o->shards ? "postgres-fsync" : "sqlite,sqlite-normal,postgres,postgres-fsync";
+  if (o->shards) {
+    if (strcmp(backends, "postgres-fsync") != 0) {
+      fprintf(stderr, CMD ": --shards measures durable PostgreSQL only: --backends postgres-fsync "
+                          "(or leave --backends out)\n");
+      return -1;
+    }
+    if (o->pg_url) {
+      fprintf(stderr, CMD ": --shards starts its own instances: drop --pg-url\n");
+      return -1;
+    }
+  }
   if (parse_lists(o, backends, senders, convs) != 0) return -1;
   if (o->rate * o->latency_ms / 1000 > 10000000) {
     fprintf(stderr, CMD ": --rate x --latency-ms is over 10 million messages\n");
@@ -416,12 +478,129 @@ static int pg_set_durable(ctx_t *x, int durable) {
   return 0;
 }
 
+/* ---- --shards: the instances, the shard map, the bus ------------------------------ */
+
+/* PING the redis-server at 127.0.0.1:port once; 0 when it answers +PONG. */
+static int redis_ping(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  struct timeval tv = {.tv_sec = 1};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[16] = {0};
+  int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, "PING\r\n", 6) == 6 &&
+           read(fd, buf, sizeof buf - 1) >= 5 && strncmp(buf, "+PONG", 5) == 0;
+  close(fd);
+  return ok ? 0 : -1;
+}
+
+/* One redis-server on a free loopback port, no persistence, stopped by
+ * its pid (and SIGKILLed by the kernel if the bench dies). 0 or -1. */
+static int redis_start(ctx_t *x) {
+  char port[16];
+  if ((x->redis_port = bnode_free_port()) < 0) {
+    fprintf(stderr, CMD ": no free port for redis-server\n");
+    return -1;
+  }
+  snprintf(port, sizeof port, "%d", x->redis_port);
+  char *const argv[] = {"redis-server", "--port", port,           "--bind", "127.0.0.1",
+                        "--save",       "",       "--appendonly", "no",     NULL};
+  run_spawn_opts_t so = {
+      .out_fd = -1, .err_fd = -1, .death_sig = SIGKILL, .own_group = 1, .cpu = -1};
+  if ((x->redis_pid = run_spawn(argv, &so)) < 0) {
+    x->redis_pid = 0;
+    fprintf(stderr, CMD ": cannot start redis-server: %s\n", strerror(errno));
+    return -1;
+  }
+  uint64_t until = run_now_ns() + (uint64_t)REDIS_WAIT_MS * 1000000u;
+  while (redis_ping(x->redis_port) != 0) {
+    int st;
+    if (waitpid(x->redis_pid, &st, WNOHANG) == x->redis_pid) {
+      x->redis_pid = 0;
+      fprintf(stderr, CMD ": redis-server exited at once (is it installed? scripts/setup)\n");
+      return -1;
+    }
+    if (run_now_ns() >= until || run_interrupted) {
+      fprintf(stderr, CMD ": redis-server did not answer PING on port %d within %d s\n",
+              x->redis_port, REDIS_WAIT_MS / 1000);
+      return -1;
+    }
+    run_sleep_ms(20);
+  }
+  return 0;
+}
+
+/* Start --shards durable instances and the bus, write the shard map (as
+ * `converger shards init` does: every instance migrated, then the map in
+ * the control database, instance 0) and read it back. 0 or -1. */
+static int shards_start(ctx_t *x) {
+  const options_t *o = x->o;
+  if (access(o->pg_tmp, X_OK) != 0) {
+    fprintf(stderr, CMD ": cannot run %s (%s); give --pg-tmp PATH\n", o->pg_tmp, strerror(errno));
+    return -1;
+  }
+  x->nshards = (int)o->shards;
+  for (int i = 0; i < x->nshards; i++)
+    if (pgtmp_start(CMD, o->pg_tmp, 0, x->sh_dir[i], sizeof x->sh_dir[i], x->sh_url[i],
+                    sizeof x->sh_url[i]) != 0)
+      return -1;
+  if (redis_start(x) != 0) return -1;
+  const char *urls[MAX_SHARDS];
+  store_t *ctl = NULL;
+  store_options_t so = {.sync = STORE_SYNC_FULL, .busy_timeout_ms = 5000};
+  int err = 0;
+  for (int i = 0; i < x->nshards && !err; i++) {
+    store_t *s = NULL;
+    urls[i] = x->sh_url[i];
+    if ((err = store_open(x->sh_url[i], &so, &s)) == 0) err = store_migrate(s);
+    if (i == 0 && !err)
+      ctl = s;
+    else
+      store_close(s);
+  }
+  store_shardmap_t map = {0};
+  if (!err) err = store_shardmap_init(ctl, urls, x->nshards);
+  if (!err) err = store_shardmap_get(ctl, &map);
+  store_close(ctl);
+  if (err) {
+    fprintf(stderr, CMD ": writing the shard map over %d instances failed: %s\n", x->nshards,
+            cv_strerror(err));
+    return -1;
+  }
+  memcpy(x->sh_map, map.map, sizeof x->sh_map);
+  store_shardmap_clear(&map);
+  snprintf(x->pg_url, sizeof x->pg_url, "%s", x->sh_url[0]);
+  x->pg_durable = 1;
+  return 0;
+}
+
+static void shards_stop(ctx_t *x) {
+  if (x->redis_pid > 0) run_stop_child(x->redis_pid, 5000, NULL);
+  x->redis_pid = 0;
+  for (int i = 0; i < MAX_SHARDS; i++) pgtmp_stop(CMD, x->o->pg_tmp, x->sh_dir[i]);
+}
+
+/* The instance of conversation `id` (0 on one database). */
+static int inst_of(const ctx_t *x, const char *id) {
+  return x->nshards ? x->sh_map[shard_of(id)] : 0;
+}
+
+/* The postmaster of instance i, or -1 (--pg-url: not ours to read). */
+static pid_t inst_pid(const ctx_t *x, int i) {
+  const char *dir = x->nshards ? x->sh_dir[i] : i == 0 ? x->pg_dir : "";
+  char path[256];
+  if (!dir[0]) return -1;
+  snprintf(path, sizeof path, "%s/data/postmaster.pid", dir);
+  return proccpu_pid_file(path);
+}
+
 /* ---- nodes and setup ------------------------------------------------------------ */
 
 /* Start `nb` for backend x->bk as node `name` and wait until it is ready. */
 static int node_up(ctx_t *x, bench_t *nb, const char *name) {
-  char sync[64], db[STORE_URL_MAX + 32], pool[48], id[64];
-  const char *env[5] = {NULL};
+  char sync[64], db[STORE_URL_MAX + 32], pool[48], id[64], bus[64];
+  const char *env[6] = {NULL};
   size_t k = 0;
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", x->o->pool);
   snprintf(id, sizeof id, "CONVERGER_NODE_ID=bench-store-%s", name);
@@ -430,6 +609,10 @@ static int node_up(ctx_t *x, bench_t *nb, const char *name) {
   if (is_pg(x->bk)) {
     snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
     env[k++] = db;
+    if (x->nshards) { /* the control database (instance 0) and the bus: a sharded node */
+      snprintf(bus, sizeof bus, "CONVERGER_BUS=redis://127.0.0.1:%d", x->redis_port);
+      env[k++] = bus;
+    }
   } else {
     snprintf(sync, sizeof sync, "CONVERGER_SQLITE_SYNC=%s",
              x->bk == BK_SQLITE_NORMAL ? "normal" : "full");
@@ -505,6 +688,37 @@ static int verify_conv(ctx_t *x, const char *conv, uint64_t want) {
 
 /* ---- the two figures ------------------------------------------------------------ */
 
+/* The processes whose CPU an appends cell reads: the PostgreSQL instances
+ * (each a tree: postmaster and backends), then node A, node B, this bench
+ * and the redis-server (each alone). Returns how many. */
+enum { CPU_NODE_A, CPU_NODE_B, CPU_BENCH, CPU_REDIS, CPU_OTHERS };
+static int cpu_roots(const ctx_t *x, int ninst, pid_t *roots, int *tree) {
+  for (int i = 0; i < ninst; i++) {
+    roots[i] = inst_pid(x, i);
+    tree[i] = 1;
+  }
+  roots[ninst + CPU_NODE_A] = x->b->pid;
+  roots[ninst + CPU_NODE_B] = x->nb ? x->nb->pid : -1;
+  roots[ninst + CPU_BENCH] = getpid();
+  roots[ninst + CPU_REDIS] = x->redis_pid > 0 ? x->redis_pid : -1;
+  for (int k = 0; k < CPU_OTHERS; k++) tree[ninst + k] = 0;
+  return ninst + CPU_OTHERS;
+}
+
+/* Sum of the cores of readings [from, from + n), or -1 when one of those
+ * that exist is unreadable; a root that is not there (-1 pid) counts 0. */
+static double cores_sum(const proccpu_snap_t *a, const proccpu_snap_t *z, const pid_t *roots,
+                        int from, int n) {
+  double sum = 0;
+  for (int i = from; i < from + n; i++) {
+    if (roots[i] <= 0) continue;
+    double c = proccpu_cores(a, z, i);
+    if (c < 0) return -1;
+    sum += c;
+  }
+  return sum;
+}
+
 static int cell_appends(ctx_t *x, size_t si, int mode) {
   bench_t *b = x->b;
   int n = x->o->senders[si];
@@ -525,9 +739,16 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
     convs[i] = ids[i];
     if (conv_create(x, ids[i]) != 0) goto out;
   }
+  int ninst = is_pg(x->bk) ? (x->nshards ? x->nshards : 1) : 0;
+  pid_t roots[PROCCPU_TREES_MAX];
+  int tree[PROCCPU_TREES_MAX];
+  int nroots = cpu_roots(x, ninst, roots, tree);
+  proccpu_snap_t cpu0, cpu1;
+  proccpu_snap(roots, tree, nroots, &cpu0);
   if (appender_throughput(b, (size_t)n, convs, nconvs, (uint64_t)x->o->warmup_ms,
                           (uint64_t)x->o->duration_ms, &t) != 0)
     goto out;
+  proccpu_snap(roots, tree, nroots, &cpu1);
   uint64_t verified = 0;
   for (size_t i = 0; i < nconvs; i++) {
     if (verify_conv(x, ids[i], t.acks[i]) != 0) goto out;
@@ -543,6 +764,23 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   qsort(t.lat_ns, t.nlat, sizeof *t.lat_ns, run_cmp_u64);
   c->p50_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 0.50) : 0;
   c->p99_ms = t.nlat ? pct_ms(t.lat_ns, t.nlat, 0.99) : 0;
+  c->ninst = ninst;
+  uint64_t phase_acks = 0;
+  for (size_t i = 0; i < nconvs; i++) {
+    phase_acks += t.acks[i];
+    if (ninst) c->inst_rate[inst_of(x, ids[i])] += (double)t.win[i] / t.window_s;
+  }
+  double wall = proccpu_wall_s(&cpu0, &cpu1);
+  c->cpu_pg = ninst ? cores_sum(&cpu0, &cpu1, roots, 0, ninst) : -1;
+  for (int i = 0; i < ninst; i++) c->cpu_inst[i] = proccpu_cores(&cpu0, &cpu1, i);
+  c->cpu_node = cores_sum(&cpu0, &cpu1, roots, ninst + CPU_NODE_A, 2);
+  c->cpu_bench = proccpu_cores(&cpu0, &cpu1, ninst + CPU_BENCH);
+  c->cpu_redis = x->redis_pid > 0 ? proccpu_cores(&cpu0, &cpu1, ninst + CPU_REDIS) : 0;
+  c->cpu_machine = proccpu_machine_cores(&cpu0, &cpu1);
+  c->pg_ms_per_append =
+      c->cpu_pg >= 0 && phase_acks ? c->cpu_pg * wall * 1000.0 / (double)phase_acks : -1;
+  c->node_ms_per_append =
+      c->cpu_node >= 0 && phase_acks ? c->cpu_node * wall * 1000.0 / (double)phase_acks : -1;
   printf("run %d, %s: %d sender%s, %s: %.0f appends/s (%llu in %.3f s), per append p50 %.2f ms, "
          "p99 %.2f ms; %llu appends read back gapless in %zu conversation%s",
          x->run + 1, bk_name[x->bk], n, n == 1 ? "" : "s",
@@ -556,6 +794,18 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
            "them acknowledged by a 200)",
            (unsigned long long)t.refused, (unsigned long long)t.retry_200);
   printf("\n");
+  if (ninst) {
+    printf("run %d, %s: %d sender%s, %s: per instance", x->run + 1, bk_name[x->bk], n,
+           n == 1 ? "" : "s", conv_name[mode]);
+    for (int i = 0; i < ninst; i++) printf("%s %d: %.0f/s", i ? "," : "", i, c->inst_rate[i]);
+    printf("; CPU over the %.2f s phase, in cores of %ld: PostgreSQL %.2f (", wall,
+           sysconf(_SC_NPROCESSORS_ONLN), c->cpu_pg);
+    for (int i = 0; i < ninst; i++) printf("%s%.2f", i ? " + " : "", c->cpu_inst[i]);
+    printf("), nodes %.2f, bench %.2f, redis %.2f, machine busy %.2f; per append: PostgreSQL "
+           "%.3f ms, node %.3f ms of CPU\n",
+           c->cpu_node, c->cpu_bench, c->cpu_redis, c->cpu_machine, c->pg_ms_per_append,
+           c->node_ms_per_append);
+  }
   fflush(stdout);
   r = 0;
 out:
@@ -653,12 +903,20 @@ static int backend_run(ctx_t *x) {
   snprintf(x->tag, sizeof x->tag, "bs%d-%s-%s", x->run + 1, bk_name[x->bk], hex);
   if (is_pg(x->bk)) {
     if (x->pg_dir[0] && pg_set_durable(x, x->bk == BK_POSTGRES_FSYNC) != 0) return -1;
-    char err[256];
-    PGconn *c = pg_connect(x->pg_url, err, sizeof err);
-    if (!c || pg_settings(c, x->res->pg_settings[x->bk], sizeof x->res->pg_settings[x->bk]) != 0)
-      snprintf(x->res->pg_settings[x->bk], sizeof x->res->pg_settings[x->bk], "unknown (%.100s)",
-               c ? PQerrorMessage(c) : err);
-    PQfinish(c);
+    char *text = x->res->pg_settings[x->bk];
+    size_t cap = sizeof x->res->pg_settings[x->bk], len = 0;
+    text[0] = '\0';
+    for (int i = 0; i < (x->nshards ? x->nshards : 1) && len < cap; i++) {
+      char err[256], one[128];
+      PGconn *c = pg_connect(x->nshards ? x->sh_url[i] : x->pg_url, err, sizeof err);
+      if (!c || pg_settings(c, one, sizeof one) != 0)
+        snprintf(one, sizeof one, "unknown (%.100s)", c ? PQerrorMessage(c) : err);
+      PQfinish(c);
+      if (x->nshards)
+        len += (size_t)snprintf(text + len, cap - len, "%sinstance %d: %s", i ? "; " : "", i, one);
+      else
+        len += (size_t)snprintf(text + len, cap - len, "%s", one);
+    }
   }
   fprintf(stderr, "run %d, %s: starting node A%s\n", x->run + 1, bk_name[x->bk],
           is_pg(x->bk) ? " and node B" : "");
@@ -676,14 +934,15 @@ static int backend_run(ctx_t *x) {
   if (!(b->token = mint_token(b, b))) goto out;
   if (x->nb && !(x->token_b = mint_token(b, x->nb))) goto out;
   if (is_pg(x->bk))
-    printf("run %d, %s: PostgreSQL %s\n", x->run + 1, bk_name[x->bk], x->res->pg_settings[x->bk]);
+    printf("run %d, %s: PostgreSQL %s%s\n", x->run + 1, bk_name[x->bk],
+           x->nshards ? "sharded, " : "", x->res->pg_settings[x->bk]);
   for (size_t si = 0; si < o->nsenders; si++)
     for (int m = 0; m < CONV_MODES; m++) {
       if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
       if (cell_appends(x, si, m) != 0) goto out;
     }
-  if (cell_latency(x, PATH_SAME) != 0) goto out;
-  if (x->nb && cell_latency(x, PATH_CROSS) != 0) goto out;
+  if (o->latency_ms > 0 && cell_latency(x, PATH_SAME) != 0) goto out;
+  if (o->latency_ms > 0 && x->nb && cell_latency(x, PATH_CROSS) != 0) goto out;
   r = 0;
 out:
   if (x->nb) {
@@ -710,11 +969,23 @@ out:
  * them; returns the number of runs that have it. */
 static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
   double rate[MAX_RUNS], p50[MAX_RUNS], p99[MAX_RUNS];
+  /* the PostgreSQL figures: each its own median */
+  enum { F_PG, F_NODE, F_BENCH, F_REDIS, F_MACHINE, F_PGMS, F_NODEMS, F_COUNT };
+  double f[F_COUNT + 2 * MAX_SHARDS][MAX_RUNS];
   size_t n = 0;
   memset(out, 0, sizeof *out);
   for (int r = 0; r < x->o->runs; r++) {
     const tput_t *c = &x->res->tput[r][bk][si][m];
     if (!c->have) continue;
+    out->ninst = c->ninst;
+    const double v[F_COUNT] = {
+        c->cpu_pg,      c->cpu_node,         c->cpu_bench,         c->cpu_redis,
+        c->cpu_machine, c->pg_ms_per_append, c->node_ms_per_append};
+    for (int k = 0; k < F_COUNT; k++) f[k][n] = v[k];
+    for (int i = 0; i < c->ninst; i++) {
+      f[F_COUNT + i][n] = c->inst_rate[i];
+      f[F_COUNT + MAX_SHARDS + i][n] = c->cpu_inst[i];
+    }
     rate[n] = c->rate;
     p50[n] = c->p50_ms;
     p99[n++] = c->p99_ms;
@@ -725,6 +996,14 @@ static int tput_median(const ctx_t *x, int bk, size_t si, int m, tput_t *out) {
   out->rate = run_median(rate, n);
   out->p50_ms = run_median(p50, n);
   out->p99_ms = run_median(p99, n);
+  double *const dst[F_COUNT] = {
+      &out->cpu_pg,      &out->cpu_node,         &out->cpu_bench,         &out->cpu_redis,
+      &out->cpu_machine, &out->pg_ms_per_append, &out->node_ms_per_append};
+  for (int k = 0; k < F_COUNT; k++) *dst[k] = run_median(f[k], n);
+  for (int i = 0; i < out->ninst; i++) {
+    out->inst_rate[i] = run_median(f[F_COUNT + i], n);
+    out->cpu_inst[i] = run_median(f[F_COUNT + MAX_SHARDS + i], n);
+  }
   return (int)n;
 }
 
@@ -814,6 +1093,39 @@ static void print_tables(const ctx_t *x) {
         printf("\n");
       }
   }
+  int any_pg = 0;
+  for (size_t i = 0; i < o->nbackends; i++) any_pg |= is_pg(o->backend[i]);
+  if (any_pg) {
+    printf(
+        "\nPostgreSQL: appends/s per instance and CPU use in cores of %ld over each appends "
+        "phase (warm-up, window, tail), medians of the runs; %s\n\n| senders | conversations "
+        "| backend | appends/s | per instance | PostgreSQL cores (per instance) | nodes | bench | "
+        "redis | machine busy | CPU ms per append: PostgreSQL / node |\n| ---: | --- | --- | "
+        "---: | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        sysconf(_SC_NPROCESSORS_ONLN),
+        x->nshards ? "sharded: instance 0 also holds the control database"
+                   : "one database (instance 0)");
+    for (size_t i = 0; i < o->nbackends; i++) {
+      int bk = o->backend[i];
+      if (!is_pg(bk)) continue;
+      for (size_t si = 0; si < o->nsenders; si++)
+        for (int m = 0; m < CONV_MODES; m++) {
+          if (!o->mode[m] || (m == CONV_OWN && o->senders[si] == 1)) continue;
+          if (!tput_median(x, bk, si, m, &med)) continue;
+          printf("| %d | %s | %s%s | %.0f |", o->senders[si], conv_name[m], bk_name[bk],
+                 x->nshards ? ", sharded" : "", med.rate);
+          for (int k = 0; k < med.ninst; k++) printf("%s%.0f", k ? " / " : " ", med.inst_rate[k]);
+          printf(" | %.2f (", med.cpu_pg);
+          for (int k = 0; k < med.ninst; k++) printf("%s%.2f", k ? " / " : "", med.cpu_inst[k]);
+          printf(") | %.2f | %.2f | %.2f | %.2f | %.3f / %.3f |\n", med.cpu_node, med.cpu_bench,
+                 med.cpu_redis, med.cpu_machine, med.pg_ms_per_append, med.node_ms_per_append);
+        }
+    }
+  }
+  if (o->latency_ms == 0) {
+    fflush(stdout);
+    return;
+  }
   printf("\ndelivery latency at %lld messages/s for %lld ms (POST written -> subscriber read), "
          "median of the runs; counts are totals over the runs\n\n"
          "| backend | subscriber | sent/s | received / sent | lost | late (> %lld ms) | p50 ms | "
@@ -845,11 +1157,32 @@ static void print_tables(const ctx_t *x) {
   fflush(stdout);
 }
 
+/* The PostgreSQL figures of an appends cell into `j` (nothing on SQLite). */
+static void tput_pg_json(json_t *j, const tput_t *c) {
+  if (!c->ninst) return;
+  json_t *rates = json_array(), *cores = json_array();
+  for (int i = 0; i < c->ninst; i++) {
+    json_array_append_new(rates, json_real(c->inst_rate[i]));
+    json_array_append_new(cores, json_real(c->cpu_inst[i]));
+  }
+  json_object_set_new(j, "appendsPerSecondByInstance", rates);
+  json_object_set_new(j, "cpuCores",
+                      json_pack("{s:f, s:o, s:f, s:f, s:f, s:f}", "postgres", c->cpu_pg,
+                                "postgresByInstance", cores, "nodes", c->cpu_node, "bench",
+                                c->cpu_bench, "redis", c->cpu_redis, "machineBusy",
+                                c->cpu_machine));
+  json_object_set_new(
+      j, "cpuMsPerAppend",
+      json_pack("{s:f, s:f}", "postgres", c->pg_ms_per_append, "node", c->node_ms_per_append));
+}
+
 static json_t *tput_json(const tput_t *c) {
-  return json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I}", "appendsPerSecond", c->rate, "p50Ms",
-                   c->p50_ms, "p99Ms", c->p99_ms, "answeredInWindow", (json_int_t)c->answered,
-                   "verified", (json_int_t)c->verified, "refused503", (json_int_t)c->refused,
-                   "acknowledgedByRetry200", (json_int_t)c->retry_200);
+  json_t *j = json_pack("{s:f, s:f, s:f, s:I, s:I, s:I, s:I}", "appendsPerSecond", c->rate, "p50Ms",
+                        c->p50_ms, "p99Ms", c->p99_ms, "answeredInWindow", (json_int_t)c->answered,
+                        "verified", (json_int_t)c->verified, "refused503", (json_int_t)c->refused,
+                        "acknowledgedByRetry200", (json_int_t)c->retry_200);
+  tput_pg_json(j, c);
+  return j;
 }
 
 static json_t *lat_json(const lat_t *c) {
@@ -869,6 +1202,7 @@ static int write_json(const ctx_t *x, int argc, char **argv) {
   json_array_append_new(cmd, json_string("store"));
   for (int i = 0; i < argc; i++) json_array_append_new(cmd, json_string(argv[i]));
   json_object_set_new(root, "command", cmd);
+  json_object_set_new(root, "shards", json_integer(x->nshards));
   json_object_set_new(root, "options",
                       json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "durationMs",
                                 (json_int_t)o->duration_ms, "warmupMs", (json_int_t)o->warmup_ms,
@@ -898,6 +1232,7 @@ static int write_json(const ctx_t *x, int argc, char **argv) {
                               "backend", bk_name[bk], "senders", o->senders[si], "conversations",
                               conv_name[m], "runs", n, "appendsPerSecond", mc.rate, "p50Ms",
                               mc.p50_ms, "p99Ms", mc.p99_ms, "refused503", (json_int_t)mc.refused);
+        tput_pg_json(j, &mc);
         json_array_append_new(med, j);
       }
     for (int path = 0; path < PATHS; path++) {
@@ -981,7 +1316,14 @@ int bench_store_main(int argc, char **argv) {
   }
   b->loop_ready = 1;
   uv_timer_init(&b->loop, &b->watch);
-  if (want_pg) {
+  if (o.shards) {
+    if (shards_start(&x) != 0) goto out;
+    printf(CMD
+           ": PostgreSQL sharded over %d instances (throwaway clusters of scripts/pg-tmp, "
+           "durable: fsync, synchronous_commit and full_page_writes on), control database on "
+           "instance 0, %d logical shards; bus: redis-server on 127.0.0.1:%d (no persistence)\n",
+           x.nshards, SHARD_COUNT, x.redis_port);
+  } else if (want_pg) {
     if (o.pg_url)
       snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
     else if (pg_start(&x) != 0)
@@ -1018,6 +1360,7 @@ out:
   bnode_stop(b); /* no-ops unless a failure left them */
   bnode_remove_dir(b);
   pg_stop(&x);
+  shards_stop(&x);
   run_signals_restore(&signals);
   free(b->token);
   free(b);
