@@ -618,9 +618,10 @@ static void test_epochs(void **state) {
   raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN admin_url");
   raw_exec(&raw, "ALTER TABLE channels DROP COLUMN signals");
   raw_exec(&raw, "DROP TABLE IF EXISTS presence");
-  /* and what migrations 8 and 9 made (a sharded cluster's tables) */
-  raw_exec(&raw, "DROP TABLE IF EXISTS shard_map, shard_map_version, shard_instances, shard_moved");
-  raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN IF EXISTS map_version");
+  if (!raw.lite) { /* and what PostgreSQL's migrations 8 and 9 made (a sharded cluster's) */
+    raw_exec(&raw, "DROP TABLE IF EXISTS shard_map, shard_map_version, shard_instances, shard_moved");
+    raw_exec(&raw, "ALTER TABLE nodes DROP COLUMN IF EXISTS map_version");
+  }
   raw_exec(&raw, "DELETE FROM schema_version WHERE version >= 3");
   raw_close(&raw);
   store_close(f->s);
