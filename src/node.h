@@ -42,6 +42,8 @@ typedef struct node_s {
    * what the store's routers share (store/sharded.h); else NULL. */
   redis_bus_t *rbus;
   store_shards_t *shards;
+  pool_job_t shards_probe; /* serve.c: a probe of the instances that are down */
+  int shards_probing;      /* it is in the pool */
   uint64_t shards_exported_ms; /* monotonic: store_shards_export last ran (serve.c) */
   auth_t *auth;
   users_t *users;              /* connections per user (gate/users.h) */

@@ -83,10 +83,26 @@ static void sample_loop(node_t *node) {
 
 /* Once a second: a sharded cluster's per-instance health into the
  * registry (converger_shard_up, converger_shard_errors_total). */
+/* A probe of the instances that are down (store_shards_probe), one at a
+ * time: an instance no call reaches is seen back all the same. */
+static void probe_work(pool_job_t *job, store_t *db) { (void)store_shards_probe(db); }
+
+static void probe_done(pool_job_t *job) {
+  node_t *node = container_of(job, node_t, shards_probe);
+  node->shards_probing = 0;
+}
+
 static void export_shards(node_t *node, uint64_t now) {
   if (!node->shards || now - node->shards_exported_ms < 1000) return;
   node->shards_exported_ms = now;
   store_shards_export(node->shards);
+  if (node->pool && !node->shards_probing && node->phase < NODE_STOPPING &&
+      store_shards_probe_due(node->shards)) {
+    node->shards_probing = 1;
+    node->shards_probe.kind = "probe";
+    node->shards_probe.deadline_ms = config_store_deadline(node->cfg);
+    pool_submit(node->pool, &node->shards_probe, probe_work, probe_done);
+  }
 }
 
 /* The API keys and the HS256 secrets that came from the data directory's

@@ -770,6 +770,31 @@ static int op_presence_of_node(store_t *base, const char *node, char ***convs, c
   return 0;
 }
 
+int store_shards_probe_due(store_shards_t *sh) {
+  int n = store_shards_count(sh);
+  int64_t now = (int64_t)util_mono_ms();
+  for (int i = 0; i < n; i++) {
+    int64_t until = atomic_load(&sh->inst[i].down_until);
+    if (until != 0 && now >= until && !atomic_load(&sh->inst[i].probing)) return 1;
+  }
+  return 0;
+}
+
+int store_shards_probe(store_t *router) {
+  if (!router || router->ops != &store_sharded_ops) return -CV_EINVAL;
+  sd_t *s = sd(router);
+  int e = refresh(s);
+  if (e) return e;
+  for (int i = 0; i < s->n; i++) {
+    int64_t until = atomic_load(&s->sh->inst[i].down_until);
+    if (until == 0 || (int64_t)util_mono_ms() < until) continue;
+    store_t *db;
+    uint64_t t0 = util_mono_ms();
+    if (inst_get(s, i, &db) == 0) (void)inst_put(s, i, store_ping(db), t0);
+  }
+  return 0;
+}
+
 const store_ops_t store_sharded_ops = {
     .name = "sharded",
     .open = op_open,

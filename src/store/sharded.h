@@ -66,6 +66,16 @@ void store_shards_stats(store_shards_t *sh, int i, store_shard_stats_t *out, cha
  * gauges are the loop's), one caller. */
 void store_shards_export(store_shards_t *sh);
 
+/* 1 when an instance is down and its pause is over: a probe is due
+ * (store_shards_probe). Any thread. */
+int store_shards_probe_due(store_shards_t *sh);
+
+/* On a worker whose store `router` is a router of this cluster: one call
+ * (a ping) to each instance that is down and whose pause is over, so that
+ * an instance no conversation's call reaches is seen back
+ * (converger_shard_up); the caller's store deadline bounds a hung one. -CV_EINVAL for a store that is not a router. */
+int store_shards_probe(store_t *router);
+
 /* The instance holding conversation `conv`'s rows (0..count-1), or -1
  * before the map is read. Any thread. */
 int store_shards_instance_of(store_shards_t *sh, const char *conv);

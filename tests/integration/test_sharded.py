@@ -162,6 +162,12 @@ class ShardedCluster(NodeCase):
             self.sh.pgs[down].up()
 
         async def back():
+            # b sees it back by its own probe, with no call of a client's
+            # reaching that instance (converger_shard_up)
+            deadline = time.time() + 10
+            while metric(b, "converger_shard_up", {"db_instance": str(down)}) != 1:
+                self.assertLess(time.time(), deadline, "b never saw instance %d back" % down)
+                await asyncio.sleep(0.2)
             # the instance answers again: within its down period plus a probe
             deadline = time.time() + 10
             while True:
