@@ -28,6 +28,7 @@ converger-client from js/dist (the build writes it)."""
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -100,8 +101,8 @@ class LineProc:
 
 
 class Senders:
-    """One REST sender thread per conversation: m0, m1, ... each with its id
-    (the idempotency key) and resent with the same id, to the next node, on
+    """One REST sender thread per conversation: m0, m1, ... each with its
+    Idempotency-Key (the message's id) and resent with the same id, to the next node, on
     a 503, another refusal or a connection error, until answered (201, or
     200: found by its id). Once stopped, an unanswered message is still
     resent until answered (at most 120 s): nothing is left stored but not
@@ -131,7 +132,8 @@ class Senders:
             mid = "m%d" % i
             try:
                 st, _, js = node.request("POST", "/v1/conversations/%s/messages" % conv,
-                                         {"id": mid, "sender": "chaos", "body": {"i": i}}, timeout=10)
+                                         {"sender": "chaos", "body": {"i": i}},
+                                         headers={"Idempotency-Key": mid}, timeout=10)
             except (OSError, harness.http.client.HTTPException):
                 st, js = 0, None
             if st in (200, 201) and isinstance(js, dict) and isinstance(js.get("seq"), int):
@@ -223,6 +225,7 @@ class ShardedChaos(NodeCase):
             self.assertEqual(line, "ready %d" % n, "%s: %s" % (sw.name, sw.stderr_text()))
 
         senders = Senders(nodes, convs)
+        drained = {}  # the drain's "moved", "closed" (1012), "left" from the node's log
         faults = []  # (name, seconds into the run, its duration, recovery as the senders saw it)
 
         def primary():
@@ -250,6 +253,10 @@ class ShardedChaos(NodeCase):
             harness._unregister(n.proc)
             n.exit_codes.append(rc)
             self.assertEqual(rc, 0, "the drained node's exit status")
+            done = re.search(r"drain complete after \d+ ms: (\d+) moved, (\d+) closed with 1012, (\d+) left",
+                             n.log_text())
+            self.assertIsNotNone(done, "no 'drain complete' in the drained node's log")
+            drained.update(moved=int(done.group(1)), closed=int(done.group(2)), left=int(done.group(3)))
             n.start()
 
         schedule = [("primary SIGKILL + standby promoted", primary),
@@ -309,13 +316,14 @@ class ShardedChaos(NodeCase):
         line = ("chaos: %d s, acknowledged %d, lost %d, delivered twice %d, gaps %d, "
                 "conversations gapless %d/%d; subscribers %d (C %d, JS %d) at head %d/%d, "
                 "ids mismatched %d; sends refused or failed then retried %d; "
-                "reconnected subscribers C %d JS %d, wire duplicates dropped C %d JS %d; faults: %s; "
+                "reconnected subscribers C %d JS %d, wire duplicates dropped C %d JS %d; "
+                "drain: %d connections moved, %d closed; faults: %s; "
                 "total %.0f s"
                 % (round(run_s), acked, lost, twice, gaps + store_gaps, gapless, len(convs),
                    C_CLIENTS + JS_CLIENTS, C_CLIENTS, JS_CLIENTS,
                    C_CLIENTS + JS_CLIENTS - undelivered, C_CLIENTS + JS_CLIENTS, mismatched,
                    senders.refused, cres["lost_clients"], jres["lost_clients"],
-                   cres["sdk_duplicates"], jres["sdk_duplicates"],
+                   cres["sdk_duplicates"], jres["sdk_duplicates"], drained["moved"], drained["closed"],
                    "; ".join("%s at %.0f s (%.1f s, senders all acknowledged again %.1f s later)"
                              % f for f in faults),
                    time.monotonic() - t_begin))
