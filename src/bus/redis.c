@@ -8,7 +8,9 @@
  * connected; it goes down when either fails, and the tick (every TICK_MS)
  * frees both and tries again after REDIS_BUS_RETRY_MS. hiredis callbacks
  * never free a context: they mark the instance `broken`, and the tick
- * does it.
+ * does it. Until then the instance still says `up`, but a disconnect
+ * callback may have forgotten its context already (hiredis frees it after
+ * the callback): nothing is sent to a broken instance (can_send).
  *
  * Interest: `interest` is a hash table of the conversations with a local
  * subscriber (entry: its instance, whether Redis confirmed the
@@ -443,8 +445,16 @@ static int inst_of(const redis_bus_t *rb, const char *conv) {
   return shard_jump(shard_key(conv), rb->n);
 }
 
+/* Whether a command may go on `ac` of `ri`: up, not broken (a callback saw
+ * a failure and the tick has not taken the instance down yet), and the
+ * context still there (on_disconnect and on_connect forget it). */
+static int can_send(const inst_t *ri, const redisAsyncContext *ac) {
+  return ri->up && !ri->broken && ac != NULL;
+}
+
 static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t len) {
-  if (!ri->up || ri->publishes_out >= REDIS_BUS_PUBLISH_MAX) return; /* the store repairs it */
+  if (!can_send(ri, ri->pub) || ri->publishes_out >= REDIS_BUS_PUBLISH_MAX)
+    return; /* the store repairs it */
   const char *argv[] = {"PUBLISH", channel, msg};
   size_t lens[] = {7, strlen(channel), len};
   if (redisAsyncCommandArgv(ri->pub, pub_reply, ri, 3, argv, lens) != REDIS_OK) {
@@ -520,7 +530,7 @@ static void flush_cb(uv_check_t *h) {
   redis_bus_t *rb = h->data;
   for (int i = 0; i < rb->n; i++) {
     inst_t *ri = &rb->inst[i];
-    if (!ri->up || ri->nops == 0) continue;
+    if (!can_send(ri, ri->sub) || ri->nops == 0) continue; /* broken: inst_down clears them */
     const char *argv[REDIS_BUS_BATCH + 1];
     char *chans[REDIS_BUS_BATCH];
     size_t k = 0;

@@ -1,20 +1,22 @@
 /*
- * sdk_swarm.c: N libconverger-client clients of one conversation on one
- * libuv loop, driven by a test over stdin/stdout (tests/integration/
- * test_drain_pg.py). Built by CMake, never installed; it uses the public
- * header and the shared client library only, as an application does.
+ * sdk_swarm.c: N libconverger-client clients of one conversation (or of
+ * several, one each) on one libuv loop, driven by a test over stdin/stdout
+ * (tests/integration/test_drain_pg.py, test_sharded_chaos.py). Built by
+ * CMake, never installed; it uses the public header and the shared client
+ * library only, as an application does.
  *
- * Every client gets the same URL list (--url, usually one node only: a
- * drain's reconnectTo is what takes the clients elsewhere), the same token
- * and one subscription to --conv with watermark 0: the whole history is
- * replayed first, so a client must deliver 1, 2, 3, ... with nothing left
- * out whatever the conversation held when it started.
+ * Every client gets the same URL list (--url, one node only when a drain's
+ * reconnectTo is what should take the clients elsewhere), the same token
+ * and one subscription with watermark 0: client i to the (i mod K)-th of
+ * the K --conv given. The whole history is replayed first, so a client
+ * must deliver 1, 2, 3, ... with nothing left out whatever the
+ * conversation held when it started.
  *
  * Per client it checks what on_message delivers: the conversation, and a
  * seq that is exactly the previous one + 1 (anything else counts as a gap,
  * or as a duplicate when at or below the previous one). The message id of
- * every seq is kept once for all clients; a client delivering another id
- * for the same seq counts as a mismatch.
+ * every seq of every conversation is kept once for all clients; a client
+ * delivering another id for the same seq counts as a mismatch.
  *
  * Offline time: cvg_stats_t.offline_ms counts from cvg_client_start, so it
  * includes the first connect. The swarm reads it when a client is welcomed
@@ -24,13 +26,16 @@
  *
  * Protocol (lines):
  *   out "ready N"     every client has been welcomed once
- *   in  "head H"      wait until every client delivered seq H (at most
- *                     --head-timeout s), then
+ *   in  "head H"      (one --conv) wait until every client delivered seq H
+ *                     (at most --head-timeout s), then
+ *   in  "head CONV H" (any number of --conv) the head of CONV: once every
+ *                     conversation has one, wait as "head H" does until
+ *                     every client delivered its conversation's head, then
  *   out {...}         one JSON line of results (see print_result), after
  *                     which every client is closed and the program exits:
  *                     0 when it got there, 1 on a timeout (the JSON line is
  *                     still printed, with "ok": false) or any failure.
- * stdin ending before a "head" line is a failure. Progress and anomalies
+ * stdin ending before every head is known is a failure. Progress and anomalies
  * (a client losing its connection, an error frame) go to stderr.
  */
 #include <converger/client.h>
@@ -46,13 +51,22 @@
 #include <uv.h>
 
 #define MAX_URLS       16
+#define MAX_CONVS      1024
 #define LINE_MAX_BYTES 256
 #define CLOSE_WAIT_MS  15000
 #define FDS_PER_CLIENT 2 /* the welcomed connection and a migration's */
 #define FDS_SPARE      64
 
 typedef struct {
+  const char *id;
+  int64_t head; /* its "head" line's H; -1 before it */
+  char **ids;   /* ids[seq]: the message id of seq (first delivery seen) */
+  int64_t ids_cap;
+} sconv_t;
+
+typedef struct {
   int idx;
+  sconv_t *conv; /* its subscription's */
   cvg_client_t *c;
   int64_t last;        /* last seq delivered (0: none) */
   uint64_t delivered;  /* on_message calls */
@@ -75,7 +89,9 @@ typedef struct {
 static struct {
   const char *urls[MAX_URLS];
   size_t nurls;
-  const char *conv, *token;
+  sconv_t convs[MAX_CONVS];
+  size_t nconvs;
+  const char *token;
   long clients, ready_timeout_s, head_timeout_s;
   int verbose;
 } opt = {.clients = 500, .ready_timeout_s = 30, .head_timeout_s = 30};
@@ -84,9 +100,8 @@ static uv_loop_t *loop;
 static sclient_t *cl;
 static long nwelcomed, nclosed, nreached;
 static int ready_printed, finishing, exit_code;
-static int64_t head = -1; /* the target of "head H"; -1 before it */
-static char **ids;        /* ids[seq]: the message id of seq (first delivery seen) */
-static int64_t ids_cap;
+static int heads_known; /* every conversation's head is known */
+static size_t nheads;   /* conversations whose head is known */
 static uv_pipe_t in_pipe;
 static uv_tty_t in_tty;
 static uv_stream_t *in_stream;
@@ -97,28 +112,31 @@ static char fail_reason[256];
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: sdk_swarm --url WS_URL [--url WS_URL ...] --conv ID --token JWT [options]\n\n"
-          "Runs N libconverger-client clients of conversation ID on one libuv loop, each\n"
-          "with the given URL list, the token, and watermark 0 (the whole history is\n"
-          "replayed). It checks that every client delivers seq 1, 2, 3, ... once each,\n"
+          "usage: sdk_swarm --url WS_URL [--url WS_URL ...] --conv ID [--conv ID ...]\n"
+          "                 --token JWT [options]\n\n"
+          "Runs N libconverger-client clients on one libuv loop, client i subscribed to\n"
+          "the (i mod K)-th of the K conversations given, each with the URL list, the\n"
+          "token, and watermark 0 (the whole history is replayed). It checks that every\n"
+          "client delivers seq 1, 2, 3, ... of its conversation once each,\n"
           "and measures each client's time without a welcomed connection after its\n"
           "first welcome (cvg_stats_t.offline_ms minus the first connect).\n\n"
           "stdout/stdin protocol (lines):\n"
           "  prints \"ready N\" once every client has been welcomed;\n"
-          "  reads  \"head H\": waits until every client delivered seq H, then prints\n"
-          "         one JSON line of results, closes the clients and exits.\n"
+          "  reads  \"head H\" (one conversation) or \"head ID H\" for each of them:\n"
+          "         waits until every client delivered its conversation's head, then\n"
+          "         prints one JSON line of results, closes the clients and exits.\n"
           "Exit status: 0 done, 1 a failure or a timeout (the JSON line says which),\n"
           "2 bad usage.\n\n"
           "  --url URL          a ws:// URL of a node (repeatable, up to %d)\n"
-          "  --conv ID          the conversation\n"
-          "  --token JWT        the token of every client (its convs must cover ID)\n"
+          "  --conv ID          a conversation (repeatable, up to %d)\n"
+          "  --token JWT        the token of every client (its convs must cover every ID)\n"
           "  --clients N        clients [500]\n"
           "  --ready-timeout S  at most S seconds until every client is welcomed [30]\n"
           "  --head-timeout S   at most S seconds from \"head H\" until every client has\n"
           "                     delivered H [30]\n"
           "  --verbose          every state change of every client to stderr\n"
           "  --help             this text\n",
-          MAX_URLS);
+          MAX_URLS, MAX_CONVS);
 }
 
 static int parse_long(const char *name, const char *v, long lo, long hi, long *out) {
@@ -157,7 +175,16 @@ static int parse_args(int argc, char **argv) {
       }
       opt.urls[opt.nurls++] = v;
     } else if (strcmp(a, "--conv") == 0) {
-      opt.conv = v;
+      if (opt.nconvs == MAX_CONVS) {
+        fprintf(stderr, "sdk_swarm: at most %d --conv\n", MAX_CONVS);
+        return -1;
+      }
+      for (size_t k = 0; k < opt.nconvs; k++)
+        if (strcmp(opt.convs[k].id, v) == 0) {
+          fprintf(stderr, "sdk_swarm: --conv %s given twice\n", v);
+          return -1;
+        }
+      opt.convs[opt.nconvs++] = (sconv_t){.id = v, .head = -1};
     } else if (strcmp(a, "--token") == 0) {
       opt.token = v;
     } else if (strcmp(a, "--clients") == 0) {
@@ -171,7 +198,7 @@ static int parse_args(int argc, char **argv) {
       return -1;
     }
   }
-  if (opt.nurls == 0 || !opt.conv || !opt.token) {
+  if (opt.nurls == 0 || opt.nconvs == 0 || !opt.token) {
     fprintf(stderr, "sdk_swarm: --url, --conv and --token are required (--help)\n");
     return -1;
   }
@@ -191,7 +218,8 @@ static int64_t offline_after_welcome(const sclient_t *s) {
 
 /* One JSON line on stdout:
  *   ok, error                 done, or why not (a timeout, bad input)
- *   clients, welcomed, head   N, clients welcomed at least once, H (-1: none)
+ *   clients, welcomed, head   N, clients welcomed at least once, H of the one
+ *                             conversation (-1: none yet, or several --conv)
  *   min_last, max_last        lowest and highest last seq delivered
  *   reached_head              clients that delivered H
  *   gap_clients, dup_clients  clients that delivered a seq other than last + 1
@@ -207,14 +235,47 @@ static int64_t offline_after_welcome(const sclient_t *s) {
  *   sdk_duplicates, sdk_gaps, sdk_unavailable, sdk_bad_frames, welcomes: sums of
  *                             cvg_stats_t
  *   final_nodes               {node id: clients whose welcomed connection is there}
- *   ids                       the message id of seq 1 .. max_last
- *   per_client                [{i, last, offline_ms, first_connect_ms, migrations,
+ *   ids                       the message id of seq 1 .. max_last (of the first
+ *                             --conv)
+ *   convs                     per conversation: [{conv, head, clients, reached_head,
+ *                             min_last, max_last, ids (of seq 1 .. max_last)}]
+ *   per_client                [{i, conv, last, offline_ms, first_connect_ms, migrations,
  *                             welcomes, attempts, gaps, dups, sdk_duplicates, losses,
  *                             first_node, node, state, errors, last_error,
  *                             migrate_ms}] */
+static json_t *ids_json(const sconv_t *cv, int64_t upto) {
+  json_t *a = json_array();
+  for (int64_t q = 1; a && q <= upto; q++)
+    json_array_append_new(a, q < cv->ids_cap && cv->ids[q] ? json_string(cv->ids[q]) : json_null());
+  return a;
+}
+
+static json_t *convs_json(void) {
+  json_t *a = json_array();
+  for (size_t k = 0; a && k < opt.nconvs; k++) {
+    sconv_t *cv = &opt.convs[k];
+    int64_t lo = INT64_MAX, hi = 0;
+    long n = 0, reached = 0;
+    for (long i = 0; i < opt.clients; i++) {
+      if (cl[i].conv != cv) continue;
+      n++;
+      if (cl[i].last < lo) lo = cl[i].last;
+      if (cl[i].last > hi) hi = cl[i].last;
+      reached += cv->head >= 0 && cl[i].last >= cv->head;
+    }
+    json_array_append_new(a,
+                          json_pack("{s:s, s:I, s:i, s:i, s:I, s:I, s:o}", "conv", cv->id, "head",
+                                    (json_int_t)cv->head, "clients", (int)n, "reached_head",
+                                    (int)reached, "min_last", (json_int_t)(n ? lo : 0), "max_last",
+                                    (json_int_t)hi, "ids", ids_json(cv, hi)));
+  }
+  return a;
+}
+
 static void print_result(int ok, const char *error) {
   take_stats();
-  json_t *nodes = json_object(), *per = json_array(), *idl = json_array();
+  json_t *nodes = json_object(), *per = json_array();
+  int64_t max_last0 = 0; /* the first conversation's, for "ids" */
   int64_t min_last = INT64_MAX, max_last = 0, off_max = 0, off_sum = 0, mig_ms_max = 0;
   uint64_t mig_min = UINT64_MAX, mig_max = 0;
   long gap_clients = 0, dup_clients = 0, failed = 0, off_nonzero = 0, reached = 0, lost = 0;
@@ -226,7 +287,8 @@ static void print_result(int ok, const char *error) {
     int64_t off = offline_after_welcome(s);
     if (s->last < min_last) min_last = s->last;
     if (s->last > max_last) max_last = s->last;
-    if (head >= 0 && s->last >= head) reached++;
+    if (s->conv->head >= 0 && s->last >= s->conv->head) reached++;
+    if (s->conv == &opt.convs[0] && s->last > max_last0) max_last0 = s->last;
     if (off > off_max) off_max = off;
     if (off > 0) {
       off_sum += off;
@@ -251,32 +313,32 @@ static void print_result(int ok, const char *error) {
     json_t *cnt = json_object_get(nodes, node);
     json_object_set_new(nodes, node, json_integer(cnt ? json_integer_value(cnt) + 1 : 1));
     json_array_append_new(
-        per, json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, "
-                       "s:I, s:s, s:I}",
-                       "i", (int)i, "last", (json_int_t)s->last, "offline_ms", (json_int_t)off,
-                       "first_connect_ms", (json_int_t)s->offline_base, "migrations",
-                       (json_int_t)st->migrations, "welcomes", (json_int_t)st->welcomes, "attempts",
-                       (json_int_t)st->attempts, "gaps", (json_int_t)s->gaps, "dups",
-                       (json_int_t)s->dups, "sdk_duplicates", (json_int_t)st->duplicates, "losses",
-                       (json_int_t)s->losses, "first_node", s->first_node, "node", node, "state",
-                       cvg_state_name(st->state), "errors", (json_int_t)s->error_frames,
-                       "last_error", s->last_error, "migrate_ms", (json_int_t)s->migrate_ms));
+        per,
+        json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, "
+                  "s:I, s:s, s:I}",
+                  "i", (int)i, "conv", s->conv->id, "last", (json_int_t)s->last, "offline_ms",
+                  (json_int_t)off, "first_connect_ms", (json_int_t)s->offline_base, "migrations",
+                  (json_int_t)st->migrations, "welcomes", (json_int_t)st->welcomes, "attempts",
+                  (json_int_t)st->attempts, "gaps", (json_int_t)s->gaps, "dups",
+                  (json_int_t)s->dups, "sdk_duplicates", (json_int_t)st->duplicates, "losses",
+                  (json_int_t)s->losses, "first_node", s->first_node, "node", node, "state",
+                  cvg_state_name(st->state), "errors", (json_int_t)s->error_frames, "last_error",
+                  s->last_error, "migrate_ms", (json_int_t)s->migrate_ms));
   }
-  for (int64_t q = 1; q <= max_last; q++)
-    json_array_append_new(idl, q < ids_cap && ids[q] ? json_string(ids[q]) : json_null());
   json_t *r = json_pack(
       "{s:b, s:s?, s:i, s:I, s:i, s:I, s:I, s:i, s:i, s:i, s:I, s:I, s:i, s:I, s:i, s:I, s:I, "
       "s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o}",
-      "ok", ok, "error", error, "clients", (int)opt.clients, "head", (json_int_t)head, "welcomed",
-      (int)nwelcomed, "min_last", (json_int_t)(opt.clients ? min_last : 0), "max_last",
-      (json_int_t)max_last, "reached_head", (int)reached, "gap_clients", (int)gap_clients,
-      "dup_clients", (int)dup_clients, "id_mismatches", (json_int_t)id_mismatch, "wrong_conv",
+      "ok", ok, "error", error, "clients", (int)opt.clients, "head",
+      (json_int_t)(opt.nconvs == 1 ? opt.convs[0].head : -1), "welcomed", (int)nwelcomed,
+      "min_last", (json_int_t)(opt.clients ? min_last : 0), "max_last", (json_int_t)max_last,
+      "reached_head", (int)reached, "gap_clients", (int)gap_clients, "dup_clients",
+      (int)dup_clients, "id_mismatches", (json_int_t)id_mismatch, "wrong_conv",
       (json_int_t)wrong_conv, "failed_clients", (int)failed, "error_frames",
       (json_int_t)error_frames, "lost_clients", (int)lost, "offline_ms_max", (json_int_t)off_max,
       "offline_ms_sum", (json_int_t)off_sum, "offline_nonzero_clients", (json_int_t)off_nonzero,
       "migrations_min", (json_int_t)(opt.clients ? mig_min : 0), "migrations_max",
       (json_int_t)mig_max, "sdk_duplicates", (json_int_t)sdk_dups, "sdk_gaps", (json_int_t)sdk_gaps,
-      "final_nodes", nodes, "ids", idl, "per_client", per);
+      "final_nodes", nodes, "ids", ids_json(&opt.convs[0], max_last0), "per_client", per);
   if (!r) {
     fprintf(stderr, "sdk_swarm: cannot build the result (out of memory)\n");
     exit_code = 1;
@@ -286,6 +348,7 @@ static void print_result(int ok, const char *error) {
   json_object_set_new(r, "sdk_bad_frames", json_integer((json_int_t)bad_frames));
   json_object_set_new(r, "welcomes", json_integer((json_int_t)welcomes));
   json_object_set_new(r, "migrate_ms_max", json_integer((json_int_t)mig_ms_max));
+  json_object_set_new(r, "convs", convs_json());
   char *text = json_dumps(r, JSON_COMPACT);
   json_decref(r);
   if (!text) {
@@ -370,13 +433,13 @@ static void finish_later(int ok, const char *fmt, ...) {
 
 static void on_deadline(uv_timer_t *t) {
   (void)t;
-  if (head < 0)
+  if (!heads_known)
     finish(0, ready_printed ? "stdin said nothing in time"
                             : "not every client was welcomed within --ready-timeout");
   else {
     char why[200];
-    snprintf(why, sizeof why, "%ld of %ld clients delivered seq %lld within --head-timeout",
-             nreached, opt.clients, (long long)head);
+    snprintf(why, sizeof why, "%ld of %ld clients delivered their head within --head-timeout",
+             nreached, opt.clients);
     finish(0, why);
   }
 }
@@ -434,27 +497,27 @@ static void on_error(void *ud, const char *code, const char *message, const char
           conv ? " conv " : "", conv ? conv : "");
 }
 
-static int remember_id(int64_t seq, const char *id) {
-  if (seq >= ids_cap) {
-    int64_t cap = ids_cap ? ids_cap : 1024;
+static int remember_id(sconv_t *cv, int64_t seq, const char *id) {
+  if (seq >= cv->ids_cap) {
+    int64_t cap = cv->ids_cap ? cv->ids_cap : 1024;
     while (cap <= seq) cap *= 2;
-    char **n = realloc(ids, (size_t)cap * sizeof *n);
+    char **n = realloc(cv->ids, (size_t)cap * sizeof *n);
     if (!n) return -1;
-    memset(n + ids_cap, 0, (size_t)(cap - ids_cap) * sizeof *n);
-    ids = n;
-    ids_cap = cap;
+    memset(n + cv->ids_cap, 0, (size_t)(cap - cv->ids_cap) * sizeof *n);
+    cv->ids = n;
+    cv->ids_cap = cap;
   }
-  if (!ids[seq]) {
-    ids[seq] = strdup(id);
-    return ids[seq] ? 0 : -1;
+  if (!cv->ids[seq]) {
+    cv->ids[seq] = strdup(id);
+    return cv->ids[seq] ? 0 : -1;
   }
-  return strcmp(ids[seq], id) == 0 ? 0 : 1;
+  return strcmp(cv->ids[seq], id) == 0 ? 0 : 1;
 }
 
 static void on_message(void *ud, const cvg_message_t *m) {
   sclient_t *s = ud;
   s->delivered++;
-  if (strcmp(m->conv, opt.conv) != 0) {
+  if (strcmp(m->conv, s->conv->id) != 0) {
     s->wrong_conv++;
     return;
   }
@@ -468,7 +531,7 @@ static void on_message(void *ud, const cvg_message_t *m) {
             (long long)m->seq, (long long)prev);
   }
   if (m->seq > s->last) s->last = m->seq;
-  int r = remember_id(m->seq, m->id);
+  int r = remember_id(s->conv, m->seq, m->id);
   if (r < 0) {
     finish_later(0, "out of memory");
     return;
@@ -476,26 +539,54 @@ static void on_message(void *ud, const cvg_message_t *m) {
   if (r > 0) {
     s->id_mismatch++;
     fprintf(stderr, "sdk_swarm: client %d: seq %lld has id %s, another client had %s\n", s->idx,
-            (long long)m->seq, m->id, ids[m->seq]);
+            (long long)m->seq, m->id, s->conv->ids[m->seq]);
   }
-  if (head >= 0 && prev < head && s->last >= head && ++nreached == opt.clients) finish_later(1, "");
+  if (heads_known && prev < s->conv->head && s->last >= s->conv->head && ++nreached == opt.clients)
+    finish_later(1, "");
 }
 
 /* ---- stdin ------------------------------------------------------------------------ */
 
-static void on_line(const char *l) {
+/* "head H" (one conversation) or "head CONV H": 0, or -1 on a bad line
+ * (finish_later called). */
+static int take_head(const char *l) {
   long long h;
-  char extra;
-  if (sscanf(l, "head %lld %c", &h, &extra) == 1 && h >= 0) {
-    if (head >= 0) {
-      finish_later(0, "a second \"head\" line");
+  char extra, id[LINE_MAX_BYTES];
+  sconv_t *cv = NULL;
+  if (opt.nconvs == 1 && sscanf(l, "head %lld %c", &h, &extra) == 1 && h >= 0) {
+    cv = &opt.convs[0];
+  } else if (sscanf(l, "head %255s %lld %c", id, &h, &extra) == 2 && h >= 0) {
+    for (size_t k = 0; k < opt.nconvs && !cv; k++)
+      if (strcmp(opt.convs[k].id, id) == 0) cv = &opt.convs[k];
+    if (!cv) {
+      finish_later(0, "a \"head\" line for a conversation not given with --conv");
+      return -1;
+    }
+  } else {
+    finish_later(0, "unknown input line");
+    return -1;
+  }
+  if (cv->head >= 0) {
+    finish_later(0, "a second \"head\" line for %s", cv->id);
+    return -1;
+  }
+  cv->head = h;
+  nheads++;
+  return 0;
+}
+
+static void on_line(const char *l) {
+  if (strncmp(l, "head ", 5) == 0) {
+    if (heads_known) {
+      finish_later(0, "a \"head\" line after every head was known");
       return;
     }
-    head = h;
+    if (take_head(l) != 0 || nheads < opt.nconvs) return;
+    heads_known = 1;
     nreached = 0;
-    for (long i = 0; i < opt.clients; i++) nreached += cl[i].last >= head;
-    fprintf(stderr, "sdk_swarm: head %lld: %ld of %ld clients there already\n", h, nreached,
-            opt.clients);
+    for (long i = 0; i < opt.clients; i++) nreached += cl[i].last >= cl[i].conv->head;
+    fprintf(stderr, "sdk_swarm: heads of %zu conversation(s): %ld of %ld clients there already\n",
+            opt.nconvs, nreached, opt.clients);
     if (nreached == opt.clients) {
       finish_later(1, "");
       return;
@@ -517,7 +608,7 @@ static void on_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf) {
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   (void)st;
   if (n < 0) {
-    if (!finishing && head < 0)
+    if (!finishing && !heads_known)
       finish_later(0, n == UV_EOF ? "stdin ended before a \"head\" line" : "reading stdin failed");
     if (!finishing && !uv_is_closing((uv_handle_t *)in_stream)) uv_read_stop(in_stream);
     return;
@@ -593,7 +684,7 @@ int main(int argc, char **argv) {
   uv_timer_init(loop, &close_timer);
   if (open_stdin() != 0) return 1;
 
-  cvg_sub_t sub = {opt.conv, 0}; /* watermark 0: replay from seq 1 */
+  cvg_sub_t sub = {NULL, 0}; /* watermark 0: replay from seq 1 */
   cvg_options_t o;
   cvg_options_init(&o); /* migrate_on_drain = 1, decorrelated backoff */
   o.urls = opt.urls;
@@ -608,7 +699,9 @@ int main(int argc, char **argv) {
   for (long i = 0; i < opt.clients; i++) {
     char err[256];
     cl[i].idx = (int)i;
+    cl[i].conv = &opt.convs[(size_t)i % opt.nconvs];
     cl[i].migrate_start = -1;
+    sub.conv = cl[i].conv->id; /* cvg_client_new copies it */
     o.userdata = &cl[i];
     int rc = cvg_client_new(loop, &o, &cl[i].c, err, sizeof err);
     if (rc != 0) {
@@ -643,8 +736,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "sdk_swarm: handles left open on the loop\n");
     exit_code = 1;
   }
-  for (int64_t q = 0; q < ids_cap; q++) free(ids[q]);
-  free(ids);
+  for (size_t k = 0; k < opt.nconvs; k++) {
+    for (int64_t q = 0; q < opt.convs[k].ids_cap; q++) free(opt.convs[k].ids[q]);
+    free(opt.convs[k].ids);
+  }
   free(cl);
   return exit_code;
 }
