@@ -100,7 +100,8 @@ class ShardedCluster(NodeCase):
                 with nodes[k % 3].session() as s:
                     for i in range(30):
                         st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
-                                              {"id": "s%d-%d" % (k, i), "sender": "bot", "body": {"k": k}})
+                                              {"sender": "bot", "body": {"k": k}},
+                                              headers={"Idempotency-Key": "s%d-%d" % (k, i)})
                         assert st == 201, (st, js)
                         acked.append(js["seq"])
             await asyncio.gather(*(loop.run_in_executor(None, sender, k) for k in range(4)))
@@ -121,7 +122,7 @@ class ShardedCluster(NodeCase):
         try:
             # REST: 503 with Retry-After for its conversation, 201 for the others
             st, hdrs, js = a.request("POST", "/v1/conversations/%s/messages" % dead,
-                                     {"id": "x1", "sender": "bot", "body": {}})
+                                     {"sender": "bot", "body": {}}, headers={"Idempotency-Key": "x1"})
             self.assertEqual(st, 503, js)
             self.assertErrorBody(js, "unavailable")
             self.assertIn("shard", js["error"]["message"])
@@ -172,7 +173,7 @@ class ShardedCluster(NodeCase):
             deadline = time.time() + 10
             while True:
                 st, _, js = a.request("POST", "/v1/conversations/%s/messages" % dead,
-                                      {"id": "x1", "sender": "bot", "body": {}})
+                                      {"sender": "bot", "body": {}}, headers={"Idempotency-Key": "x1"})
                 if st == 201 or time.time() > deadline:
                     break
                 await asyncio.sleep(0.2)
@@ -203,7 +204,8 @@ class ShardedCluster(NodeCase):
                 while not stop[0]:
                     t0 = time.time()
                     st, _, js = s.request("POST", "/v1/conversations/%s/messages" % conv,
-                                          {"id": "%s-%d" % (what, i), "sender": "bot", "body": {}})
+                                          {"sender": "bot", "body": {}},
+                                          headers={"Idempotency-Key": "%s-%d-%d" % (what, node.port, i)})
                     answers[what].append((st, time.time() - t0))
                     if st != 201 and what == "fine":
                         refusals.append(js)

@@ -47,8 +47,8 @@ class Senders:
             node = self.nodes[(k + i) % len(self.nodes)]
             try:
                 st, _, js = node.request("POST", "/v1/conversations/%s/messages" % conv,
-                                         {"id": "m%d" % i, "sender": "bot", "body": {"i": i}},
-                                         timeout=10)
+                                         {"sender": "bot", "body": {"i": i}},
+                                         headers={"Idempotency-Key": "m%d" % i}, timeout=10)
             except OSError:
                 st, js = 0, None
             if st in (200, 201):
