@@ -317,6 +317,17 @@ static void sub_reply(redisAsyncContext *ac, void *r, void *privdata) {
       /* what was committed before this took effect is read from the store */
       want_check(ri->rb, e, "subscribed");
     }
+  } else if (strcmp(kind, "unsubscribe") == 0 &&
+             strncmp(channel, CONV_PREFIX, strlen(CONV_PREFIX)) == 0) {
+    /* Interest that came back while the UNSUBSCRIBE was on its way: the
+     * SUBSCRIBE queued after it is confirmed next, and then the head is
+     * read again (what was published between the two was missed). */
+    interest_t *e = find(ri->rb, channel + strlen(CONV_PREFIX));
+    if (e && e->inst == ri->index && e->live) {
+      e->live = 0;
+      ri->nlive--;
+      gauge_subs(ri);
+    }
   }
 }
 
