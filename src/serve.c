@@ -81,17 +81,20 @@ static void sample_loop(node_t *node) {
   node->loop_sampled_ns = now;
 }
 
-/* Once a second: a sharded cluster's per-instance health into the
- * registry (converger_shard_up, converger_shard_errors_total). */
-/* A probe of the instances that are down (store_shards_probe), one at a
- * time: an instance no call reaches is seen back all the same. */
+/* A probe of the instances that are down (store_shards_probe), one job at
+ * a time: an instance no client's call reaches is seen back all the same.
+ * On a worker. */
 static void probe_work(pool_job_t *job, store_t *db) { (void)store_shards_probe(db); }
 
+/* The probe's job is back (loop). */
 static void probe_done(pool_job_t *job) {
   node_t *node = container_of(job, node_t, shards_probe);
   node->shards_probing = 0;
 }
 
+/* Once a second: a sharded cluster's per-instance health into the
+ * registry (converger_shard_up, converger_shard_errors_total), and a probe
+ * when one is due. */
 static void export_shards(node_t *node, uint64_t now) {
   if (!node->shards || now - node->shards_exported_ms < 1000) return;
   node->shards_exported_ms = now;

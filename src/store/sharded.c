@@ -72,6 +72,7 @@ typedef struct {
   store_t *inst[STORE_INSTANCES_MAX]; /* opened when first needed */
   int in_read;                        /* between read_begin and read_end */
   int read_open[STORE_INSTANCES_MAX]; /* its read transaction is open */
+  int probe[STORE_INSTANCES_MAX];     /* the call under way on it is its probe */
 } sd_t;
 
 static sd_t *sd(store_t *base) { return container_of(base, sd_t, base); }
@@ -305,6 +306,7 @@ static int inst_get(sd_t *s, int i, store_t **db) {
     return -CV_ESHARD;
   }
   *db = s->inst[i];
+  s->probe[i] = probe;
   return 0;
 }
 
@@ -327,11 +329,21 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
   if (failed) {
     atomic_fetch_add(&h->errors, 1);
     mark_down(s, i);
-    s->read_open[i] = 0; /* its connection is gone, and the transaction with it */
-  } else if (atomic_exchange(&h->down_until, 0) != 0) {
+  } else if (err != -CV_ETIMEDOUT && atomic_exchange(&h->down_until, 0) != 0) {
     log_info("store: instance %d answers again", i);
   }
-  atomic_store(&h->probing, 0);
+  /* A read section's transaction that a failure may have aborted (or
+   * whose connection is gone) is ended here, so that the connection is
+   * usable (and can reconnect) at its next call; a later call of the
+   * section begins another. */
+  if (s->read_open[i] && (failed || err == -CV_ETIMEDOUT || err == -CV_EBUSY)) {
+    store_read_end(s->inst[i]);
+    s->read_open[i] = 0;
+  }
+  if (s->probe[i]) { /* this call was the probe of a down instance */
+    s->probe[i] = 0;
+    atomic_store(&h->probing, 0);
+  }
   return failed ? -CV_ESHARD : err;
 }
 
@@ -562,7 +574,11 @@ static int op_append_batch(store_t *base, store_append_t *const *items, size_t n
   size_t k = 0;
   for (size_t j = 0; j < n; j++) {
     if (items[j]->status != -CV_EMOVED) continue;
-    if (!again && !(again = malloc(n * sizeof *again))) return -CV_ENOMEM;
+    if (!again && !(again = malloc(n * sizeof *again))) {
+      for (size_t m = j; m < n; m++) /* the caller never sees -CV_EMOVED */
+        if (items[m]->status == -CV_EMOVED) items[m]->status = -CV_ESHARD;
+      return 0;
+    }
     items[j]->status = 0;
     again[k++] = items[j];
   }
