@@ -594,7 +594,39 @@ int shards_move(const config_t *cfg, const shards_move_t *m) {
               &r);
     if (!bad) version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    int committing = !bad;
     if (!bad) bad = q(&ctl, "COMMIT", 0, NULL, NULL);
+    if (bad && committing) {
+      /* A COMMIT with no answer may have committed: what the map says
+       * now, on a new connection, decides. If it names the target (or
+       * cannot be read) the source keeps its mark: writes there fail
+       * rather than go to two instances. */
+      db_t again = {0};
+      int at = -1;
+      if (db_open(&again, cfg->database_url, "the control database", lock_wait_ms) == 0 &&
+          q(&again, "SELECT instance FROM shard_map WHERE shard = $1", 1,
+            (const char *const[]){ks}, &r) == 0) {
+        if (PQntuples(r) == 1) at = atoi(PQgetvalue(r, 0, 0));
+        PQclear(r);
+        r = NULL;
+      }
+      db_close(&again);
+      if (at == m->to) {
+        marked = 0;
+        fprintf(stderr,
+                "converger shards: the map switch's COMMIT was not answered, but the map names "
+                "instance %d: the move went through; run `converger shards cleanup %d` once "
+                "every node follows\n",
+                m->to, k);
+      } else if (at != from) {
+        marked = 0;
+        fprintf(stderr,
+                "converger shards: the map switch's COMMIT was not answered and the map cannot "
+                "be read: shard %d stays marked moved on its source (its writes fail with a "
+                "retry hint); run `converger shards show`, then this move again\n",
+                k);
+      }
+    }
     if (bad) {
       PGresult *x = PQexec(ctl.c, "ROLLBACK");
       PQclear(x);
