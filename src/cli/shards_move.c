@@ -604,8 +604,8 @@ int shards_move(const config_t *cfg, const shards_move_t *m) {
       db_t again = {0};
       int at = -1;
       if (db_open(&again, cfg->database_url, "the control database", lock_wait_ms) == 0 &&
-          q(&again, "SELECT instance FROM shard_map WHERE shard = $1", 1,
-            (const char *const[]){ks}, &r) == 0) {
+          q(&again, "SELECT instance FROM shard_map WHERE shard = $1", 1, (const char *const[]){ks},
+            &r) == 0) {
         if (PQntuples(r) == 1) at = atoi(PQgetvalue(r, 0, 0));
         PQclear(r);
         r = NULL;

@@ -360,6 +360,14 @@ _Static_assert(STORE_NOTIFY_PAYLOAD_MAX == 7999, "migration 7 packs payloads to 
 #define SQL_CONV_GET                                                                               \
   "SELECT v.id, v.channel, v.head, c.active, c.presence, v.epoch, c.signals"                       \
   " FROM conversations v JOIN channels c ON c.id = v.channel WHERE v.id = $1"
+/* The same on a sharded cluster's instance (store_options_t.guard): one
+ * row always, whose first column says whether the conversation's logical
+ * shard ($2) moved away from here (shard_moved), so that a node still on
+ * the old map is sent to the new instance instead of reading the frozen
+ * copy (a head from before the move, or no conversation at all). */
+#define SQL_CONV_GET_GUARDED                                                                       \
+  "SELECT EXISTS (SELECT 1 FROM shard_moved WHERE shard = $2::integer), g.* FROM (SELECT 1) o"     \
+  " LEFT JOIN (" SQL_CONV_GET ") g ON true"
 #define SQL_CONV_EXISTS "SELECT 1 FROM conversations WHERE id = $1"
 /* The append's lock. FOR NO KEY UPDATE is the row lock the head UPDATE
  * takes anyway, taken first: it excludes every other appender of this
@@ -796,15 +804,18 @@ static void channel_fill(const PGresult *r, store_channel_t *c) {
 }
 
 /* Columns: id, channel, head, active, presence, epoch, signals. */
-static void conv_fill(const PGresult *r, store_conv_t *v) {
-  store_copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, 0));
-  store_copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, 1));
-  v->head = get_i64(r, 0, 2);
-  v->channel_active = get_i64(r, 0, 3) != 0;
-  v->presence = get_i64(r, 0, 4) != 0;
-  store_copy_str(v->epoch, sizeof v->epoch, PQgetvalue(r, 0, 5));
-  v->signals = get_i64(r, 0, 6) != 0;
+/* SQL_CONV_GET's columns, from column `c` of row 0. */
+static void conv_fill_at(const PGresult *r, int c, store_conv_t *v) {
+  store_copy_str(v->id, sizeof v->id, PQgetvalue(r, 0, c));
+  store_copy_str(v->channel, sizeof v->channel, PQgetvalue(r, 0, c + 1));
+  v->head = get_i64(r, 0, c + 2);
+  v->channel_active = get_i64(r, 0, c + 3) != 0;
+  v->presence = get_i64(r, 0, c + 4) != 0;
+  store_copy_str(v->epoch, sizeof v->epoch, PQgetvalue(r, 0, c + 5));
+  v->signals = get_i64(r, 0, c + 6) != 0;
 }
+
+static void conv_fill(const PGresult *r, store_conv_t *v) { conv_fill_at(r, 0, v); }
 
 /* ---- open, close, schema --------------------------------------------- */
 
@@ -1035,6 +1046,20 @@ static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
   pg_t *s = pg(base);
   PGresult *r = NULL;
   int err = conn_ready(s);
+  if (!err && s->guard) {
+    char k[24];
+    fmt_i64(k, shard_of(id));
+    const char *const p[] = {id, k};
+    if ((err = run(s, "conv get", SQL_CONV_GET_GUARDED, 2, p, &r)) != 0) return err;
+    if (strcmp(PQgetvalue(r, 0, 0), "t") == 0)
+      err = -CV_EMOVED;
+    else if (PQgetisnull(r, 0, 1))
+      err = -CV_ENOTFOUND;
+    else if (out != NULL)
+      conv_fill_at(r, 1, out);
+    PQclear(r);
+    return err;
+  }
   if (!err) err = run(s, "conv get", SQL_CONV_GET, 1, &id, &r);
   if (err) return err;
   if (PQntuples(r) == 0)

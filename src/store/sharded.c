@@ -359,8 +359,9 @@ static int inst_put(sd_t *s, int i, int err, uint64_t t0) {
 
 /* `call` (an expression of `db`, the conversation's instance) returned
  * as the op's result; when the instance answers that the shard moved, the
- * map is read again and `call` made once more on its new instance (a
- * write only: reads are not guarded). The caller never sees -CV_EMOVED. */
+ * map is read again and `call` made once more on its new instance (the
+ * writes, and store_conv_get, which every hello, subscribe and heads check
+ * makes first). The caller never sees -CV_EMOVED. */
 #define CONV_WRITE(s, conv, db, call)                                                              \
   for (int try_ = 0;; try_++) {                                                                    \
     int e_ = refresh(s);                                                                           \
@@ -518,10 +519,11 @@ static int op_conv_create(store_t *base, const char *id, const char *channel, st
   CONV_WRITE(s, id, db, conv_create_on(s, db, id, channel, out));
 }
 
+/* Guarded as a write is: a node still on the old map is sent to the new
+ * instance instead of reading the moved shard's frozen copy. */
 static int op_conv_get(store_t *base, const char *id, store_conv_t *out) {
   sd_t *s = sd(base);
-  ON_CONV(s, id, i, db, t0);
-  return inst_put(s, i, store_conv_get(db, id, out), t0);
+  CONV_WRITE(s, id, db, store_conv_get(db, id, out));
 }
 
 static int op_append(store_t *base, const char *conv, const char *id, const char *sender,

@@ -252,6 +252,20 @@ class ShardMove(NodeCase):
                                     {"id": "f2", "sender": "bot", "body": {}})
             self.assertEqual(st, 503, js)
             self.assertIn("retry-after", hdr)
+
+            async def stale_read():
+                # a hello's read of a moved shard on its old instance is not
+                # served from the frozen copy either: unavailable, retry later
+                c = await harness.WsClient.connect(a)
+                await c.send_json({"type": "hello", "token": harness.mint_token("r", [conv, other]),
+                                   "subs": [{"conv": conv, "watermark": 5}, {"conv": other, "watermark": 0}]})
+                welcome, seen = await c.until(lambda m: m.get("type") == "welcome")
+                await c.close()
+                return welcome, seen
+            welcome, seen = asyncio.run(stale_read())
+            self.assertEqual([x["conv"] for x in welcome["subs"]], [other])
+            errs = [m for m in seen if m.get("type") == "error"]
+            self.assertEqual([(m["code"], m["conv"]) for m in errs], [("unavailable", conv)])
         finally:
             sh.pgs[0].sql("DELETE FROM shard_moved WHERE shard = %d" % shard)
         self.assertEqual(self.rows_on(sh.pgs[0], conv), 2)
