@@ -73,6 +73,14 @@ typedef struct {
   size_t n, cap;
 } strvec_t;
 
+/* A publish that could not go out (the instance's connections down or
+ * broken, too many awaiting their answer): sent when the instance is up
+ * again. */
+typedef struct {
+  char *channel, *msg;
+  size_t len;
+} unsent_t;
+
 typedef struct {
   redis_bus_t *rb;
   int index;
@@ -89,7 +97,9 @@ typedef struct {
   int ping_out;
   int publishes_out;
   int failures;
-  size_t nlive; /* confirmed subscriptions (converger_bus_subscriptions) */
+  size_t nlive;                          /* confirmed subscriptions (converger_bus_subscriptions) */
+  unsent_t unsent[REDIS_BUS_UNSENT_MAX]; /* a ring: the oldest go when it is full */
+  size_t unsent_head, nunsent;
   op_t *ops;
   size_t nops, ops_cap;
 } inst_t;
@@ -432,6 +442,35 @@ static void inst_connect(inst_t *ri) {
 
 /* Both connections work: listen to the control channel and to every
  * conversation of the instance again (confirmations bring heads checks). */
+static void unsent_free(unsent_t *u) {
+  free(u->channel);
+  free(u->msg);
+  memset(u, 0, sizeof *u);
+}
+
+/* Keep a publish that cannot go out now for inst_up; past
+ * REDIS_BUS_UNSENT_MAX the oldest is dropped (its conversation's next
+ * message or the idle check repairs it). */
+static void keep_unsent(inst_t *ri, const char *channel, const char *msg, size_t len) {
+  if (ri->nunsent == REDIS_BUS_UNSENT_MAX) {
+    unsent_free(&ri->unsent[ri->unsent_head]);
+    ri->unsent_head = (ri->unsent_head + 1) % REDIS_BUS_UNSENT_MAX;
+    ri->nunsent--;
+  }
+  unsent_t *u = &ri->unsent[(ri->unsent_head + ri->nunsent) % REDIS_BUS_UNSENT_MAX];
+  u->channel = strdup(channel);
+  u->msg = malloc(len);
+  if (!u->channel || !u->msg) {
+    unsent_free(u);
+    return;
+  }
+  memcpy(u->msg, msg, len);
+  u->len = len;
+  ri->nunsent++;
+}
+
+static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t len);
+
 static void inst_up(inst_t *ri) {
   redis_bus_t *rb = ri->rb;
   ri->up = 1;
@@ -447,7 +486,17 @@ static void inst_up(inst_t *ri) {
     for (interest_t *e = rb->buckets[b]; e; e = e->next)
       if (e->inst == ri->index && queue_op(ri, e->conv, 1) == 0) k++;
   gauge_up(ri);
-  log_info("bus: instance %d (%s) up; subscribing %zu conversation(s)", ri->index, ri->shown, k);
+  size_t kept = ri->nunsent;
+  log_info("bus: instance %d (%s) up; subscribing %zu conversation(s), publishing %zu kept",
+           ri->index, ri->shown, k, kept);
+  while (ri->nunsent > 0 && !ri->broken) {
+    unsent_t u = ri->unsent[ri->unsent_head];
+    memset(&ri->unsent[ri->unsent_head], 0, sizeof u);
+    ri->unsent_head = (ri->unsent_head + 1) % REDIS_BUS_UNSENT_MAX;
+    ri->nunsent--;
+    publish_on(ri, u.channel, u.msg, u.len);
+    unsent_free(&u);
+  }
 }
 
 /* ---- the bus_remote_t ------------------------------------------------------ */
@@ -464,8 +513,12 @@ static int can_send(const inst_t *ri, const redisAsyncContext *ac) {
 }
 
 static void publish_on(inst_t *ri, const char *channel, const char *msg, size_t len) {
-  if (!can_send(ri, ri->pub) || ri->publishes_out >= REDIS_BUS_PUBLISH_MAX)
-    return; /* the store repairs it */
+  if (!can_send(ri, ri->pub) || ri->publishes_out >= REDIS_BUS_PUBLISH_MAX) {
+    /* The subscribers' own connections to the instance may be fine, and
+     * then nothing else tells them: sent once it is up again. */
+    keep_unsent(ri, channel, msg, len);
+    return;
+  }
   const char *argv[] = {"PUBLISH", channel, msg};
   size_t lens[] = {7, strlen(channel), len};
   if (redisAsyncCommandArgv(ri->pub, pub_reply, ri, 3, argv, lens) != REDIS_OK) {
@@ -732,6 +785,7 @@ void redis_bus_close(redis_bus_t *rb) {
     drop_ctx(&ri->pub);
     ops_clear(ri);
     free(ri->ops);
+    for (size_t k = 0; k < REDIS_BUS_UNSENT_MAX; k++) unsent_free(&ri->unsent[k]);
   }
   uv_close((uv_handle_t *)&rb->timer, handle_closed);
   uv_close((uv_handle_t *)&rb->flush, handle_closed);

@@ -32,8 +32,11 @@
  *    REDIS_BUS_PING_TIMEOUT_MS): its conversations' heads are read every
  *    REDIS_BUS_POLL_MS until it is back; then everything is subscribed
  *    again and read once more;
+ *  - a publish that cannot go out (this node's connections to its
+ *    instance are down or broken while the subscribers' may be fine) is
+ *    kept, up to REDIS_BUS_UNSENT_MAX, and sent when they are back;
  *  - a publish lost (the publisher crashed between its COMMIT and the
- *    PUBLISH, or its instance was down): the next message's gap, the
+ *    PUBLISH, or more were kept than the bound): the next message's gap, the
  *    sender's retry (an append found by its idempotency key is published
  *    again), and the periodic check: a conversation with nothing heard
  *    for `check_ms` has its head read, at most REDIS_BUS_CHECK_MAX per
@@ -62,7 +65,8 @@
 #define REDIS_BUS_PING_TIMEOUT_MS 2000   /* no answer: the instance is down */
 #define REDIS_BUS_POLL_MS         1000   /* heads of a down instance's conversations */
 #define REDIS_BUS_CHECK_MAX       5000   /* conversations per heads check */
-#define REDIS_BUS_PUBLISH_MAX     100000 /* publishes awaiting Redis's answer; more are dropped */
+#define REDIS_BUS_PUBLISH_MAX     100000 /* publishes awaiting Redis's answer; more wait */
+#define REDIS_BUS_UNSENT_MAX      4096   /* publishes kept while their instance is down */
 
 typedef struct redis_bus_s redis_bus_t;
 
