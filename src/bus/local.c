@@ -355,11 +355,14 @@ int bus_append_batch(bus_t *bus, store_t *db, store_append_t *const *items, size
   /* Across nodes the append transaction notifies every node, this one
    * included: no local queue, and no mutex (the database orders the
    * commits). In process the mutex makes commit order the queue's order. */
-  /* Routed (a sharded cluster), no mutex either: the appends of one
-   * conversation are committed by one batch lane at a time, its
-   * instance's (bus_append_submit), so each conversation's messages are
-   * queued in seq order, and the lanes of the instances run side by side
-   * (one that hangs holds no other). */
+  /* Routed (a sharded cluster), no mutex either: the lanes of the
+   * instances run side by side (one that hangs holds no other). The
+   * appends of one conversation are committed by its instance's lane
+   * (bus_append_submit), so its messages are mostly queued in seq order;
+   * not always (CONVERGER_APPEND_BATCH=1 runs appends on any worker, and a
+   * shard move changes a conversation's lane), and then a subscriber
+   * fills the gap from the store and drops the late one as a duplicate,
+   * as for any message of another node. */
   int serial = !bus->remote && !bus->routed;
   if (serial) uv_mutex_lock(&bus->append_mu);
   int r = store_append_batch(db, items, n);
