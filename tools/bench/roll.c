@@ -154,9 +154,9 @@ typedef struct {
   int64_t roll_from_ms, roll_to_ms;
   restart_t restarts[MAX_NODES];
   size_t nrestarts;
-  int ctl_status;            /* --controller roll: its wait status, -1 before it ended */
-  json_t *ctl_summary;       /* its summary.json, NULL when it wrote none */
-  promtext_hist_t adm, pool; /* merged from the nodes' /metrics */
+  int ctl_status;                   /* --controller roll: its wait status, -1 before it ended */
+  json_t *ctl_summary;              /* its summary.json, NULL when it wrote none */
+  promtext_hist_t adm, pool, hello; /* merged from the nodes' /metrics */
   int failed;
   char err[512];
 } ctx_t;
@@ -433,7 +433,8 @@ static void scrape_hist(const char *text, const char *name, promtext_hist_t *h, 
   promtext_hist_add(h, &node, sign);
 }
 
-/* Add node k's admission and pool wait histograms into the run's, or
+/* Add node k's admission wait, pool wait and hello latency (hello to
+ * welcome, admission included) histograms into the run's, or
  * subtract them (`sign` -1: the counts before the restarts began, so that
  * the figures cover the restarts and what follows only). */
 static void scrape(ctx_t *x, size_t k, double sign) {
@@ -445,6 +446,7 @@ static void scrape(ctx_t *x, size_t k, double sign) {
   }
   scrape_hist(text, "converger_protocol_admission_wait_ms", &x->adm, sign);
   scrape_hist(text, "converger_pool_wait_ms", &x->pool, sign);
+  scrape_hist(text, "converger_hello_latency_ms", &x->hello, sign);
 }
 
 /* The p-quantile (stats/rank.h) of a merged histogram: the upper bound of
@@ -1216,6 +1218,14 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
           "p95 %.0f / p99 %.0f / max %.0f ms (every sample: disconnected_ms.csv).\n\n",
           x->noff, jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
           jnum(j, "disconnected_ms", "p99"), jnum(j, "disconnected_ms", "max"));
+  fprintf(f,
+          "Hello to welcome on the nodes, admission wait included, from the restarts on "
+          "(their histogram's bucket bounds): p50 %.0f / p95 %.0f / max %.0f ms; admission "
+          "wait p95 %.0f / max %.0f ms. A drain's move that is not welcomed by its deadline "
+          "(the window plus 2 s) is a drop with time offline.\n\n",
+          jnum(j, "hello_latency_ms", "p50"), jnum(j, "hello_latency_ms", "p95"),
+          jnum(j, "hello_latency_ms", "max"), jnum(j, "admission_wait_ms", "p95"),
+          jnum(j, "admission_wait_ms", "max"));
   fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", summary_text ? summary_text : "{}");
   if (x->nbad) {
     fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
@@ -1352,6 +1362,9 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
       j, "admission_wait_ms",
       json_pack("{s:f, s:f}", "p95", hist_pct(&x->adm, 0.95), "max", hist_pct(&x->adm, 1.0)));
   json_object_set_new(j, "pool_wait_peak_ms", json_real(hist_pct(&x->pool, 1.0)));
+  json_object_set_new(j, "hello_latency_ms",
+                      json_pack("{s:f, s:f, s:f}", "p50", hist_pct(&x->hello, 0.50), "p95",
+                                hist_pct(&x->hello, 0.95), "max", hist_pct(&x->hello, 1.0)));
   json_object_set_new(j, "live_latency_ms",
                       json_pack("{s:f, s:f}", "p50", lat_pct(x->live_lat, 0.50), "p99",
                                 lat_pct(x->live_lat, 0.99)));
