@@ -1214,9 +1214,11 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
           jnum(j, "live_latency_ms", "p50"), jnum(j, "live_latency_ms", "p99"),
           jnum(j, "delivery_latency_ms", "p50"), jnum(j, "delivery_latency_ms", "p99"));
   fprintf(f,
-          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %.0f / "
-          "p95 %.0f / p99 %.0f / max %.0f ms (every sample: disconnected_ms.csv).\n\n",
-          x->noff, jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
+          "Disconnected time per drop (%zu drops, make-before-break moves are 0; %lld with "
+          "time offline): p50 %.0f / p95 %.0f / p99 %.0f / max %.0f ms (every sample: "
+          "disconnected_ms.csv).\n\n",
+          x->noff, (long long)jnum(j, "disconnected_ms", "offline"),
+          jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
           jnum(j, "disconnected_ms", "p99"), jnum(j, "disconnected_ms", "max"));
   fprintf(f,
           "Hello to welcome on the nodes, admission wait included, from the restarts on "
@@ -1310,8 +1312,11 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "out_of_order", json_integer((json_int_t)x->v_order));
   json_object_set_new(j, "clients_verified", json_integer((json_int_t)x->v_ok));
   json_object_set_new(j, "dup_on_wire", json_integer((json_int_t)x->v_sdkdup));
+  size_t offline = 0; /* drops with time offline (x->off is sorted: the tail) */
+  while (offline < x->noff && x->off[x->noff - 1 - offline] > 0) offline++;
   json_object_set_new(j, "disconnected_ms",
-                      json_pack("{s:I, s:I, s:I, s:I, s:I}", "drops", (json_int_t)x->noff, "p50",
+                      json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "drops", (json_int_t)x->noff,
+                                "offline", (json_int_t)offline, "p50",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.50), "p95",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.95), "p99",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.99), "max",
