@@ -1,20 +1,22 @@
 /*
  * roll.c: `converger bench roll`, the rolling-restart harness (issue 7,
- * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url),
- * --nodes `converger serve` nodes on loopback sharing it, optionally HAProxy
- * in front of them (--lb haproxy, bench/rolllb.h), --clients SDK clients in
- * --procs forked worker processes (bench/rollw.h), a paced REST sender,
- * each node restarted in turn (SIGTERM, exit, start on the same port,
- * /readyz, --restart-gap-ms), then a settle, the sender stopped, the
- * clients' catch-up and the verification: every client delivered exactly
- * 1..head of its conversation once, in order, head being the acknowledged
- * appends of the sender.
+ * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url; with
+ * --shards a sharded cluster instead, bench/shardset.h: N instances, the
+ * shard map, --bus redis-servers), --nodes `converger serve` nodes on
+ * loopback sharing it, optionally HAProxy in front of them (--lb haproxy,
+ * bench/rolllb.h), --clients SDK clients in --procs forked worker
+ * processes (bench/rollw.h), a paced REST sender, each node restarted in
+ * turn (SIGTERM, exit, start on the same port, /readyz, --restart-gap-ms),
+ * then a settle, the sender stopped, the clients' catch-up and the
+ * verification: every client delivered exactly 1..head of its conversation
+ * once, in order, head being the acknowledged appends of the sender.
  *
  * What it owns: the options, the nodes (one bench_t each, used for its
  * process and blocking REST calls), the workers (pid and two sockets each),
  * the sender thread (its own bench_t copies, so that its blocking calls
  * share nothing with the main thread's), HAProxy with --lb haproxy, the
- * aggregated records, and the files of --out (the plots: bench/rollplot.h).
+ * PostgreSQL clusters and redis-servers it started (stopped at the end),
+ * the aggregated records, and the files of --out (the plots: bench/rollplot.h).
  *
  * Threads: the main thread runs everything but the sender; the sender
  * thread writes only its own struct, read by the main thread after
