@@ -6,7 +6,8 @@ there (restarts, one per node; live and all-deliveries latency;
 disconnected_ms.csv; the three PNG plots; haproxy.cfg with --lb haproxy;
 with --controller roll, converger roll's exit 0 and the fleet balanced;
 with --presence on, no leave during the run and every conversation's
-presence equal to its clients after the roll).
+presence equal to its clients after the roll; the topology of --shards and
+--bus, or one database).
 Usage: check_roll_summary.py SUMMARY_JSON"""
 import json
 import os
@@ -79,6 +80,19 @@ if s.get("controller") == "roll":
                         (c.get("balanced"), s.get("end_spread"), s.get("end_connections_per_node")))
     if not os.path.exists(os.path.join(out, "controller.log")):
         problems.append("no controller.log")
+# the topology the command asked for: with --shards N (--bus B, 2 by
+# default) a sharded cluster, else one database
+cmd = s.get("command", [])
+topo = s.get("topology") or {}
+def arg(name, default):
+    return int(cmd[cmd.index(name) + 1]) if name in cmd else default
+if "--shards" in cmd:
+    want = {"store": "sharded", "instances": arg("--shards", 0), "bus_instances": arg("--bus", 2)}
+else:
+    want = {"store": "one database", "instances": 1, "bus_instances": 0}
+for key, value in want.items():
+    if topo.get(key) != value:
+        problems.append("topology %s %r, want %r" % (key, topo.get(key), value))
 if problems:
     print("bench roll summary: " + "; ".join(problems))
     sys.exit(1)

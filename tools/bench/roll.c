@@ -1,20 +1,22 @@
 /*
  * roll.c: `converger bench roll`, the rolling-restart harness (issue 7,
- * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url),
- * --nodes `converger serve` nodes on loopback sharing it, optionally HAProxy
- * in front of them (--lb haproxy, bench/rolllb.h), --clients SDK clients in
- * --procs forked worker processes (bench/rollw.h), a paced REST sender,
- * each node restarted in turn (SIGTERM, exit, start on the same port,
- * /readyz, --restart-gap-ms), then a settle, the sender stopped, the
- * clients' catch-up and the verification: every client delivered exactly
- * 1..head of its conversation once, in order, head being the acknowledged
- * appends of the sender.
+ * first slice): a PostgreSQL store (scripts/pg-tmp unless --pg-url; with
+ * --shards a sharded cluster instead, bench/shardset.h: N instances, the
+ * shard map, --bus redis-servers), --nodes `converger serve` nodes on
+ * loopback sharing it, optionally HAProxy in front of them (--lb haproxy,
+ * bench/rolllb.h), --clients SDK clients in --procs forked worker
+ * processes (bench/rollw.h), a paced REST sender, each node restarted in
+ * turn (SIGTERM, exit, start on the same port, /readyz, --restart-gap-ms),
+ * then a settle, the sender stopped, the clients' catch-up and the
+ * verification: every client delivered exactly 1..head of its conversation
+ * once, in order, head being the acknowledged appends of the sender.
  *
  * What it owns: the options, the nodes (one bench_t each, used for its
  * process and blocking REST calls), the workers (pid and two sockets each),
  * the sender thread (its own bench_t copies, so that its blocking calls
  * share nothing with the main thread's), HAProxy with --lb haproxy, the
- * aggregated records, and the files of --out (the plots: bench/rollplot.h).
+ * PostgreSQL clusters and redis-servers it started (stopped at the end),
+ * the aggregated records, and the files of --out (the plots: bench/rollplot.h).
  *
  * Threads: the main thread runs everything but the sender; the sender
  * thread writes only its own struct, read by the main thread after
@@ -54,6 +56,7 @@
 #include "bench/rollplot.h"
 #include "bench/rollw.h"
 #include "bench/run.h"
+#include "bench/shardset.h"
 #include "cli/args.h"
 #include "common/util.h"
 #include "stats/rank.h"
@@ -72,6 +75,7 @@
 typedef struct {
   long long nodes, clients, convs, procs, send_rate, drain_window_ms, drain_close_rate,
       restart_gap_ms, settle_ms, wait_ms, seed, pool_size, timeout_s, capacity;
+  long long shards, bus; /* --shards, --bus: a sharded cluster; 0: one database */
   const char *pg_url, *pg_tmp, *out, *drain, *clients_mode, *backoff, *admission, *reconnect, *lb,
       *controller, *roll_args, *presence;
   cvg_backoff_strategy_t strategy;
@@ -122,6 +126,7 @@ typedef struct {
   options_t *o;
   bench_t *node[MAX_NODES];
   char pg_url[512], pg_dir[128];
+  shardset_t sh;        /* --shards: the instances and the bus */
   char **convs, **urls; /* urls: every node's, or (--lb haproxy) the load balancer's only */
   size_t nurls;
   rolllb_t lb; /* --lb haproxy */
@@ -151,9 +156,9 @@ typedef struct {
   int64_t roll_from_ms, roll_to_ms;
   restart_t restarts[MAX_NODES];
   size_t nrestarts;
-  int ctl_status;            /* --controller roll: its wait status, -1 before it ended */
-  json_t *ctl_summary;       /* its summary.json, NULL when it wrote none */
-  promtext_hist_t adm, pool; /* merged from the nodes' /metrics */
+  int ctl_status;                   /* --controller roll: its wait status, -1 before it ended */
+  json_t *ctl_summary;              /* its summary.json, NULL when it wrote none */
+  promtext_hist_t adm, pool, hello; /* merged from the nodes' /metrics */
   int failed;
   char err[512];
 } ctx_t;
@@ -194,6 +199,15 @@ static void usage(FILE *out) {
           "  --pg-tmp PATH          the script that starts one [%s], with --fast:\n"
           "                         fsync and synchronous_commit off, NOT durable (a roll\n"
           "                         restarts nodes, never the database)\n"
+          "  --shards N             a sharded cluster instead of one database\n"
+          "                         (docs/operations.md, \"Scaling out\"): N PostgreSQL\n"
+          "                         instances (1..%d), each its own --fast cluster of\n"
+          "                         --pg-tmp (NOT durable, as above: the roll never\n"
+          "                         restarts them), the shard map written over them,\n"
+          "                         instance 0 also the control database; the nodes get\n"
+          "                         CONVERGER_BUS [0: one database]\n"
+          "  --bus B                with --shards: B redis-servers (from PATH, free\n"
+          "                         loopback ports, no persistence) as the bus (1..%d) [2]\n"
           "  --out DIR              summary.json, report.md, timeline.csv, disconnected_ms.csv,\n"
           "                         arrivals.png, connected.png, disconnected_cdf.png (and\n"
           "                         haproxy.cfg, haproxy.log with --lb haproxy) [roll-out]\n"
@@ -214,7 +228,7 @@ static void usage(FILE *out) {
           "                         roll must cause no leave), and after the roll and the\n"
           "                         grace each conversation's presence must list exactly its\n"
           "                         clients [off]\n",
-          CONVERGER_PG_TMP_DEFAULT);
+          CONVERGER_PG_TMP_DEFAULT, SHARDSET_MAX_INSTANCES, SHARDSET_MAX_BUS);
 }
 
 static int parse_options(options_t *o, int argc, char **argv) {
@@ -259,6 +273,8 @@ static int parse_options(options_t *o, int argc, char **argv) {
       {"seed", &o->seed, 0, (long long)1 << 62},
       {"timeout", &o->timeout_s, 10, 86400},
       {"capacity", &o->capacity, 0, 100000000},
+      {"shards", &o->shards, 1, SHARDSET_MAX_INSTANCES},
+      {"bus", &o->bus, 1, SHARDSET_MAX_BUS},
   };
   r = run_parse_int_options(CMD, nrest, rest, opts, CV_ARRAY_SIZE(opts), usage);
   free(rest);
@@ -298,6 +314,15 @@ static int parse_options(options_t *o, int argc, char **argv) {
     return -1;
   }
   o->presence_on = strcmp(o->presence, "on") == 0;
+  if (o->bus && !o->shards) {
+    fprintf(stderr, CMD ": --bus needs --shards\n");
+    return -1;
+  }
+  if (o->shards && o->pg_url) {
+    fprintf(stderr, CMD ": --shards starts its own instances: no --pg-url with it\n");
+    return -1;
+  }
+  if (o->shards && !o->bus) o->bus = 2;
   if (o->roll_args[0] && !o->by_roll) {
     fprintf(stderr, CMD ": --roll-args needs --controller roll\n");
     return -1;
@@ -361,7 +386,8 @@ static int64_t pct_i64(const int64_t *v, size_t n, double p) {
 static int node_start(ctx_t *x, size_t k) {
   options_t *o = x->o;
   bench_t *nb = x->node[k];
-  char db[600], id[48], pub[96], win[64], rate[64], shut[64], pool[48], cap[64] = "";
+  char db[600], id[48], pub[96], win[64], rate[64], shut[64], pool[48],
+      cap[64] = "", bus[sizeof x->sh.bus + 16] = "";
   long long shutdown = o->drain_window_ms + 2000 +
                        (o->clients * 1000 + o->drain_close_rate - 1) / o->drain_close_rate + 30000;
   snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
@@ -377,18 +403,21 @@ static int node_start(ctx_t *x, size_t k) {
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", o->pool_size);
   if (o->capacity > 0)
     snprintf(cap, sizeof cap, "CONVERGER_CAPACITY_CONNECTIONS=%lld", o->capacity);
-  const char *env[] = {db,
-                       id,
-                       pub,
-                       win,
-                       rate,
-                       shut,
-                       pool,
-                       "CONVERGER_HELLO_TIMEOUT_MS=10000",
-                       cap[0] ? cap : "CONVERGER_CAPACITY_CONNECTIONS=0",
-                       o->close_mode ? "CONVERGER_DRAIN_MIGRATE=0" : "CONVERGER_DRAIN_MIGRATE=1",
-                       o->admission_off ? "WS_HANDSHAKE_CONCURRENCY=100000" : NULL,
-                       NULL};
+  /* sharded: the database URL is the control database's (instance 0) */
+  snprintf(bus, sizeof bus, "CONVERGER_BUS=%s", x->sh.bus);
+  const char *env[14] = {db,
+                         id,
+                         pub,
+                         win,
+                         rate,
+                         shut,
+                         pool,
+                         "CONVERGER_HELLO_TIMEOUT_MS=10000",
+                         cap[0] ? cap : "CONVERGER_CAPACITY_CONNECTIONS=0",
+                         o->close_mode ? "CONVERGER_DRAIN_MIGRATE=0" : "CONVERGER_DRAIN_MIGRATE=1"};
+  size_t nenv = 10;
+  if (o->shards) env[nenv++] = bus;
+  if (o->admission_off) env[nenv++] = "WS_HANDSHAKE_CONCURRENCY=100000";
   nb->node_cpu = -1;
   nb->timeout_s = (int)o->timeout_s;
   if (bnode_start_env(nb, env) != 0 || bnode_wait_ready(nb) != 0) {
@@ -406,7 +435,8 @@ static void scrape_hist(const char *text, const char *name, promtext_hist_t *h, 
   promtext_hist_add(h, &node, sign);
 }
 
-/* Add node k's admission and pool wait histograms into the run's, or
+/* Add node k's admission wait, pool wait and hello latency (hello to
+ * welcome, admission included) histograms into the run's, or
  * subtract them (`sign` -1: the counts before the restarts began, so that
  * the figures cover the restarts and what follows only). */
 static void scrape(ctx_t *x, size_t k, double sign) {
@@ -418,6 +448,7 @@ static void scrape(ctx_t *x, size_t k, double sign) {
   }
   scrape_hist(text, "converger_protocol_admission_wait_ms", &x->adm, sign);
   scrape_hist(text, "converger_pool_wait_ms", &x->pool, sign);
+  scrape_hist(text, "converger_hello_latency_ms", &x->hello, sign);
 }
 
 /* The p-quantile (stats/rank.h) of a merged histogram: the upper bound of
@@ -1064,6 +1095,20 @@ static void arrivals_json(const ctx_t *x, json_t *j) {
   json_object_set_new(j, "arrivals_per_s", arr);
 }
 
+/* summary.json's `topology`: the store and the bus the nodes ran on. */
+static json_t *topology_json(const ctx_t *x) {
+  const options_t *o = x->o;
+  if (o->shards)
+    return json_pack(
+        "{s:s, s:I, s:I, s:s, s:s}", "store", "sharded", "instances", (json_int_t)o->shards,
+        "bus_instances", (json_int_t)o->bus, "postgres",
+        "pg-tmp --fast, one cluster per instance; instance 0 also the control database", "bus",
+        "redis-server, no persistence");
+  return json_pack("{s:s, s:I, s:I, s:s, s:s}", "store", "one database", "instances", 1,
+                   "bus_instances", 0, "postgres", o->pg_url ? "--pg-url" : "pg-tmp --fast", "bus",
+                   "LISTEN/NOTIFY");
+}
+
 /* report.md: the command, the status, the plots, the restarts, the
  * latencies, then every figure as summary.json has it. */
 /* summary.json's figure j[key][field], as written by write_outputs. */
@@ -1095,6 +1140,18 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
                           "drain's reconnectTo names it too)"
                         : "none (every client has every node's URL)",
           o->admission, o->pool_size);
+  if (o->shards)
+    fprintf(f,
+            "Topology: sharded, %lld nodes, %lld PostgreSQL instances (%d logical shards; "
+            "instance 0 also holds the control database), %lld redis-server bus instances "
+            "(no persistence). Each instance is a throwaway `pg-tmp --fast` cluster, not "
+            "durable: the roll restarts nodes, never a database.\n\n",
+            o->nodes, o->shards, SHARD_COUNT, o->bus);
+  else
+    fprintf(f,
+            "Topology: one database, %lld nodes on one PostgreSQL (%s), fan-out over its "
+            "LISTEN/NOTIFY.\n\n",
+            o->nodes, o->pg_url ? "--pg-url" : "a throwaway `pg-tmp --fast` cluster, not durable");
   fprintf(f,
           "Messages: %lld acknowledged, %lld lost, %lld delivered twice, %lld seen twice on "
           "the wire (dropped by the SDK), %lld of %lld clients verified.\n\n",
@@ -1159,10 +1216,20 @@ static void write_report(const ctx_t *x, json_t *j, const char *summary_text, in
           jnum(j, "live_latency_ms", "p50"), jnum(j, "live_latency_ms", "p99"),
           jnum(j, "delivery_latency_ms", "p50"), jnum(j, "delivery_latency_ms", "p99"));
   fprintf(f,
-          "Disconnected time per drop (%zu drops, make-before-break moves are 0): p50 %.0f / "
-          "p95 %.0f / p99 %.0f / max %.0f ms (every sample: disconnected_ms.csv).\n\n",
-          x->noff, jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
+          "Disconnected time per drop (%zu drops, make-before-break moves are 0; %lld with "
+          "time offline): p50 %.0f / p95 %.0f / p99 %.0f / max %.0f ms (every sample: "
+          "disconnected_ms.csv).\n\n",
+          x->noff, (long long)jnum(j, "disconnected_ms", "offline"),
+          jnum(j, "disconnected_ms", "p50"), jnum(j, "disconnected_ms", "p95"),
           jnum(j, "disconnected_ms", "p99"), jnum(j, "disconnected_ms", "max"));
+  fprintf(f,
+          "Hello to welcome on the nodes, admission wait included, from the restarts on "
+          "(their histogram's bucket bounds): p50 %.0f / p95 %.0f / max %.0f ms; admission "
+          "wait p95 %.0f / max %.0f ms. A drain's move that is not welcomed by its deadline "
+          "(the window plus 2 s) is a drop with time offline.\n\n",
+          jnum(j, "hello_latency_ms", "p50"), jnum(j, "hello_latency_ms", "p95"),
+          jnum(j, "hello_latency_ms", "max"), jnum(j, "admission_wait_ms", "p95"),
+          jnum(j, "admission_wait_ms", "max"));
   fprintf(f, "Figures (summary.json):\n\n```json\n%s\n```\n", summary_text ? summary_text : "{}");
   if (x->nbad) {
     fprintf(f, "\nSubscribers that failed the verification (%zu; the first %zu):\n\n", x->nbad,
@@ -1227,6 +1294,7 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "status", json_string(status == 0 ? "ok" : "failed"));
   if (x->failed) json_object_set_new(j, "error", json_string(x->err));
   json_object_set_new(j, "nodes", json_integer(o->nodes));
+  json_object_set_new(j, "topology", topology_json(x));
   json_object_set_new(j, "clients", json_integer(o->clients));
   json_object_set_new(j, "convs", json_integer(o->convs));
   json_object_set_new(j, "drain", json_string(o->drain));
@@ -1246,8 +1314,11 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
   json_object_set_new(j, "out_of_order", json_integer((json_int_t)x->v_order));
   json_object_set_new(j, "clients_verified", json_integer((json_int_t)x->v_ok));
   json_object_set_new(j, "dup_on_wire", json_integer((json_int_t)x->v_sdkdup));
+  size_t offline = 0; /* drops with time offline (x->off is sorted: the tail) */
+  while (offline < x->noff && x->off[x->noff - 1 - offline] > 0) offline++;
   json_object_set_new(j, "disconnected_ms",
-                      json_pack("{s:I, s:I, s:I, s:I, s:I}", "drops", (json_int_t)x->noff, "p50",
+                      json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "drops", (json_int_t)x->noff,
+                                "offline", (json_int_t)offline, "p50",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.50), "p95",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.95), "p99",
                                 (json_int_t)pct_i64(x->off, x->noff, 0.99), "max",
@@ -1298,6 +1369,9 @@ static void write_outputs(ctx_t *x, const sender_t *s, int argc, char **argv, in
       j, "admission_wait_ms",
       json_pack("{s:f, s:f}", "p95", hist_pct(&x->adm, 0.95), "max", hist_pct(&x->adm, 1.0)));
   json_object_set_new(j, "pool_wait_peak_ms", json_real(hist_pct(&x->pool, 1.0)));
+  json_object_set_new(j, "hello_latency_ms",
+                      json_pack("{s:f, s:f, s:f}", "p50", hist_pct(&x->hello, 0.50), "p95",
+                                hist_pct(&x->hello, 0.95), "max", hist_pct(&x->hello, 1.0)));
   json_object_set_new(j, "live_latency_ms",
                       json_pack("{s:f, s:f}", "p50", lat_pct(x->live_lat, 0.50), "p99",
                                 lat_pct(x->live_lat, 0.99)));
@@ -1405,9 +1479,20 @@ int bench_roll_main(int argc, char **argv) {
 
   if (o.pg_url) snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
   /* fast (not durable): a roll restarts nodes, never the database, and the
-   * published figures ran so (docs/benchmarks/rolling-restart/) */
-  else if (pgtmp_start(CMD, o.pg_tmp, 1, x.pg_dir, sizeof x.pg_dir, x.pg_url, sizeof x.pg_url) !=
-           0) {
+   * published figures ran so (docs/benchmarks/rolling-restart/); the same
+   * for each instance of a sharded cluster */
+  else if (o.shards) {
+    if (shardset_start(&x.sh, CMD, o.pg_tmp, (int)o.shards, (int)o.bus, 1) != 0) {
+      fail(&x, "no sharded cluster");
+      goto out;
+    }
+    snprintf(x.pg_url, sizeof x.pg_url, "%s", x.sh.url[0]);
+    fprintf(stderr,
+            "roll: sharded cluster: %lld PostgreSQL instances (instance 0 also the control "
+            "database), bus %s\n",
+            o.shards, x.sh.bus);
+  } else if (pgtmp_start(CMD, o.pg_tmp, 1, x.pg_dir, sizeof x.pg_dir, x.pg_url, sizeof x.pg_url) !=
+             0) {
     fail(&x, "no PostgreSQL");
     goto out;
   }
@@ -1543,6 +1628,7 @@ out:
   if (x.failed) status = 1;
   write_outputs(&x, &s, argc, argv, status);
   pgtmp_stop(CMD, o.pg_tmp, x.pg_dir);
+  shardset_stop(&x.sh, CMD, o.pg_tmp);
   run_signals_restore(&signals);
   for (long long k = 0; k < o.nodes; k++) {
     free(x.node[k]);

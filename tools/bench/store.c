@@ -54,20 +54,16 @@
  */
 #include "bench/bench.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +73,7 @@
 #include "bench/proccpu.h"
 #include "bench/restc.h"
 #include "bench/run.h"
+#include "bench/shardset.h"
 #include "cli/args.h"
 #include "common/util.h"
 #include "core/dburl.h"
@@ -89,14 +86,13 @@
 #define CONVERGER_PG_TMP_DEFAULT "scripts/pg-tmp"
 #endif
 
-#define CMD           "converger bench store"
-#define MAX_RUNS      20
-#define MAX_COUNTS    8 /* values of --senders */
-#define MAX_SENDERS   256
-#define LIST_BUF      (4u << 20) /* one GET .../messages answer */
-#define PG_WAIT_MS    10000      /* for a reloaded setting to show */
-#define MAX_SHARDS    8          /* --shards */
-#define REDIS_WAIT_MS 10000      /* for the bus's redis-server to answer PING */
+#define CMD         "converger bench store"
+#define MAX_RUNS    20
+#define MAX_COUNTS  8 /* values of --senders */
+#define MAX_SENDERS 256
+#define LIST_BUF    (4u << 20)             /* one GET .../messages answer */
+#define PG_WAIT_MS  10000                  /* for a reloaded setting to show */
+#define MAX_SHARDS  SHARDSET_MAX_INSTANCES /* --shards */
 
 enum { BK_SQLITE, BK_SQLITE_NORMAL, BK_POSTGRES, BK_POSTGRES_FSYNC, BK_COUNT };
 static const char *const bk_name[BK_COUNT] = {"sqlite", "sqlite-normal", "postgres",
@@ -167,11 +163,7 @@ typedef struct {
   /* --shards: the instances (instance 0 also holds the control database),
    * the map read back from it, and the bus's redis-server */
   int nshards;
-  char sh_dir[MAX_SHARDS][128];
-  char sh_url[MAX_SHARDS][STORE_URL_MAX];
-  uint8_t sh_map[SHARD_COUNT];
-  pid_t redis_pid;
-  int redis_port;
+  shardset_t sh;
 } ctx_t;
 
 /* ---- options -------------------------------------------------------------------- */
@@ -480,115 +472,25 @@ static int pg_set_durable(ctx_t *x, int durable) {
 
 /* ---- --shards: the instances, the shard map, the bus ------------------------------ */
 
-/* PING the redis-server at 127.0.0.1:port once; 0 when it answers +PONG. */
-static int redis_ping(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  struct timeval tv = {.tv_sec = 1};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char buf[16] = {0};
-  int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, "PING\r\n", 6) == 6 &&
-           read(fd, buf, sizeof buf - 1) >= 5 && strncmp(buf, "+PONG", 5) == 0;
-  close(fd);
-  return ok ? 0 : -1;
-}
-
-/* One redis-server on a free loopback port, no persistence, stopped by
- * its pid (and SIGKILLed by the kernel if the bench dies). 0 or -1. */
-static int redis_start(ctx_t *x) {
-  char port[16];
-  if ((x->redis_port = bnode_free_port()) < 0) {
-    fprintf(stderr, CMD ": no free port for redis-server\n");
-    return -1;
-  }
-  snprintf(port, sizeof port, "%d", x->redis_port);
-  char *const argv[] = {"redis-server", "--port", port,           "--bind", "127.0.0.1",
-                        "--save",       "",       "--appendonly", "no",     NULL};
-  run_spawn_opts_t so = {
-      .out_fd = -1, .err_fd = -1, .death_sig = SIGKILL, .own_group = 1, .cpu = -1};
-  if ((x->redis_pid = run_spawn(argv, &so)) < 0) {
-    x->redis_pid = 0;
-    fprintf(stderr, CMD ": cannot start redis-server: %s\n", strerror(errno));
-    return -1;
-  }
-  uint64_t until = run_now_ns() + (uint64_t)REDIS_WAIT_MS * 1000000u;
-  while (redis_ping(x->redis_port) != 0) {
-    int st;
-    if (waitpid(x->redis_pid, &st, WNOHANG) == x->redis_pid) {
-      x->redis_pid = 0;
-      fprintf(stderr, CMD ": redis-server exited at once (is it installed? scripts/setup)\n");
-      return -1;
-    }
-    if (run_now_ns() >= until || run_interrupted) {
-      fprintf(stderr, CMD ": redis-server did not answer PING on port %d within %d s\n",
-              x->redis_port, REDIS_WAIT_MS / 1000);
-      return -1;
-    }
-    run_sleep_ms(20);
-  }
-  return 0;
-}
-
-/* Start --shards durable instances and the bus, write the shard map (as
- * `converger shards init` does: every instance migrated, then the map in
- * the control database, instance 0) and read it back. 0 or -1. */
+/* Start --shards durable instances and the bus (bench/shardset.h). 0 or -1. */
 static int shards_start(ctx_t *x) {
-  const options_t *o = x->o;
-  if (access(o->pg_tmp, X_OK) != 0) {
-    fprintf(stderr, CMD ": cannot run %s (%s); give --pg-tmp PATH\n", o->pg_tmp, strerror(errno));
-    return -1;
-  }
-  x->nshards = (int)o->shards;
-  for (int i = 0; i < x->nshards; i++)
-    if (pgtmp_start(CMD, o->pg_tmp, 0, x->sh_dir[i], sizeof x->sh_dir[i], x->sh_url[i],
-                    sizeof x->sh_url[i]) != 0)
-      return -1;
-  if (redis_start(x) != 0) return -1;
-  const char *urls[MAX_SHARDS];
-  store_t *ctl = NULL;
-  store_options_t so = {.sync = STORE_SYNC_FULL, .busy_timeout_ms = 5000};
-  int err = 0;
-  for (int i = 0; i < x->nshards && !err; i++) {
-    store_t *s = NULL;
-    urls[i] = x->sh_url[i];
-    if ((err = store_open(x->sh_url[i], &so, &s)) == 0) err = store_migrate(s);
-    if (i == 0 && !err)
-      ctl = s;
-    else
-      store_close(s);
-  }
-  store_shardmap_t map = {0};
-  if (!err) err = store_shardmap_init(ctl, urls, x->nshards);
-  if (!err) err = store_shardmap_get(ctl, &map);
-  store_close(ctl);
-  if (err) {
-    fprintf(stderr, CMD ": writing the shard map over %d instances failed: %s\n", x->nshards,
-            cv_strerror(err));
-    return -1;
-  }
-  memcpy(x->sh_map, map.map, sizeof x->sh_map);
-  store_shardmap_clear(&map);
-  snprintf(x->pg_url, sizeof x->pg_url, "%s", x->sh_url[0]);
+  if (shardset_start(&x->sh, CMD, x->o->pg_tmp, (int)x->o->shards, 1, 0) != 0) return -1;
+  x->nshards = x->sh.ninst;
+  snprintf(x->pg_url, sizeof x->pg_url, "%s", x->sh.url[0]);
   x->pg_durable = 1;
   return 0;
 }
 
-static void shards_stop(ctx_t *x) {
-  if (x->redis_pid > 0) run_stop_child(x->redis_pid, 5000, NULL);
-  x->redis_pid = 0;
-  for (int i = 0; i < MAX_SHARDS; i++) pgtmp_stop(CMD, x->o->pg_tmp, x->sh_dir[i]);
-}
+static void shards_stop(ctx_t *x) { shardset_stop(&x->sh, CMD, x->o->pg_tmp); }
 
 /* The instance of conversation `id` (0 on one database). */
 static int inst_of(const ctx_t *x, const char *id) {
-  return x->nshards ? x->sh_map[shard_of(id)] : 0;
+  return x->nshards ? shardset_instance_of(&x->sh, id) : 0;
 }
 
 /* The postmaster of instance i, or -1 (--pg-url: not ours to read). */
 static pid_t inst_pid(const ctx_t *x, int i) {
-  const char *dir = x->nshards ? x->sh_dir[i] : i == 0 ? x->pg_dir : "";
+  const char *dir = x->nshards ? x->sh.dir[i] : i == 0 ? x->pg_dir : "";
   char path[256];
   if (!dir[0]) return -1;
   snprintf(path, sizeof path, "%s/data/postmaster.pid", dir);
@@ -599,7 +501,7 @@ static pid_t inst_pid(const ctx_t *x, int i) {
 
 /* Start `nb` for backend x->bk as node `name` and wait until it is ready. */
 static int node_up(ctx_t *x, bench_t *nb, const char *name) {
-  char sync[64], db[STORE_URL_MAX + 32], pool[48], id[64], bus[64];
+  char sync[64], db[STORE_URL_MAX + 32], pool[48], id[64], bus[SHARDSET_MAX_BUS * 32 + 16];
   const char *env[6] = {NULL};
   size_t k = 0;
   snprintf(pool, sizeof pool, "CONVERGER_POOL_SIZE=%lld", x->o->pool);
@@ -610,7 +512,7 @@ static int node_up(ctx_t *x, bench_t *nb, const char *name) {
     snprintf(db, sizeof db, "CONVERGER_DATABASE_URL=%s", x->pg_url);
     env[k++] = db;
     if (x->nshards) { /* the control database (instance 0) and the bus: a sharded node */
-      snprintf(bus, sizeof bus, "CONVERGER_BUS=redis://127.0.0.1:%d", x->redis_port);
+      snprintf(bus, sizeof bus, "CONVERGER_BUS=%s", x->sh.bus);
       env[k++] = bus;
     }
   } else {
@@ -700,7 +602,7 @@ static int cpu_roots(const ctx_t *x, int ninst, pid_t *roots, int *tree) {
   roots[ninst + CPU_NODE_A] = x->b->pid;
   roots[ninst + CPU_NODE_B] = x->nb ? x->nb->pid : -1;
   roots[ninst + CPU_BENCH] = getpid();
-  roots[ninst + CPU_REDIS] = x->redis_pid > 0 ? x->redis_pid : -1;
+  roots[ninst + CPU_REDIS] = x->sh.redis_pid[0] > 0 ? x->sh.redis_pid[0] : -1;
   for (int k = 0; k < CPU_OTHERS; k++) tree[ninst + k] = 0;
   return ninst + CPU_OTHERS;
 }
@@ -775,7 +677,7 @@ static int cell_appends(ctx_t *x, size_t si, int mode) {
   for (int i = 0; i < ninst; i++) c->cpu_inst[i] = proccpu_cores(&cpu0, &cpu1, i);
   c->cpu_node = cores_sum(&cpu0, &cpu1, roots, ninst + CPU_NODE_A, 2);
   c->cpu_bench = proccpu_cores(&cpu0, &cpu1, ninst + CPU_BENCH);
-  c->cpu_redis = x->redis_pid > 0 ? proccpu_cores(&cpu0, &cpu1, ninst + CPU_REDIS) : 0;
+  c->cpu_redis = x->sh.redis_pid[0] > 0 ? proccpu_cores(&cpu0, &cpu1, ninst + CPU_REDIS) : 0;
   c->cpu_machine = proccpu_machine_cores(&cpu0, &cpu1);
   c->pg_ms_per_append =
       c->cpu_pg >= 0 && phase_acks ? c->cpu_pg * wall * 1000.0 / (double)phase_acks : -1;
@@ -908,7 +810,7 @@ static int backend_run(ctx_t *x) {
     text[0] = '\0';
     for (int i = 0; i < (x->nshards ? x->nshards : 1) && len < cap; i++) {
       char err[256], one[128];
-      PGconn *c = pg_connect(x->nshards ? x->sh_url[i] : x->pg_url, err, sizeof err);
+      PGconn *c = pg_connect(x->nshards ? x->sh.url[i] : x->pg_url, err, sizeof err);
       if (!c || pg_settings(c, one, sizeof one) != 0)
         snprintf(one, sizeof one, "unknown (%.100s)", c ? PQerrorMessage(c) : err);
       PQfinish(c);
@@ -1322,7 +1224,7 @@ int bench_store_main(int argc, char **argv) {
            ": PostgreSQL sharded over %d instances (throwaway clusters of scripts/pg-tmp, "
            "durable: fsync, synchronous_commit and full_page_writes on), control database on "
            "instance 0, %d logical shards; bus: redis-server on 127.0.0.1:%d (no persistence)\n",
-           x.nshards, SHARD_COUNT, x.redis_port);
+           x.nshards, SHARD_COUNT, x.sh.redis_port[0]);
   } else if (want_pg) {
     if (o.pg_url)
       snprintf(x.pg_url, sizeof x.pg_url, "%s", o.pg_url);
