@@ -117,17 +117,26 @@ static int cmd_init(const config_t *cfg, const char *const *urls, int n) {
   return status;
 }
 
-static int cmd_show(const config_t *cfg) {
-  char shown[512];
+/* The control database's map into *map (cleared with
+ * store_shardmap_clear when 0 is returned): 0, or the exit status with
+ * what is wrong printed. The control store is closed either way. */
+static int read_map(const config_t *cfg, store_shardmap_t *map, char *shown, size_t cap) {
   store_t *ctl = NULL;
-  int status = open_control(cfg, &ctl, shown, sizeof shown);
-  store_shardmap_t map;
-  int r = status == 0 ? store_shardmap_get(ctl, &map) : 0;
+  int status = open_control(cfg, &ctl, shown, cap);
+  int r = status == 0 ? store_shardmap_get(ctl, map) : 0;
   if (status == 0 && r != 0) {
     fprintf(stderr, "converger shards: %s: %s\n", shown,
             r == -CV_ENOTFOUND ? "no shard map (converger shards init)" : cv_strerror(r));
     status = 1;
   }
+  store_close(ctl);
+  return status;
+}
+
+static int cmd_show(const config_t *cfg) {
+  char shown[512];
+  store_shardmap_t map;
+  int status = read_map(cfg, &map, shown, sizeof shown);
   if (status == 0) {
     printf("shard map in %s, version %lld, %d logical shards\n", shown, (long long)map.version,
            SHARD_COUNT);
@@ -145,7 +154,6 @@ static int cmd_show(const config_t *cfg) {
     }
     store_shardmap_clear(&map);
   }
-  store_close(ctl);
   return status;
 }
 
@@ -153,15 +161,8 @@ static int cmd_where(const config_t *cfg, const char *conv) {
   if (!conv || !util_id_valid(conv))
     return cli_usage_error("shards", "where needs a conversation id ([A-Za-z0-9._:-]{1,128})");
   char shown[512];
-  store_t *ctl = NULL;
-  int status = open_control(cfg, &ctl, shown, sizeof shown);
   store_shardmap_t map;
-  int r = status == 0 ? store_shardmap_get(ctl, &map) : 0;
-  if (status == 0 && r != 0) {
-    fprintf(stderr, "converger shards: %s: %s\n", shown,
-            r == -CV_ENOTFOUND ? "no shard map (converger shards init)" : cv_strerror(r));
-    status = 1;
-  }
+  int status = read_map(cfg, &map, shown, sizeof shown);
   if (status == 0) {
     int k = shard_of(conv);
     char ishown[512];
@@ -173,7 +174,6 @@ static int cmd_where(const config_t *cfg, const char *conv) {
     printf("\n");
     store_shardmap_clear(&map);
   }
-  store_close(ctl);
   return status;
 }
 

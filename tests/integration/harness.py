@@ -1480,6 +1480,65 @@ def bus_of(conv, buckets):
     return b
 
 
+class Senders:
+    """One REST sender thread per conversation over `nodes` in turn, each
+    sending m0, m1, ... under their Idempotency-Key and resending one until
+    it is acknowledged (201, or 200: found by its key); once stopped, an
+    unanswered one is still resent (for at most 20 s), so that no message
+    is left stored but unacknowledged. `acked[conv]`: the seqs answered;
+    `refused[conv]`: the 503s, `no_hint` those without Retry-After;
+    `other`: any other answer. A context manager: started on entry,
+    stopped and joined on exit."""
+
+    def __init__(self, nodes, convs):
+        self.nodes, self.convs = nodes, convs
+        self.acked = {c: [] for c in convs}
+        self.refused = {c: 0 for c in convs}
+        self.other = []
+        self.no_hint = 0
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(k, c), daemon=True)
+                        for k, c in enumerate(convs)]
+
+    def run(self, k, conv):
+        i, pending, give_up = 0, False, None
+        while not self.stop.is_set() or pending:
+            if self.stop.is_set():
+                give_up = give_up or time.time() + 20
+                if time.time() > give_up:
+                    return
+            node = self.nodes[(k + i) % len(self.nodes)]
+            try:
+                st, hdr, js = node.request("POST", "/v1/conversations/%s/messages" % conv,
+                                           {"sender": "bot", "body": {"i": i}},
+                                           headers={"Idempotency-Key": "m%d" % i}, timeout=10)
+            except OSError:
+                st, hdr, js = 0, {}, None
+            if st in (200, 201):
+                self.acked[conv].append(js["seq"])
+                i += 1
+                pending = False
+                continue
+            pending = True
+            if st == 503:
+                self.refused[conv] += 1
+                if "retry-after" not in {k.lower() for k in hdr}:
+                    self.no_hint += 1
+            elif st != 0:
+                self.other.append((conv, st, js))
+            time.sleep(0.05)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
 class Sharded:
     """The databases and bus of a sharded cluster, started here and stopped
     by stop(): `instances` PgClusters (the first also the control database

@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import Follower, NodeCase, PgCluster, Sharded, binary, shard_of, uid  # noqa: E402
+from harness import Senders, Follower, NodeCase, PgCluster, Sharded, binary, shard_of, uid  # noqa: E402
 
 
 def shards(control_url, *args):
@@ -36,61 +36,6 @@ def shards(control_url, *args):
     r = subprocess.run([binary(), "shards", *args, "--database-url", control_url],
                        capture_output=True, text=True, timeout=120)
     return r.returncode, r.stdout, r.stderr
-
-
-class Senders:
-    """One REST sender per conversation over `nodes` in turn, each resending
-    a message with the same id until it is acknowledged (201, or 200: found
-    by its id); `acked[conv]` the seqs answered, `refused[conv]` the 503s
-    (each with its Retry-After checked)."""
-
-    def __init__(self, nodes, convs):
-        self.nodes, self.convs = nodes, convs
-        self.acked = {c: [] for c in convs}
-        self.refused = {c: 0 for c in convs}
-        self.other = []  # answers that are neither an acknowledgement nor a 503
-        self.no_hint = 0
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(k, c), daemon=True)
-                        for k, c in enumerate(convs)]
-
-    def run(self, k, conv):
-        i, pending, give_up = 0, False, None
-        while not self.stop.is_set() or pending:
-            if self.stop.is_set():
-                give_up = give_up or time.time() + 20
-                if time.time() > give_up:
-                    return
-            node = self.nodes[(k + i) % len(self.nodes)]
-            try:
-                st, hdr, js = node.request("POST", "/v1/conversations/%s/messages" % conv,
-                                           {"id": "m%d" % i, "sender": "bot", "body": {"i": i}},
-                                           timeout=10)
-            except OSError:
-                st, hdr, js = 0, {}, None
-            if st in (200, 201):
-                self.acked[conv].append(js["seq"])
-                i += 1
-                pending = False
-                continue
-            pending = True
-            if st == 503:
-                self.refused[conv] += 1
-                if "retry-after" not in hdr:
-                    self.no_hint += 1
-            else:
-                self.other.append((conv, st, js))
-            time.sleep(0.05)
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *a):
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
 
 
 class Following:
