@@ -38,6 +38,7 @@
 
 #include "core/errors.h"
 #include "core/dburl.h"
+#include "core/shard.h"
 #include "core/log.h"
 #include "common/util.h"
 #include "core/metrics.h"
@@ -1826,6 +1827,89 @@ static void heard(raw_t *raw, int want, char *out, size_t cap) {
  * decode as single appends' payloads with their seqs and epoch; a group
  * of one sends the plain payload; groups larger than a payload take as
  * few as fit, in order. */
+/* A conversation of `ch` named "<prefix><k>" whose logical shard is not in
+ * `avoid` (n of them), created, into out (size 32). Returns its shard. */
+static int conv_off_shards(store_t *s, const char *ch, const char *prefix, const int *avoid,
+                           int n, char *out) {
+  for (int k = 0;; k++) {
+    snprintf(out, 32, "%s%d", prefix, k);
+    int sh = shard_of(out), taken = 0;
+    for (int i = 0; i < n; i++) taken |= avoid[i] == sh;
+    if (taken) continue;
+    assert_int_equal(store_conv_create(s, out, ch, NULL), 0);
+    return sh;
+  }
+}
+
+/* A sharded instance's group commit (store_options_t.guard, migrations 9
+ * and 10): in one group, the items of a frozen shard (its advisory lock
+ * held exclusive, as `converger shards move` holds it) get -CV_ESHARD, the
+ * items of a shard marked moved get -CV_EMOVED, and the others are
+ * appended, gapless, as without the guard; nothing of the refused ones is
+ * stored, and the frozen shard takes writes again once its lock is free. */
+static void test_pg_batch_guarded(void **state) {
+  fx_t *f = *state;
+  store_t *s = NULL;
+  store_options_t opt = test_opt;
+  opt.guard = 1;
+  assert_int_equal(store_open(f->url, &opt, &s), 0);
+  mk_conv(s, "ch", "seed");
+  char frozen[32], moved[32], ok1[32], ok2[32], sql[160];
+  int sh[4];
+  sh[0] = conv_off_shards(s, "ch", "f", sh, 0, frozen);
+  sh[1] = conv_off_shards(s, "ch", "m", sh, 1, moved);
+  sh[2] = conv_off_shards(s, "ch", "a", sh, 2, ok1);
+  sh[3] = conv_off_shards(s, "ch", "b", sh, 2, ok2); /* may share ok1's shard */
+  assert_int_equal(append_ok(s, ok1, "old", "{}"), 1);
+
+  raw_t holder = raw_open(f), raw = raw_open(f);
+  snprintf(sql, sizeof sql, "SELECT pg_advisory_lock(%d, %d)", STORE_SHARD_LOCK_KEY, sh[0]);
+  raw_exec(&holder, sql);
+  snprintf(sql, sizeof sql, "INSERT INTO shard_moved (shard, instance) VALUES (%d, 1)", sh[1]);
+  raw_exec(&raw, sql);
+
+  batch_t b = {0};
+  batch_add(&b, ok1, "a", "{}");
+  batch_add(&b, frozen, "a", "{}");
+  batch_add(&b, moved, "a", "{}");
+  batch_add(&b, ok2, "a", "{}");
+  batch_add(&b, frozen, "b", "{}");
+  batch_add(&b, ok1, "b", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  const int status[] = {0, -CV_ESHARD, -CV_EMOVED, 0, -CV_ESHARD, 0};
+  const int64_t seq[] = {2, 0, 0, 1, 0, 3};
+  for (size_t i = 0; i < b.n; i++) {
+    assert_int_equal(b.a[i].status, status[i]);
+    assert_int_equal(b.a[i].msg.seq, seq[i]);
+  }
+  batch_clear(&b);
+  assert_history(s, ok1, "old a b");
+  assert_history(s, ok2, "a");
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM messages WHERE conv IN ('%s', '%s')", frozen,
+           moved);
+  assert_int_equal(raw_int(&raw, sql), 0); /* (a read of `moved` is refused too) */
+
+  /* every item refused: the same answers, nothing appended */
+  batch_add(&b, moved, "a", "{}");
+  batch_add(&b, frozen, "a", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  assert_int_equal(b.a[0].status, -CV_EMOVED);
+  assert_int_equal(b.a[1].status, -CV_ESHARD);
+  batch_clear(&b);
+
+  raw_close(&holder); /* the mover's session ends: its lock is free */
+  batch_add(&b, frozen, "a", "{}");
+  batch_add(&b, ok2, "b", "{}");
+  assert_int_equal(store_append_batch(s, b.p, b.n), 0);
+  assert_int_equal(b.a[0].status, 0);
+  assert_int_equal(b.a[0].msg.seq, 1);
+  assert_int_equal(b.a[1].msg.seq, 2);
+  batch_clear(&b);
+  raw_exec(&raw, "DELETE FROM shard_moved");
+  raw_close(&raw);
+  store_close(s);
+}
+
 static void test_pg_batch_notify(void **state) {
   fx_t *f = *state;
   mk_conv(f->s, "ch", "c1");
@@ -2094,6 +2178,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_pg_reconnect, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pg_invalid_utf8, setup, teardown),
       cmocka_unit_test_setup_teardown(test_pg_batch_notify, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pg_batch_guarded, setup, teardown),
   };
   int failed =
       cmocka_run_group_tests_name(use_pg ? "store.postgres" : "store.sqlite", tests, NULL, NULL);
