@@ -65,6 +65,8 @@ typedef struct {
   uint64_t deadline; /* monotonic ms: frames sent + window + grace; 0 before */
   int told;          /* connections sent a frame */
   int moved;         /* of those, closed by themselves (the log's counts) */
+  uint64_t last_move; /* monotonic ms: the last of those closed; 0: none yet */
+  int overtime;       /* past its deadline, waiting for moves still coming in */
   int closed;        /* closed with 1012 by the pacer */
   int no_peer;       /* the drain found no ready peer: closes, no frames */
 } batch_t;
@@ -350,7 +352,10 @@ static void sse_move(drain_t *d, conn_t *c) {
   }
   if (m && !m->counted) {
     m->counted = 1;
-    if (b) b->moved++;
+    if (b) {
+      b->moved++;
+      b->last_move = util_mono_ms();
+    }
     metrics_add(d->env.metrics, "converger_drain_migrated_total", NULL, 1);
   }
   ws_send_text(c, f, strlen(f));
@@ -547,6 +552,33 @@ static void set_state_metric(drain_t *d) {
 
 static void timer_cb(uv_timer_t *t) { drain_tick(t->data); }
 
+/* Whether batch `b`, at or past its deadline with `left` connections
+ * still here, waits longer before its 1012s: while clients are still
+ * moving (one told closed by itself within DRAIN_PROGRESS_MS), for at most
+ * DRAIN_OVERTIME_MS past the deadline, and for a drain never so long that
+ * the paced closes of those left would end after drain_shutdown_ms. A move
+ * drawn near the end of the window whose welcome elsewhere is late (a
+ * peer's admission queue under a burst of moves) then completes instead
+ * of being cut off with a 1012 and an offline gap. Logs when it begins. */
+static int overtime(drain_t *d, batch_t *b, uint64_t now, size_t left) {
+  if (left == 0 || b->last_move == 0 || now - b->last_move >= DRAIN_PROGRESS_MS) return 0;
+  uint64_t until = b->deadline + DRAIN_OVERTIME_MS;
+  if (b == &d->drain) {
+    int rate = d->env.cfg->drain_close_rate > 0 ? d->env.cfg->drain_close_rate : 1;
+    uint64_t closing = (uint64_t)left * 1000 / (uint64_t)rate;
+    uint64_t room = d->shutdown_at > closing ? d->shutdown_at - closing : 0;
+    if (room < until) until = room;
+  }
+  if (now >= until) return 0;
+  if (!b->overtime)
+    log_info("%s: window over, %zu still here while clients are still moving: the 1012s wait "
+             "until none has moved for %d ms, at most %llu ms",
+             b == &d->drain ? "drain" : "shed", left, DRAIN_PROGRESS_MS,
+             (unsigned long long)(until - now));
+  b->overtime = 1;
+  return 1;
+}
+
 void drain_tick(drain_t *d) {
   uint64_t now = util_mono_ms();
   if (d->stopped) return; /* the stop closes what is left */
@@ -557,7 +589,8 @@ void drain_tick(drain_t *d) {
                bs[i] == &d->drain ? "drain" : "shed", FRAME_WAIT_MS);
       send_frames(d, bs[i]);
     }
-  if (d->shed.id && !d->shed.framing && d->shed.deadline && now >= d->shed.deadline) {
+  if (d->shed.id && !d->shed.framing && d->shed.deadline && now >= d->shed.deadline &&
+      !overtime(d, &d->shed, now, (size_t)(d->shed.told - d->shed.moved))) {
     size_t n = enqueue_batch(d, d->shed.id);
     if (n)
       log_info("shed: window over: %d told, %d moved, %zu still here, closing them with 1012 "
@@ -568,7 +601,8 @@ void drain_tick(drain_t *d) {
     d->shed.id = 0;
     set_state_metric(d);
   }
-  if (d->drain.id && !d->drain.framing && d->drain.deadline && now >= d->drain.deadline) {
+  if (d->drain.id && !d->drain.framing && d->drain.deadline && now >= d->drain.deadline &&
+      !overtime(d, &d->drain, now, (size_t)d->env.net->nws)) {
     size_t n = enqueue_batch(d, 0);
     log_info("drain: window over: %llu moved, %zu still here, closing them with 1012 at %d/s",
              (unsigned long long)d->drain.moved, n, d->env.cfg->drain_close_rate);
@@ -730,7 +764,10 @@ void drain_conn_closing(drain_t *d, conn_t *c) {
   if (!m || !m->told || c->closed_by_us || m->counted || d->stopped) return;
   m->counted = 1;
   batch_t *b = batch_of(d, c);
-  if (b) b->moved++;
+  if (b) {
+    b->moved++;
+    b->last_move = util_mono_ms();
+  }
   metrics_add(d->env.metrics, "converger_drain_migrated_total", NULL, 1);
 }
 

@@ -29,8 +29,10 @@
  * as migrated. deadlineMs is the
  * window plus DRAIN_GRACE_MS, the time a client that drew an afterMs near
  * the end needs to open its new connection and be welcomed before the old
- * one may go. After that deadline, the connections still open are closed
- * with 1012 at close_rate per second, paced
+ * one may go. After that deadline (and after the overtime while moves
+ * are still coming in: DRAIN_PROGRESS_MS, DRAIN_OVERTIME_MS), the
+ * connections still open are closed with 1012 at close_rate per second,
+ * paced
  * evenly, each with a jittered {"retryAfterMs": n}. With drain_migrate 0
  * (CONVERGER_DRAIN_MIGRATE=0, for experiments) no frame is sent and the
  * paced closes begin at once. The node stops (closing
@@ -62,6 +64,12 @@
 #include "store/pool.h"
 
 #define DRAIN_GRACE_MS 2000 /* past the window: a migration's connect, hello, welcome */
+/* Past the deadline, the 1012s wait while clients are still moving: one
+ * told closed by itself within the last DRAIN_PROGRESS_MS, for at most
+ * DRAIN_OVERTIME_MS (and, in a drain, only while the paced closes of
+ * those left still fit before drain_shutdown_ms). */
+#define DRAIN_PROGRESS_MS 500
+#define DRAIN_OVERTIME_MS 8000
 
 /* A Server-Sent Events stream's drain event: its retry: (and afterMs),
  * drawn uniformly from [MIN, MAX] ms. Short, because the spread over the

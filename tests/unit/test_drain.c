@@ -8,7 +8,8 @@
  *    ready peer below the fleet's level (never a draining one; null with
  *    none), a connection welcomed later told with what is left;
  *  - pacing: after the deadline, the connections still here closed with
- *    1012 and a retry hint, drain_close_rate per second;
+ *    1012 and a retry hint, drain_close_rate per second; the overtime
+ *    while clients are still moving, and its bounds;
  *  - a shed: a fraction told, the rest untouched, back to ready after its
  *    window. */
 #include <setjmp.h>
@@ -231,6 +232,69 @@ static void test_paced_closes_after_the_deadline(void **state) {
   fx_free(&fx);
 }
 
+/* Past the deadline, while clients are still moving (one closed by
+ * itself within DRAIN_PROGRESS_MS), the 1012s wait: a move drawn near the
+ * end of the window whose welcome elsewhere is late completes instead of
+ * being cut off. Once DRAIN_PROGRESS_MS pass with no move, the paced closes
+ * begin as without the overtime. */
+static void test_overtime_while_clients_move(void **state) {
+  fx_t fx;
+  setup_fx(&fx, 1000, 2, 60000);
+  beat(&fx, "p2", "ready", 0);
+  fx_peer_t *p[6];
+  for (int i = 0; i < 6; i++) p[i] = live(&fx);
+  assert_int_equal(drain_start(fx.drain, "test"), 0);
+  assert_true(fx_step(&fx));
+  for (int i = 0; i < 6; i++) free(expect_drain(p[i], 1000));
+  fx_advance(&fx, 1000 + DRAIN_GRACE_MS - 100);
+  fx_peer_free(p[0]); /* moved 100 ms before the deadline */
+  fx_advance(&fx, 100);  /* the deadline */
+  fx_advance(&fx, 300);
+  for (int i = 1; i < 6; i++) fx_expect_nothing(p[i]);
+  fx_peer_free(p[1]); /* moved 300 ms past it: still coming in */
+  fx_advance(&fx, DRAIN_PROGRESS_MS - 1);
+  for (int i = 2; i < 6; i++) fx_expect_nothing(p[i]);
+  expect_paced_closes(&fx, p + 2, 4); /* DRAIN_PROGRESS_MS with no move */
+  for (int i = 2; i < 6; i++) fx_peer_free(p[i]);
+  fx_advance(&fx, 1);
+  assert_int_equal(fx.stops, 1);
+  assert_non_null(strstr(fx.stop_why, "2 moved, 4 closed with 1012"));
+  fx_free(&fx);
+}
+
+/* The overtime ends DRAIN_OVERTIME_MS past the deadline however steadily
+ * clients keep moving; and a drain has none when the paced closes of
+ * those left would then end after drain_shutdown_ms (here 9 left at 2/s,
+ * 4.5 s of closes, with 4 s from the deadline to the shutdown). */
+static void test_overtime_is_bounded(void **state) {
+  for (int round = 0; round < 2; round++) {
+    enum { M = 30 };
+    fx_t fx;
+    setup_fx(&fx, 1000, 2, round == 0 ? 60000 : 1000 + DRAIN_GRACE_MS + 4000);
+    beat(&fx, "p2", "ready", 0);
+    fx_peer_t *p[M];
+    int n = round == 0 ? M : 10;
+    for (int i = 0; i < n; i++) p[i] = live(&fx);
+    assert_int_equal(drain_start(fx.drain, "test"), 0);
+    assert_true(fx_step(&fx));
+    for (int i = 0; i < n; i++) free(expect_drain(p[i], 1000));
+    fx_advance(&fx, 1000 + DRAIN_GRACE_MS - 1);
+    /* from 1 ms before the deadline, one moves every 400 ms */
+    int moved = 0, first_close = 0;
+    for (int t = 0; first_close == 0 && moved < n - 1; t++) {
+      if (t % 400 == 0) fx_peer_free(p[moved++]);
+      fx_advance(&fx, 1);
+      for (int i = moved; i < n; i++) {
+        if (!p[i]->closed) assert_null(fx_recv(p[i])); /* no frame: a close, or nothing */
+        if (p[i]->closed) first_close = t + 1;         /* ms past deadline - 1 */
+      }
+    }
+    assert_int_equal(first_close, round == 0 ? DRAIN_OVERTIME_MS + 1 : 1);
+    for (int i = moved; i < n; i++) fx_peer_free(p[i]);
+    fx_free(&fx);
+  }
+}
+
 /* The connections that stay past drain_shutdown_ms: the stop is asked
  * then, naming them. */
 static void test_shutdown_deadline_stops(void **state) {
@@ -359,6 +423,8 @@ int main(void) {
       cmocka_unit_test(test_drain_moves_everyone_then_stops),
       cmocka_unit_test(test_reconnect_to_keeps_the_scheme),
       cmocka_unit_test(test_paced_closes_after_the_deadline),
+      cmocka_unit_test(test_overtime_while_clients_move),
+      cmocka_unit_test(test_overtime_is_bounded),
       cmocka_unit_test(test_shutdown_deadline_stops),
       cmocka_unit_test(test_late_welcome_is_told),
       cmocka_unit_test(test_no_ready_peer_closes_at_once_and_stops_when_none_is_left),
